@@ -1,0 +1,20 @@
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(PHASEKV_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/cmake/phasekv)
+
+install(TARGETS phasekv EXPORT phasekvTargets)
+install(DIRECTORY include/phasekv DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT phasekvTargets NAMESPACE phasekv:: DESTINATION ${PHASEKV_CMAKE_DIR})
+
+configure_package_config_file(cmake/phasekvConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/phasekvConfig.cmake
+  INSTALL_DESTINATION ${PHASEKV_CMAKE_DIR})
+# A header-only library works for any architecture: the version file must not check sizeof(void*).
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/phasekvConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)
+install(FILES
+  ${PROJECT_BINARY_DIR}/phasekvConfig.cmake
+  ${PROJECT_BINARY_DIR}/phasekvConfigVersion.cmake
+  cmake/phasekvDependencies.cmake
+  DESTINATION ${PHASEKV_CMAKE_DIR})

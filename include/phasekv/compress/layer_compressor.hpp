@@ -1,0 +1,80 @@
+#pragma once
+// Several compressed streams over one geometry, appended in step (DESIGN.md §3, "Streams"):
+// keys and values with separate gates, tied K/V, an indexer stream with its own channels.
+// The streams may use different policies; each gets its own chunk and its own state.
+//
+// Every chunk is checked before any stream changes, and no state advances until every stream
+// has emitted, so a rejected call — or a sink that throws — leaves all states as they were.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/core/error.hpp"
+
+namespace phasekv {
+
+template <class... Compressors>
+class layer_compressor {
+ public:
+  static constexpr std::size_t stream_count = sizeof...(Compressors);
+  static_assert(stream_count >= 1, "a layer needs at least one stream");
+  using states = std::array<stream_state, stream_count>;
+  using chunks = std::array<token_chunk, stream_count>;
+
+  explicit layer_compressor(Compressors... streams) : streams_(std::move(streams)...) {
+    const geometry& g = std::get<0>(streams_).geom();
+    for_each([&](std::size_t k, const auto& s) {
+      if (s.geom() != g)
+        detail::fail("layer.streams[" + std::to_string(k) + "] (" + s.config().name + ").geometry",
+                     "S=" + std::to_string(s.geom().stride) + " W=" + std::to_string(s.geom().window) +
+                         " origin=" + std::to_string(s.geom().origin),
+                     "every stream of a layer must share streams[0]'s geometry");
+    });
+  }
+
+  const geometry& geom() const noexcept { return std::get<0>(streams_).geom(); }
+  template <std::size_t K>
+  const auto& stream() const noexcept { return std::get<K>(streams_); }
+
+  states make_state() const {
+    states s;
+    for_each([&](std::size_t k, const auto& c) { s[k] = c.make_state(); });
+    return s;
+  }
+
+  // Appends one chunk per stream (all with the same token count); sink(stream_index, entry)
+  // sees each stream's entries in turn. Returns the entries emitted per stream.
+  template <class Sink>
+  std::int64_t append(states& s, const chunks& in, Sink&& sink, const append_options& options = {}) const {
+    for_each([&](std::size_t k, const auto& c) {
+      if (in[k].tokens != in[0].tokens)
+        detail::fail<input_error>("layer: chunks[" + std::to_string(k) + "].tokens", in[k].tokens,
+                                  "must equal chunks[0].tokens = " + std::to_string(in[0].tokens));
+      c.check(s[k], in[k], options);
+    });
+    std::int64_t emitted = 0;
+    for_each([&](std::size_t k, const auto& c) {
+      emitted = c.emit(s[k], in[k], [&](const entry_view& e) { sink(k, e); }, options);
+    });
+    for_each([&](std::size_t k, const auto& c) { c.commit(s[k], in[k]); });
+    return emitted;
+  }
+
+ private:
+  template <class F>
+  void for_each(F&& f) const {
+    for_each_impl(f, std::index_sequence_for<Compressors...>{});
+  }
+  template <class F, std::size_t... K>
+  void for_each_impl(F& f, std::index_sequence<K...>) const {
+    (f(K, std::get<K>(streams_)), ...);
+  }
+
+  std::tuple<Compressors...> streams_;
+};
+
+}  // namespace phasekv

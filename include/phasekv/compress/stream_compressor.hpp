@@ -1,0 +1,347 @@
+#pragma once
+// The streaming write path of one compressed stream (DESIGN.md §3).
+//
+// A stream_compressor holds what is fixed for a layer — geometry, shape, policy and learned
+// parameters — and is immutable after construction, so many sequences (and threads) can share
+// one. Each sequence keeps a stream_state. append() takes any number of new tokens, emits every
+// entry they complete to a sink, and keeps the inputs later entries still need:
+//
+//   stream_compressor<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>> keys(geom, cfg, params);
+//   stream_state state = keys.make_state();
+//   keys.append(state, chunk, [&](const entry_view& e) { /* store e.values */ });
+//
+// Appending a sequence token by token, in any chunks, or as one prefill emits bit-identical
+// entries: each entry is computed by the same kernel from the same rows, in the same order.
+//
+// Errors: a call the configuration cannot accept throws input_error before anything changes.
+// If the sink throws, the state is also left as it was before the call (the sink itself has
+// then seen the entries before the one that threw).
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "phasekv/compress/policies.hpp"
+#include "phasekv/compress/pool_kernels.hpp"
+#include "phasekv/compress/stream_config.hpp"
+#include "phasekv/compress/stream_state.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/core/geometry.hpp"
+#include "phasekv/core/rope.hpp"
+#include "phasekv/core/span.hpp"
+#include "phasekv/simd/batch.hpp"
+
+namespace phasekv {
+
+// New tokens for one stream, in the layout described in stream_config.hpp.
+struct token_chunk {
+  std::int64_t tokens = 0;
+  span<const float> payload;  // [tokens][kv_heads][views][channels]
+  span<const float> logits;   // [tokens][kv_heads][views][gate_channels]; empty unless gated
+};
+
+struct append_options {
+  bool check_finite = false;  // reject NaN/Inf in the chunk (an O(n) scan)
+  bool slot_weights = false;  // give each entry its per-slot weights (mean over channels)
+};
+
+// One emitted entry. Pointers are valid only during the sink call.
+struct entry_view {
+  std::int64_t index = 0;     // entry j
+  std::int64_t anchor = 0;    // the position its post-pool RoPE used (or would use)
+  std::int64_t kv_heads = 0;
+  std::int64_t channels = 0;
+  std::int64_t window = 0;
+  const float* values = nullptr;        // [kv_heads][channels]
+  const float* slot_weights = nullptr;  // [kv_heads][window], or null unless requested
+
+  const float* head(std::int64_t h) const noexcept { return values + h * channels; }
+};
+
+template <class Policy, class Arch = simd::default_arch>
+class stream_compressor {
+  using pooling = typename Policy::pooling;
+  using kernel = kernels::pool<Arch>;
+  static constexpr bool gated = is_gated_v<pooling>;
+  static constexpr bool vector_gates = std::is_same_v<pooling, vector_gated_pool>;
+  static constexpr bool rope_before = std::is_same_v<typename Policy::rope, rope_before_pool>;
+  static constexpr bool rope_after = std::is_same_v<typename Policy::rope, rope_after_pool>;
+
+ public:
+  using policy = Policy;
+  using arch = Arch;
+
+  stream_compressor(geometry geom, stream_config config, stream_params params = {})
+      : geom_(geom), config_(std::move(config)), params_(std::move(params)) {
+    validate_stream<Policy>(geom_, config_, params_);
+    views_ = views_per_token(config_.inputs, geom_);
+    gates_ = phasekv::gate_channels<pooling>(config_.channels);
+    payload_per_token_ = config_.kv_heads * views_ * config_.channels;
+    logits_per_token_ = config_.kv_heads * views_ * gates_;
+    if constexpr (gated) {
+      if (params_.slot_bias.empty()) zero_bias_.assign(static_cast<std::size_t>(gates_), 0.0f);
+    }
+    if constexpr (has_rope_v<Policy>) {
+      rope_entry_ = rope_rotation(config_.rope, config_.channels);
+      rope_local_ = rope_rotation(config_.rope, config_.rope.channels);
+    }
+  }
+
+  const geometry& geom() const noexcept { return geom_; }
+  const stream_config& config() const noexcept { return config_; }
+  const stream_params& params() const noexcept { return params_; }
+  std::int64_t views() const noexcept { return views_; }
+  std::int64_t gate_channels() const noexcept { return gates_; }
+  std::int64_t payload_floats_per_token() const noexcept { return payload_per_token_; }
+  std::int64_t logit_floats_per_token() const noexcept { return logits_per_token_; }
+  std::int64_t floats_per_entry() const noexcept { return config_.kv_heads * config_.channels; }
+  // The view slot i reads: its branch, or the slot itself for per-slot inputs.
+  std::int64_t view_of_slot(std::int64_t slot) const noexcept {
+    return config_.inputs == input_layout::per_branch ? geom_.branch_of_slot(slot) : slot;
+  }
+
+  stream_state make_state() const {
+    stream_state s;
+    const auto w = static_cast<std::size_t>(geom_.window);
+    s.payload_ring_.assign(w * static_cast<std::size_t>(payload_per_token_), 0.0f);
+    s.logit_ring_.assign(w * static_cast<std::size_t>(logits_per_token_), 0.0f);
+    s.scratch_.assign(scratch_floats(), 0.0f);
+    s.rows_.assign(6 * w, nullptr);
+    return s;
+  }
+
+  // Entries an append of `tokens` more tokens would emit.
+  std::int64_t entries_after(const stream_state& state, std::int64_t tokens) const noexcept {
+    return geom_.completed_entries(state.tokens_ + tokens) - state.entries_;
+  }
+
+  // Throws input_error unless append(state, chunk, …, options) would be accepted. Messages are
+  // built only on failure: this runs on every decode step.
+  void check(const stream_state& state, const token_chunk& chunk, const append_options& options = {}) const {
+    const std::string& n = config_.name;
+    if (chunk.tokens < 0)
+      detail::fail<input_error>(n + ": chunk.tokens", chunk.tokens, "must be non-negative");
+    if (state.payload_ring_.size() != static_cast<std::size_t>(geom_.window * payload_per_token_) ||
+        state.logit_ring_.size() != static_cast<std::size_t>(geom_.window * logits_per_token_))
+      detail::fail<input_error>(n + ": state.pending_floats", state.payload_ring_.size() + state.logit_ring_.size(),
+                                "does not fit this compressor: make the state with its make_state()");
+    check_span(chunk.payload, chunk.tokens * payload_per_token_, "payload", "tokens × kv_heads × views × channels");
+    if constexpr (gated)
+      check_span(chunk.logits, chunk.tokens * logits_per_token_, "logits", "tokens × kv_heads × views × gate channels");
+    else if (!chunk.logits.empty())
+      detail::fail<input_error>(n + ": chunk.logits.size()", chunk.logits.size(),
+                                "must be 0: this pooling policy reads no gate logits");
+    if (options.check_finite) {
+      require_finite(chunk.payload, "payload");
+      if constexpr (gated) require_finite(chunk.logits, "logits");
+    }
+  }
+
+  // Appends the chunk and calls sink(const entry_view&) for each entry it completes, in order.
+  // Returns the number of entries emitted.
+  template <class Sink>
+  std::int64_t append(stream_state& state, const token_chunk& chunk, Sink&& sink,
+                      const append_options& options = {}) const {
+    check(state, chunk, options);
+    const std::int64_t emitted = emit(state, chunk, sink, options);
+    commit(state, chunk);
+    return emitted;
+  }
+
+  // append() in two phases, for callers that must keep several streams in step (a layer):
+  // emit() computes and hands out the entries the chunk completes without advancing the state;
+  // commit() then advances it and cannot fail. Call check() first; emit() assumes a valid chunk.
+  template <class Sink>
+  std::int64_t emit(stream_state& state, const token_chunk& chunk, Sink&& sink, const append_options& options = {}) const {
+    if (state.scratch_.size() != scratch_floats()) state.scratch_.assign(scratch_floats(), 0.0f);
+    if (state.rows_.size() != static_cast<std::size_t>(6 * geom_.window)) state.rows_.assign(6 * geom_.window, nullptr);
+    const std::int64_t last_entry = geom_.completed_entries(state.tokens_ + chunk.tokens);
+    for (std::int64_t j = state.entries_; j < last_entry; ++j) sink(compute_entry(state, chunk, j, options.slot_weights));
+    return last_entry - state.entries_;
+  }
+
+  // Keeps the last W tokens' inputs (future entries need at most W − 1 of them).
+  void commit(stream_state& s, const token_chunk& chunk) const noexcept {
+    const std::int64_t t0 = s.tokens_, t_end = t0 + chunk.tokens;
+    for (std::int64_t t = std::max(t0, t_end - geom_.window); t < t_end; ++t) {
+      const std::int64_t row = floor_mod(t, geom_.window);
+      std::memcpy(s.payload_ring_.data() + row * payload_per_token_,
+                  chunk.payload.data() + (t - t0) * payload_per_token_,
+                  static_cast<std::size_t>(payload_per_token_) * sizeof(float));
+      if constexpr (gated)
+        std::memcpy(s.logit_ring_.data() + row * logits_per_token_, chunk.logits.data() + (t - t0) * logits_per_token_,
+                    static_cast<std::size_t>(logits_per_token_) * sizeof(float));
+    }
+    s.tokens_ = t_end;
+    s.entries_ = geom_.completed_entries(t_end);
+  }
+
+ private:
+  // --- scratch layout: [values H·C][slot weights H·W][weights W][alpha W·lanes]
+  //                     [entry cos/sin R/2 each][slot cos/sin W·R/2 each][rotated rows W·R]
+  std::size_t scratch_floats() const noexcept {
+    const std::int64_t w = geom_.window, half = has_rope_v<Policy> ? config_.rope.channels / 2 : 0;
+    return static_cast<std::size_t>(config_.kv_heads * config_.channels + config_.kv_heads * w + w +
+                                    w * kernel::lanes + 2 * half + 2 * w * half + w * 2 * half);
+  }
+
+  void check_span(span<const float> s, std::int64_t expected, const char* what, const char* shape) const {
+    if (s.data() == nullptr && s.size() != 0)
+      detail::fail<input_error>(config_.name + ": chunk." + what + ".data()", "null",
+                                "must not be null when the size is " + std::to_string(s.size()));
+    if (static_cast<std::int64_t>(s.size()) != expected)
+      detail::fail<input_error>(config_.name + ": chunk." + what + ".size()", s.size(),
+                                "must be " + std::to_string(expected) + " (" + shape + ")");
+  }
+
+  void require_finite(span<const float> s, const char* what) const {
+    for (std::size_t k = 0; k < s.size(); ++k) {
+      if (std::isfinite(s[k])) continue;
+      const std::int64_t per_token = what[0] == 'p' ? payload_per_token_ : logits_per_token_;
+      detail::fail<input_error>(config_.name + ": chunk." + what + "[token " +
+                                    std::to_string(static_cast<std::int64_t>(k) / per_token) + ", element " +
+                                    std::to_string(static_cast<std::int64_t>(k) % per_token) + "]",
+                                s[k], "must be finite (append_options.check_finite is on)");
+    }
+  }
+
+  // Token t's input rows: from the chunk if it arrived in this call, else from the ring.
+  const float* payload_row(const stream_state& s, const token_chunk& chunk, std::int64_t t) const noexcept {
+    return t >= s.tokens_ ? chunk.payload.data() + (t - s.tokens_) * payload_per_token_
+                          : s.payload_ring_.data() + floor_mod(t, geom_.window) * payload_per_token_;
+  }
+  const float* logit_row(const stream_state& s, const token_chunk& chunk, std::int64_t t) const noexcept {
+    return t >= s.tokens_ ? chunk.logits.data() + (t - s.tokens_) * logits_per_token_
+                          : s.logit_ring_.data() + floor_mod(t, geom_.window) * logits_per_token_;
+  }
+
+  entry_view compute_entry(stream_state& s, const token_chunk& chunk, std::int64_t j, bool want_weights) const {
+    const std::int64_t W = geom_.window, C = config_.channels, H = config_.kv_heads;
+    const std::int64_t R = has_rope_v<Policy> ? config_.rope.channels : 0, half = R / 2;
+    const std::int64_t first = geom_.first_real_slot(j), n = W - first;
+
+    float* values = s.scratch_.data();
+    float* slot_weights = values + H * C;
+    float* weights = slot_weights + H * W;
+    float* alpha = weights + W;
+    float* entry_cos = alpha + W * kernel::lanes;
+    float* entry_sin = entry_cos + half;
+    float* slot_cos = entry_sin + half;
+    float* slot_sin = slot_cos + W * half;
+    float* rotated = slot_sin + W * half;
+    const float** x = s.rows_.data();
+    const float** logit = x + W;
+    const float** bias = logit + W;
+    const float** x_rot = bias + W;
+    const float** logit_rot = x_rot + W;
+    const float** bias_rot = logit_rot + W;
+
+    if (want_weights) std::fill(slot_weights, slot_weights + H * W, 0.0f);
+    if constexpr (rope_before)
+      for (std::int64_t k = 0; k < n; ++k)
+        rope_local_.angles(static_cast<double>(geom_.slot_token(j, first + k)), slot_cos + k * half, slot_sin + k * half);
+
+    for (std::int64_t h = 0; h < H; ++h) {
+      float* out = values + h * C;
+      for (std::int64_t k = 0; k < n; ++k) {
+        const std::int64_t slot = first + k, t = geom_.slot_token(j, slot);
+        const std::int64_t view = h * views_ + view_of_slot(slot);
+        x[k] = payload_row(s, chunk, t) + view * C;
+        if constexpr (gated) {
+          logit[k] = logit_row(s, chunk, t) + view * gates_;
+          bias[k] = params_.slot_bias.empty() ? zero_bias_.data()
+                                              : params_.slot_bias.data() + (h * W + slot) * gates_;
+        }
+      }
+
+      // Weights shared by all channels (everything but vector gates).
+      if constexpr (!vector_gates) shared_weights(logit, bias, first, n, weights);
+
+      const std::int64_t plain = C - (rope_before ? R : 0);  // channels pooled straight from the rows
+      float* sums = want_weights ? slot_weights + h * W + first : nullptr;
+      if constexpr (vector_gates) {
+        kernel::vector_gated(x, logit, bias, n, plain, out, sums, alpha);
+      } else {
+        kernel::weighted_sum(x, weights, n, plain, out);
+        if (sums) std::copy(weights, weights + n, sums);
+      }
+
+      if constexpr (rope_before) {
+        // Rotate each slot's RoPE channels at its own position, then pool those channels.
+        for (std::int64_t k = 0; k < n; ++k) {
+          float* r = rotated + k * R;
+          std::memcpy(r, x[k] + plain, static_cast<std::size_t>(R) * sizeof(float));
+          rope_local_.apply(r, slot_cos + k * half, slot_sin + k * half);
+          x_rot[k] = r;
+          if constexpr (vector_gates) {
+            logit_rot[k] = logit[k] + plain;
+            bias_rot[k] = bias[k] + plain;
+          }
+        }
+        if constexpr (vector_gates)
+          kernel::vector_gated(x_rot, logit_rot, bias_rot, n, R, out + plain, sums, alpha);
+        else
+          kernel::weighted_sum(x_rot, weights, n, R, out + plain);
+      }
+      if constexpr (vector_gates)
+        if (sums)
+          for (std::int64_t k = 0; k < n; ++k) sums[k] /= static_cast<float>(C);
+
+      if constexpr (has_norm_v<Policy>) {
+        const float mean_square = kernel::sum_of_squares(out, C) / static_cast<float>(C);
+        const float inv_rms = 1.0f / std::sqrt(mean_square + static_cast<float>(config_.norm_eps));
+        kernel::scale(out, inv_rms, params_.norm_weight.empty() ? nullptr : params_.norm_weight.data(), C);
+      }
+    }
+
+    const std::int64_t anchor = geom_.anchor_position(j);
+    if constexpr (rope_after) {
+      rope_entry_.angles(static_cast<double>(anchor), entry_cos, entry_sin);
+      for (std::int64_t h = 0; h < H; ++h) rope_entry_.apply(values + h * C, entry_cos, entry_sin);
+    }
+
+    entry_view e;
+    e.index = j;
+    e.anchor = anchor;
+    e.kv_heads = H;
+    e.channels = C;
+    e.window = W;
+    e.values = values;
+    e.slot_weights = want_weights ? slot_weights : nullptr;
+    return e;
+  }
+
+  // α_k for the n real slots when one weight serves every channel.
+  void shared_weights(const float* const* logit, const float* const* bias, std::int64_t first, std::int64_t n,
+                      float* w) const noexcept {
+    if constexpr (std::is_same_v<pooling, mean_pool>) {
+      std::fill(w, w + n, 1.0f / static_cast<float>(n));
+    } else if constexpr (std::is_same_v<pooling, fixed_weight_pool>) {
+      double sum = 0.0;
+      for (std::int64_t k = 0; k < n; ++k) sum += params_.slot_profile[first + k];
+      // Every real slot weighted 0 (a one-hot profile on a padding slot): the entry is zero.
+      const double inv = sum > 0.0 ? 1.0 / sum : 0.0;
+      for (std::int64_t k = 0; k < n; ++k) w[k] = static_cast<float>(params_.slot_profile[first + k] * inv);
+    } else {  // scalar gates: one softmax over slots, max-subtracted
+      float m = logit[0][0] + bias[0][0];
+      for (std::int64_t k = 1; k < n; ++k) m = std::max(m, logit[k][0] + bias[k][0]);
+      float den = 0.0f;
+      for (std::int64_t k = 0; k < n; ++k) den += (w[k] = std::exp(logit[k][0] + bias[k][0] - m));
+      for (std::int64_t k = 0; k < n; ++k) w[k] /= den;
+    }
+  }
+
+  geometry geom_;
+  stream_config config_;
+  stream_params params_;
+  std::int64_t views_ = 0, gates_ = 0, payload_per_token_ = 0, logits_per_token_ = 0;
+  std::vector<float> zero_bias_;
+  rope_rotation rope_entry_;  // on the entry's last R channels
+  rope_rotation rope_local_;  // on an R-channel buffer (RoPE before pooling)
+};
+
+}  // namespace phasekv

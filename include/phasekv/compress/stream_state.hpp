@@ -1,0 +1,49 @@
+#pragma once
+// The per-sequence state of one compressed stream between two appends: how many tokens and
+// entries it has seen, and the inputs of the tokens a future entry still needs — at most the
+// last W − 1 (DESIGN.md §3: "the last W − S tokens plus the current block").
+//
+// Tokens live in a ring of W rows, token t in row t mod W, so appending one token writes one
+// row and never shifts the others. A state is a plain value: copying it forks the sequence.
+
+#include <cstdint>
+#include <vector>
+
+namespace phasekv {
+
+template <class Policy, class Arch>
+class stream_compressor;
+
+class stream_state {
+ public:
+  stream_state() = default;
+
+  std::int64_t tokens() const noexcept { return tokens_; }    // tokens appended so far
+  std::int64_t entries() const noexcept { return entries_; }  // entries emitted so far
+  // Bytes this state holds (pending inputs and scratch), for memory accounting.
+  std::size_t bytes() const noexcept {
+    return (payload_ring_.capacity() + logit_ring_.capacity() + scratch_.capacity()) * sizeof(float) +
+           rows_.capacity() * sizeof(const float*);
+  }
+
+  // Equal when the observable state is equal: counts and pending inputs (not scratch space).
+  friend bool operator==(const stream_state& a, const stream_state& b) noexcept {
+    return a.tokens_ == b.tokens_ && a.entries_ == b.entries_ && a.payload_ring_ == b.payload_ring_ &&
+           a.logit_ring_ == b.logit_ring_;
+  }
+  friend bool operator!=(const stream_state& a, const stream_state& b) noexcept { return !(a == b); }
+
+ private:
+  template <class Policy, class Arch>
+  friend class stream_compressor;
+
+  std::int64_t tokens_ = 0;
+  std::int64_t entries_ = 0;
+  std::vector<float> payload_ring_;  // [window][payload floats per token]
+  std::vector<float> logit_ring_;    // [window][logit floats per token]
+  // Working memory of append(), kept here so a decode loop allocates nothing per token.
+  std::vector<float> scratch_;
+  std::vector<const float*> rows_;
+};
+
+}  // namespace phasekv
