@@ -111,7 +111,8 @@ struct geometry {
   constexpr std::int64_t branch_of_slot(std::int64_t slot) const noexcept { return (window - 1 - slot) / stride; }
 
   // The position entry j's post-pool RoPE rotates it to. May be negative for block 0 when
-  // origin ≠ 0 (its block start is virtual); a rotation by a negative angle is well defined.
+  // origin ≠ 0 (its block start is virtual), and for early entries in window_centre mode when
+  // W ≥ 2S (the centre counts padding positions); a rotation by a negative angle is well defined.
   constexpr std::int64_t anchor_position(std::int64_t j) const noexcept {
     switch (anchor) {
       case anchor_mode::block_start: return block_start(j);

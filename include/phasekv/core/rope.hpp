@@ -133,6 +133,9 @@ class rope_rotation {
     };
     const double low = std::max(std::floor(correction_dim(config.yarn.beta_fast)), 0.0);
     double high = std::min(std::ceil(correction_dim(config.yarn.beta_slow)), r - 1.0);
+    // When even the slowest pair turns more than beta_fast times over the context, low lands
+    // above high and the reference code would interpolate every pair; keep them all instead.
+    if (high < low) high = low;
     if (high == low) high += 0.001;
     for (std::size_t k = 0; k < inv_freq_.size(); ++k) {
       const double ramp = std::clamp((static_cast<double>(k) - low) / (high - low), 0.0, 1.0);

@@ -1,0 +1,344 @@
+#pragma once
+// The page pool: one allocation holding `capacity` fixed-size pages of compressed entries, a free
+// list and a reference count per page (DESIGN.md §4; vLLM's block pool). Sequences hold page
+// tables of page ids; the pool owns the memory.
+//
+// Page layout — entry-major, "NHD" (FlashInfer's paged_kv_t convention, see page_layout):
+//
+//   page p: [entry_in_page: page_size][head: kv_heads][channel: channels], storage-type elements
+//   element (p, e, h, c) at  base() + p·page_stride_bytes + e·entry_stride_bytes
+//                                   + h·head_stride_bytes + c·element_bytes
+//
+// One entry (all heads × channels) is contiguous, so writing an entry is one row conversion and
+// copying the first n entries of a page is one memcpy. Every page starts on a 64-byte boundary:
+// the page stride is rounded up to 64 bytes (no padding in realistic configs, where a page is
+// already a multiple of 64 bytes). The pool's memory is zeroed once at construction; a page that
+// is allocated again holds whatever its previous owner wrote.
+//
+// Reference counts: allocate() hands out a page with count 1; retain() adds a holder (a forked
+// sequence sharing a full page); release() drops one and returns the page to the free list when
+// the count reaches 0. The free list is intrusive (a next-index per page) and LIFO, so the page
+// released last is reused first while it is still warm in cache.
+//
+// Thread safety:
+//   - allocate / retain / release and the accounting queries may be called from several threads
+//     at once. Every change of pool state (free list, reference counts, used-page count) happens
+//     under one mutex, so each operation is atomic and all-or-nothing, and a page handed from
+//     one thread's release to another thread's allocate is ordered by that mutex (the new owner's
+//     writes happen after the old owner's last access). Reference counts are std::atomic only so
+//     that refcount() and the "is this page allocated?" checks in the data accessors can read them
+//     without the lock; they are never modified outside it. This is the simplest design that is
+//     correct: retain/release are not hot (they run when sequences fork or drop pages, not per
+//     token), so a lock-free free list would buy nothing worth its subtlety.
+//   - Page contents are not synchronised by the pool: one writer per page; a full page is
+//     immutable and may be read by any number of threads at once. Publishing a page's contents
+//     to readers in another thread is the caller's job (e.g. the lock that guards a page table).
+//   - Moving a pool is not thread-safe, and a moved-from pool may only be destroyed or assigned to.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "phasekv/cache/storage.hpp"
+#include "phasekv/core/error.hpp"
+
+namespace phasekv {
+
+// Index of a page in its pool, [0, capacity). 32 bits like vLLM's and FlashInfer's page indices.
+using page_id = std::int32_t;
+
+struct page_pool_config {
+  std::string name = "pool";  // prefixes every error message, e.g. "pool.page_size = 0: …"
+  std::int64_t page_size = 0;  // entries per page
+  std::int64_t kv_heads = 0;
+  std::int64_t channels = 0;
+  storage_type storage = storage_type::f32;
+  std::int64_t capacity = 0;  // pages
+
+  // The largest pool the library agrees to describe (256 TiB): keeps every byte offset well
+  // inside std::int64_t and std::size_t.
+  static constexpr std::int64_t max_pool_bytes = std::int64_t{1} << 48;
+
+  void validate() const {
+    using detail::require;
+    require(page_size >= 1, name + ".page_size", page_size, "must be at least 1");
+    require(kv_heads >= 1, name + ".kv_heads", kv_heads, "must be at least 1");
+    require(channels >= 1, name + ".channels", channels, "must be at least 1");
+    require(is_valid(storage), name + ".storage", static_cast<int>(storage), "is not a storage_type");
+    require(capacity >= 1, name + ".capacity", capacity, "must be at least 1");
+    require(capacity <= std::numeric_limits<page_id>::max(), name + ".capacity", capacity,
+            "must be at most 2^31 - 1 (page ids are 32-bit)");
+    // Multiply step by step so no product can overflow before it is checked.
+    std::int64_t bytes = bytes_per_element(storage);
+    const std::pair<const char*, std::int64_t> factors[] = {
+        {"channels", channels}, {"kv_heads", kv_heads}, {"page_size", page_size}, {"capacity", capacity}};
+    for (const auto& [field, factor] : factors) {
+      require(factor <= max_pool_bytes / bytes, name + "." + field, factor,
+              "makes the pool larger than 2^48 bytes");
+      bytes *= factor;
+    }
+  }
+};
+
+// Where an element lives inside the pool, in elements and in bytes, ready to hand to a host
+// kernel (FlashInfer's stride_page / stride_n / stride_h; channels have stride 1).
+struct page_layout {
+  std::int64_t page_size = 0;
+  std::int64_t kv_heads = 0;
+  std::int64_t channels = 0;
+  storage_type storage = storage_type::f32;
+  std::int64_t element_bytes = 0;
+
+  std::int64_t head_stride = 0;   // = channels
+  std::int64_t entry_stride = 0;  // = kv_heads · channels
+  std::int64_t page_stride = 0;   // = page_size · entry_stride, rounded up to a multiple of 64 bytes
+
+  std::int64_t head_stride_bytes = 0;
+  std::int64_t entry_stride_bytes = 0;
+  std::int64_t page_stride_bytes = 0;
+
+  static constexpr std::int64_t page_alignment = 64;  // bytes; also a multiple of every element size
+
+  // Expects a validated config.
+  static page_layout for_config(const page_pool_config& config) noexcept {
+    page_layout layout;
+    layout.page_size = config.page_size;
+    layout.kv_heads = config.kv_heads;
+    layout.channels = config.channels;
+    layout.storage = config.storage;
+    layout.element_bytes = bytes_per_element(config.storage);
+    layout.head_stride = config.channels;
+    layout.entry_stride = config.kv_heads * config.channels;
+    const std::int64_t payload_bytes = config.page_size * layout.entry_stride * layout.element_bytes;
+    layout.page_stride_bytes = (payload_bytes + page_alignment - 1) / page_alignment * page_alignment;
+    layout.page_stride = layout.page_stride_bytes / layout.element_bytes;
+    layout.head_stride_bytes = layout.head_stride * layout.element_bytes;
+    layout.entry_stride_bytes = layout.entry_stride * layout.element_bytes;
+    return layout;
+  }
+};
+
+class page_pool {
+ public:
+  using page_id = phasekv::page_id;
+
+  explicit page_pool(page_pool_config config) : config_(std::move(config)) {
+    config_.validate();
+    layout_ = page_layout::for_config(config_);
+    const auto total_bytes = static_cast<std::size_t>(config_.capacity * layout_.page_stride_bytes);
+    memory_.reset(static_cast<std::byte*>(::operator new(total_bytes, std::align_val_t{page_layout::page_alignment})));
+    std::memset(memory_.get(), 0, total_bytes);
+    book_ = std::make_unique<bookkeeping>(config_.capacity);
+  }
+
+  page_pool(const page_pool&) = delete;
+  page_pool& operator=(const page_pool&) = delete;
+  page_pool(page_pool&&) noexcept = default;
+  page_pool& operator=(page_pool&&) noexcept = default;
+  ~page_pool() = default;
+
+  const page_pool_config& config() const noexcept { return config_; }
+  const std::string& name() const noexcept { return config_.name; }
+  const page_layout& layout() const noexcept { return layout_; }
+
+  // ---- allocation and reference counts (thread-safe) ---------------------------------------
+
+  // A free page with reference count 1. Throws capacity_error when none is left.
+  page_id allocate() {
+    std::lock_guard<std::mutex> lock(book_->mutex);
+    if (book_->free_head < 0) {
+      detail::fail<capacity_error>(config_.name + ".capacity", config_.capacity,
+                                   "no free page left (all pages are in use)");
+    }
+    return pop_free_locked();
+  }
+
+  // `count` pages into out[0 … count), or capacity_error with the pool unchanged.
+  void allocate(std::int64_t count, page_id* out) {
+    if (count < 0) detail::fail<input_error>(config_.name + ".allocate(count)", count, "must be non-negative");
+    if (count > 0 && out == nullptr) {
+      detail::fail<input_error>(config_.name + ".allocate(count)", count, "needs a non-null output array");
+    }
+    std::lock_guard<std::mutex> lock(book_->mutex);
+    const std::int64_t free = config_.capacity - book_->used;
+    if (count > free) {
+      detail::fail<capacity_error>(
+          config_.name + ".capacity", config_.capacity,
+          "cannot allocate " + std::to_string(count) + " pages, only " + std::to_string(free) + " free");
+    }
+    for (std::int64_t i = 0; i < count; ++i) out[i] = pop_free_locked();
+  }
+
+  // Adds a holder to an allocated page.
+  void retain(page_id id) {
+    std::lock_guard<std::mutex> lock(book_->mutex);
+    const std::int32_t count = allocated_refcount(id, "retain");
+    if (count == std::numeric_limits<std::int32_t>::max()) {
+      detail::fail<capacity_error>(config_.name + ".retain(page)", id, "reference count is at its maximum");
+    }
+    book_->refcounts[index(id)].store(count + 1, std::memory_order_relaxed);
+  }
+
+  // Drops a holder; the page returns to the free list when the last holder is gone.
+  void release(page_id id) {
+    std::lock_guard<std::mutex> lock(book_->mutex);
+    const std::int32_t count = allocated_refcount(id, "release");
+    book_->refcounts[index(id)].store(count - 1, std::memory_order_relaxed);
+    if (count == 1) push_free_locked(id);
+  }
+
+  // 0 for a free page. A snapshot: other threads may change it right after.
+  std::int32_t refcount(page_id id) const {
+    require_in_range(id, "refcount");
+    return book_->refcounts[index(id)].load(std::memory_order_relaxed);
+  }
+
+  std::int64_t capacity() const noexcept { return config_.capacity; }
+  std::int64_t used_pages() const {
+    std::lock_guard<std::mutex> lock(book_->mutex);
+    return book_->used;
+  }
+  std::int64_t free_pages() const { return capacity() - used_pages(); }
+  // Memory one page occupies, including the padding to 64 bytes.
+  std::int64_t bytes_per_page() const noexcept { return layout_.page_stride_bytes; }
+  std::int64_t bytes_used() const { return used_pages() * bytes_per_page(); }
+
+  // ---- page contents (one writer per page; full pages may be read concurrently) -----------
+
+  // Page 0; page p starts at base() + p · layout().page_stride_bytes. For interop views.
+  std::byte* base() noexcept { return memory_.get(); }
+  const std::byte* base() const noexcept { return memory_.get(); }
+
+  // First byte of an allocated page.
+  std::byte* data(page_id id) {
+    require_allocated(id, "data");
+    return page_bytes(id);
+  }
+  const std::byte* data(page_id id) const {
+    require_allocated(id, "data");
+    return page_bytes(id);
+  }
+
+  // Stores one entry (kv_heads × channels fp32, head-major) at `slot`, converted to the storage type.
+  void write_entry(page_id id, std::int64_t slot, const float* values) {
+    require_allocated(id, "write_entry");
+    require_slot(slot, "write_entry");
+    require_pointer(values, "write_entry", "values");
+    store_row(values, page_bytes(id) + slot * layout_.entry_stride_bytes, layout_.entry_stride, layout_.storage);
+  }
+
+  // Loads the entry at `slot` into out (kv_heads × channels fp32).
+  void read_entry(page_id id, std::int64_t slot, float* out) const {
+    require_allocated(id, "read_entry");
+    require_slot(slot, "read_entry");
+    require_pointer(out, "read_entry", "out");
+    load_row(page_bytes(id) + slot * layout_.entry_stride_bytes, out, layout_.entry_stride, layout_.storage);
+  }
+
+  // Copies entries [0, count) of page `source` to the same slots of page `destination`: the
+  // copy-on-write of a shared, partially filled last page.
+  void copy_entries(page_id source, page_id destination, std::int64_t count) {
+    require_allocated(source, "copy_entries");
+    require_allocated(destination, "copy_entries");
+    if (count < 0 || count > layout_.page_size) {
+      detail::fail<input_error>(config_.name + ".copy_entries(count)", count,
+                                "must lie in [0, page_size = " + std::to_string(layout_.page_size) + "]");
+    }
+    if (source == destination || count == 0) return;
+    std::memcpy(page_bytes(destination), page_bytes(source),
+                static_cast<std::size_t>(count * layout_.entry_stride_bytes));
+  }
+
+ private:
+  struct aligned_delete {
+    void operator()(std::byte* memory) const noexcept {
+      ::operator delete(memory, std::align_val_t{page_layout::page_alignment});
+    }
+  };
+
+  // Everything threads contend on, behind a pointer so the pool can move (a mutex cannot).
+  struct bookkeeping {
+    explicit bookkeeping(std::int64_t capacity)
+        : refcounts(static_cast<std::size_t>(capacity)), next_free(static_cast<std::size_t>(capacity)) {
+      // Free list 0 → 1 → … → capacity−1, so a fresh pool hands out pages in order.
+      for (std::int64_t i = 0; i < capacity; ++i) {
+        refcounts[static_cast<std::size_t>(i)].store(0, std::memory_order_relaxed);
+        next_free[static_cast<std::size_t>(i)] = static_cast<page_id>(i + 1 < capacity ? i + 1 : -1);
+      }
+    }
+    std::mutex mutex;
+    std::vector<std::atomic<std::int32_t>> refcounts;  // modified only under `mutex`
+    std::vector<page_id> next_free;                    // under `mutex`; −1 ends the list
+    page_id free_head = 0;                             // under `mutex`; −1 when empty
+    std::int64_t used = 0;                             // under `mutex`
+  };
+
+  static std::size_t index(page_id id) noexcept { return static_cast<std::size_t>(id); }
+
+  std::byte* page_bytes(page_id id) const noexcept { return memory_.get() + id * layout_.page_stride_bytes; }
+
+  page_id pop_free_locked() {
+    const page_id id = book_->free_head;
+    book_->free_head = book_->next_free[index(id)];
+    book_->refcounts[index(id)].store(1, std::memory_order_relaxed);
+    ++book_->used;
+    return id;
+  }
+
+  void push_free_locked(page_id id) {
+    book_->next_free[index(id)] = book_->free_head;
+    book_->free_head = id;
+    --book_->used;
+  }
+
+  // The checks below run on every data access, so they build their messages only on failure.
+
+  void require_in_range(page_id id, const char* operation) const {
+    if (id < 0 || id >= config_.capacity) {
+      detail::fail<input_error>(config_.name + "." + operation + "(page)", id,
+                                "must lie in [0, capacity = " + std::to_string(config_.capacity) + ")");
+    }
+  }
+
+  // The page's reference count, or input_error if it is out of range or free.
+  std::int32_t allocated_refcount(page_id id, const char* operation) const {
+    require_in_range(id, operation);
+    const std::int32_t count = book_->refcounts[index(id)].load(std::memory_order_relaxed);
+    if (count <= 0) {
+      detail::fail<input_error>(config_.name + "." + operation + "(page)", id, "is not allocated (reference count 0)");
+    }
+    return count;
+  }
+
+  void require_allocated(page_id id, const char* operation) const { (void)allocated_refcount(id, operation); }
+
+  void require_slot(std::int64_t slot, const char* operation) const {
+    if (slot < 0 || slot >= layout_.page_size) {
+      detail::fail<input_error>(config_.name + "." + operation + "(slot)", slot,
+                                "must lie in [0, page_size = " + std::to_string(layout_.page_size) + ")");
+    }
+  }
+
+  void require_pointer(const void* pointer, const char* operation, const char* argument) const {
+    if (pointer == nullptr) {
+      detail::fail<input_error>(config_.name + "." + operation + "(" + argument + ")", "null",
+                                "must point to kv_heads × channels = " + std::to_string(layout_.entry_stride) +
+                                    " floats");
+    }
+  }
+
+  page_pool_config config_;
+  page_layout layout_;
+  std::unique_ptr<std::byte, aligned_delete> memory_;
+  std::unique_ptr<bookkeeping> book_;
+};
+
+}  // namespace phasekv
