@@ -27,9 +27,11 @@
 //     one thread's release to another thread's allocate is ordered by that mutex (the new owner's
 //     writes happen after the old owner's last access). Reference counts are std::atomic only so
 //     that refcount() and the "is this page allocated?" checks in the data accessors can read them
-//     without the lock; they are never modified outside it. This is the simplest design that is
-//     correct: retain/release are not hot (they run when sequences fork or drop pages, not per
-//     token), so a lock-free free list would buy nothing worth its subtlety.
+//     without the lock; they are never modified outside it. (Those checks catch a page the caller
+//     never allocated or already released; they are diagnostics, not synchronisation.) This is
+//     the simplest design that is correct: retain/release are not hot (they run when sequences
+//     fork or drop pages, not per token), so a lock-free free list would buy nothing worth its
+//     subtlety.
 //   - Page contents are not synchronised by the pool: one writer per page; a full page is
 //     immutable and may be read by any number of threads at once. Publishing a page's contents
 //     to readers in another thread is the caller's job (e.g. the lock that guards a page table).
