@@ -40,14 +40,16 @@ class layer_compressor {
   template <std::size_t K>
   const auto& stream() const noexcept { return std::get<K>(streams_); }
 
-  states make_state() const {
+  // Fresh states; `history` as in stream_compressor::make_state.
+  states make_state(std::int64_t history = 0) const {
     states s;
-    for_each([&](std::size_t k, const auto& c) { s[k] = c.make_state(); });
+    for_each([&](std::size_t k, const auto& c) { s[k] = c.make_state(history); });
     return s;
   }
 
   // Appends one chunk per stream (all with the same token count); sink(stream_index, entry)
-  // sees each stream's entries in turn. Returns the entries emitted per stream.
+  // sees each stream's entries in turn. Returns the entries emitted, the same for every stream
+  // (they share one geometry).
   template <class Sink>
   std::int64_t append(states& s, const chunks& in, Sink&& sink, const append_options& options = {}) const {
     for_each([&](std::size_t k, const auto& c) {

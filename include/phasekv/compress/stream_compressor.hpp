@@ -104,11 +104,15 @@ class stream_compressor {
     return config_.inputs == input_layout::per_branch ? geom_.branch_of_slot(slot) : slot;
   }
 
-  stream_state make_state() const {
+  // A fresh state. `history` extra tokens of inputs are kept beyond the W the write path needs,
+  // so that truncate() can roll back that far (speculative decoding, beam pruning).
+  stream_state make_state(std::int64_t history = 0) const {
+    detail::require<input_error>(history >= 0, config_.name + ": history", history, "must be non-negative");
     stream_state s;
-    const auto w = static_cast<std::size_t>(geom_.window);
-    s.payload_ring_.assign(w * static_cast<std::size_t>(payload_per_token_), 0.0f);
-    s.logit_ring_.assign(w * static_cast<std::size_t>(logits_per_token_), 0.0f);
+    s.ring_rows_ = geom_.window + history;
+    const auto rows = static_cast<std::size_t>(s.ring_rows_), w = static_cast<std::size_t>(geom_.window);
+    s.payload_ring_.assign(rows * static_cast<std::size_t>(payload_per_token_), 0.0f);
+    s.logit_ring_.assign(rows * static_cast<std::size_t>(logits_per_token_), 0.0f);
     s.scratch_.assign(scratch_floats(), 0.0f);
     s.rows_.assign(6 * w, nullptr);
     return s;
@@ -125,8 +129,9 @@ class stream_compressor {
     const std::string& n = config_.name;
     if (chunk.tokens < 0)
       detail::fail<input_error>(n + ": chunk.tokens", chunk.tokens, "must be non-negative");
-    if (state.payload_ring_.size() != static_cast<std::size_t>(geom_.window * payload_per_token_) ||
-        state.logit_ring_.size() != static_cast<std::size_t>(geom_.window * logits_per_token_))
+    if (state.ring_rows_ < geom_.window ||
+        state.payload_ring_.size() != static_cast<std::size_t>(state.ring_rows_ * payload_per_token_) ||
+        state.logit_ring_.size() != static_cast<std::size_t>(state.ring_rows_ * logits_per_token_))
       detail::fail<input_error>(n + ": state.pending_floats", state.payload_ring_.size() + state.logit_ring_.size(),
                                 "does not fit this compressor: make the state with its make_state()");
     check_span(chunk.payload, chunk.tokens * payload_per_token_, "payload", "tokens × kv_heads × views × channels");
@@ -164,11 +169,11 @@ class stream_compressor {
     return last_entry - state.entries_;
   }
 
-  // Keeps the last W tokens' inputs (future entries need at most W − 1 of them).
+  // Keeps the last W + history tokens' inputs (future entries need at most W − 1 of them).
   void commit(stream_state& s, const token_chunk& chunk) const noexcept {
     const std::int64_t t0 = s.tokens_, t_end = t0 + chunk.tokens;
-    for (std::int64_t t = std::max(t0, t_end - geom_.window); t < t_end; ++t) {
-      const std::int64_t row = floor_mod(t, geom_.window);
+    for (std::int64_t t = std::max(t0, t_end - s.ring_rows_); t < t_end; ++t) {
+      const std::int64_t row = floor_mod(t, s.ring_rows_);
       std::memcpy(s.payload_ring_.data() + row * payload_per_token_,
                   chunk.payload.data() + (t - t0) * payload_per_token_,
                   static_cast<std::size_t>(payload_per_token_) * sizeof(float));
@@ -178,6 +183,31 @@ class stream_compressor {
     }
     s.tokens_ = t_end;
     s.entries_ = geom_.completed_entries(t_end);
+  }
+
+  // Whether truncate(state, tokens) is possible: the pending inputs of the state rolled back to
+  // `tokens` must still be in the ring (the state keeps the last W + history tokens).
+  bool can_truncate(const stream_state& s, std::int64_t tokens) const noexcept {
+    if (tokens < 0 || tokens > s.tokens_) return false;
+    const std::int64_t needed_from = std::max<std::int64_t>(0, geom_.window_start(geom_.completed_entries(tokens)));
+    return needed_from >= s.tokens_ - s.ring_rows_ || needed_from >= tokens;
+  }
+
+  // Rolls the state back to its first `tokens` tokens: later tokens and the entries they
+  // completed are forgotten (the caller drops those entries from wherever it stored them).
+  void truncate(stream_state& s, std::int64_t tokens) const {
+    if (!can_truncate(s, tokens))
+      detail::fail<input_error>(config_.name + ": truncate to tokens", tokens,
+                                tokens < 0 || tokens > s.tokens_
+                                    ? "must lie in [0, " + std::to_string(s.tokens_) + "]"
+                                    : "needs the inputs of tokens from " +
+                                          std::to_string(std::max<std::int64_t>(
+                                              0, geom_.window_start(geom_.completed_entries(tokens)))) +
+                                          ", but the state keeps only tokens from " +
+                                          std::to_string(s.tokens_ - s.ring_rows_) +
+                                          " (make_state(history) keeps more)");
+    s.tokens_ = tokens;
+    s.entries_ = geom_.completed_entries(tokens);
   }
 
  private:
@@ -212,11 +242,11 @@ class stream_compressor {
   // Token t's input rows: from the chunk if it arrived in this call, else from the ring.
   const float* payload_row(const stream_state& s, const token_chunk& chunk, std::int64_t t) const noexcept {
     return t >= s.tokens_ ? chunk.payload.data() + (t - s.tokens_) * payload_per_token_
-                          : s.payload_ring_.data() + floor_mod(t, geom_.window) * payload_per_token_;
+                          : s.payload_ring_.data() + floor_mod(t, s.ring_rows_) * payload_per_token_;
   }
   const float* logit_row(const stream_state& s, const token_chunk& chunk, std::int64_t t) const noexcept {
     return t >= s.tokens_ ? chunk.logits.data() + (t - s.tokens_) * logits_per_token_
-                          : s.logit_ring_.data() + floor_mod(t, geom_.window) * logits_per_token_;
+                          : s.logit_ring_.data() + floor_mod(t, s.ring_rows_) * logits_per_token_;
   }
 
   entry_view compute_entry(stream_state& s, const token_chunk& chunk, std::int64_t j, bool want_weights) const {

@@ -3,8 +3,9 @@
 // entries it has seen, and the inputs of the tokens a future entry still needs — at most the
 // last W − 1 (DESIGN.md §3: "the last W − S tokens plus the current block").
 //
-// Tokens live in a ring of W rows, token t in row t mod W, so appending one token writes one
-// row and never shifts the others. A state is a plain value: copying it forks the sequence.
+// Tokens live in a ring of W + history rows, token t in row t mod rows, so appending one token
+// writes one row and never shifts the others (history > 0 lets the state roll back). A state is
+// a plain value: copying it forks the sequence.
 
 #include <cstdint>
 #include <vector>
@@ -20,6 +21,7 @@ class stream_state {
 
   std::int64_t tokens() const noexcept { return tokens_; }    // tokens appended so far
   std::int64_t entries() const noexcept { return entries_; }  // entries emitted so far
+  std::int64_t ring_rows() const noexcept { return ring_rows_; }  // tokens of inputs kept
   // Bytes this state holds (pending inputs and scratch), for memory accounting.
   std::size_t bytes() const noexcept {
     return (payload_ring_.capacity() + logit_ring_.capacity() + scratch_.capacity()) * sizeof(float) +
@@ -28,7 +30,8 @@ class stream_state {
 
   // Equal when the observable state is equal: counts and pending inputs (not scratch space).
   friend bool operator==(const stream_state& a, const stream_state& b) noexcept {
-    return a.tokens_ == b.tokens_ && a.entries_ == b.entries_ && a.payload_ring_ == b.payload_ring_ &&
+    return a.tokens_ == b.tokens_ && a.entries_ == b.entries_ && a.ring_rows_ == b.ring_rows_ &&
+           a.payload_ring_ == b.payload_ring_ &&
            a.logit_ring_ == b.logit_ring_;
   }
   friend bool operator!=(const stream_state& a, const stream_state& b) noexcept { return !(a == b); }
@@ -39,8 +42,9 @@ class stream_state {
 
   std::int64_t tokens_ = 0;
   std::int64_t entries_ = 0;
-  std::vector<float> payload_ring_;  // [window][payload floats per token]
-  std::vector<float> logit_ring_;    // [window][logit floats per token]
+  std::int64_t ring_rows_ = 0;
+  std::vector<float> payload_ring_;  // [ring_rows][payload floats per token]
+  std::vector<float> logit_ring_;    // [ring_rows][logit floats per token]
   // Working memory of append(), kept here so a decode loop allocates nothing per token.
   std::vector<float> scratch_;
   std::vector<const float*> rows_;

@@ -1,0 +1,220 @@
+// The streaming invariant (DESIGN.md §3): appending one sequence token by token, in random
+// chunks, or as one prefill gives bit-identical entries; states after the same total input
+// compare equal; and entries_after() predicts how many entries an append emits.
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "oracle/random_inputs.hpp"
+#include "phasekv/compress/entry_buffer.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
+
+namespace {
+
+using namespace phasekv;
+using namespace phasekv_test;
+
+geometry make_geometry(std::int64_t stride, std::int64_t window, std::int64_t origin, anchor_mode anchor) {
+  geometry g;
+  g.stride = stride;
+  g.window = window;
+  g.origin = origin;
+  g.anchor = anchor;
+  return g;
+}
+
+stream_config make_config(std::int64_t channels, std::int64_t heads, input_layout inputs, std::int64_t rope_channels) {
+  stream_config c;
+  c.name = "streaming";
+  c.channels = channels;
+  c.kv_heads = heads;
+  c.inputs = inputs;
+  c.rope.channels = rope_channels;
+  c.rope.base = 10000.0;
+  return c;
+}
+
+// Chunk sizes summing to `tokens`: 0 = one prefill, 1 = token by token, 2 = random sizes in
+// [0, 2W] (zero-token chunks included), 3 = sizes straddling block boundaries (S−1, S+1, …).
+std::vector<std::int64_t> chunking(int kind, std::int64_t tokens, std::int64_t stride, std::int64_t window,
+                                   std::mt19937& rng) {
+  std::vector<std::int64_t> sizes;
+  std::int64_t left = tokens;
+  std::uniform_int_distribution<std::int64_t> any(0, 2 * window);
+  std::int64_t k = 0;
+  while (left > 0) {
+    std::int64_t n = 0;
+    switch (kind) {
+      case 0: n = left; break;
+      case 1: n = 1; break;
+      case 2: n = any(rng); break;
+      default: n = (k++ % 2 == 0) ? stride + 1 : std::max<std::int64_t>(stride - 1, 0); break;
+    }
+    n = std::min(n, left);
+    sizes.push_back(n);
+    left -= n;
+  }
+  return sizes;
+}
+
+struct recorded {
+  std::vector<std::int64_t> index, anchor;
+  std::vector<float> values, weights;
+};
+
+bool bit_identical(const recorded& a, const recorded& b) {
+  return a.index == b.index && a.anchor == b.anchor && a.values.size() == b.values.size() &&
+         a.weights.size() == b.weights.size() &&
+         std::memcmp(a.values.data(), b.values.data(), a.values.size() * sizeof(float)) == 0 &&
+         std::memcmp(a.weights.data(), b.weights.data(), a.weights.size() * sizeof(float)) == 0;
+}
+
+template <class Policy>
+void check_streaming(const geometry& g, const stream_config& config, std::uint32_t seed, double logit_magnitude = 0) {
+  std::mt19937 rng(seed);
+  stream_params params;
+  using pooling = typename Policy::pooling;
+  if constexpr (is_gated_v<pooling>)
+    params.slot_bias = random_bias(rng, static_cast<std::size_t>(config.kv_heads * g.window *
+                                                                 (std::is_same_v<pooling, vector_gated_pool> ? config.channels : 1)),
+                                   logit_magnitude > 0);
+  if constexpr (has_norm_v<Policy>) params.norm_weight = random_norm_weight(rng, static_cast<std::size_t>(config.channels));
+  if constexpr (std::is_same_v<pooling, fixed_weight_pool>) params.slot_profile = random_profile(rng, g.window);
+  const stream_compressor<Policy> compressor(g, config, params);
+  const std::int64_t ppt = compressor.payload_floats_per_token(), lpt = compressor.logit_floats_per_token();
+  const std::int64_t tokens = 5 * g.window + 3;
+  logit_options lo;
+  lo.magnitude = logit_magnitude;
+  const stream_inputs in = random_stream_inputs(rng, tokens, ppt, lpt, lo);
+
+  std::ostringstream what;
+  what << "S=" << g.stride << " W=" << g.window << " origin=" << g.origin << " C=" << config.channels
+       << " H=" << config.kv_heads << " seed=" << seed << " logits=" << logit_magnitude;
+  INFO(what.str());
+
+  append_options options;
+  options.slot_weights = true;
+
+  std::vector<stream_state> reference_states;  // token by token: the state after t tokens
+  recorded reference;
+  for (int kind : {1, 0, 2, 2, 2, 3}) {
+    const auto sizes = chunking(kind, tokens, g.stride, g.window, rng);
+    stream_state state = compressor.make_state();
+    if (kind == 1) reference_states.push_back(state);
+    recorded rec;
+    std::int64_t offset = 0, mismatched_states = 0, mismatched_counts = 0;
+    for (std::int64_t n : sizes) {
+      token_chunk chunk;
+      chunk.tokens = n;
+      chunk.payload = span<const float>(in.payload.data() + offset * ppt, static_cast<std::size_t>(n * ppt));
+      if (lpt > 0) chunk.logits = span<const float>(in.logits.data() + offset * lpt, static_cast<std::size_t>(n * lpt));
+      const std::int64_t predicted = compressor.entries_after(state, n);
+      std::int64_t calls = 0;
+      const std::int64_t emitted = compressor.append(state, chunk, [&](const entry_view& e) {
+        ++calls;
+        rec.index.push_back(e.index);
+        rec.anchor.push_back(e.anchor);
+        rec.values.insert(rec.values.end(), e.values, e.values + e.kv_heads * e.channels);
+        rec.weights.insert(rec.weights.end(), e.slot_weights, e.slot_weights + e.kv_heads * e.window);
+      }, options);
+      if (emitted != predicted || calls != predicted) ++mismatched_counts;
+      offset += n;
+      if (kind == 1) reference_states.push_back(state);
+      else if (!(state == reference_states[static_cast<std::size_t>(offset)])) ++mismatched_states;
+    }
+    INFO("chunking kind " << kind << ", " << sizes.size() << " chunks");
+    CHECK(mismatched_counts == 0);
+    CHECK(mismatched_states == 0);
+    CHECK(state.tokens() == tokens);
+    CHECK(state.entries() == static_cast<std::int64_t>(rec.index.size()));
+    if (kind == 1) {
+      reference = rec;
+      REQUIRE(reference.index.size() >= 4);
+      for (std::size_t k = 0; k < reference.index.size(); ++k) CHECK(reference.index[k] == static_cast<std::int64_t>(k));
+    } else {
+      CHECK(bit_identical(rec, reference));
+    }
+  }
+
+  // A copied state is a fork: continuing both gives the same entries.
+  stream_state a = reference_states[static_cast<std::size_t>(2 * g.window + 1)];
+  stream_state b = a;
+  entry_buffer ea, eb;
+  token_chunk rest;
+  const std::int64_t from = 2 * g.window + 1;
+  rest.tokens = tokens - from;
+  rest.payload = span<const float>(in.payload.data() + from * ppt, static_cast<std::size_t>(rest.tokens * ppt));
+  if (lpt > 0) rest.logits = span<const float>(in.logits.data() + from * lpt, static_cast<std::size_t>(rest.tokens * lpt));
+  compressor.append(a, rest, ea);
+  compressor.append(b, rest, eb);
+  CHECK(a == b);
+  CHECK(ea.all_values() == eb.all_values());
+
+  // == is not vacuous: the same token count with one changed payload value compares unequal.
+  std::vector<float> changed(in.payload.begin(), in.payload.begin() + from * ppt);
+  changed[static_cast<std::size_t>((from - 1) * ppt)] += 1.0f;
+  token_chunk prefix;
+  prefix.tokens = from;
+  prefix.payload = changed;
+  if (lpt > 0) prefix.logits = span<const float>(in.logits.data(), static_cast<std::size_t>(from * lpt));
+  stream_state c = compressor.make_state();
+  compressor.append(c, prefix, [](const entry_view&) {});
+  CHECK(c.tokens() == from);
+  CHECK(!(c == reference_states[static_cast<std::size_t>(from)]));
+}
+
+const geometry streaming_geometries[] = {
+    make_geometry(1, 1, 0, anchor_mode::block_start), make_geometry(4, 8, 0, anchor_mode::block_start),
+    make_geometry(3, 7, 1, anchor_mode::window_centre), make_geometry(4, 6, 3, anchor_mode::block_end),
+    make_geometry(5, 5, 0, anchor_mode::block_start),   make_geometry(1, 4, 0, anchor_mode::block_end),
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("streaming: any chunking gives bit-identical entries and equal states", "[compress][streaming]",
+                   (compressor_policy<mean_pool, no_rope, no_norm>),
+                   (compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>),
+                   (compressor_policy<vector_gated_pool, rope_before_pool, no_norm>),
+                   (compressor_policy<scalar_gated_pool, rope_after_pool, rms_norm>),
+                   (compressor_policy<fixed_weight_pool, rope_before_pool, rms_norm>)) {
+  std::uint32_t seed = 100;
+  for (const geometry& g : streaming_geometries) {
+    check_streaming<TestType>(g, make_config(5, 1, input_layout::per_branch, 4), seed++);
+    check_streaming<TestType>(g, make_config(37, 3, input_layout::per_slot, 6), seed++);
+    if constexpr (is_gated_v<typename TestType::pooling>)
+      check_streaming<TestType>(g, make_config(16, 2, input_layout::per_branch, 8), seed++, 1e4);
+  }
+  check_streaming<TestType>(make_geometry(4, 8, 0, anchor_mode::block_start),
+                            make_config(512, 1, input_layout::per_branch, 64), seed++);
+}
+
+TEST_CASE("streaming: an empty chunk changes nothing and emits nothing", "[compress][streaming]") {
+  using policy = compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>;
+  const stream_compressor<policy> compressor(make_geometry(4, 8, 0, anchor_mode::block_start),
+                                             make_config(8, 2, input_layout::per_branch, 4));
+  std::mt19937 rng(3);
+  const stream_inputs in =
+      random_stream_inputs(rng, 6, compressor.payload_floats_per_token(), compressor.logit_floats_per_token());
+  stream_state state = compressor.make_state();
+  token_chunk six;
+  six.tokens = 6;
+  six.payload = in.payload;
+  six.logits = in.logits;
+  CHECK(compressor.entries_after(state, 6) == 1);
+  CHECK(compressor.append(state, six, entry_buffer{}) == 1);
+  const stream_state before = state;
+  entry_buffer sink;
+  CHECK(compressor.entries_after(state, 0) == 0);
+  CHECK(compressor.append(state, token_chunk{}, sink) == 0);
+  CHECK(sink.size() == 0);
+  CHECK(state == before);
+  CHECK(compressor.entries_after(state, 1) == 0);
+  CHECK(compressor.entries_after(state, 2) == 1);
+  CHECK(compressor.entries_after(state, 10) == 3);
+}
