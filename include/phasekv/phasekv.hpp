@@ -1,7 +1,11 @@
 #pragma once
+// Everything phasekv offers, in one include. Each header below also stands alone; include just
+// the ones you use if compile time matters. Keep this list complete (scripts/test checks it):
+// every include/phasekv/<part>/*.hpp, sorted, one block per part.
 
 // cache
 #include "phasekv/cache/page_pool.hpp"
+#include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/storage.hpp"
 
 // compress
@@ -23,6 +27,11 @@
 
 // diag
 #include "phasekv/diag/write_profile.hpp"
+
+// read
+#include "phasekv/read/softmax_state.hpp"
+#include "phasekv/read/sparse_reader.hpp"
+#include "phasekv/read/top_k.hpp"
 
 // simd
 #include "phasekv/simd/batch.hpp"

@@ -39,6 +39,16 @@ class layer_compressor {
   const geometry& geom() const noexcept { return std::get<0>(streams_).geom(); }
   template <std::size_t K>
   const auto& stream() const noexcept { return std::get<K>(streams_); }
+  // The configuration of stream k, for callers that pick streams at run time.
+  const stream_config& config(std::size_t k) const {
+    const stream_config* found = nullptr;
+    for_each([&](std::size_t i, const auto& c) {
+      if (i == k) found = &c.config();
+    });
+    if (!found)
+      detail::fail<input_error>("layer: stream", k, "must be below the stream count " + std::to_string(stream_count));
+    return *found;
+  }
 
   // Fresh states; `history` as in stream_compressor::make_state.
   states make_state(std::int64_t history = 0) const {

@@ -1,0 +1,521 @@
+#pragma once
+// The paged compressed cache of one layer (DESIGN.md §4): a page pool per stream, and per
+// sequence a page table per stream, the compressors' pending state and the raw local window.
+//
+//   paged_cache<K, V> cache(layer_compressor<K, V>(keys, values), config);
+//   sequence_id s = cache.create();
+//   cache.append(s, {key_chunk, value_chunk}, window_keys, window_values);
+//   sequence_id beam = cache.fork(s);          // shares every page; O(pages)
+//   cache.remove_suffix(beam, p0);             // roll back to tokens [0, p0)
+//
+// Entry e of a stream lives in page table[e / page_size], slot e % page_size. Full pages are
+// immutable: fork() shares all pages by reference count, and a sequence that writes into a
+// last page someone else also holds first copies it (copy on write), so forks never see each
+// other's entries. Operations follow llama.cpp's vocabulary where they overlap: create ~ a new
+// seq_id, copy ~ seq_cp, remove_suffix ~ seq_rm(seq, p0, -1), keep ~ seq_keep, clear.
+//
+// Raw window: the last `window.tokens` tokens' key (and value) vectors as the host hands them
+// over — already RoPE'd at their own positions — kept in a ring of window.tokens + history
+// rows. `history` extra tokens of compressor inputs and window rows let remove_suffix roll
+// back that far; rolling back further throws, since the inputs it would need are gone.
+//
+// Errors: every operation checks what a caller can get wrong first and throws input_error
+// (unknown sequence, bad range, chunk shape) or capacity_error (a pool is full) with the cache
+// exactly as it was (strong guarantee).
+//
+// Thread safety: each sequence has one writer at a time — every call naming a sequence, except
+// the const queries, writes it. Calls on different sequences may run concurrently from several
+// threads: the sequence table is guarded by a mutex (held only to look up, add or drop a
+// sequence, never during compression), and the page pools are internally synchronised. Const
+// queries of a sequence may run concurrently with each other, not with that sequence's writer.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "phasekv/cache/page_pool.hpp"
+#include "phasekv/cache/storage.hpp"
+#include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/core/span.hpp"
+
+namespace phasekv {
+
+using sequence_id = std::int64_t;
+
+// The raw local window a sequence keeps next to its compressed entries (DESIGN.md §4).
+struct raw_window_config {
+  std::int64_t tokens = 0;          // N_win; 0 keeps no window
+  std::int64_t kv_heads = 1;
+  std::int64_t key_channels = 0;
+  std::int64_t value_channels = 0;  // 0: tied K/V, the keys are also the values
+};
+
+struct cache_config {
+  std::string name = "cache";
+  std::int64_t page_size = 64;       // entries per page
+  std::int64_t pages = 1024;         // capacity of each stream's pool
+  storage_type storage = storage_type::f32;
+  std::int64_t history = 0;          // tokens remove_suffix may roll back beyond the minimum
+  raw_window_config window;
+
+  void validate() const {
+    using detail::require;
+    require(page_size >= 1, name + ".page_size", page_size, "must be at least 1");
+    require(pages >= 1, name + ".pages", pages, "must be at least 1");
+    require(is_valid(storage), name + ".storage", static_cast<int>(storage), "is not a storage_type");
+    require(history >= 0, name + ".history", history, "must be non-negative");
+    require(window.tokens >= 0, name + ".window.tokens", window.tokens, "must be non-negative");
+    if (window.tokens > 0) {
+      require(window.kv_heads >= 1, name + ".window.kv_heads", window.kv_heads, "must be at least 1");
+      require(window.key_channels >= 1, name + ".window.key_channels", window.key_channels, "must be at least 1");
+      require(window.value_channels >= 0, name + ".window.value_channels", window.value_channels,
+              "must be non-negative (0 = tied K/V)");
+    }
+  }
+};
+
+// What one sequence occupies.
+struct sequence_memory {
+  std::int64_t tokens = 0;
+  std::int64_t entries = 0;            // summed over streams
+  std::int64_t pages = 0;              // page references, summed over streams
+  std::int64_t shared_pages = 0;       // of those, pages another sequence also holds
+  std::int64_t page_bytes = 0;         // bytes of the referenced pages (shared ones in full)
+  std::int64_t entry_bytes = 0;        // bytes of the entries themselves, without page rounding
+  std::int64_t state_bytes = 0;        // pending compressor inputs and the raw window
+  std::int64_t uncompressed_bytes = 0; // an uncompressed cache of the same tokens, shape and storage
+
+  // Bytes an uncompressed cache of the same shape would need per byte of stored entries (≈ S).
+  double compression_ratio() const noexcept {
+    return entry_bytes > 0 ? static_cast<double>(uncompressed_bytes) / static_cast<double>(entry_bytes) : 0.0;
+  }
+};
+
+// A batch of sequences' page tables for one stream in FlashInfer's CSR convention, plus the
+// layout, so a host kernel can find entry e of batch row b with plain pointer arithmetic:
+//   page = indices[indptr[b] + e / page_size], slot = e % page_size,
+//   address = base + page · layout.page_stride_bytes + slot · layout.entry_stride_bytes
+//             + head · layout.head_stride_bytes + channel · layout.element_bytes.
+// The view does not own anything; it is valid until the next call that writes the cache.
+struct paged_view {
+  const std::byte* base = nullptr;
+  page_layout layout;
+  std::vector<std::int32_t> indptr;         // batch + 1
+  std::vector<std::int32_t> indices;        // page ids, row after row
+  std::vector<std::int32_t> last_page_len;  // entries in each row's last page (0 for no pages)
+  std::vector<std::int64_t> entries;        // entries per row
+};
+
+template <class... Compressors>
+class paged_cache {
+ public:
+  using layer = layer_compressor<Compressors...>;
+  static constexpr std::size_t stream_count = layer::stream_count;
+  using chunks = typename layer::chunks;
+
+  paged_cache(layer compressors, cache_config config) : layer_(std::move(compressors)), config_(std::move(config)) {
+    config_.validate();
+    pools_.reserve(stream_count);
+    for (std::size_t k = 0; k < stream_count; ++k) {
+      page_pool_config p;
+      p.name = config_.name + ".pool[" + std::to_string(k) + "]";
+      p.page_size = config_.page_size;
+      p.kv_heads = stream_shape(k).first;
+      p.channels = stream_shape(k).second;
+      p.storage = config_.storage;
+      p.capacity = config_.pages;
+      pools_.emplace_back(std::move(p));
+    }
+  }
+
+  const layer& compressors() const noexcept { return layer_; }
+  const cache_config& config() const noexcept { return config_; }
+  const page_pool& pool(std::size_t stream) const { return pools_.at(stream); }
+  std::int64_t window_rows() const noexcept { return config_.window.tokens > 0 ? config_.window.tokens + config_.history : 0; }
+  bool tied_window() const noexcept { return config_.window.value_channels == 0; }
+
+  // ---- sequences -------------------------------------------------------------------------
+
+  sequence_id create() {
+    auto record = std::make_unique<sequence>();
+    record->states = layer_.make_state(config_.history);
+    const auto rows = static_cast<std::size_t>(window_rows());
+    record->window_keys.assign(rows * static_cast<std::size_t>(window_key_floats()), 0.0f);
+    record->window_values.assign(rows * static_cast<std::size_t>(window_value_floats()), 0.0f);
+    std::lock_guard<std::mutex> lock(table_mutex_);
+    const sequence_id id = next_id_++;
+    sequences_.emplace(id, std::move(record));
+    return id;
+  }
+
+  bool contains(sequence_id id) const {
+    std::lock_guard<std::mutex> lock(table_mutex_);
+    return sequences_.count(id) != 0;
+  }
+  std::int64_t sequences() const {
+    std::lock_guard<std::mutex> lock(table_mutex_);
+    return static_cast<std::int64_t>(sequences_.size());
+  }
+
+  // Appends the same new tokens to every stream (one chunk each) and to the raw window
+  // (window_keys: tokens × window.kv_heads × key_channels; window_values likewise, empty when
+  // the window is tied or absent). Returns the entries emitted per stream.
+  std::int64_t append(sequence_id id, const chunks& in, span<const float> window_keys = {},
+                      span<const float> window_values = {}, const append_options& options = {}) {
+    sequence& s = find(id, "append");
+    const std::int64_t tokens = in[0].tokens;
+    check_window_input(window_keys, tokens, window_key_floats(), "window_keys");
+    check_window_input(window_values, tokens, window_value_floats(), "window_values");
+
+    // Reserve every page this append needs in every stream before anything changes.
+    std::array<page_plan, stream_count> plans;
+    try {
+      for (std::size_t k = 0; k < stream_count; ++k) plans[k] = plan_pages(s, k, tokens);
+    } catch (...) {
+      for (std::size_t k = 0; k < stream_count; ++k) drop_plan(k, plans[k]);
+      throw;
+    }
+    try {
+      layer_.append(s.states, in, [&](std::size_t k, const entry_view& e) {
+        pools_[k].write_entry(plans[k].page_for(s.tables[k], e.index, config_.page_size), e.index % config_.page_size,
+                              e.values);
+      }, options);
+    } catch (...) {
+      for (std::size_t k = 0; k < stream_count; ++k) drop_plan(k, plans[k]);
+      throw;
+    }
+    for (std::size_t k = 0; k < stream_count; ++k) adopt_plan(s, k, plans[k]);
+    write_window(s, window_keys, window_values, tokens);
+    s.tokens += tokens;
+    return layer_.geom().completed_entries(s.tokens) - layer_.geom().completed_entries(s.tokens - tokens);
+  }
+
+  // A new sequence equal to `parent`, sharing all of its pages.
+  sequence_id fork(sequence_id parent) {
+    auto record = std::make_unique<sequence>(find(parent, "fork"));
+    for (std::size_t k = 0; k < stream_count; ++k)
+      for (page_id p : record->tables[k]) pools_[k].retain(p);
+    std::lock_guard<std::mutex> lock(table_mutex_);
+    const sequence_id id = next_id_++;
+    sequences_.emplace(id, std::move(record));
+    return id;
+  }
+
+  // Makes `destination` (an existing sequence) a fork of `source` (llama.cpp's seq_cp).
+  void copy(sequence_id source, sequence_id destination) {
+    if (source == destination)
+      detail::fail<input_error>(config_.name + ".copy(destination)", destination, "must differ from source");
+    const sequence& from = find(source, "copy");
+    sequence& to = find(destination, "copy");
+    sequence replacement(from);
+    for (std::size_t k = 0; k < stream_count; ++k)
+      for (page_id p : replacement.tables[k]) pools_[k].retain(p);
+    release_pages(to);
+    to = std::move(replacement);
+  }
+
+  // Forgets tokens [p0, end) and the entries they completed (llama.cpp's seq_rm(seq, p0, -1)).
+  // Throws if the inputs needed to continue from p0 — the pending compressor inputs, and the
+  // raw window tokens [p0 − window.tokens, p0) — are no longer kept (see cache_config.history).
+  void remove_suffix(sequence_id id, std::int64_t p0) {
+    sequence& s = find(id, "remove_suffix");
+    if (p0 < 0 || p0 > s.tokens)
+      detail::fail<input_error>(config_.name + ".remove_suffix(p0)", p0,
+                                "must lie in [0, tokens = " + std::to_string(s.tokens) + "]");
+    if (p0 == s.tokens) return;
+    bool ok = true;
+    for_each_stream([&](std::size_t k, const auto& c) { ok = ok && c.can_truncate(s.states[k], p0); });
+    const std::int64_t window_needed = std::max<std::int64_t>(0, p0 - config_.window.tokens);
+    if (!ok || (config_.window.tokens > 0 && window_needed < s.window_first))
+      detail::fail<input_error>(
+          config_.name + ".remove_suffix(p0)", p0,
+          "rolls back further than the kept history allows (tokens = " + std::to_string(s.tokens) +
+              ", history = " + std::to_string(config_.history) + "): the inputs needed to continue are gone");
+    const std::int64_t kept_entries = layer_.geom().completed_entries(p0);
+    const std::int64_t kept_pages = (kept_entries + config_.page_size - 1) / config_.page_size;
+    for_each_stream([&](std::size_t k, const auto& c) {
+      c.truncate(s.states[k], p0);
+      for (std::size_t i = static_cast<std::size_t>(kept_pages); i < s.tables[k].size(); ++i) pools_[k].release(s.tables[k][i]);
+      s.tables[k].resize(static_cast<std::size_t>(kept_pages));
+    });
+    s.tokens = p0;
+  }
+
+  // Drops a sequence and its page references.
+  void free(sequence_id id) {
+    std::unique_ptr<sequence> record;
+    {
+      std::lock_guard<std::mutex> lock(table_mutex_);
+      auto it = sequences_.find(id);
+      if (it == sequences_.end()) fail_unknown(id, "free");
+      record = std::move(it->second);
+      sequences_.erase(it);
+    }
+    release_pages(*record);
+  }
+
+  // Drops every sequence but `id` (llama.cpp's seq_keep).
+  void keep(sequence_id id) {
+    find(id, "keep");
+    std::vector<std::unique_ptr<sequence>> dropped;
+    {
+      std::lock_guard<std::mutex> lock(table_mutex_);
+      for (auto it = sequences_.begin(); it != sequences_.end();) {
+        if (it->first == id) {
+          ++it;
+          continue;
+        }
+        dropped.push_back(std::move(it->second));
+        it = sequences_.erase(it);
+      }
+    }
+    for (auto& r : dropped) release_pages(*r);
+  }
+
+  // Drops every sequence.
+  void clear() {
+    std::unordered_map<sequence_id, std::unique_ptr<sequence>> dropped;
+    {
+      std::lock_guard<std::mutex> lock(table_mutex_);
+      dropped.swap(sequences_);
+    }
+    for (auto& [id, r] : dropped) release_pages(*r);
+  }
+
+  // ---- queries ---------------------------------------------------------------------------
+
+  std::int64_t tokens(sequence_id id) const { return find(id, "tokens").tokens; }
+  std::int64_t entries(sequence_id id, std::size_t stream) const {
+    return find(id, "entries").states.at(stream).entries();
+  }
+  const std::vector<page_id>& page_table(sequence_id id, std::size_t stream) const {
+    return find(id, "page_table").tables.at(stream);
+  }
+  const stream_state& state(sequence_id id, std::size_t stream) const {
+    return find(id, "state").states.at(stream);
+  }
+
+  // Entry j of a stream, converted to fp32: kv_heads × channels floats into out.
+  void read_entry(sequence_id id, std::size_t stream, std::int64_t j, float* out) const {
+    const sequence& s = find(id, "read_entry");
+    const std::int64_t n = s.states.at(stream).entries();
+    if (j < 0 || j >= n)
+      detail::fail<input_error>(config_.name + ".read_entry(entry)", j,
+                                "must lie in [0, entries = " + std::to_string(n) + ")");
+    pools_[stream].read_entry(s.tables[stream][static_cast<std::size_t>(j / config_.page_size)], j % config_.page_size,
+                              out);
+  }
+
+  // Tokens the raw window holds: [first, tokens).
+  std::int64_t window_first(sequence_id id) const {
+    const sequence& s = find(id, "window_first");
+    return std::max(s.window_first, s.tokens - config_.window.tokens);
+  }
+  // Token t's window key (kv_heads × key_channels) and value (or its key when tied).
+  const float* window_key(sequence_id id, std::int64_t t) const {
+    const sequence& s = find(id, "window_key");
+    return s.window_keys.data() + window_row(s, t) * window_key_floats();
+  }
+  const float* window_value(sequence_id id, std::int64_t t) const {
+    const sequence& s = find(id, "window_value");
+    if (tied_window()) return s.window_keys.data() + window_row(s, t) * window_key_floats();
+    return s.window_values.data() + window_row(s, t) * window_value_floats();
+  }
+
+  sequence_memory memory(sequence_id id) const {
+    const sequence& s = find(id, "memory");
+    sequence_memory m;
+    m.tokens = s.tokens;
+    for (std::size_t k = 0; k < stream_count; ++k) {
+      const page_pool& pool = pools_[k];
+      const std::int64_t entry_bytes = pool.layout().entry_stride_bytes;
+      m.entries += s.states[k].entries();
+      m.pages += static_cast<std::int64_t>(s.tables[k].size());
+      for (page_id p : s.tables[k]) m.shared_pages += pool.refcount(p) > 1 ? 1 : 0;
+      m.page_bytes += static_cast<std::int64_t>(s.tables[k].size()) * pool.bytes_per_page();
+      m.entry_bytes += s.states[k].entries() * entry_bytes;
+      m.uncompressed_bytes += s.tokens * entry_bytes;
+      m.state_bytes += static_cast<std::int64_t>(s.states[k].bytes());
+    }
+    m.state_bytes += static_cast<std::int64_t>((s.window_keys.capacity() + s.window_values.capacity()) * sizeof(float));
+    return m;
+  }
+
+  // CSR page tables of a batch of sequences for one stream (FlashInfer's convention).
+  paged_view view(span<const sequence_id> batch, std::size_t stream) const {
+    if (stream >= stream_count)
+      detail::fail<input_error>(config_.name + ".view(stream)", stream,
+                                "must be below the stream count " + std::to_string(stream_count));
+    paged_view v;
+    v.base = pools_[stream].base();
+    v.layout = pools_[stream].layout();
+    v.indptr.push_back(0);
+    for (sequence_id id : batch) {
+      const sequence& s = find(id, "view");
+      const std::int64_t n = s.states[stream].entries();
+      v.indices.insert(v.indices.end(), s.tables[stream].begin(), s.tables[stream].end());
+      v.indptr.push_back(static_cast<std::int32_t>(v.indices.size()));
+      v.last_page_len.push_back(n == 0 ? 0 : static_cast<std::int32_t>((n - 1) % config_.page_size + 1));
+      v.entries.push_back(n);
+    }
+    return v;
+  }
+
+ private:
+  struct sequence {
+    typename layer::states states;
+    std::array<std::vector<page_id>, stream_count> tables;
+    std::vector<float> window_keys;    // [window rows][kv_heads][key_channels]
+    std::vector<float> window_values;  // [window rows][kv_heads][value_channels], empty when tied
+    std::int64_t tokens = 0;
+    std::int64_t window_first = 0;     // oldest token whose window row is still intact
+  };
+
+  // The pages one append adds to one stream: fresh pages for new entries past the table's end,
+  // and a private copy of the last page when it is shared and about to be written.
+  struct page_plan {
+    std::vector<page_id> fresh;
+    page_id copy = -1;  // replaces the table's last page, or -1
+
+    page_id page_for(const std::vector<page_id>& table, std::int64_t entry, std::int64_t page_size) const {
+      const auto index = static_cast<std::size_t>(entry / page_size);
+      if (index < table.size()) return index + 1 == table.size() && copy >= 0 ? copy : table[index];
+      return fresh[index - table.size()];
+    }
+  };
+
+  page_plan plan_pages(const sequence& s, std::size_t k, std::int64_t tokens) {
+    page_plan plan;
+    const std::int64_t before = s.states[k].entries();
+    const std::int64_t after = layer_.geom().completed_entries(s.states[k].tokens() + std::max<std::int64_t>(tokens, 0));
+    if (after == before) return plan;
+    const std::int64_t pages_after = (after + config_.page_size - 1) / config_.page_size;
+    const auto& table = s.tables[k];
+    const bool writes_last_page = before % config_.page_size != 0;  // the last page is partial
+    if (writes_last_page && pools_[k].refcount(table.back()) > 1) {
+      plan.copy = pools_[k].allocate();
+      pools_[k].copy_entries(table.back(), plan.copy, before % config_.page_size);
+    }
+    plan.fresh.resize(static_cast<std::size_t>(pages_after - static_cast<std::int64_t>(table.size())));
+    pools_[k].allocate(static_cast<std::int64_t>(plan.fresh.size()), plan.fresh.data());
+    return plan;
+  }
+
+  void drop_plan(std::size_t k, page_plan& plan) noexcept {
+    // Pages of a plan are held by nobody else: releasing them cannot throw in practice.
+    try {
+      if (plan.copy >= 0) pools_[k].release(plan.copy);
+      for (page_id p : plan.fresh) pools_[k].release(p);
+    } catch (...) {
+    }
+    plan = page_plan{};
+  }
+
+  void adopt_plan(sequence& s, std::size_t k, page_plan& plan) {
+    auto& table = s.tables[k];
+    if (plan.copy >= 0) {
+      pools_[k].release(table.back());
+      table.back() = plan.copy;
+    }
+    table.insert(table.end(), plan.fresh.begin(), plan.fresh.end());
+  }
+
+  void release_pages(sequence& s) {
+    for (std::size_t k = 0; k < stream_count; ++k) {
+      for (page_id p : s.tables[k]) pools_[k].release(p);
+      s.tables[k].clear();
+    }
+  }
+
+  std::int64_t window_key_floats() const noexcept {
+    return config_.window.tokens > 0 ? config_.window.kv_heads * config_.window.key_channels : 0;
+  }
+  std::int64_t window_value_floats() const noexcept {
+    return config_.window.tokens > 0 ? config_.window.kv_heads * config_.window.value_channels : 0;
+  }
+
+  void check_window_input(span<const float> in, std::int64_t tokens, std::int64_t per_token, const char* what) const {
+    const std::int64_t expected = std::max<std::int64_t>(tokens, 0) * per_token;
+    if (in.data() == nullptr && in.size() != 0)
+      detail::fail<input_error>(config_.name + ".append: " + what + ".data()", "null",
+                                "must not be null when the size is " + std::to_string(in.size()));
+    if (static_cast<std::int64_t>(in.size()) != expected)
+      detail::fail<input_error>(config_.name + ".append: " + what + ".size()", in.size(),
+                                "must be " + std::to_string(expected) + " (tokens × window.kv_heads × channels)");
+  }
+
+  void write_window(sequence& s, span<const float> keys, span<const float> values, std::int64_t tokens) noexcept {
+    const std::int64_t rows = window_rows();
+    if (rows == 0) return;
+    const std::int64_t t0 = s.tokens, t_end = t0 + tokens;
+    for (std::int64_t t = std::max(t0, t_end - rows); t < t_end; ++t) {
+      const std::int64_t row = t % rows;
+      std::memcpy(s.window_keys.data() + row * window_key_floats(), keys.data() + (t - t0) * window_key_floats(),
+                  static_cast<std::size_t>(window_key_floats()) * sizeof(float));
+      if (!tied_window())
+        std::memcpy(s.window_values.data() + row * window_value_floats(),
+                    values.data() + (t - t0) * window_value_floats(),
+                    static_cast<std::size_t>(window_value_floats()) * sizeof(float));
+    }
+    s.window_first = std::max(s.window_first, t_end - rows);
+  }
+
+  std::int64_t window_row(const sequence& s, std::int64_t t) const {
+    const std::int64_t first = std::max(s.window_first, s.tokens - config_.window.tokens);
+    if (config_.window.tokens == 0 || t < first || t >= s.tokens)
+      detail::fail<input_error>(config_.name + ": window token", t,
+                                "must lie in the raw window [" + std::to_string(first) + ", " +
+                                    std::to_string(s.tokens) + ")");
+    return t % window_rows();
+  }
+
+  std::pair<std::int64_t, std::int64_t> stream_shape(std::size_t k) const {
+    std::pair<std::int64_t, std::int64_t> shape;
+    for_each_stream([&](std::size_t i, const auto& c) {
+      if (i == k) shape = {c.config().kv_heads, c.config().channels};
+    });
+    return shape;
+  }
+
+  template <class F>
+  void for_each_stream(F&& f) const {
+    for_each_impl(f, std::make_index_sequence<stream_count>{});
+  }
+  template <class F, std::size_t... K>
+  void for_each_impl(F& f, std::index_sequence<K...>) const {
+    (f(K, layer_.template stream<K>()), ...);
+  }
+
+  [[noreturn]] void fail_unknown(sequence_id id, const char* operation) const {
+    detail::fail<input_error>(config_.name + "." + operation + "(sequence)", id, "is not a live sequence of this cache");
+  }
+  sequence& find(sequence_id id, const char* operation) {
+    std::lock_guard<std::mutex> lock(table_mutex_);
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) fail_unknown(id, operation);
+    return *it->second;
+  }
+  const sequence& find(sequence_id id, const char* operation) const {
+    std::lock_guard<std::mutex> lock(table_mutex_);
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) fail_unknown(id, operation);
+    return *it->second;
+  }
+
+  layer layer_;
+  cache_config config_;
+  std::vector<page_pool> pools_;
+  mutable std::mutex table_mutex_;
+  std::unordered_map<sequence_id, std::unique_ptr<sequence>> sequences_;
+  sequence_id next_id_ = 0;
+};
+
+}  // namespace phasekv

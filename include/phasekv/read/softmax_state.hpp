@@ -1,0 +1,107 @@
+#pragma once
+// The online-softmax partial state of a group of query heads (DESIGN.md §5). For one head and a
+// set of keys with logits ℓ_i and values v_i:
+//
+//   m = max_i ℓ_i,   d = Σ_i exp(ℓ_i − m),   o = Σ_i exp(ℓ_i − m) · v_i
+//
+// Two states over disjoint sets merge exactly (up to rounding) into the state of their union:
+//
+//   m = max(m_a, m_b),  d = d_a·e^(m_a−m) + d_b·e^(m_b−m),  o = o_a·e^(m_a−m) + o_b·e^(m_b−m)
+//
+// so the compressed part and the window part of a read — or any split of either — are computed
+// separately and merged. The empty set is m = −∞, d = 0, o = 0 and merges as the identity
+// (no exp(−∞ − (−∞)) is ever formed). An attention sink adds exp(sink − m) to the denominator
+// only: it takes probability mass without contributing a value.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include <Eigen/Core>
+
+namespace phasekv {
+
+class softmax_state {
+ public:
+  using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+  softmax_state() = default;
+  softmax_state(std::int64_t heads, std::int64_t channels) { reset(heads, channels); }
+
+  void reset(std::int64_t heads, std::int64_t channels) {
+    m_.setConstant(heads, -std::numeric_limits<float>::infinity());
+    d_.setZero(heads);
+    o_.setZero(heads, channels);
+  }
+
+  std::int64_t heads() const noexcept { return m_.size(); }
+  std::int64_t channels() const noexcept { return o_.cols(); }
+  bool empty(std::int64_t h) const noexcept { return d_[h] == 0.0f; }
+  float max_logit(std::int64_t h) const noexcept { return m_[h]; }
+  float denominator(std::int64_t h) const noexcept { return d_[h]; }
+  const matrix& accumulator() const noexcept { return o_; }
+
+  // The state of a block of keys at once: logits (heads × keys) are turned in place into
+  // exp(ℓ − m) per row, and values (keys × channels) weighted by them. Rows of logits that are
+  // all −∞ (every key masked) stay empty.
+  template <class Values>
+  void assign_block(matrix& logits, const Values& values) {
+    for (Eigen::Index h = 0; h < logits.rows(); ++h) {
+      const float m = logits.cols() > 0 ? logits.row(h).maxCoeff() : -std::numeric_limits<float>::infinity();
+      m_[h] = m;
+      if (m == -std::numeric_limits<float>::infinity()) {
+        logits.row(h).setZero();
+        d_[h] = 0.0f;
+        continue;
+      }
+      logits.row(h) = (logits.row(h).array() - m).exp().matrix();
+      d_[h] = logits.row(h).sum();
+    }
+    if (logits.cols() > 0) o_.noalias() = logits * values;
+    else o_.setZero();
+  }
+
+  // This ← this ∪ other (same heads and channels).
+  void merge(const softmax_state& other) noexcept {
+    for (Eigen::Index h = 0; h < m_.size(); ++h) {
+      if (other.d_[h] == 0.0f) continue;
+      if (d_[h] == 0.0f) {
+        m_[h] = other.m_[h];
+        d_[h] = other.d_[h];
+        o_.row(h) = other.o_.row(h);
+        continue;
+      }
+      const float m = std::max(m_[h], other.m_[h]);
+      const float a = std::exp(m_[h] - m), b = std::exp(other.m_[h] - m);
+      m_[h] = m;
+      d_[h] = d_[h] * a + other.d_[h] * b;
+      o_.row(h) = o_.row(h) * a + other.o_.row(h) * b;
+    }
+  }
+
+  // Per head: the factor that turns exp(ℓ − m) of this state into a final probability, given
+  // an optional sink logit per head — 1 / (d + exp(sink − m)) in this state's frame.
+  float normaliser(std::int64_t h, const float* sink_logits) const noexcept {
+    if (!sink_logits) return d_[h] > 0.0f ? 1.0f / d_[h] : 0.0f;
+    const float m = std::max(m_[h], sink_logits[h]);
+    const float total = (d_[h] > 0.0f ? d_[h] * std::exp(m_[h] - m) : 0.0f) + std::exp(sink_logits[h] - m);
+    return std::exp(m_[h] - m) / total;
+  }
+
+  // out (heads × channels, row-major) = Σ p·v with the sinks (if any) in the denominators;
+  // zeros for a head with no keys.
+  void finish(float* out, const float* sink_logits = nullptr) const noexcept {
+    for (Eigen::Index h = 0; h < m_.size(); ++h) {
+      const float scale = d_[h] > 0.0f ? normaliser(h, sink_logits) : 0.0f;
+      Eigen::Map<Eigen::RowVectorXf>(out + h * o_.cols(), o_.cols()) = o_.row(h) * scale;
+    }
+  }
+
+ private:
+  Eigen::VectorXf m_;
+  Eigen::VectorXf d_;
+  matrix o_;
+};
+
+}  // namespace phasekv
