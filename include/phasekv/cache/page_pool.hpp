@@ -28,7 +28,9 @@
 //     writes happen after the old owner's last access). Reference counts are std::atomic only so
 //     that refcount() and the "is this page allocated?" checks in the data accessors can read them
 //     without the lock; they are never modified outside it. (Those checks catch a page the caller
-//     never allocated or already released; they are diagnostics, not synchronisation.) This is
+//     never allocated or already released; they are diagnostics, not synchronisation — though
+//     stores are release and loads acquire, so a writer that sees a count of 1 also sees every
+//     access of the holder that released the page.) This is
 //     the simplest design that is correct: retain/release are not hot (they run when sequences
 //     fork or drop pages, not per token), so a lock-free free list would buy nothing worth its
 //     subtlety.
@@ -186,21 +188,21 @@ class page_pool {
     if (count == std::numeric_limits<std::int32_t>::max()) {
       detail::fail<capacity_error>(config_.name + ".retain(page)", id, "reference count is at its maximum");
     }
-    book_->refcounts[index(id)].store(count + 1, std::memory_order_relaxed);
+    book_->refcounts[index(id)].store(count + 1, std::memory_order_release);
   }
 
   // Drops a holder; the page returns to the free list when the last holder is gone.
   void release(page_id id) {
     std::lock_guard<std::mutex> lock(book_->mutex);
     const std::int32_t count = allocated_refcount(id, "release");
-    book_->refcounts[index(id)].store(count - 1, std::memory_order_relaxed);
+    book_->refcounts[index(id)].store(count - 1, std::memory_order_release);
     if (count == 1) push_free_locked(id);
   }
 
   // 0 for a free page. A snapshot: other threads may change it right after.
   std::int32_t refcount(page_id id) const {
     require_in_range(id, "refcount");
-    return book_->refcounts[index(id)].load(std::memory_order_relaxed);
+    return book_->refcounts[index(id)].load(std::memory_order_acquire);
   }
 
   std::int64_t capacity() const noexcept { return config_.capacity; }
@@ -290,7 +292,7 @@ class page_pool {
   page_id pop_free_locked() {
     const page_id id = book_->free_head;
     book_->free_head = book_->next_free[index(id)];
-    book_->refcounts[index(id)].store(1, std::memory_order_relaxed);
+    book_->refcounts[index(id)].store(1, std::memory_order_release);
     ++book_->used;
     return id;
   }
@@ -313,7 +315,7 @@ class page_pool {
   // The page's reference count, or input_error if it is out of range or free.
   std::int32_t allocated_refcount(page_id id, const char* operation) const {
     require_in_range(id, operation);
-    const std::int32_t count = book_->refcounts[index(id)].load(std::memory_order_relaxed);
+    const std::int32_t count = book_->refcounts[index(id)].load(std::memory_order_acquire);
     if (count <= 0) {
       detail::fail<input_error>(config_.name + "." + operation + "(page)", id, "is not allocated (reference count 0)");
     }

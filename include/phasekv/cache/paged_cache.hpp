@@ -138,7 +138,7 @@ class paged_cache {
 
   const layer& compressors() const noexcept { return layer_; }
   const cache_config& config() const noexcept { return config_; }
-  const page_pool& pool(std::size_t stream) const { return pools_.at(stream); }
+  const page_pool& pool(std::size_t stream) const { return pools_[check_stream(stream, "pool")]; }
   std::int64_t window_rows() const noexcept { return config_.window.tokens > 0 ? config_.window.tokens + config_.history : 0; }
   bool tied_window() const noexcept { return config_.window.value_channels == 0; }
 
@@ -174,6 +174,7 @@ class paged_cache {
     const std::int64_t tokens = in[0].tokens;
     check_window_input(window_keys, tokens, window_key_floats(), "window_keys");
     check_window_input(window_values, tokens, window_value_floats(), "window_values");
+    layer_.check(s.states, in, options);  // a malformed chunk is an input_error, however full the pool
 
     // Reserve every page this append needs in every stream before anything changes.
     std::array<page_plan, stream_count> plans;
@@ -234,7 +235,7 @@ class paged_cache {
     bool ok = true;
     for_each_stream([&](std::size_t k, const auto& c) { ok = ok && c.can_truncate(s.states[k], p0); });
     const std::int64_t window_needed = std::max<std::int64_t>(0, p0 - config_.window.tokens);
-    if (!ok || (config_.window.tokens > 0 && window_needed < s.window_first))
+    if (!ok || (config_.window.tokens > 0 && window_needed < p0 && window_needed < s.window_first))
       detail::fail<input_error>(
           config_.name + ".remove_suffix(p0)", p0,
           "rolls back further than the kept history allows (tokens = " + std::to_string(s.tokens) +
@@ -247,6 +248,7 @@ class paged_cache {
       s.tables[k].resize(static_cast<std::size_t>(kept_pages));
     });
     s.tokens = p0;
+    s.window_first = std::min(s.window_first, p0);  // rows from p0 on are rewritten before they are read
   }
 
   // Drops a sequence and its page references.
@@ -294,19 +296,19 @@ class paged_cache {
 
   std::int64_t tokens(sequence_id id) const { return find(id, "tokens").tokens; }
   std::int64_t entries(sequence_id id, std::size_t stream) const {
-    return find(id, "entries").states.at(stream).entries();
+    return find(id, "entries").states[check_stream(stream, "entries")].entries();
   }
   const std::vector<page_id>& page_table(sequence_id id, std::size_t stream) const {
-    return find(id, "page_table").tables.at(stream);
+    return find(id, "page_table").tables[check_stream(stream, "page_table")];
   }
   const stream_state& state(sequence_id id, std::size_t stream) const {
-    return find(id, "state").states.at(stream);
+    return find(id, "state").states[check_stream(stream, "state")];
   }
 
   // Entry j of a stream, converted to fp32: kv_heads × channels floats into out.
   void read_entry(sequence_id id, std::size_t stream, std::int64_t j, float* out) const {
     const sequence& s = find(id, "read_entry");
-    const std::int64_t n = s.states.at(stream).entries();
+    const std::int64_t n = s.states[check_stream(stream, "read_entry")].entries();
     if (j < 0 || j >= n)
       detail::fail<input_error>(config_.name + ".read_entry(entry)", j,
                                 "must lie in [0, entries = " + std::to_string(n) + ")");
@@ -351,9 +353,7 @@ class paged_cache {
 
   // CSR page tables of a batch of sequences for one stream (FlashInfer's convention).
   paged_view view(span<const sequence_id> batch, std::size_t stream) const {
-    if (stream >= stream_count)
-      detail::fail<input_error>(config_.name + ".view(stream)", stream,
-                                "must be below the stream count " + std::to_string(stream_count));
+    check_stream(stream, "view");
     paged_view v;
     v.base = pools_[stream].base();
     v.layout = pools_[stream].layout();
@@ -400,12 +400,17 @@ class paged_cache {
     const std::int64_t pages_after = (after + config_.page_size - 1) / config_.page_size;
     const auto& table = s.tables[k];
     const bool writes_last_page = before % config_.page_size != 0;  // the last page is partial
-    if (writes_last_page && pools_[k].refcount(table.back()) > 1) {
-      plan.copy = pools_[k].allocate();
+    const bool copy = writes_last_page && pools_[k].refcount(table.back()) > 1;
+    // One all-or-nothing allocation for the copy and the fresh pages, so nothing leaks if it throws.
+    std::vector<page_id> pages(static_cast<std::size_t>(pages_after - static_cast<std::int64_t>(table.size())) +
+                               (copy ? 1 : 0));
+    pools_[k].allocate(static_cast<std::int64_t>(pages.size()), pages.data());
+    if (copy) {
+      plan.copy = pages.back();
+      pages.pop_back();
       pools_[k].copy_entries(table.back(), plan.copy, before % config_.page_size);
     }
-    plan.fresh.resize(static_cast<std::size_t>(pages_after - static_cast<std::int64_t>(table.size())));
-    pools_[k].allocate(static_cast<std::int64_t>(plan.fresh.size()), plan.fresh.data());
+    plan.fresh = std::move(pages);
     return plan;
   }
 
@@ -492,6 +497,13 @@ class paged_cache {
   template <class F, std::size_t... K>
   void for_each_impl(F& f, std::index_sequence<K...>) const {
     (f(K, layer_.template stream<K>()), ...);
+  }
+
+  std::size_t check_stream(std::size_t stream, const char* operation) const {
+    if (stream >= stream_count)
+      detail::fail<input_error>(config_.name + "." + operation + "(stream)", stream,
+                                "must be below the stream count " + std::to_string(stream_count));
+    return stream;
   }
 
   [[noreturn]] void fail_unknown(sequence_id id, const char* operation) const {

@@ -60,14 +60,19 @@ class layer_compressor {
   // Appends one chunk per stream (all with the same token count); sink(stream_index, entry)
   // sees each stream's entries in turn. Returns the entries emitted, the same for every stream
   // (they share one geometry).
-  template <class Sink>
-  std::int64_t append(states& s, const chunks& in, Sink&& sink, const append_options& options = {}) const {
+  // Throws input_error unless append(s, in, …, options) would be accepted.
+  void check(const states& s, const chunks& in, const append_options& options = {}) const {
     for_each([&](std::size_t k, const auto& c) {
       if (in[k].tokens != in[0].tokens)
         detail::fail<input_error>("layer: chunks[" + std::to_string(k) + "].tokens", in[k].tokens,
                                   "must equal chunks[0].tokens = " + std::to_string(in[0].tokens));
       c.check(s[k], in[k], options);
     });
+  }
+
+  template <class Sink>
+  std::int64_t append(states& s, const chunks& in, Sink&& sink, const append_options& options = {}) const {
+    check(s, in, options);
     std::int64_t emitted = 0;
     for_each([&](std::size_t k, const auto& c) {
       emitted = c.emit(s[k], in[k], [&](const entry_view& e) { sink(k, e); }, options);

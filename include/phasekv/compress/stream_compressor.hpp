@@ -183,6 +183,7 @@ class stream_compressor {
     }
     s.tokens_ = t_end;
     s.entries_ = geom_.completed_entries(t_end);
+    s.intact_from_ = std::max(s.intact_from_, t_end - s.ring_rows_);
   }
 
   // Whether truncate(state, tokens) is possible: the pending inputs of the state rolled back to
@@ -190,7 +191,7 @@ class stream_compressor {
   bool can_truncate(const stream_state& s, std::int64_t tokens) const noexcept {
     if (tokens < 0 || tokens > s.tokens_) return false;
     const std::int64_t needed_from = std::max<std::int64_t>(0, geom_.window_start(geom_.completed_entries(tokens)));
-    return needed_from >= s.tokens_ - s.ring_rows_ || needed_from >= tokens;
+    return needed_from >= s.intact_from_ || needed_from >= tokens;
   }
 
   // Rolls the state back to its first `tokens` tokens: later tokens and the entries they
@@ -208,6 +209,7 @@ class stream_compressor {
                                           " (make_state(history) keeps more)");
     s.tokens_ = tokens;
     s.entries_ = geom_.completed_entries(tokens);
+    s.intact_from_ = std::min(s.intact_from_, tokens);  // rows from `tokens` on are rewritten before they are read
   }
 
  private:

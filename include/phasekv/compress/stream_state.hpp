@@ -31,8 +31,7 @@ class stream_state {
   // Equal when the observable state is equal: counts and pending inputs (not scratch space).
   friend bool operator==(const stream_state& a, const stream_state& b) noexcept {
     return a.tokens_ == b.tokens_ && a.entries_ == b.entries_ && a.ring_rows_ == b.ring_rows_ &&
-           a.payload_ring_ == b.payload_ring_ &&
-           a.logit_ring_ == b.logit_ring_;
+           a.intact_from_ == b.intact_from_ && a.payload_ring_ == b.payload_ring_ && a.logit_ring_ == b.logit_ring_;
   }
   friend bool operator!=(const stream_state& a, const stream_state& b) noexcept { return !(a == b); }
 
@@ -43,6 +42,7 @@ class stream_state {
   std::int64_t tokens_ = 0;
   std::int64_t entries_ = 0;
   std::int64_t ring_rows_ = 0;
+  std::int64_t intact_from_ = 0;  // tokens [intact_from_, tokens_) still have their inputs in the ring
   std::vector<float> payload_ring_;  // [ring_rows][payload floats per token]
   std::vector<float> logit_ring_;    // [ring_rows][logit floats per token]
   // Working memory of append(), kept here so a decode loop allocates nothing per token.
