@@ -275,13 +275,13 @@ struct world {
     refresh_expected(r);
   }
 
-  // The oldest token the cache must still show in its raw window.
+  // The oldest token whose window row the cache must still hold (history included).
   std::int64_t expected_window_first(const reference& r) const {
     const std::int64_t tokens = r.inputs.tokens;
     if (shape.window_tokens == 0) return tokens;
     std::int64_t first = tokens;
     while (first > 0 && ring_holds(r.window_ring, first - 1, first)) --first;
-    return std::max(first, tokens - shape.window_tokens);
+    return first;
   }
 
   // Pages stream k of a sequence needs from the pool to append n tokens.
@@ -950,7 +950,7 @@ TEST_CASE("paged_cache: remove_suffix drops the entries it no longer covers and 
   const token_inputs again = f.w.random_inputs(rng, 5);
   f.w.append(cache, child, again);
   f.w.model_append(child_ref, again);
-  REQUIRE(cache.window_first(child) == 2);
+  REQUIRE(cache.window_first(child) == 0);  // the ring (window + history rows) holds all five
   REQUIRE(f.w.compare(cache, child, child_ref) == "");
   REQUIRE(f.w.compare(cache, f.id, f.ref) == "");
   REQUIRE(pool_consistency(cache, {f.id, child}) == "");
@@ -1062,7 +1062,7 @@ TEST_CASE("paged_cache: errors name the field and the value and change nothing",
   REQUIRE_THROWS_WITH(f.w.append(cache, f.id, bad), Contains("window_values.size() = 0"));
   float out[kHeads * kKeyChannels];
   REQUIRE_THROWS_WITH(cache.read_entry(f.id, 0, 5, out), Contains("read_entry(entry) = 5") && Contains("entries = 5"));
-  REQUIRE_THROWS_WITH(cache.window_key(f.id, 7), Contains("window token = 7"));
+  REQUIRE_THROWS_WITH(cache.window_key(f.id, 5), Contains("window token = 5"));  // rows 6–10 are held
   REQUIRE_THROWS_AS(cache.window_value(f.id, 11), input_error);
   const std::vector<sequence_id> batch{f.id};
   REQUIRE_THROWS_WITH(cache.view(span<const sequence_id>(batch.data(), 1), 2), Contains("view(stream) = 2"));

@@ -26,9 +26,11 @@
 #include "phasekv/core/span.hpp"
 
 // diag
+#include "phasekv/diag/statistics.hpp"
 #include "phasekv/diag/write_profile.hpp"
 
 // read
+#include "phasekv/read/indexer_kernel.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 #include "phasekv/read/top_k.hpp"

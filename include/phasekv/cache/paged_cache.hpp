@@ -316,10 +316,12 @@ class paged_cache {
                               out);
   }
 
-  // Tokens the raw window holds: [first, tokens).
+  // Tokens whose raw window rows are held: [window_first, tokens). That is the last
+  // window.tokens tokens plus up to `history` older ones, so queries at earlier positions than
+  // tokens − 1 (chunked prefill) still find their window.
   std::int64_t window_first(sequence_id id) const {
     const sequence& s = find(id, "window_first");
-    return std::max(s.window_first, s.tokens - config_.window.tokens);
+    return config_.window.tokens > 0 ? s.window_first : s.tokens;
   }
   // Token t's window key (kv_heads × key_channels) and value (or its key when tied).
   const float* window_key(sequence_id id, std::int64_t t) const {
@@ -474,7 +476,7 @@ class paged_cache {
   }
 
   std::int64_t window_row(const sequence& s, std::int64_t t) const {
-    const std::int64_t first = std::max(s.window_first, s.tokens - config_.window.tokens);
+    const std::int64_t first = s.window_first;
     if (config_.window.tokens == 0 || t < first || t >= s.tokens)
       detail::fail<input_error>(config_.name + ": window token", t,
                                 "must lie in the raw window [" + std::to_string(first) + ", " +

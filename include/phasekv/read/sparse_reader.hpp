@@ -14,7 +14,8 @@
 // Tied K/V (one stream read as both, DeepSeek-V4): the output's RoPE channels carry the entries'
 // rotations; `derotate_output` rotates them back by the query position, as DeepSeek-V4 does.
 //
-// Scores and attention logits are GEMMs (Eigen) over whole pages or over the gathered keys.
+// Indexer scores come from a fused xsimd kernel over whole pages (indexer_kernel.hpp); the
+// attention logits and outputs are Eigen GEMMs over the gathered keys.
 // A reader holds scratch space: use one reader per thread.
 
 #include <algorithm>
@@ -30,6 +31,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
+#include "phasekv/read/indexer_kernel.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/top_k.hpp"
 
@@ -60,7 +62,8 @@ struct read_request {
 };
 
 // What one read looked at, for the diagnostics. Masses are means over query heads; for each
-// head the entries, the window and the sink together hold probability 1.
+// head the entries, the window and the sink together hold probability 1 (0 for a query that sees
+// nothing — no entry, no window token, no sink — whose output is then all zeros).
 struct read_trace {
   std::int64_t candidates = 0;
   std::vector<std::int64_t> selected;  // entry ids in rank order (index order without an indexer)
@@ -219,21 +222,19 @@ class sparse_reader {
     }
   }
 
-  // I_j for every candidate j into scores_, one GEMM per page of the indexer stream.
+  // I_j for every candidate j into scores_, page by page with the fused indexer kernel.
   void score_candidates(sequence_id seq, const read_request& r, std::int64_t candidates) {
     const page_pool& pool = cache_->pool(config_.indexer_stream);
     const auto& table = cache_->page_table(seq, config_.indexer_stream);
-    const std::int64_t page_size = pool.layout().page_size, D = indexer_channels_;
-    const Eigen::Map<const matrix> q(r.indexer_queries.data(), config_.indexer_heads, D);
-    const Eigen::Map<const Eigen::VectorXf> w(r.indexer_weights.data(), config_.indexer_heads);
+    const std::int64_t page_size = pool.layout().page_size;
+    kernels::indexer<>::prepare(r.indexer_queries.data(), r.indexer_weights.data(), config_.indexer_heads,
+                                indexer_channels_, indexer_queries_);
     scores_.resize(static_cast<std::size_t>(candidates));
-    page_scratch_.resize(static_cast<std::size_t>(page_size * D));
+    page_scratch_.resize(static_cast<std::size_t>(page_size * indexer_channels_));
     for (std::int64_t first = 0; first < candidates; first += page_size) {
       const std::int64_t count = std::min(page_size, candidates - first);
       const float* keys = page_floats(pool, table[static_cast<std::size_t>(first / page_size)], count);
-      const Eigen::Map<const matrix> k(keys, count, D);
-      head_scores_.noalias() = k * q.transpose();  // count × indexer_heads
-      Eigen::Map<Eigen::VectorXf>(scores_.data() + first, count).noalias() = head_scores_.cwiseMax(0.0f) * w;
+      kernels::indexer<>::score(indexer_queries_, keys, count, scores_.data() + first);
     }
   }
 
@@ -245,25 +246,33 @@ class sparse_reader {
     return page_scratch_.data();
   }
 
+  // The selected entries as fp32 rows, straight from the pages (one page-table lookup per read).
   void gather_entries(sequence_id seq, std::int64_t n) {
-    const bool tied = config_.key_stream == config_.value_stream;
-    entry_keys_.resize(n, kv_heads_ * key_channels_);
-    for (std::int64_t i = 0; i < n; ++i)
-      cache_->read_entry(seq, config_.key_stream, selection_[static_cast<std::size_t>(i)].index, entry_keys_.row(i).data());
-    if (tied) return;
-    entry_values_.resize(n, kv_heads_ * value_channels_);
-    for (std::int64_t i = 0; i < n; ++i)
-      cache_->read_entry(seq, config_.value_stream, selection_[static_cast<std::size_t>(i)].index,
-                         entry_values_.row(i).data());
+    gather_stream(seq, config_.key_stream, n, kv_heads_ * key_channels_, entry_keys_);
+    if (config_.key_stream != config_.value_stream)
+      gather_stream(seq, config_.value_stream, n, kv_heads_ * value_channels_, entry_values_);
+  }
+  void gather_stream(sequence_id seq, std::size_t stream, std::int64_t n, std::int64_t floats, matrix& rows) {
+    const page_pool& pool = cache_->pool(stream);
+    const auto& table = cache_->page_table(seq, stream);
+    const std::int64_t page_size = pool.layout().page_size;
+    rows.resize(n, floats);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t j = selection_[static_cast<std::size_t>(i)].index;
+      pool.read_entry(table[static_cast<std::size_t>(j / page_size)], j % page_size, rows.row(i).data());
+    }
   }
 
   void gather_window(sequence_id seq, std::int64_t first, std::int64_t n) {
     window_keys_.resize(n, kv_heads_ * key_channels_);
     window_values_.resize(n, kv_heads_ * value_channels_);
+    const bool tied = cache_->tied_window();
     for (std::int64_t i = 0; i < n; ++i) {
       std::copy_n(cache_->window_key(seq, first + i), kv_heads_ * key_channels_, window_keys_.row(i).data());
-      std::copy_n(cache_->window_value(seq, first + i), kv_heads_ * value_channels_, window_values_.row(i).data());
+      if (!tied)
+        std::copy_n(cache_->window_value(seq, first + i), kv_heads_ * value_channels_, window_values_.row(i).data());
     }
+    if (tied) window_values_ = window_keys_;
   }
 
   // One part (entries or window) for the query heads of KV head g, as an online-softmax state;
@@ -335,8 +344,9 @@ class sparse_reader {
 
   // Scratch, reused across reads.
   std::vector<float> scores_, page_scratch_, rope_cos_;
+  kernels::indexer<>::prepared indexer_queries_;
   std::vector<scored_entry> selection_;
-  matrix head_scores_, entry_keys_, entry_values_, window_keys_, window_values_;
+  matrix entry_keys_, entry_values_, window_keys_, window_values_;
   matrix compressed_p_, window_p_;
   softmax_state compressed_, window_, merged_;
 };

@@ -1,0 +1,616 @@
+// One decode step of the read path in the DeepSeek-V4-Flash CSA shape (issue 4): 64 query heads
+// over 1 KV head of 512 tied K/V channels, lightning indexer of 64 heads × 128 channels, top-k
+// 512, 128-token raw window, attention sink, S=4, W=8 — against a dense full-attention decode
+// step over the raw uncompressed fp32 cache of the same context, both single-threaded.
+//
+//   BM_dense_decode/ctx/cold        flash-decode style baseline: blocks of kDenseBlock keys, one
+//                                   Eigen GEMM for the logits, an online softmax per head, one
+//                                   GEMM for P·V. Reports its FLOP rate against this machine's
+//                                   FMA peak (of_fma_peak) and against Eigen's own 1024³ GEMM
+//                                   (of_eigen_gemm), both measured in the same run.
+//   BM_sparse_decode/ctx/page/cold  sparse_reader::read at position ctx − 1.
+//                                   dense_over_sparse: the dense step's time over this step's,
+//                                   measured back to back (see paired_ratio).
+//                                   peak_dense_over_sparse: the same against a dense step running
+//                                   at the measured FMA peak — a bound no dense kernel beats.
+//   BM_selection/ctx/page           indexer scores + top-k alone (see selection_replica);
+//                                   per_entry constant across contexts = selection linear in n.
+//   BM_top_k/ctx                    select_top_k alone, on those scores.
+//
+// cold = 1 evicts the caches (a 64 MiB walk, untimed) before every step: in a real decode step the
+// other layers run in between, so a layer's cache is not in L2/L3 when it is read again. cold = 0
+// reads the same cache again and again (warm L3 up to about 32 MiB of touched data).
+//
+// Times are CPU time of the one benchmark thread: the machine is shared and noisy (others compile
+// on both cores), and wall time would count the time others hold the core. The in-run ratios use
+// this thread's CPU clock too. Run with --benchmark_min_time=0.3 or more.
+//
+// Setup (untimed, once per context and page size, well under a second each) appends ctx tokens
+// through the compressor in blocks of kBlock tokens. The K/V stream's inputs are one random block
+// appended cyclically (the content of the entries does not change the timing); the indexer
+// stream's inputs are fresh for every block, so the indexer scores are not periodic — periodic
+// scores would feed top-k an unrealistically tie-heavy input. Setup also checks, once: the dense
+// baseline against plain attention in double; the sparse read (ctx ≤ 16K) against plain attention
+// in double over the entries it selected, the window and the sink; its output finite; and the
+// selection replica against the reader's own selection. A failed check skips the benchmarks.
+
+#include <benchmark/benchmark.h>
+
+#include <time.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+#include <xsimd/xsimd.hpp>
+
+#include <phasekv/phasekv.hpp>
+
+namespace {
+
+using namespace phasekv;
+using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+constexpr std::int64_t kQueryHeads = 64;
+constexpr std::int64_t kChannels = 512;  // tied K/V
+constexpr std::int64_t kIndexerHeads = 64;
+constexpr std::int64_t kIndexerChannels = 128;
+constexpr std::int64_t kTopK = 512;
+constexpr std::int64_t kWindow = 128;
+constexpr std::int64_t kBlock = 1024;        // tokens per append during setup
+constexpr std::int64_t kDenseBlock = 512;    // keys per block of the dense baseline
+constexpr std::int64_t kMaxContext = 131072;
+const std::vector<std::int64_t> kContexts = {4096, 16384, 65536, 131072};
+
+using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
+using csa_cache = paged_cache<csa_stream, csa_stream>;
+
+double thread_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// splitmix64: setup generates tens of millions of floats per context, faster than <random>'s engines.
+struct fast_random {
+  std::uint64_t state;
+  explicit fast_random(std::uint64_t seed) : state(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [−1, 1)
+  void fill(std::vector<float>& v) {
+    for (float& x : v) x = uniform();
+  }
+};
+
+std::vector<float> random_vector(std::int64_t n, std::uint64_t seed) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  fast_random(seed).fill(v);
+  return v;
+}
+
+// ---- limits and cache state, measured in this run -------------------------------------------
+
+// fp32 FMA peak of one core in FLOP/s: 12 independent FMA chains (2 FMA pipes × 4-cycle latency
+// needs at least 8), each a named variable so GCC keeps them in registers (DESIGN.md §8).
+double fma_peak() {
+  static const double peak = [] {
+    using batch = xsimd::batch<float>;
+    constexpr std::int64_t steps = 4'000'000;
+    const batch x(0.999999f), y(1e-7f);
+    double best = 0.0;
+    for (int pass = 0; pass < 5; ++pass) {
+      batch a0(1.0f), a1(1.1f), a2(1.2f), a3(1.3f), a4(1.4f), a5(1.5f), a6(1.6f), a7(1.7f), a8(1.8f), a9(1.9f),
+          a10(2.0f), a11(2.1f);
+      const double t0 = thread_seconds();
+      for (std::int64_t i = 0; i < steps; ++i) {
+        a0 = xsimd::fma(a0, x, y), a1 = xsimd::fma(a1, x, y), a2 = xsimd::fma(a2, x, y), a3 = xsimd::fma(a3, x, y);
+        a4 = xsimd::fma(a4, x, y), a5 = xsimd::fma(a5, x, y), a6 = xsimd::fma(a6, x, y), a7 = xsimd::fma(a7, x, y);
+        a8 = xsimd::fma(a8, x, y), a9 = xsimd::fma(a9, x, y), a10 = xsimd::fma(a10, x, y), a11 = xsimd::fma(a11, x, y);
+      }
+      const double s = thread_seconds() - t0;
+      const batch sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11));
+      benchmark::DoNotOptimize(sum);
+      best = std::max(best, 12.0 * 2.0 * static_cast<double>(batch::size) * static_cast<double>(steps) / s);
+    }
+    std::fprintf(stderr, "bench_read: fp32 FMA peak of one core, measured: %.1f GFLOP/s (%zu lanes)\n", best * 1e-9,
+                 batch::size);
+    return best;
+  }();
+  return peak;
+}
+
+// What Eigen's GEMM reaches on this machine in FLOP/s: best of a few 1024³ products. The dense
+// baseline and the reader both compute with Eigen, so this is the dense step's practical ceiling.
+double eigen_gemm_rate() {
+  static const double rate = [] {
+    const std::int64_t n = 1024;
+    const matrix a = matrix::Random(n, n), b = matrix::Random(n, n);
+    matrix c(n, n);
+    double best = 0.0;
+    for (int pass = 0; pass < 5; ++pass) {
+      const double t0 = thread_seconds();
+      c.noalias() = a * b;
+      benchmark::DoNotOptimize(c.data());
+      best = std::max(best, 2.0 * static_cast<double>(n * n * n) / (thread_seconds() - t0));
+    }
+    std::fprintf(stderr, "bench_read: Eigen GEMM 1024^3, measured: %.1f GFLOP/s\n", best * 1e-9);
+    return best;
+  }();
+  return rate;
+}
+
+// Touches 64 MiB (twice the L3) one cache line at a time, so what a step reads next comes from memory.
+void evict_caches() {
+  static std::vector<float> buffer(std::size_t{16} << 20, 1.0f);
+  float sum = 0.0f;
+  for (std::size_t i = 0; i < buffer.size(); i += 16) sum += buffer[i];
+  benchmark::DoNotOptimize(sum);
+}
+
+// ---- the dense baseline ----------------------------------------------------------------------
+
+// Full attention of every query head over all `tokens` raw keys (tied K/V, one KV head), as a
+// good CPU flash-decode does it: blocks of keys small enough to stay in L2 between the two GEMMs,
+// logits S = Q·Kᵀ by GEMM (the scale folded into Q once), a running max/sum per head, O = O·α + P·V
+// by GEMM. The sink enters the final denominator only, as in the reader.
+class dense_decoder {
+ public:
+  dense_decoder(std::int64_t heads, std::int64_t channels, std::int64_t block, float scale)
+      : heads_(heads), channels_(channels), block_(block), scale_(scale), logits_(heads, block), out_(heads, channels),
+        max_(heads), sum_(heads), rescale_(heads) {}
+
+  void run(const float* queries, const float* kv, std::int64_t tokens, const float* sinks, float* out) {
+    constexpr float minus_inf = -std::numeric_limits<float>::infinity();
+    query_.noalias() = Eigen::Map<const matrix>(queries, heads_, channels_) * scale_;
+    max_.setConstant(minus_inf);
+    sum_.setZero();
+    out_.setZero();
+    for (std::int64_t first = 0; first < tokens; first += block_) {
+      const std::int64_t n = std::min(block_, tokens - first);
+      const Eigen::Map<const matrix> keys(kv + first * channels_, n, channels_);
+      auto logits = logits_.leftCols(n);
+      logits.noalias() = query_ * keys.transpose();
+      for (std::int64_t h = 0; h < heads_; ++h) {
+        const float m = std::max(max_[h], logits.row(h).maxCoeff());
+        rescale_[h] = std::exp(max_[h] - m);  // 0 for the first block (max_ = −∞, m finite)
+        logits.row(h) = (logits.row(h).array() - m).exp().matrix();
+        sum_[h] = sum_[h] * rescale_[h] + logits.row(h).sum();
+        max_[h] = m;
+      }
+      out_ = rescale_.asDiagonal() * out_;
+      out_.noalias() += logits * keys;
+    }
+    for (std::int64_t h = 0; h < heads_; ++h) {
+      const float m = std::max(max_[h], sinks[h]);
+      const float a = std::exp(max_[h] - m);
+      const float norm = a / (sum_[h] * a + std::exp(sinks[h] - m));
+      Eigen::Map<Eigen::RowVectorXf>(out + h * channels_, channels_) = out_.row(h) * norm;
+    }
+  }
+
+ private:
+  std::int64_t heads_, channels_, block_;
+  float scale_;
+  matrix query_, logits_, out_;
+  Eigen::VectorXf max_, sum_, rescale_;
+};
+
+// The raw fp32 cache of kMaxContext tokens (tied K/V); a context of n tokens reads its first n.
+struct dense_setup {
+  std::vector<float> kv = random_vector(kMaxContext * kChannels, 11);
+  std::vector<float> queries = random_vector(kQueryHeads * kChannels, 12);
+  std::vector<float> sinks = random_vector(kQueryHeads, 13);
+  std::vector<float> out = std::vector<float>(static_cast<std::size_t>(kQueryHeads * kChannels));
+  dense_decoder decoder{kQueryHeads, kChannels, kDenseBlock, 1.0f / std::sqrt(static_cast<float>(kChannels))};
+
+  void step(std::int64_t tokens) { decoder.run(queries.data(), kv.data(), tokens, sinks.data(), out.data()); }
+};
+
+dense_setup& dense() {
+  static dense_setup d;
+  return d;
+}
+
+// Plain softmax attention in double over the given keys (rows of `kv`, tied K/V), with the sink.
+std::vector<double> reference_attention(const float* queries, const std::vector<const float*>& kv, const float* sinks,
+                                        std::int64_t heads, std::int64_t channels, double scale) {
+  std::vector<double> out(static_cast<std::size_t>(heads * channels), 0.0), logits(kv.size());
+  for (std::int64_t h = 0; h < heads; ++h) {
+    double m = sinks[h];
+    for (std::size_t i = 0; i < kv.size(); ++i) {
+      double dot = 0.0;
+      for (std::int64_t c = 0; c < channels; ++c) dot += static_cast<double>(queries[h * channels + c]) * kv[i][c];
+      logits[i] = scale * dot;
+      m = std::max(m, logits[i]);
+    }
+    double den = std::exp(sinks[h] - m);
+    for (std::size_t i = 0; i < kv.size(); ++i) den += (logits[i] = std::exp(logits[i] - m));
+    for (std::size_t i = 0; i < kv.size(); ++i)
+      for (std::int64_t c = 0; c < channels; ++c) out[static_cast<std::size_t>(h * channels + c)] += logits[i] / den * kv[i][c];
+  }
+  return out;
+}
+
+// Largest |a − b| relative to max(1, max |b|).
+double max_error(const float* a, const std::vector<double>& b) {
+  double err = 0.0, scale = 1.0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return err / scale;
+}
+
+// The dense baseline against the reference at 256 tokens (half a block) and 1280 (2.5 blocks).
+const std::string& dense_check() {
+  static const std::string error = [] {
+    dense_setup& d = dense();
+    for (std::int64_t tokens : {256, 1280}) {
+      std::vector<const float*> rows;
+      for (std::int64_t i = 0; i < tokens; ++i) rows.push_back(d.kv.data() + i * kChannels);
+      const auto expected = reference_attention(d.queries.data(), rows, d.sinks.data(), kQueryHeads, kChannels,
+                                                1.0 / std::sqrt(static_cast<double>(kChannels)));
+      d.step(tokens);
+      const double err = max_error(d.out.data(), expected);
+      std::fprintf(stderr, "bench_read: dense baseline vs double reference at %lld tokens: max error %.2e\n",
+                   static_cast<long long>(tokens), err);
+      if (!(err <= 1e-4)) return "dense baseline differs from the reference by " + std::to_string(err);
+    }
+    return std::string();
+  }();
+  return error;
+}
+
+// ---- the sparse read -------------------------------------------------------------------------
+
+// The reader's score_candidates() — the fused indexer kernel page by page — over the same
+// pages, followed by the library's select_top_k. The reader does not expose its selection phase
+// on its own; this copy times exactly that work, and sparse_setup checks once that it selects
+// exactly the entries the reader selected. Keep it in step with sparse_reader::score_candidates.
+class selection_replica {
+ public:
+  void score(const csa_cache& cache, sequence_id seq, const float* indexer_queries, const float* indexer_weights,
+             std::int64_t candidates) {
+    const page_pool& pool = cache.pool(1);
+    const auto& table = cache.page_table(seq, 1);
+    const std::int64_t page_size = pool.layout().page_size;
+    kernels::indexer<>::prepare(indexer_queries, indexer_weights, kIndexerHeads, kIndexerChannels, queries_);
+    scores.resize(static_cast<std::size_t>(candidates));
+    for (std::int64_t first = 0; first < candidates; first += page_size) {
+      const std::int64_t count = std::min(page_size, candidates - first);
+      const auto* keys = reinterpret_cast<const float*>(pool.base() + table[static_cast<std::size_t>(first / page_size)] *
+                                                                          pool.layout().page_stride_bytes);
+      kernels::indexer<>::score(queries_, keys, count, scores.data() + first);
+    }
+  }
+  void select() { select_top_k(span<const float>(scores.data(), scores.size()), kTopK, selection); }
+
+  std::vector<float> scores;
+  std::vector<scored_entry> selection;
+
+ private:
+  kernels::indexer<>::prepared queries_;
+};
+
+cache_config sparse_cache_config(std::int64_t tokens, std::int64_t page_size) {
+  cache_config c;
+  c.name = "bench_read";
+  c.page_size = page_size;
+  c.pages = (tokens / 4 + page_size - 1) / page_size + 1;
+  c.storage = storage_type::f32;
+  c.window.tokens = kWindow;
+  c.window.kv_heads = 1;
+  c.window.key_channels = kChannels;
+  c.window.value_channels = 0;  // tied
+  return c;
+}
+
+reader_config sparse_reader_config() {
+  reader_config r;
+  r.name = "bench_read.reader";
+  r.query_heads = kQueryHeads;
+  r.key_stream = 0;
+  r.value_stream = 0;
+  r.indexer_stream = 1;
+  r.top_k = kTopK;
+  r.indexer_heads = kIndexerHeads;
+  r.sink = true;
+  r.derotate_output = true;
+  return r;
+}
+
+struct sparse_setup {
+  std::int64_t tokens, page_size;
+  csa_stream kv_stream{presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv()};
+  csa_stream indexer_stream{presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_indexer()};
+  csa_cache cache;
+  sequence_id seq;
+  sparse_reader<csa_cache> reader;
+  std::vector<float> queries = random_vector(kQueryHeads * kChannels, 21);
+  std::vector<float> indexer_queries = random_vector(kIndexerHeads * kIndexerChannels, 22);
+  std::vector<float> indexer_weights = random_vector(kIndexerHeads, 23);
+  std::vector<float> sinks = random_vector(kQueryHeads, 24);
+  std::vector<float> out = std::vector<float>(static_cast<std::size_t>(kQueryHeads * kChannels));
+  std::int64_t candidates = 0;
+  selection_replica replica;
+  std::string error;  // a failed check, reported by the benchmarks instead of timing wrong work
+
+  sparse_setup(std::int64_t context, std::int64_t page)
+      : tokens(context),
+        page_size(page),
+        cache(csa_cache::layer(kv_stream, indexer_stream), sparse_cache_config(context, page)),
+        seq(cache.create()),
+        reader(cache, sparse_reader_config()) {
+    const double t0 = thread_seconds();
+    for (float& w : indexer_weights) w = 0.5f * (w + 1.0f) / static_cast<float>(kIndexerHeads);  // positive
+    fill();
+    candidates = cache.compressors().geom().visible_entries(tokens - 1);
+    check();
+    std::fprintf(stderr, "bench_read: setup ctx=%lld page=%lld: %lld entries, %.2f s\n", static_cast<long long>(tokens),
+                 static_cast<long long>(page_size), static_cast<long long>(candidates), thread_seconds() - t0);
+  }
+
+  read_request request() const {
+    read_request r;
+    r.position = tokens - 1;
+    r.queries = span<const float>(queries);
+    r.indexer_queries = span<const float>(indexer_queries);
+    r.indexer_weights = span<const float>(indexer_weights);
+    r.sinks = span<const float>(sinks);
+    return r;
+  }
+  void step() { reader.read(seq, request(), out.data()); }
+
+ private:
+  void fill() {
+    const std::int64_t kv_payload = kv_stream.payload_floats_per_token(), kv_logits = kv_stream.logit_floats_per_token();
+    const std::int64_t ix_payload = indexer_stream.payload_floats_per_token();
+    const std::int64_t ix_logits = indexer_stream.logit_floats_per_token();
+    const std::vector<float> kv_in = random_vector(kBlock * kv_payload, 1), kv_gates = random_vector(kBlock * kv_logits, 2);
+    const std::vector<float> window_keys = random_vector(kBlock * kChannels, 3);
+    std::vector<float> ix_in(static_cast<std::size_t>(kBlock * ix_payload));
+    std::vector<float> ix_gates(static_cast<std::size_t>(kBlock * ix_logits));
+    fast_random rng(static_cast<std::uint64_t>(tokens * 1000 + page_size));
+    for (std::int64_t done = 0; done < tokens; done += kBlock) {
+      const std::int64_t n = std::min(kBlock, tokens - done);
+      rng.fill(ix_in);
+      rng.fill(ix_gates);
+      const csa_cache::chunks chunks = {
+          token_chunk{n, span<const float>(kv_in.data(), static_cast<std::size_t>(n * kv_payload)),
+                      span<const float>(kv_gates.data(), static_cast<std::size_t>(n * kv_logits))},
+          token_chunk{n, span<const float>(ix_in.data(), static_cast<std::size_t>(n * ix_payload)),
+                      span<const float>(ix_gates.data(), static_cast<std::size_t>(n * ix_logits))}};
+      cache.append(seq, chunks, span<const float>(window_keys.data(), static_cast<std::size_t>(n * kChannels)));
+    }
+  }
+
+  // The reader's output against plain attention in double over the entries it selected, the window
+  // and the sink (then de-rotated), and the replica's selection against the reader's.
+  void check() {
+    read_trace trace;
+    reader.read(seq, request(), out.data(), &trace);
+    replica.score(cache, seq, indexer_queries.data(), indexer_weights.data(), candidates);
+    replica.select();
+    bool same = replica.selection.size() == trace.selected.size();
+    for (std::size_t i = 0; same && i < trace.selected.size(); ++i) same = replica.selection[i].index == trace.selected[i];
+    if (!same) error = "selection_replica does not select the entries the reader selects";
+    if (trace.candidates != candidates || static_cast<std::int64_t>(trace.selected.size()) != std::min(kTopK, candidates))
+      error = "reader saw " + std::to_string(trace.candidates) + " candidates and selected " +
+              std::to_string(trace.selected.size());
+    for (float v : out)
+      if (!std::isfinite(v)) error = "sparse output is not finite";
+    if (tokens > 16384) return;  // the double reference is slow; the small contexts cover the maths
+
+    std::vector<std::vector<float>> entries(trace.selected.size(), std::vector<float>(kChannels));
+    std::vector<const float*> rows;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      cache.read_entry(seq, 0, trace.selected[i], entries[i].data());
+      rows.push_back(entries[i].data());
+    }
+    for (std::int64_t t = trace.window_first; t < tokens; ++t) rows.push_back(cache.window_key(seq, t));
+    auto expected = reference_attention(queries.data(), rows, sinks.data(), kQueryHeads, kChannels,
+                                        1.0 / std::sqrt(static_cast<double>(kChannels)));
+    // De-rotate the RoPE channels by the query position, in double from the float angles the reader uses.
+    const rope_rotation rope(presets::deepseek_v4_csa_kv().rope, kChannels);
+    std::vector<float> cos(static_cast<std::size_t>(rope.pairs())), sin(cos.size());
+    rope.angles(static_cast<double>(tokens - 1), cos.data(), sin.data());
+    for (std::int64_t h = 0; h < kQueryHeads; ++h)
+      for (std::int64_t k = 0; k < rope.pairs(); ++k) {
+        double& a = expected[static_cast<std::size_t>(h * kChannels + kChannels - rope.rotated_channels() + 2 * k)];
+        double& b = *(&a + 1);
+        const double c = cos[static_cast<std::size_t>(k)], s = -sin[static_cast<std::size_t>(k)];
+        const double a0 = a, b0 = b;
+        a = a0 * c - b0 * s;
+        b = a0 * s + b0 * c;
+      }
+    const double err = max_error(out.data(), expected);
+    std::fprintf(stderr, "bench_read: sparse read vs double reference at ctx=%lld page=%lld: max error %.2e\n",
+                 static_cast<long long>(tokens), static_cast<long long>(page_size), err);
+    if (!(err <= 1e-4)) error = "sparse read differs from the reference by " + std::to_string(err);
+    check_selection(trace);
+  }
+
+  // The selection against indexer scores in double: every selected entry scores at least the k-th
+  // best double score, less a rounding allowance (fp32 may swap near-ties at the boundary).
+  void check_selection(const read_trace& trace) {
+    std::vector<double> exact(static_cast<std::size_t>(candidates));
+    std::vector<float> key(static_cast<std::size_t>(kIndexerChannels));
+    for (std::int64_t j = 0; j < candidates; ++j) {
+      cache.read_entry(seq, 1, j, key.data());
+      double score = 0.0;
+      for (std::int64_t h = 0; h < kIndexerHeads; ++h) {
+        double dot = 0.0;
+        for (std::int64_t c = 0; c < kIndexerChannels; ++c)
+          dot += static_cast<double>(indexer_queries[static_cast<std::size_t>(h * kIndexerChannels + c)]) * key[c];
+        score += indexer_weights[static_cast<std::size_t>(h)] * std::max(0.0, dot);
+      }
+      exact[static_cast<std::size_t>(j)] = score;
+    }
+    std::vector<double> sorted = exact;
+    const std::int64_t k = std::min(kTopK, candidates);
+    std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<double>());
+    const double kth = sorted[static_cast<std::size_t>(k - 1)];
+    for (std::int64_t j : trace.selected)
+      if (exact[static_cast<std::size_t>(j)] < kth - 1e-5 * std::max(1.0, std::abs(kth)))
+        error = "entry " + std::to_string(j) + " was selected but is not among the top " + std::to_string(k) +
+                " by the double-precision indexer score";
+  }
+};
+
+sparse_setup& sparse(std::int64_t tokens, std::int64_t page_size) {
+  static std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<sparse_setup>> setups;
+  auto& s = setups[{tokens, page_size}];
+  if (!s) s = std::make_unique<sparse_setup>(tokens, page_size);
+  return *s;
+}
+
+// ---- the in-run ratio --------------------------------------------------------------------------
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Dense step time over sparse step time, measured back to back: each round times one dense step and
+// then the mean of a few sparse steps on this thread's CPU clock, and the ratio is the median over
+// rounds of the per-round ratios, so a change of load on the shared machine hits both sides of a
+// ratio alike. Warm: each side runs once untimed first. Cold: caches evicted before every timed step.
+double paired_ratio(std::int64_t tokens, std::int64_t page_size, bool cold) {
+  static std::map<std::tuple<std::int64_t, std::int64_t, bool>, double> ratios;
+  auto found = ratios.find({tokens, page_size, cold});
+  if (found != ratios.end()) return found->second;
+  dense_setup& d = dense();
+  sparse_setup& s = sparse(tokens, page_size);
+  const int rounds = tokens >= 65536 ? 5 : 9, sparse_steps = 4;
+  std::vector<double> per_round;
+  for (int r = 0; r < rounds; ++r) {
+    if (cold) evict_caches();
+    else d.step(tokens);
+    double t0 = thread_seconds();
+    d.step(tokens);
+    const double dense_time = thread_seconds() - t0;
+    double sparse_time = 0.0;
+    if (!cold) s.step();
+    for (int i = 0; i < sparse_steps; ++i) {
+      if (cold) evict_caches();
+      t0 = thread_seconds();
+      s.step();
+      sparse_time += thread_seconds() - t0;
+    }
+    per_round.push_back(dense_time / (sparse_time / sparse_steps));
+  }
+  return ratios[{tokens, page_size, cold}] = median(per_round);
+}
+
+// ---- benchmarks --------------------------------------------------------------------------------
+
+// FLOPs of one dense step over `tokens` keys: Q·Kᵀ and P·V.
+double dense_flops(std::int64_t tokens) { return 2.0 * 2.0 * kQueryHeads * kChannels * static_cast<double>(tokens); }
+
+// Untimed cache eviction between steps for the cold variants.
+template <class Step>
+void run_steps(benchmark::State& state, bool cold, Step&& step) {
+  for (auto _ : state) {
+    if (cold) {
+      state.PauseTiming();
+      evict_caches();
+      state.ResumeTiming();
+    }
+    step();
+    benchmark::ClobberMemory();
+  }
+}
+
+void BM_dense_decode(benchmark::State& state) {
+  const std::int64_t tokens = state.range(0);
+  const bool cold = state.range(1) != 0;
+  if (!dense_check().empty()) return state.SkipWithError(dense_check().c_str());
+  dense_setup& d = dense();
+  run_steps(state, cold, [&] { d.step(tokens); });
+  benchmark::DoNotOptimize(d.out.data());
+  const double flops = dense_flops(tokens);
+  state.counters["flops"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["of_fma_peak"] = benchmark::Counter(flops / fma_peak(), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["of_eigen_gemm"] =
+      benchmark::Counter(flops / eigen_gemm_rate(), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+
+
+void BM_sparse_decode(benchmark::State& state) {
+  const std::int64_t tokens = state.range(0), page_size = state.range(1);
+  const bool cold = state.range(2) != 0;
+  sparse_setup& s = sparse(tokens, page_size);
+  if (!s.error.empty()) return state.SkipWithError(s.error.c_str());
+  if (!dense_check().empty()) return state.SkipWithError(dense_check().c_str());
+  const double ratio = paired_ratio(tokens, page_size, cold);
+  run_steps(state, cold, [&] { s.step(); });
+  benchmark::DoNotOptimize(s.out.data());
+  state.counters["entries"] = static_cast<double>(s.candidates);
+  state.counters["dense_over_sparse"] = ratio;
+  // The same ratio against a dense step that ran at the measured FMA peak: a bound no dense kernel beats.
+  state.counters["peak_dense_over_sparse"] =
+      benchmark::Counter(dense_flops(tokens) / fma_peak(), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_selection(benchmark::State& state) {
+  const std::int64_t tokens = state.range(0), page_size = state.range(1);
+  sparse_setup& s = sparse(tokens, page_size);
+  if (!s.error.empty()) return state.SkipWithError(s.error.c_str());
+  for (auto _ : state) {
+    s.replica.score(s.cache, s.seq, s.indexer_queries.data(), s.indexer_weights.data(), s.candidates);
+    s.replica.select();
+    benchmark::DoNotOptimize(s.replica.selection.data());
+  }
+  state.counters["entries"] = static_cast<double>(s.candidates);
+  state.counters["per_entry"] = benchmark::Counter(static_cast<double>(s.candidates),
+                                                   benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  const double flops = 2.0 * kIndexerHeads * kIndexerChannels * static_cast<double>(s.candidates);
+  state.counters["flops"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_top_k(benchmark::State& state) {
+  sparse_setup& s = sparse(state.range(0), 64);
+  if (!s.error.empty()) return state.SkipWithError(s.error.c_str());
+  s.replica.score(s.cache, s.seq, s.indexer_queries.data(), s.indexer_weights.data(), s.candidates);
+  for (auto _ : state) {
+    s.replica.select();
+    benchmark::DoNotOptimize(s.replica.selection.data());
+  }
+  state.counters["entries"] = static_cast<double>(s.candidates);
+  state.counters["per_entry"] = benchmark::Counter(static_cast<double>(s.candidates),
+                                                   benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
+}  // namespace
+
+BENCHMARK(BM_dense_decode)
+    ->ArgNames({"ctx", "cold"})
+    ->ArgsProduct({kContexts, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_sparse_decode)
+    ->ArgNames({"ctx", "page", "cold"})
+    ->ArgsProduct({kContexts, {64, 256}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_selection)
+    ->ArgNames({"ctx", "page"})
+    ->ArgsProduct({kContexts, {64, 256}})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_top_k)->ArgName("ctx")->ArgsProduct({kContexts})->Unit(benchmark::kMillisecond);
+
+BENCHMARK_MAIN();

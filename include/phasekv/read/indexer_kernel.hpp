@@ -1,0 +1,134 @@
+#pragma once
+// The lightning indexer's scores for a run of entries (DESIGN.md §5):
+//
+//   I_j = Σ_h w_h · ReLU(q_h · k_j)
+//
+// Shaped for decode: a few dozen indexer heads against tens of thousands of entries. The
+// queries are transposed once per read to [channel][head] (heads padded to a whole number of
+// 4-batch blocks with weight 0, so padding adds nothing), then each tile of entries keeps
+// 4 batches of heads per entry in named registers while it streams the keys, and applies the
+// ReLU, the weights and the sum over heads before anything is stored. A general GEMM would
+// repack the queries for every page and write a heads × entries matrix back to memory first.
+
+#include <cstdint>
+#include <vector>
+
+#include "phasekv/simd/batch.hpp"
+
+namespace phasekv::kernels {
+
+template <class Arch = simd::default_arch>
+struct indexer {
+  using batch = xsimd::batch<float, Arch>;
+  static constexpr std::int64_t lanes = static_cast<std::int64_t>(batch::size);
+  static constexpr std::int64_t block = 4 * lanes;  // heads per register block
+
+  // Queries [heads][channels] and weights [heads] in the kernel's layout:
+  // q_t[block][channel][4·lanes heads] and w[padded heads].
+  struct prepared {
+    std::int64_t channels = 0, blocks = 0;
+    std::vector<float, xsimd::aligned_allocator<float>> q_t, w;
+  };
+
+  static void prepare(const float* queries, const float* weights, std::int64_t heads, std::int64_t channels,
+                      prepared& p) {
+    p.channels = channels;
+    p.blocks = (heads + block - 1) / block;
+    p.q_t.assign(static_cast<std::size_t>(p.blocks * channels * block), 0.0f);
+    p.w.assign(static_cast<std::size_t>(p.blocks * block), 0.0f);
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const std::int64_t b = h / block, lane = h % block;
+      p.w[static_cast<std::size_t>(h)] = weights[h];
+      for (std::int64_t c = 0; c < channels; ++c)
+        p.q_t[static_cast<std::size_t>((b * channels + c) * block + lane)] = queries[h * channels + c];
+    }
+  }
+
+  // out[j] = I_j for `count` entries whose keys are rows of `keys` (stride = channels).
+  static void score(const prepared& p, const float* keys, std::int64_t count, float* out) noexcept {
+    for (std::int64_t j = 0; j < count; ++j) out[j] = 0.0f;
+    for (std::int64_t b = 0; b < p.blocks; ++b) {
+      const float* q = p.q_t.data() + b * p.channels * block;
+      const float* w = p.w.data() + b * block;
+      std::int64_t j = 0;
+      // Six entries keep 24 accumulators live: that fits AVX-512's 32 registers, not AVX2's 16.
+      if constexpr (lanes >= 16)
+        for (; j + 6 <= count; j += 6) tile6(q, w, keys + j * p.channels, p.channels, out + j);
+      for (; j + 4 <= count; j += 4) tile4(q, w, keys + j * p.channels, p.channels, out + j);
+      for (; j < count; ++j) tile1(q, w, keys + j * p.channels, p.channels, out + j);
+    }
+  }
+
+ private:
+  // Σ over the block's heads of w · ReLU(acc), for one entry's four accumulators.
+  static float reduce(const float* w, const batch& a0, const batch& a1, const batch& a2, const batch& a3) noexcept {
+    const batch zero(0.0f);
+    batch s = xsimd::max(a0, zero) * batch::load_aligned(w);
+    s = xsimd::fma(xsimd::max(a1, zero), batch::load_aligned(w + lanes), s);
+    s = xsimd::fma(xsimd::max(a2, zero), batch::load_aligned(w + 2 * lanes), s);
+    s = xsimd::fma(xsimd::max(a3, zero), batch::load_aligned(w + 3 * lanes), s);
+    return simd::reduce_add(s);
+  }
+
+  // Six entries at a time: 24 accumulators, each query batch loaded once per channel.
+  static void tile6(const float* q, const float* w, const float* k, std::int64_t channels, float* out) noexcept {
+    batch a00(0.0f), a01(0.0f), a02(0.0f), a03(0.0f), a10(0.0f), a11(0.0f), a12(0.0f), a13(0.0f);
+    batch a20(0.0f), a21(0.0f), a22(0.0f), a23(0.0f), a30(0.0f), a31(0.0f), a32(0.0f), a33(0.0f);
+    batch a40(0.0f), a41(0.0f), a42(0.0f), a43(0.0f), a50(0.0f), a51(0.0f), a52(0.0f), a53(0.0f);
+    for (std::int64_t c = 0; c < channels; ++c, q += block) {
+      const batch q0 = batch::load_aligned(q), q1 = batch::load_aligned(q + lanes);
+      const batch q2 = batch::load_aligned(q + 2 * lanes), q3 = batch::load_aligned(q + 3 * lanes);
+      batch kb(k[c]);
+      a00 = xsimd::fma(q0, kb, a00), a01 = xsimd::fma(q1, kb, a01), a02 = xsimd::fma(q2, kb, a02), a03 = xsimd::fma(q3, kb, a03);
+      kb = batch(k[channels + c]);
+      a10 = xsimd::fma(q0, kb, a10), a11 = xsimd::fma(q1, kb, a11), a12 = xsimd::fma(q2, kb, a12), a13 = xsimd::fma(q3, kb, a13);
+      kb = batch(k[2 * channels + c]);
+      a20 = xsimd::fma(q0, kb, a20), a21 = xsimd::fma(q1, kb, a21), a22 = xsimd::fma(q2, kb, a22), a23 = xsimd::fma(q3, kb, a23);
+      kb = batch(k[3 * channels + c]);
+      a30 = xsimd::fma(q0, kb, a30), a31 = xsimd::fma(q1, kb, a31), a32 = xsimd::fma(q2, kb, a32), a33 = xsimd::fma(q3, kb, a33);
+      kb = batch(k[4 * channels + c]);
+      a40 = xsimd::fma(q0, kb, a40), a41 = xsimd::fma(q1, kb, a41), a42 = xsimd::fma(q2, kb, a42), a43 = xsimd::fma(q3, kb, a43);
+      kb = batch(k[5 * channels + c]);
+      a50 = xsimd::fma(q0, kb, a50), a51 = xsimd::fma(q1, kb, a51), a52 = xsimd::fma(q2, kb, a52), a53 = xsimd::fma(q3, kb, a53);
+    }
+    out[0] += reduce(w, a00, a01, a02, a03);
+    out[1] += reduce(w, a10, a11, a12, a13);
+    out[2] += reduce(w, a20, a21, a22, a23);
+    out[3] += reduce(w, a30, a31, a32, a33);
+    out[4] += reduce(w, a40, a41, a42, a43);
+    out[5] += reduce(w, a50, a51, a52, a53);
+  }
+
+  // Four entries at a time: 16 accumulators, each query batch loaded once per channel.
+  static void tile4(const float* q, const float* w, const float* k, std::int64_t channels, float* out) noexcept {
+    batch a00(0.0f), a01(0.0f), a02(0.0f), a03(0.0f), a10(0.0f), a11(0.0f), a12(0.0f), a13(0.0f);
+    batch a20(0.0f), a21(0.0f), a22(0.0f), a23(0.0f), a30(0.0f), a31(0.0f), a32(0.0f), a33(0.0f);
+    for (std::int64_t c = 0; c < channels; ++c, q += block) {
+      const batch q0 = batch::load_aligned(q), q1 = batch::load_aligned(q + lanes);
+      const batch q2 = batch::load_aligned(q + 2 * lanes), q3 = batch::load_aligned(q + 3 * lanes);
+      const batch k0(k[c]), k1(k[channels + c]), k2(k[2 * channels + c]), k3(k[3 * channels + c]);
+      a00 = xsimd::fma(q0, k0, a00), a01 = xsimd::fma(q1, k0, a01), a02 = xsimd::fma(q2, k0, a02), a03 = xsimd::fma(q3, k0, a03);
+      a10 = xsimd::fma(q0, k1, a10), a11 = xsimd::fma(q1, k1, a11), a12 = xsimd::fma(q2, k1, a12), a13 = xsimd::fma(q3, k1, a13);
+      a20 = xsimd::fma(q0, k2, a20), a21 = xsimd::fma(q1, k2, a21), a22 = xsimd::fma(q2, k2, a22), a23 = xsimd::fma(q3, k2, a23);
+      a30 = xsimd::fma(q0, k3, a30), a31 = xsimd::fma(q1, k3, a31), a32 = xsimd::fma(q2, k3, a32), a33 = xsimd::fma(q3, k3, a33);
+    }
+    out[0] += reduce(w, a00, a01, a02, a03);
+    out[1] += reduce(w, a10, a11, a12, a13);
+    out[2] += reduce(w, a20, a21, a22, a23);
+    out[3] += reduce(w, a30, a31, a32, a33);
+  }
+
+  static void tile1(const float* q, const float* w, const float* k, std::int64_t channels, float* out) noexcept {
+    batch a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
+    for (std::int64_t c = 0; c < channels; ++c, q += block) {
+      const batch kc(k[c]);
+      a0 = xsimd::fma(batch::load_aligned(q), kc, a0);
+      a1 = xsimd::fma(batch::load_aligned(q + lanes), kc, a1);
+      a2 = xsimd::fma(batch::load_aligned(q + 2 * lanes), kc, a2);
+      a3 = xsimd::fma(batch::load_aligned(q + 3 * lanes), kc, a3);
+    }
+    out[0] += reduce(w, a0, a1, a2, a3);
+  }
+};
+
+}  // namespace phasekv::kernels
