@@ -79,12 +79,6 @@ std::string describe(const setup& s) {
   return out.str();
 }
 
-geometry make_geometry(std::int64_t stride, std::int64_t window) {
-  geometry g;
-  g.stride = stride;
-  g.window = window;
-  return g;
-}
 
 key_stream make_keys(const geometry& g) {
   stream_config c;
@@ -150,7 +144,7 @@ struct world {
 
   explicit world(const setup& s, std::uint32_t param_seed = 7)
       : shape(s),
-        geom(make_geometry(s.stride, s.window)),
+        geom(geometry{s.stride, s.window}),
         config(make_config(s)),
         keys(make_keys(geom)),
         values(make_values(geom, param_seed)) {}

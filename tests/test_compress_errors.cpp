@@ -33,13 +33,6 @@ using fixed_plain = compressor_policy<fixed_weight_pool>;
 const float nan_value = std::numeric_limits<float>::quiet_NaN();
 const float inf_value = std::numeric_limits<float>::infinity();
 
-geometry make_geometry(std::int64_t stride, std::int64_t window, std::int64_t origin = 0) {
-  geometry g;
-  g.stride = stride;
-  g.window = window;
-  g.origin = origin;
-  return g;
-}
 
 stream_config make_config(std::int64_t channels = 8, std::int64_t heads = 2) {
   stream_config c;
@@ -72,12 +65,12 @@ std::string config_message(const geometry& g, const stream_config& c, const stre
 
 TEST_CASE("compressor config errors name the field and the value", "[compress][errors]") {
   const stream_config ok = make_config();
-  const geometry g = make_geometry(4, 8);
+  const geometry g = geometry{4, 8};
 
-  CHECK_THAT(config_message<mean_plain>(make_geometry(0, 8), ok), Contains("geometry.stride = 0"));
-  CHECK_THAT(config_message<mean_plain>(make_geometry(4, 3), ok), Contains("geometry.window = 3"));
-  CHECK_THAT(config_message<mean_plain>(make_geometry(4, 8, 4), ok), Contains("geometry.origin = 4"));
-  CHECK_THAT(config_message<mean_plain>(make_geometry(4, 8, -1), ok), Contains("geometry.origin = -1"));
+  CHECK_THAT(config_message<mean_plain>(geometry{0, 8}, ok), Contains("geometry.stride = 0"));
+  CHECK_THAT(config_message<mean_plain>(geometry{4, 3}, ok), Contains("geometry.window = 3"));
+  CHECK_THAT(config_message<mean_plain>(geometry{4, 8, 4}, ok), Contains("geometry.origin = 4"));
+  CHECK_THAT(config_message<mean_plain>(geometry{4, 8, -1}, ok), Contains("geometry.origin = -1"));
 
   stream_config c = ok;
   c.channels = 0;
@@ -183,7 +176,7 @@ struct input_fixture {
   std::int64_t tokens;
 
   input_fixture(const stream_params& params = {}, std::int64_t tokens_ = 6)
-      : compressor(make_geometry(4, 8), make_config(), params), state(compressor.make_state()), tokens(tokens_) {
+      : compressor(geometry{4, 8}, make_config(), params), state(compressor.make_state()), tokens(tokens_) {
     std::mt19937 rng(11);
     const std::int64_t ppt = compressor.payload_floats_per_token(), lpt = compressor.logit_floats_per_token();
     const stream_inputs history = random_stream_inputs(rng, 7, ppt, lpt);
@@ -276,7 +269,7 @@ TEST_CASE("compressor input errors name what was wrong and change nothing", "[co
 
   SECTION("a state made by another compressor") {
     input_fixture<vector_full> f;
-    const stream_compressor<vector_full> other(make_geometry(4, 8), make_config(8, 1));
+    const stream_compressor<vector_full> other(geometry{4, 8}, make_config(8, 1));
     stream_state foreign = other.make_state();
     const stream_state before = foreign;
     const std::string message =
@@ -308,7 +301,7 @@ TEST_CASE("a sink that throws leaves the state as it was", "[compress][errors]")
 TEST_CASE("layer: a refused chunk or a throwing sink leaves every stream as it was", "[compress][errors]") {
   using key_policy = compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>;
   using value_policy = compressor_policy<scalar_gated_pool, no_rope, no_norm>;
-  const geometry g = make_geometry(4, 8);
+  const geometry g = geometry{4, 8};
   stream_config kc = make_config(8, 1), vc = make_config(6, 1);
   kc.name = "keys";
   vc.name = "values";
@@ -363,8 +356,8 @@ TEST_CASE("layer: streams must share one geometry", "[compress][errors]") {
   const stream_config c = make_config(4, 1);
   using layer_t = layer_compressor<stream_compressor<policy>, stream_compressor<policy>>;
   CHECK_THAT(thrown<config_error>([&] {
-               layer_t layer(stream_compressor<policy>(make_geometry(4, 8), c),
-                             stream_compressor<policy>(make_geometry(4, 8, 1), c));
+               layer_t layer(stream_compressor<policy>(geometry{4, 8}, c),
+                             stream_compressor<policy>(geometry{4, 8, 1}, c));
              }),
              Contains("streams[1]") && Contains("origin=1"));
 }

@@ -22,16 +22,6 @@ using fixed_plain = compressor_policy<fixed_weight_pool>;
 using vector_plain = compressor_policy<vector_gated_pool>;
 using scalar_plain = compressor_policy<scalar_gated_pool>;
 
-geometry make_geometry(std::int64_t stride, std::int64_t window, std::int64_t origin = 0,
-                       anchor_mode anchor = anchor_mode::block_start) {
-  geometry g;
-  g.stride = stride;
-  g.window = window;
-  g.origin = origin;
-  g.anchor = anchor;
-  return g;
-}
-
 stream_config make_config(std::int64_t channels, std::int64_t heads = 1,
                           input_layout inputs = input_layout::per_branch) {
   stream_config c;
@@ -47,7 +37,7 @@ constexpr double tight = 1e-12;
 }  // namespace
 
 TEST_CASE("oracle: S=W=1 mean pool returns each token", "[compress][oracle]") {
-  const auto geom = make_geometry(1, 1);
+  const auto geom = geometry{1, 1};
   const auto config = make_config(3);
   const std::vector<float> payload = {1, 2, 3, -4, 5.5f, 6, 0.25f, 8, 9};
   const auto entries = oracle_compress<mean_plain>(geom, config, {}, payload, {}, 3);
@@ -61,7 +51,7 @@ TEST_CASE("oracle: S=W=1 mean pool returns each token", "[compress][oracle]") {
 }
 
 TEST_CASE("oracle: W=2, S=1 mean pools two tokens, entry 0 only one", "[compress][oracle]") {
-  const auto geom = make_geometry(1, 2);
+  const auto geom = geometry{1, 2};
   // per_branch: two views; slot 0 (previous token) reads view 1, slot 1 (own token) reads view 0.
   const auto config = make_config(1);
   // token t: view 0 = 10t + 1, view 1 = 10t + 2
@@ -85,7 +75,7 @@ TEST_CASE("oracle: W=2, S=1 mean pools two tokens, entry 0 only one", "[compress
 }
 
 TEST_CASE("oracle: entry 0 of W=8, S=4 pools only tokens 0-3", "[compress][oracle]") {
-  const auto geom = make_geometry(4, 8);
+  const auto geom = geometry{4, 8};
   const auto config = make_config(2, 1);
   // Two views per token (branches); view 0 of token t = (t, −t), view 1 = (100 + t, 0).
   std::vector<float> payload;
@@ -105,7 +95,7 @@ TEST_CASE("oracle: entry 0 of W=8, S=4 pools only tokens 0-3", "[compress][oracl
 
 TEST_CASE("oracle: S=3, W=7 per branch: branch 2 holds one slot", "[compress][oracle]") {
   // b(i) = floor((6 − i)/3): slot 0 → 2, slots 1–3 → 1, slots 4–6 → 0. View v of token t = 10t + v.
-  const auto geom = make_geometry(3, 7);
+  const auto geom = geometry{3, 7};
   const auto config = make_config(1);
   std::vector<float> payload;
   for (int t = 0; t < 9; ++t)
@@ -122,7 +112,7 @@ TEST_CASE("oracle: S=3, W=7 per branch: branch 2 holds one slot", "[compress][or
 }
 
 TEST_CASE("oracle: a one-hot fixed profile selects one token", "[compress][oracle]") {
-  const auto geom = make_geometry(2, 4);
+  const auto geom = geometry{2, 4};
   const auto config = make_config(1, 1, input_layout::per_slot);
   // per_slot: 4 views; view v of token t = 10t + v.
   std::vector<float> payload;
@@ -157,7 +147,7 @@ TEST_CASE("oracle: a one-hot fixed profile selects one token", "[compress][oracl
 }
 
 TEST_CASE("oracle: vector and scalar gates are softmaxes over the real slots", "[compress][oracle]") {
-  const auto geom = make_geometry(1, 2);
+  const auto geom = geometry{1, 2};
   const auto config = make_config(2, 1, input_layout::per_slot);
   // payload[t][view][c]: token t, both views = (t+1, −(t+1)) so the view does not matter.
   const std::vector<float> payload = {1, -1, 1, -1, 2, -2, 2, -2};
@@ -200,7 +190,7 @@ TEST_CASE("oracle: RoPE rotates the last R channels by position times theta", "[
   config.rope.channels = 2;  // θ_0 = 1: the angle is the position in radians
   const std::vector<float> payload = {7, 1, 0, 7, 0, 1, 7, 1, 1, 7, 2, 0};
   SECTION("after pool, at the block start (S=W=1: entry j at j)") {
-    const auto e = oracle_compress<after>(make_geometry(1, 1), config, {}, payload, {}, 4);
+    const auto e = oracle_compress<after>(geometry{1, 1}, config, {}, payload, {}, 4);
     for (int j = 0; j < 4; ++j) {
       const double a = payload[3 * j + 1], b = payload[3 * j + 2];
       CHECK(e[j].values[0] == 7.0);  // channel 0 is not rotated
@@ -209,7 +199,7 @@ TEST_CASE("oracle: RoPE rotates the last R channels by position times theta", "[
     }
   }
   SECTION("before pool, at each token's own position") {
-    const auto e = oracle_compress<before>(make_geometry(1, 2), config, {}, std::vector<float>{
+    const auto e = oracle_compress<before>(geometry{1, 2}, config, {}, std::vector<float>{
         7, 1, 0, 7, 1, 0,   // token 0: views 0, 1
         7, 0, 1, 7, 0, 1},  // token 1
         {}, 2);
@@ -224,13 +214,13 @@ TEST_CASE("oracle: RoPE rotates the last R channels by position times theta", "[
     const std::vector<float> x = {0, 0, 0, 0, 1, 2, 3, 4};  // token 1
     const double p = 1.0;
     four.rope.layout = rope_layout::interleaved;  // pairs (0,1), (2,3)
-    auto e = oracle_compress<after>(make_geometry(1, 1), four, {}, x, {}, 2);
+    auto e = oracle_compress<after>(geometry{1, 1}, four, {}, x, {}, 2);
     CHECK(e[1].values[0] == Approx(1 * std::cos(p) - 2 * std::sin(p)).margin(1e-12));
     CHECK(e[1].values[1] == Approx(1 * std::sin(p) + 2 * std::cos(p)).margin(1e-12));
     CHECK(e[1].values[2] == Approx(3 * std::cos(0.1) - 4 * std::sin(0.1)).margin(1e-12));
     CHECK(e[1].values[3] == Approx(3 * std::sin(0.1) + 4 * std::cos(0.1)).margin(1e-12));
     four.rope.layout = rope_layout::half_split;  // pairs (0,2), (1,3)
-    e = oracle_compress<after>(make_geometry(1, 1), four, {}, x, {}, 2);
+    e = oracle_compress<after>(geometry{1, 1}, four, {}, x, {}, 2);
     CHECK(e[1].values[0] == Approx(1 * std::cos(p) - 3 * std::sin(p)).margin(1e-12));
     CHECK(e[1].values[2] == Approx(1 * std::sin(p) + 3 * std::cos(p)).margin(1e-12));
     CHECK(e[1].values[1] == Approx(2 * std::cos(0.1) - 4 * std::sin(0.1)).margin(1e-12));
@@ -290,7 +280,7 @@ TEST_CASE("oracle: RMSNorm then RoPE after pooling", "[compress][oracle]") {
   const std::vector<float> payload = {3, 4};
   stream_params params;
   params.norm_weight = {2, -1};
-  auto e = oracle_compress<normed>(make_geometry(1, 1), config, params, payload, {}, 1);
+  auto e = oracle_compress<normed>(geometry{1, 1}, config, params, payload, {}, 1);
   const double inv = 1.0 / std::sqrt(12.5 + 1e-6);
   CHECK(e[0].values[0] == Approx(3 * inv * 2).epsilon(1e-14));
   CHECK(e[0].values[1] == Approx(4 * inv * -1).epsilon(1e-14));
@@ -298,7 +288,7 @@ TEST_CASE("oracle: RMSNorm then RoPE after pooling", "[compress][oracle]") {
   // Norm first, then rotate: at position 1 with θ = 1 the normalised (6, −4)·inv turns by 1 rad.
   config.rope.channels = 2;
   const std::vector<float> two = {0, 0, 3, 4};
-  e = oracle_compress<both>(make_geometry(1, 1), config, params, two, {}, 2);
+  e = oracle_compress<both>(geometry{1, 1}, config, params, two, {}, 2);
   const double a = 6 * inv, b = -4 * inv;
   CHECK(e[1].values[0] == Approx(a * std::cos(1.0) - b * std::sin(1.0)).epsilon(1e-13));
   CHECK(e[1].values[1] == Approx(a * std::sin(1.0) + b * std::cos(1.0)).epsilon(1e-13));
@@ -315,7 +305,7 @@ TEST_CASE("oracle: origin staggering and anchors", "[compress][oracle]") {
   };
   const std::vector<float> payload = ramp(1);
   SECTION("S=W=4, origin 1: entry 0 is token 0 alone, entry 1 tokens 1-4") {
-    const auto e = oracle_compress<mean_plain>(make_geometry(4, 4, 1), config, {}, payload, {}, 9);
+    const auto e = oracle_compress<mean_plain>(geometry{4, 4, 1}, config, {}, payload, {}, 9);
     REQUIRE(e.size() == 3);  // tokens 0 | 1–4 | 5–8
     CHECK(e[0].values[0] == 0.0);
     CHECK(e[0].slot_weights == std::vector<double>{0, 0, 0, 1});
@@ -323,16 +313,16 @@ TEST_CASE("oracle: origin staggering and anchors", "[compress][oracle]") {
     CHECK(e[1].values[0] == 2.5);
     CHECK(e[1].anchor == 1);
     CHECK(e[2].values[0] == 6.5);
-    CHECK(oracle_compress<mean_plain>(make_geometry(4, 4, 1), config, {}, payload, {}, 8).size() == 2);
+    CHECK(oracle_compress<mean_plain>(geometry{4, 4, 1}, config, {}, payload, {}, 8).size() == 2);
   }
   SECTION("anchors: block start, block end, floor of the window's midpoint") {
     // S=3, W=7, origin 0: entry j's window is [3j − 4, 3j + 3).
     for (std::int64_t j = 0; j < 4; ++j) {
-      const auto s = oracle_compress<mean_plain>(make_geometry(3, 7, 0, anchor_mode::block_start), config, {},
+      const auto s = oracle_compress<mean_plain>(geometry{3, 7, 0, anchor_mode::block_start}, config, {},
                                                  ramp(3), {}, 12);
-      const auto b = oracle_compress<mean_plain>(make_geometry(3, 7, 0, anchor_mode::block_end), config, {},
+      const auto b = oracle_compress<mean_plain>(geometry{3, 7, 0, anchor_mode::block_end}, config, {},
                                                  ramp(3), {}, 12);
-      const auto c = oracle_compress<mean_plain>(make_geometry(3, 7, 0, anchor_mode::window_centre), config, {},
+      const auto c = oracle_compress<mean_plain>(geometry{3, 7, 0, anchor_mode::window_centre}, config, {},
                                                  ramp(3), {}, 12);
       CHECK(s[j].anchor == 3 * j);
       CHECK(b[j].anchor == 3 * j + 2);
@@ -341,16 +331,16 @@ TEST_CASE("oracle: origin staggering and anchors", "[compress][oracle]") {
     }
     // S=4, W=6: first = 4j − 2, last = 4j + 3, floor((8j + 1)/2) = 4j; for j = 0 that's 0.
     // S=4, W=7, origin 2 (lead 2): first = 4j − 5, last = 4j + 1 → 4j − 2; j = 0 gives −2.
-    const auto c46 = oracle_compress<mean_plain>(make_geometry(4, 6, 0, anchor_mode::window_centre), config, {},
+    const auto c46 = oracle_compress<mean_plain>(geometry{4, 6, 0, anchor_mode::window_centre}, config, {},
                                                  ramp(2), {}, 8);
     CHECK(c46[0].anchor == 0);
     CHECK(c46[1].anchor == 4);
-    const auto c47 = oracle_compress<mean_plain>(make_geometry(4, 7, 2, anchor_mode::window_centre), config, {},
+    const auto c47 = oracle_compress<mean_plain>(geometry{4, 7, 2, anchor_mode::window_centre}, config, {},
                                                  ramp(2), {}, 6);
     CHECK(c47[0].anchor == -2);
     CHECK(c47[1].anchor == 2);
     // S=4, W=8, origin 1 (lead 3): first = 4j − 7, last = 4j: floor((8j − 7)/2) = 4j − 4 (−3.5 → −4).
-    const auto c48 = oracle_compress<mean_plain>(make_geometry(4, 8, 1, anchor_mode::window_centre), config, {},
+    const auto c48 = oracle_compress<mean_plain>(geometry{4, 8, 1, anchor_mode::window_centre}, config, {},
                                                  ramp(2), {}, 1);
     REQUIRE(c48.size() == 1);
     CHECK(c48[0].anchor == -4);
@@ -372,7 +362,7 @@ TEST_CASE("oracle: random inputs are reproducible and large logits are as docume
   CHECK(saw_positive);
   CHECK(saw_negative);
   // The oracle stays finite and normalised on them.
-  const auto geom = make_geometry(4, 8);
+  const auto geom = geometry{4, 8};
   const auto config = make_config(5, 2);
   const std::int64_t tokens = 20;
   const auto payload = phasekv_test::random_payload(a, tokens * 2 * 2 * 5);

@@ -47,26 +47,17 @@ struct run_options {
   std::uint32_t seed = 1;
 };
 
-geometry make_geometry(std::int64_t stride, std::int64_t window, std::int64_t origin, anchor_mode anchor) {
-  geometry g;
-  g.stride = stride;
-  g.window = window;
-  g.origin = origin;
-  g.anchor = anchor;
-  return g;
-}
-
 const std::vector<geometry>& test_geometries() {
   static const std::vector<geometry> g = {
-      make_geometry(1, 1, 0, anchor_mode::block_start),    // S = W = 1
-      make_geometry(4, 4, 0, anchor_mode::block_end),      // W = S
-      make_geometry(4, 8, 0, anchor_mode::block_start),    // W = 2S (DeepSeek-V4)
-      make_geometry(3, 7, 0, anchor_mode::window_centre),  // S does not divide W
-      make_geometry(4, 6, 1, anchor_mode::block_start),    // S ∤ W, staggered origin
-      make_geometry(1, 3, 0, anchor_mode::window_centre),  // S = 1, W > S
-      make_geometry(2, 5, 1, anchor_mode::block_end),      // odd window, origin 1
-      make_geometry(4, 8, 3, anchor_mode::window_centre),  // W = 2S, origin 3 (centre < 0 at j = 0)
-      make_geometry(5, 5, 2, anchor_mode::block_start),    // W = S, origin 2 (anchor < 0 at j = 0)
+      geometry{1, 1, 0, anchor_mode::block_start},    // S = W = 1
+      geometry{4, 4, 0, anchor_mode::block_end},      // W = S
+      geometry{4, 8, 0, anchor_mode::block_start},    // W = 2S (DeepSeek-V4)
+      geometry{3, 7, 0, anchor_mode::window_centre},  // S does not divide W
+      geometry{4, 6, 1, anchor_mode::block_start},    // S ∤ W, staggered origin
+      geometry{1, 3, 0, anchor_mode::window_centre},  // S = 1, W > S
+      geometry{2, 5, 1, anchor_mode::block_end},      // odd window, origin 1
+      geometry{4, 8, 3, anchor_mode::window_centre},  // W = 2S, origin 3 (centre < 0 at j = 0)
+      geometry{5, 5, 2, anchor_mode::block_start},    // W = S, origin 2 (anchor < 0 at j = 0)
   };
   return g;
 }
@@ -266,8 +257,8 @@ TEMPLATE_TEST_CASE("compressor matches the oracle: 512 channels", "[compress][po
                    (compressor_policy<fixed_weight_pool, no_rope, rms_norm>)) {
   const stream_shape wide[] = {{512, 1, input_layout::per_slot, 64, rope_layout::interleaved, true},
                                {512, 2, input_layout::per_branch, 64, rope_layout::half_split, false}};
-  const geometry geoms[] = {make_geometry(4, 8, 0, anchor_mode::block_start),
-                            make_geometry(3, 7, 2, anchor_mode::window_centre)};
+  const geometry geoms[] = {geometry{4, 8, 0, anchor_mode::block_start},
+                            geometry{3, 7, 2, anchor_mode::window_centre}};
   for (int k = 0; k < 2; ++k) {
     run_options o;
     o.seed = 9000 + static_cast<std::uint32_t>(k);
@@ -284,7 +275,7 @@ TEMPLATE_TEST_CASE("compressor matches the oracle: 512 channels", "[compress][po
 TEST_CASE("fixed weights whose real slots sum to 0 give a zero entry and zero weights", "[compress][policies]") {
   // One-hot on slot 0: padding in entry 0 (and entry 1 of W = 3S), so those entries are all
   // zero; RMSNorm of zero stays zero and RoPE of zero stays zero.
-  const geometry g = make_geometry(2, 6, 0, anchor_mode::block_start);
+  const geometry g = geometry{2, 6, 0, anchor_mode::block_start};
   const stream_config config = make_config({7, 2, input_layout::per_branch, 4, rope_layout::interleaved, false});
   stream_params params;
   params.slot_profile = {1, 0, 0, 0, 0, 0};
@@ -297,7 +288,7 @@ TEST_CASE("fixed weights whose real slots sum to 0 give a zero entry and zero we
 
 TEST_CASE("slot weights are null unless requested, and padding slots weigh 0", "[compress][policies]") {
   using policy = compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>;
-  const geometry g = make_geometry(4, 8, 0, anchor_mode::block_start);
+  const geometry g = geometry{4, 8, 0, anchor_mode::block_start};
   stream_config config = make_config({5, 3, input_layout::per_branch, 4, rope_layout::interleaved, false});
   const stream_compressor<policy> compressor(g, config);
   std::mt19937 rng(5);
@@ -339,9 +330,9 @@ TEMPLATE_TEST_CASE("compressor matches the oracle: long windows", "[compress][po
                    (compressor_policy<fixed_weight_pool, no_rope, rms_norm>)) {
   // DeepSeek-V4 HCA (S = W = 128), NSA's compressed branch (S = 16, W = 32), and W = 8S: more
   // slots than any SIMD register has lanes.
-  const geometry geoms[] = {make_geometry(128, 128, 0, anchor_mode::block_start),
-                            make_geometry(16, 32, 5, anchor_mode::window_centre),
-                            make_geometry(8, 64, 0, anchor_mode::block_end)};
+  const geometry geoms[] = {geometry{128, 128, 0, anchor_mode::block_start},
+                            geometry{16, 32, 5, anchor_mode::window_centre},
+                            geometry{8, 64, 0, anchor_mode::block_end}};
   const stream_shape shapes[] = {{37, 1, input_layout::per_branch, 6, rope_layout::interleaved, false},
                                  {20, 2, input_layout::per_slot, 8, rope_layout::half_split, true},
                                  {33, 1, input_layout::per_branch, 10, rope_layout::interleaved, true}};

@@ -20,15 +20,6 @@ namespace {
 using namespace phasekv;
 using namespace phasekv_test;
 
-geometry make_geometry(std::int64_t stride, std::int64_t window, std::int64_t origin, anchor_mode anchor) {
-  geometry g;
-  g.stride = stride;
-  g.window = window;
-  g.origin = origin;
-  g.anchor = anchor;
-  return g;
-}
-
 stream_config make_config(std::int64_t channels, std::int64_t heads, input_layout inputs, std::int64_t rope_channels) {
   stream_config c;
   c.name = "streaming";
@@ -170,9 +161,9 @@ void check_streaming(const geometry& g, const stream_config& config, std::uint32
 }
 
 const geometry streaming_geometries[] = {
-    make_geometry(1, 1, 0, anchor_mode::block_start), make_geometry(4, 8, 0, anchor_mode::block_start),
-    make_geometry(3, 7, 1, anchor_mode::window_centre), make_geometry(4, 6, 3, anchor_mode::block_end),
-    make_geometry(5, 5, 0, anchor_mode::block_start),   make_geometry(1, 4, 0, anchor_mode::block_end),
+    geometry{1, 1, 0, anchor_mode::block_start}, geometry{4, 8, 0, anchor_mode::block_start},
+    geometry{3, 7, 1, anchor_mode::window_centre}, geometry{4, 6, 3, anchor_mode::block_end},
+    geometry{5, 5, 0, anchor_mode::block_start},   geometry{1, 4, 0, anchor_mode::block_end},
 };
 
 }  // namespace
@@ -190,13 +181,13 @@ TEMPLATE_TEST_CASE("streaming: any chunking gives bit-identical entries and equa
     if constexpr (is_gated_v<typename TestType::pooling>)
       check_streaming<TestType>(g, make_config(16, 2, input_layout::per_branch, 8), seed++, 1e4);
   }
-  check_streaming<TestType>(make_geometry(4, 8, 0, anchor_mode::block_start),
+  check_streaming<TestType>(geometry{4, 8, 0, anchor_mode::block_start},
                             make_config(512, 1, input_layout::per_branch, 64), seed++);
 }
 
 TEST_CASE("streaming: an empty chunk changes nothing and emits nothing", "[compress][streaming]") {
   using policy = compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>;
-  const stream_compressor<policy> compressor(make_geometry(4, 8, 0, anchor_mode::block_start),
+  const stream_compressor<policy> compressor(geometry{4, 8, 0, anchor_mode::block_start},
                                              make_config(8, 2, input_layout::per_branch, 4));
   std::mt19937 rng(3);
   const stream_inputs in =

@@ -21,13 +21,6 @@ namespace {
 using namespace phasekv;
 using namespace phasekv_test;
 
-geometry make_geometry(std::int64_t stride, std::int64_t window, std::int64_t origin = 0) {
-  geometry g;
-  g.stride = stride;
-  g.window = window;
-  g.origin = origin;
-  return g;
-}
 
 struct recorded_entry {
   std::int64_t index = 0;
@@ -215,7 +208,7 @@ TEST_CASE("write_profile: by_phase, slot_profile and concentration match a brute
   // Including W = S, S ∤ W (coverage varies with phase), staggered origins and S = W = 1.
   for (const shape s : {shape{1, 1, 0}, shape{4, 4, 0}, shape{4, 8, 0}, shape{4, 8, 1}, shape{3, 7, 2}, shape{2, 5, 0},
                         shape{4, 6, 3}}) {
-    const geometry g = make_geometry(s.stride, s.window, s.origin);
+    const geometry g = geometry{s.stride, s.window, s.origin};
     std::ostringstream what;
     what << "S=" << s.stride << " W=" << s.window << " origin=" << s.origin;
     INFO(what.str());
@@ -238,7 +231,7 @@ TEST_CASE("write_profile: by_phase, slot_profile and concentration match a brute
 TEST_CASE("write_profile: mean pooling gives closed-form phase weights", "[diag][write_profile]") {
   SECTION("W = S: one entry per token, weight 1/S, coverage 1, for every phase") {
     for (std::int64_t S : {1, 2, 4, 5}) {
-      const geometry g = make_geometry(S, S);
+      const geometry g = geometry{S, S};
       write_profile profile(g, 1);
       const auto entries = compress<compressor_policy<mean_pool>>(g, 1, {}, 7 * S, 1, profile);
       for (const auto& p : profile.by_phase(0)) {
@@ -256,7 +249,7 @@ TEST_CASE("write_profile: mean pooling gives closed-form phase weights", "[diag]
     // Per phase with n tokens: mean = 1/S + 1/(2S·n); one outlier of 1/(2S) above the rest gives
     // a population stddev of (1/(2S))·√(n − 1)/n.
     for (std::int64_t S : {1, 2, 4}) {
-      const geometry g = make_geometry(S, 2 * S);
+      const geometry g = geometry{S, 2 * S};
       write_profile profile(g, 1);
       const std::int64_t blocks = 9;
       compress<compressor_policy<mean_pool>>(g, 1, {}, blocks * S, 2, profile);
@@ -283,7 +276,7 @@ TEST_CASE("write_profile: a one-hot profile on slot i feeds only phase (i − W)
   };
   for (const shape s : {shape{4, 4, 0}, shape{4, 8, 0}, shape{4, 8, 3}, shape{3, 7, 1}, shape{2, 5, 0}})
     for (std::int64_t slot = 0; slot < s.window; ++slot) {
-      const geometry g = make_geometry(s.stride, s.window, s.origin);
+      const geometry g = geometry{s.stride, s.window, s.origin};
       INFO("S=" << s.stride << " W=" << s.window << " origin=" << s.origin << " slot=" << slot);
       stream_params params;
       params.slot_profile.assign(static_cast<std::size_t>(s.window), 0.0f);
@@ -307,7 +300,7 @@ TEST_CASE("write_profile: gate concentration of mean pooling is W, padded entrie
     std::int64_t stride, window, origin;
   };
   for (const shape s : {shape{4, 8, 0}, shape{4, 8, 1}, shape{4, 4, 0}, shape{3, 7, 2}, shape{128, 128, 0}}) {
-    const geometry g = make_geometry(s.stride, s.window, s.origin);
+    const geometry g = geometry{s.stride, s.window, s.origin};
     INFO("S=" << s.stride << " W=" << s.window << " origin=" << s.origin);
     write_profile profile(g, 3);
     const auto entries = compress<compressor_policy<mean_pool>>(g, 3, {}, 4 * s.window, 4, profile);
@@ -325,7 +318,7 @@ TEST_CASE("write_profile: gate concentration of mean pooling is W, padded entrie
 
 TEST_CASE("write_profile: static and per-window concentration tell moving peaks from fixed ones",
           "[diag][write_profile]") {
-  const geometry g = make_geometry(4, 4);  // W = S: no entry has padding
+  const geometry g = geometry{4, 4};  // W = S: no entry has padding
   const std::vector<float> slot0 = {1, 0, 0, 0}, slot2 = {0, 0, 1, 0};
 
   SECTION("alternating one-hots on slots 0 and 2: static 2 (E[α] = (½, 0, ½, 0)), per window 1") {
@@ -372,7 +365,7 @@ TEST_CASE("write_profile: static and per-window concentration tell moving peaks 
 }
 
 TEST_CASE("write_profile: concentration before any unpadded entry is 0", "[diag][write_profile]") {
-  const geometry g = make_geometry(4, 8);
+  const geometry g = geometry{4, 8};
   write_profile profile(g, 1);
   CHECK(profile.static_concentration(0) == 0.0);
   CHECK(profile.window_concentration(0) == 0.0);
@@ -388,7 +381,7 @@ TEST_CASE("write_profile: concentration before any unpadded entry is 0", "[diag]
 }
 
 TEST_CASE("write_profile: rejects bad entries and leaves itself unchanged", "[diag][write_profile][errors]") {
-  const geometry g = make_geometry(2, 4);
+  const geometry g = geometry{2, 4};
   write_profile profile(g, 2);
   const std::vector<float> good = {0.25f, 0.25f, 0.25f, 0.25f, 0, 0, 1, 0};
   profile(hand_entry(1, 2, 4, good));

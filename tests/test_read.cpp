@@ -59,12 +59,6 @@ using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
 
 std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
 
-geometry make_geometry(i64 stride, i64 window) {
-  geometry g;
-  g.stride = stride;
-  g.window = window;
-  return g;
-}
 
 stream_config make_stream(const std::string& name, stream_role role, i64 kv_heads, i64 channels) {
   stream_config c;
@@ -264,7 +258,7 @@ TEST_CASE("sparse_reader dense control: S = W = 1 reproduces causal attention ov
         cc.name = "dense";
         cc.page_size = c.page_size;
         cc.pages = 64;
-        const geometry g = make_geometry(1, 1);
+        const geometry g = geometry{1, 1};
         const auto keys = uniform(rng, sz(c.tokens * s.kv_heads * s.key_channels), -1.0f, 1.0f);
         if (tied) {
           paged_cache<mean_stream> cache(layer_compressor<mean_stream>(mean_stream(
@@ -588,7 +582,7 @@ using selection_cache = paged_cache<mean_stream, gated_stream, mean_stream>;
 struct selection_world {
   static constexpr i64 kv_heads = 2, key_channels = 8, value_channels = 6, indexer_channels = 8;
   static constexpr i64 query_heads = 6, indexer_heads = 3, window = 5;
-  geometry geom = make_geometry(2, 4);
+  geometry geom = geometry{2, 4};
 
   selection_cache make(storage_type storage, std::uint32_t seed, i64 history = 0) const {
     std::mt19937 rng(seed);
@@ -782,7 +776,7 @@ TEST_CASE("sparse_reader: lightning indexer, top-k and the joint softmax against
 // sees no key at all. The output is then 0; with a sink, the sink holds all the mass.
 TEST_CASE("sparse_reader: a query that sees no key reads zeros", "[read]") {
   using cache_t = paged_cache<mean_stream>;
-  const geometry g = make_geometry(4, 4);
+  const geometry g = geometry{4, 4};
   cache_config cc;
   cc.page_size = 2;
   cc.pages = 8;
@@ -862,7 +856,7 @@ TEST_CASE("sparse_reader: tied K/V de-rotates the output's RoPE channels at the 
     cc.pages = 2048;
     cc.window = raw_window_config{window, c.kv_heads, channels, 0};  // tied window
     using cache_t = paged_cache<rope_stream>;
-    const geometry g = make_geometry(c.stride, c.window);
+    const geometry g = geometry{c.stride, c.window};
     cache_t cache(layer_compressor<rope_stream>(rope_stream(g, kv)), cc);
     reader_config rc;
     rc.query_heads = c.query_heads;
@@ -1343,7 +1337,7 @@ TEST_CASE("sparse_reader: bad configurations throw config_error naming the field
 
   // Keys and values with different KV heads; tied K/V de-rotation without RoPE channels.
   using two = paged_cache<mean_stream, mean_stream>;
-  const geometry g = make_geometry(2, 4);
+  const geometry g = geometry{2, 4};
   two mixed(layer_compressor<mean_stream, mean_stream>(mean_stream(g, make_stream("k", stream_role::key, 2, 4)),
                                                        mean_stream(g, make_stream("v", stream_role::value, 1, 4))),
             cache_config{});

@@ -26,6 +26,7 @@
 #include "phasekv/core/span.hpp"
 
 // diag
+#include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/diag/statistics.hpp"
 #include "phasekv/diag/write_profile.hpp"
 

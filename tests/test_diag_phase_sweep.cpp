@@ -1,0 +1,452 @@
+// The phase sweep harness (diag/phase_sweep.hpp): the plan's balance properties, checked by
+// brute force over many configs; detection of a synthetic periodic weak spot and
+// non-detection of a flat one (deterministic hash-based Bernoulli trials); failed trials; bad
+// configs; CSV and JSON output.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "phasekv/diag/phase_sweep.hpp"
+
+namespace {
+
+using namespace phasekv;
+
+sweep_config make_config(std::int64_t stride, std::int64_t modulus, std::int64_t trials) {
+  sweep_config c;
+  c.stride = stride;
+  c.modulus = modulus;
+  c.trials_per_residue = trials;
+  c.span = 4096;
+  c.min_distance = 64;
+  c.query_position = 8192;
+  c.seed = 7;
+  return c;
+}
+
+// A uniform [0, 1) number fixed by (salt, placement): the synthetic trial's coin.
+double coin(std::uint64_t salt, const placement& p) {
+  std::uint64_t state = salt * 0x100000001B3ull ^ static_cast<std::uint64_t>(p.target_position) * 0x9E3779B97F4A7C15ull ^
+                        static_cast<std::uint64_t>(p.trial) << 32;
+  return static_cast<double>(detail::splitmix64(state) >> 11) * 0x1.0p-53;
+}
+
+std::vector<std::string> split(const std::string& s, char separator) {
+  std::vector<std::string> out;
+  std::string field;
+  std::istringstream in(s);
+  while (std::getline(in, field, separator)) out.push_back(field);
+  if (!s.empty() && s.back() == separator) out.push_back("");
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The plan
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("phase sweep plan: counts, residues, range, fixed query, paired anchor blocks", "[diag][sweep]") {
+  const auto config = make_config(4, 0, 32);
+  const auto plan = plan_sweep(config);
+  const std::int64_t m = 8;
+  REQUIRE(plan.size() == static_cast<std::size_t>(m * 32));
+  std::map<std::int64_t, std::int64_t> per_residue;
+  std::map<std::int64_t, std::vector<std::int64_t>> by_trial;
+  std::set<std::pair<std::int64_t, std::int64_t>> keys;
+  for (const auto& p : plan) {
+    CHECK(p.target_position % m == p.residue);
+    CHECK(p.query_position == config.query_position);
+    CHECK(p.target_position >= config.query_position - config.min_distance - config.span);
+    CHECK(p.distance() >= config.min_distance);
+    ++per_residue[p.residue];
+    by_trial[p.trial].push_back(p.target_position);
+    keys.insert({p.residue, p.trial});
+  }
+  CHECK(keys.size() == plan.size());  // each (residue, trial) once
+  REQUIRE(per_residue.size() == static_cast<std::size_t>(m));
+  for (const auto& [r, count] : per_residue) CHECK(count == 32);
+  // One trial index: the M residues fill M consecutive positions (same anchor → paired design).
+  for (auto& [trial, positions] : by_trial) {
+    std::sort(positions.begin(), positions.end());
+    CHECK(positions.back() - positions.front() == m - 1);
+    CHECK(std::adjacent_find(positions.begin(), positions.end()) == positions.end());
+  }
+  // Targets spread over the range, not bunched: the anchors reach both ends.
+  std::int64_t lowest = plan[0].target_position, highest = lowest;
+  for (const auto& p : plan) {
+    lowest = std::min(lowest, p.target_position);
+    highest = std::max(highest, p.target_position);
+  }
+  CHECK(highest - lowest > config.span - 3 * m);
+}
+
+TEST_CASE("phase sweep plan: deterministic; the seed changes the order only", "[diag][sweep]") {
+  auto config = make_config(4, 8, 20);
+  const auto a = plan_sweep(config), b = plan_sweep(config);
+  REQUIRE(a.size() == b.size());
+  bool same = true;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    same = same && a[i].target_position == b[i].target_position && a[i].trial == b[i].trial;
+  CHECK(same);
+  config.seed = 8;
+  const auto c = plan_sweep(config);
+  bool same_order = true;
+  std::multiset<std::int64_t> pa, pc;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    same_order = same_order && a[i].target_position == c[i].target_position;
+    pa.insert(a[i].target_position);
+    pc.insert(c[i].target_position);
+  }
+  CHECK_FALSE(same_order);
+  CHECK(pa == pc);
+  // Shuffled: residue 0's trials are not all at the front.
+  std::int64_t zeros_in_front = 0;
+  for (std::size_t i = 0; i < 20; ++i) zeros_in_front += a[i].residue == 0;
+  CHECK(zeros_in_front < 20);
+}
+
+TEST_CASE("phase sweep plan: matched mean and variance across residues, over many configs", "[diag][sweep]") {
+  // The documented guarantees: exact mean when M | n, else |Δmean| ≤ M/n; |Δvariance| ≤ M²/4
+  // when M | n, else ≤ M²/2.
+  std::int64_t configs = 0;
+  for (std::int64_t stride : {1, 2, 3, 4, 8, 16}) {
+    for (std::int64_t multiple : {1, 2, 3}) {
+      const std::int64_t m = stride * multiple;
+      if (m < 2) continue;
+      for (std::int64_t trials : {10, 11, 16, 17, 23, 32, 48, 50, 64, 100}) {
+        for (std::int64_t span : {3 * m, 3 * m + 5, std::int64_t{500}, std::int64_t{4096}}) {
+          if (span < 3 * m) continue;
+          sweep_config c = make_config(stride, m, trials);
+          c.span = span;
+          c.min_distance = 1 + stride;
+          c.query_position = span + c.min_distance + 3;
+          const auto plan = plan_sweep(c);
+          const auto st = plan_position_statistics(plan, m);
+          REQUIRE(st.size() == static_cast<std::size_t>(m));
+          double mean_low = st[0].mean, mean_high = st[0].mean, var_low = st[0].variance, var_high = st[0].variance;
+          for (const auto& s : st) {
+            REQUIRE(s.count == trials);
+            mean_low = std::min(mean_low, s.mean);
+            mean_high = std::max(mean_high, s.mean);
+            var_low = std::min(var_low, s.variance);
+            var_high = std::max(var_high, s.variance);
+          }
+          INFO("stride " << stride << " modulus " << m << " trials " << trials << " span " << span);
+          const double md = static_cast<double>(m);
+          if (trials % m == 0) {
+            CHECK(mean_high == mean_low);  // exact: integer sums are equal
+            CHECK(var_high - var_low <= md * md / 4 + 1e-6 * var_high);
+          } else {
+            CHECK(mean_high - mean_low <= md / static_cast<double>(trials) + 1e-9);
+            CHECK(var_high - var_low <= md * md / 2 + 1e-6 * var_high);
+          }
+          ++configs;
+        }
+      }
+    }
+  }
+  CHECK(configs > 300);
+}
+
+TEST_CASE("phase sweep plan: the variance bound is reached, not just met (M²/4 at r = M/2)", "[diag][sweep]") {
+  // A full-round design adds r(M − r) to residue r's variance: the bound is tight, so the
+  // documentation is not hiding a larger effect.
+  const auto c = make_config(4, 8, 32);
+  const auto st = plan_position_statistics(plan_sweep(c), 8);
+  for (std::int64_t r = 0; r < 8; ++r)
+    CHECK(st[static_cast<std::size_t>(r)].variance - st[0].variance ==
+          Approx(static_cast<double>(r * (8 - r))).margin(1e-6));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad configs
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("phase sweep config: errors name the field and its value", "[diag][sweep]") {
+  auto expect_error = [](const sweep_config& c, const std::string& fragment, const std::string& other = "") {
+    try {
+      c.validate();
+      FAIL("no config_error for " << fragment);
+    } catch (const config_error& e) {
+      const std::string what = e.what();
+      INFO(what);
+      CHECK(what.find(fragment) != std::string::npos);
+      if (!other.empty()) CHECK(what.find(other) != std::string::npos);
+    }
+  };
+  auto c = make_config(4, 6, 32);
+  expect_error(c, "modulus = 6", "stride = 4");
+  c = make_config(4, 0, 32);
+  REQUIRE_NOTHROW(c.validate());
+  CHECK(c.resolved_modulus() == 8);
+  c.stride = 0;
+  expect_error(c, "stride = 0");
+  c = make_config(1, 1, 32);
+  expect_error(c, "modulus = 1");
+  c = make_config(4, 8, 9);
+  expect_error(c, "trials_per_residue = 9");
+  c = make_config(4, 8, 32);
+  c.span = 23;
+  expect_error(c, "span = 23");
+  c = make_config(4, 8, 32);
+  c.min_distance = 0;
+  expect_error(c, "min_distance = 0");
+  c = make_config(4, 8, 32);
+  c.query_position = 1000;  // 1000 − 64 − 4096 < 0
+  expect_error(c, "query_position = 1000");
+  c = make_config(4, -8, 32);
+  expect_error(c, "modulus = -8");
+
+  // run_sweep rejects it before running any trial.
+  std::int64_t calls = 0;
+  CHECK_THROWS_AS(run_sweep(make_config(4, 6, 32), [&](const placement&) { ++calls; return true; }), config_error);
+  CHECK(calls == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Detection
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("phase sweep: a boundary-phase weak spot is found with period S", "[diag][sweep]") {
+  const auto config = make_config(4, 8, 200);
+  std::vector<placement> seen;
+  const auto result = run_sweep(config, [&](const placement& p) {
+    seen.push_back(p);
+    const double rate = (p.target_position % 4 == 3) ? 0.3 : 0.9;
+    return coin(1, p) < rate;
+  });
+  INFO(result.to_table());
+  REQUIRE(result.valid);
+  CHECK(result.kind == outcome_kind::binary);
+  CHECK(seen.size() == 8u * 200u);  // every planned trial ran once
+  CHECK(result.failed_trials == 0);
+  CHECK(result.period.period == Approx(4.0));
+  CHECK(result.period.frequency == 2);
+  // One dip every S = 4 residues of M = 8 puts 2/3 of the power at frequency 2 (period 4) and
+  // 1/3 at its harmonic, the Nyquist frequency 4; noise moves it a little.
+  CHECK(result.period.power_fraction > 0.6);
+  CHECK(result.gap_points > 50.0);
+  CHECK(result.gap_points < 70.0);
+  CHECK(result.worst_residue % 4 == 3);
+  CHECK(result.best_residue % 4 != 3);
+  CHECK(result.homogeneity.test == "chi_square");
+  CHECK(result.homogeneity.dof == 7);
+  CHECK(result.homogeneity.p_value < 1e-30);
+  CHECK_FALSE(result.homogeneity.approximate);
+  CHECK(result.mean == Approx(0.75).margin(0.03));
+  for (const auto& r : result.residues) {
+    CHECK(r.valid == 200);
+    CHECK(r.ci_low <= r.estimate);
+    CHECK(r.estimate <= r.ci_high);
+    const double truth = r.residue % 4 == 3 ? 0.3 : 0.9;
+    CHECK(r.ci_low < truth + 0.02);  // loose: 8 intervals, a miss at 95% is possible but not here
+    CHECK(r.ci_high > truth - 0.02);
+  }
+  const std::string table = result.to_table();
+  CHECK(table.find("INVALID") == std::string::npos);
+  CHECK(table.find("dominant period: 4") != std::string::npos);
+}
+
+TEST_CASE("phase sweep: a flat accuracy is not called periodic at the 1% level", "[diag][sweep]") {
+  const auto config = make_config(4, 8, 200);
+  const auto result = run_sweep(config, [](const placement& p) { return coin(2, p) < 0.7; });
+  INFO(result.to_table());
+  REQUIRE(result.valid);
+  CHECK(result.homogeneity.p_value > 0.01);
+  CHECK(result.gap_points < 15.0);
+  CHECK(result.mean == Approx(0.7).margin(0.03));
+}
+
+TEST_CASE("phase sweep: probabilities use ANOVA and a normal interval of the mean", "[diag][sweep]") {
+  const auto config = make_config(4, 8, 50);
+  SECTION("periodic") {
+    const auto result = run_sweep(config, [](const placement& p) {
+      const double base = (p.target_position % 4 == 3) ? 0.4 : 0.8;
+      return base + 0.2 * (coin(3, p) - 0.5);
+    });
+    INFO(result.to_table());
+    REQUIRE(result.valid);
+    CHECK(result.kind == outcome_kind::probability);
+    CHECK(result.homogeneity.test == "anova");
+    CHECK(result.homogeneity.dof == 7);
+    CHECK(result.homogeneity.dof_within == 8 * 50 - 8);
+    CHECK(result.homogeneity.p_value < 1e-30);
+    CHECK(result.period.period == Approx(4.0));
+    CHECK(result.gap_points == Approx(40.0).margin(3.0));
+    for (const auto& r : result.residues) {
+      const double truth = r.residue % 4 == 3 ? 0.4 : 0.8;
+      CHECK(r.ci_low < truth);
+      CHECK(r.ci_high > truth);
+      CHECK(r.ci_high - r.ci_low < 0.05);  // s ≈ 0.2/√12, n = 50: half-width ≈ 0.016
+    }
+  }
+  SECTION("flat") {
+    // float works as well as double.
+    const auto result =
+        run_sweep(config, [](const placement& p) { return 0.6f + 0.2f * static_cast<float>(coin(4, p) - 0.5); });
+    INFO(result.to_table());
+    REQUIRE(result.valid);
+    CHECK(result.homogeneity.p_value > 0.01);
+    CHECK(result.mean == Approx(0.6).margin(0.01));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failed trials
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("phase sweep: throwing and NaN trials are failed, counted and excluded", "[diag][sweep]") {
+  const auto config = make_config(4, 8, 32);
+  SECTION("a few failures: still valid, message kept, not counted as success or failure") {
+    const auto result = run_sweep(config, [](const placement& p) -> double {
+      if (p.residue == 2 && p.trial == 0) throw std::runtime_error("engine said \"out of memory\"");
+      if (p.residue == 3 && p.trial < 2) return std::numeric_limits<double>::quiet_NaN();
+      if (p.residue == 4 && p.trial == 5) return 1.5;
+      return 1.0;
+    });
+    INFO(result.to_table());
+    CHECK(result.valid);
+    CHECK(result.failed_trials == 4);
+    CHECK(result.residues[2].failed == 1);
+    CHECK(result.residues[2].valid == 31);
+    CHECK(result.residues[3].failed == 2);
+    CHECK(result.residues[4].failed == 1);
+    CHECK(result.residues[0].failed == 0);
+    // Every valid trial returned 1: a failure counted as 0 would show as an estimate below 1.
+    for (const auto& r : result.residues) CHECK(r.estimate == 1.0);
+    CHECK(result.gap_points == 0.0);
+    const bool known = result.first_error.find("out of memory") != std::string::npos ||
+                       result.first_error.find("nan") != std::string::npos ||
+                       result.first_error.find("1.5") != std::string::npos;
+    CHECK(known);
+    CHECK(result.first_error.find("residue") != std::string::npos);
+    CHECK(result.to_table().find("failed trials: 4") != std::string::npos);
+  }
+  SECTION("the message survives and is escaped in JSON") {
+    const auto result = run_sweep(config, [](const placement& p) -> bool {
+      if (p.residue == 1 && p.trial == 3) throw std::runtime_error("bad \"quote\" \\ and\nnewline");
+      return p.trial % 2 == 0;
+    });
+    CHECK(result.failed_trials == 1);
+    CHECK(result.first_error.find("bad \"quote\"") != std::string::npos);
+    const std::string json = result.to_json();
+    CHECK(json.find("bad \\\"quote\\\" \\\\ and\\nnewline") != std::string::npos);
+    CHECK(json.find('\n') == std::string::npos);
+    CHECK(result.to_csv().find("# first_error,") != std::string::npos);
+    CHECK(result.residues[1].successes == 16);  // trial 3 (odd) failed: 16 of 31 valid succeeded
+    CHECK(result.residues[1].valid == 31);
+  }
+  SECTION("a non-std exception is a failure too") {
+    const auto result = run_sweep(config, [](const placement& p) -> bool {
+      if (p.residue == 0 && p.trial == 0) throw 42;
+      return true;
+    });
+    CHECK(result.failed_trials == 1);
+    CHECK(result.first_error.find("non-std::exception") != std::string::npos);
+  }
+  SECTION("too few valid trials at one residue: invalid, loudly, no numbers") {
+    const auto result = run_sweep(config, [](const placement& p) -> bool {
+      if (p.residue == 5 && p.trial >= 7) throw std::runtime_error("timeout");
+      return p.residue != 3;
+    });
+    CHECK_FALSE(result.valid);
+    CHECK(result.failed_trials == 25);
+    CHECK(result.residues[5].valid == 7);
+    CHECK(result.invalid_reason.find("residue 5 has 7 valid trials") != std::string::npos);
+    CHECK(std::isnan(result.gap_points));
+    CHECK(std::isnan(result.homogeneity.p_value));
+    CHECK(std::isnan(result.mean));
+    CHECK(std::isnan(result.period.period));
+    CHECK(result.best_residue == -1);
+    const std::string table = result.to_table();
+    CHECK(table.rfind("INVALID SWEEP", 0) == 0);
+    CHECK(table.find("n/a") != std::string::npos);
+    CHECK(table.find("gap ") == std::string::npos);
+    const std::string json = result.to_json();
+    CHECK(json.find("\"valid\":false") != std::string::npos);
+    CHECK(json.find("\"gap_points\":null") != std::string::npos);
+    CHECK(json.find("\"p_value\":null") != std::string::npos);
+    CHECK(result.to_csv().find("# valid,false") != std::string::npos);
+  }
+  SECTION("every trial fails: invalid, estimates NaN") {
+    const auto result = run_sweep(config, [](const placement&) -> double { throw std::runtime_error("down"); });
+    CHECK_FALSE(result.valid);
+    CHECK(result.failed_trials == 8 * 32);
+    CHECK(std::isnan(result.residues[0].estimate));
+    CHECK(result.to_json().find("\"estimate\":null") != std::string::npos);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has the keys", "[diag][sweep]") {
+  const auto config = make_config(4, 8, 40);
+  const auto result = run_sweep(config, [](const placement& p) { return coin(5, p) < (p.residue % 4 == 3 ? 0.4 : 0.8); });
+  REQUIRE(result.valid);
+  const std::string csv = result.to_csv();
+  std::vector<std::string> rows, comments;
+  for (const auto& line : split(csv, '\n')) {
+    if (line.empty()) continue;
+    (line[0] == '#' ? comments : rows).push_back(line);
+  }
+  REQUIRE(rows.size() == 1 + 8);
+  CHECK(rows[0] == "residue,phase,planned,valid,failed,successes,estimate,ci_low,ci_high");
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    const auto fields = split(rows[i], ',');
+    REQUIRE(fields.size() == 9);
+    const auto& r = result.residues[i - 1];
+    CHECK(std::stoll(fields[0]) == r.residue);
+    CHECK(std::stoll(fields[1]) == r.residue % 4);
+    CHECK(std::stoll(fields[3]) == r.valid);
+    CHECK(std::stoll(fields[5]) == r.successes);
+    CHECK(std::stod(fields[6]) == Approx(r.estimate).epsilon(1e-9));
+    CHECK(std::stod(fields[7]) == Approx(r.ci_low).epsilon(1e-9));
+    CHECK(std::stod(fields[8]) == Approx(r.ci_high).epsilon(1e-9));
+  }
+  bool has_p = false;
+  for (const auto& c : comments) {
+    if (c.rfind("# p_value,", 0) == 0) {
+      has_p = true;
+      CHECK(std::stod(c.substr(10)) == Approx(result.homogeneity.p_value).epsilon(1e-9));
+    }
+  }
+  CHECK(has_p);
+
+  const std::string json = result.to_json();
+  for (const char* key : {"\"kind\":\"binary\"", "\"valid\":true", "\"stride\":4", "\"modulus\":8", "\"gap_points\":",
+                          "\"homogeneity\":{\"test\":\"chi_square\"", "\"p_value\":", "\"dominant_period\":{\"period\":",
+                          "\"power_fraction\":", "\"failed_trials\":0", "\"first_error\":\"\"", "\"residues\":[",
+                          "\"best_residue\":", "\"worst_residue\":", "\"mean\":"}) {
+    INFO(key);
+    CHECK(json.find(key) != std::string::npos);
+  }
+  std::int64_t residue_objects = 0;
+  for (std::size_t at = json.find("{\"residue\":"); at != std::string::npos; at = json.find("{\"residue\":", at + 1))
+    ++residue_objects;
+  CHECK(residue_objects == 8);
+  CHECK(std::count(json.begin(), json.end(), '{') == std::count(json.begin(), json.end(), '}'));
+  CHECK(json.find(":nan") == std::string::npos);  // ("dominant" contains "nan")
+  CHECK(json.find(":-nan") == std::string::npos);
+  CHECK(json.find("inf") == std::string::npos);
+
+  // Probability sweeps leave `successes` empty in CSV and null in JSON.
+  const auto probabilities = run_sweep(config, [](const placement& p) { return coin(6, p); });
+  const auto prow = split(split(probabilities.to_csv(), '\n')[1], ',');
+  REQUIRE(prow.size() == 9);
+  CHECK(prow[5].empty());
+  CHECK(probabilities.to_json().find("\"successes\":null") != std::string::npos);
+  CHECK(probabilities.to_json().find("\"test\":\"anova\"") != std::string::npos);
+}
