@@ -1,0 +1,371 @@
+// phase_sweep: the study's needle test in miniature. For each configuration (a pooling policy at a
+// stride S, plus a full-attention control) it places a needle record at every residue
+// t mod 2S of a long context with matched position statistics (plan_sweep), asks for it from the
+// last position, and reports accuracy by residue: the table with gap, homogeneity p-value and
+// dominant period, CSV and JSON per configuration, and one SVG plot of accuracy against residue.
+//
+//   phase_sweep [--tokens N] [--records N] [--channels C] [--stride S[,S…]] [--window W|double]
+//               [--policy mean|gates|rope|dsv4|control[,…]] [--trials N] [--seed K]
+//               [--out DIR] [--quiet]
+//
+// Defaults (close to the study's 128K-token, 16,000-record needle test): --tokens 131072
+// --records 16000 (that density, 16000 per 131072 tokens, for another --tokens) --channels 128
+// (embedding size; 64 is too small for mean pooling to retrieve at 128K) --stride 2,4,8
+// --window = stride --policy mean,control --trials 64 --seed 1 --out phase_sweep_out.
+// --stride and --policy take comma lists and may repeat; every non-control policy runs at every
+// stride ("dsv4" only at its own S=4, W=8), "control" adds one full-attention run. --quiet drops
+// the progress line. Bad options exit with status 2 and say which option was wrong.
+//
+// Outputs in DIR: <name>.csv and <name>.json per configuration (name e.g. mean_S4_W4, control),
+// phase_sweep.svg. The plot's x axis is residue / (M/2) with M the sweep modulus, i.e. the
+// target's position within two strides measured in strides (0 … 2; a chunk boundary at every
+// whole number), so strides 2, 4 and 8 share one axis; the control uses M = 2·(largest stride).
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <phasekv/diag/needle_probe.hpp>
+#include <phasekv/diag/svg_plot.hpp>
+#include <phasekv/phasekv.hpp>
+
+namespace {
+
+using phasekv::probe::needle_policy;
+
+struct options {
+  std::int64_t tokens = 131072;
+  std::int64_t records = 0;                  // 0 → 16000 per 131072 tokens (the study's density)
+  std::int64_t channels = 128;               // embedding size: 64 is too small to retrieve at 128K
+  std::vector<std::int64_t> strides;         // empty → {2, 4, 8}
+  std::int64_t window = 0;                   // 0 → stride; −1 → 2·stride
+  std::vector<std::string> policies;         // empty → {mean, control}
+  std::int64_t trials = 64;
+  std::uint64_t seed = 1;
+  std::string out = "phase_sweep_out";
+  bool quiet = false;
+};
+
+constexpr const char* usage =
+    "usage: phase_sweep [--tokens N] [--records N] [--channels C] [--stride S[,S...]] [--window W|double]\n"
+    "                   [--policy mean|gates|rope|dsv4|control[,...]] [--trials N] [--seed K]\n"
+    "                   [--out DIR] [--quiet]\n";
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> parts;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', begin);
+    parts.push_back(text.substr(begin, comma - begin));
+    if (comma == std::string::npos) return parts;
+    begin = comma + 1;
+  }
+}
+
+std::int64_t parse_integer(const std::string& flag, const std::string& text, std::int64_t minimum) {
+  std::size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size())
+    throw phasekv::input_error(phasekv::detail::field_message(flag, "'" + text + "'", "must be an integer"));
+  phasekv::detail::require<phasekv::input_error>(value >= minimum, flag, value,
+                                                 "must be at least " + std::to_string(minimum));
+  return value;
+}
+
+needle_policy policy_of(const std::string& name) {
+  if (name == "mean") return needle_policy::mean_pool;
+  if (name == "gates") return needle_policy::concentrated_gates;
+  if (name == "rope") return needle_policy::rope_after_pool;
+  if (name == "dsv4") return needle_policy::deepseek_v4_csa;
+  if (name == "control") return needle_policy::full_attention;
+  throw phasekv::input_error(phasekv::detail::field_message(
+      "--policy", "'" + name + "'", "must be one of mean, gates, rope, dsv4, control"));
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int k = 1; k < argc; ++k) {
+    const std::string flag = argv[k];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    }
+    if (flag == "--quiet") {
+      o.quiet = true;
+      continue;
+    }
+    if (k + 1 >= argc) throw phasekv::input_error(flag + ": needs a value (see --help)");
+    const std::string value = argv[++k];
+    if (flag == "--tokens") o.tokens = parse_integer(flag, value, 64);
+    else if (flag == "--records") o.records = parse_integer(flag, value, 1);
+    else if (flag == "--channels") o.channels = parse_integer(flag, value, 2);
+    else if (flag == "--trials") o.trials = parse_integer(flag, value, phasekv::sweep_config::minimum_trials);
+    else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(parse_integer(flag, value, 0));
+    else if (flag == "--out") o.out = value;
+    else if (flag == "--window") o.window = value == "double" ? -1 : parse_integer(flag, value, 1);
+    else if (flag == "--stride")
+      for (const std::string& s : split_commas(value)) o.strides.push_back(parse_integer(flag, s, 1));
+    else if (flag == "--policy")
+      for (const std::string& p : split_commas(value)) {
+        policy_of(p);  // validates the name
+        o.policies.push_back(p);
+      }
+    else throw phasekv::input_error("unknown option " + flag + " (see --help)");
+  }
+  if (o.strides.empty()) o.strides = {2, 4, 8};
+  if (o.records == 0) o.records = std::max<std::int64_t>(1, o.tokens * 16000 / 131072);
+  if (o.policies.empty()) o.policies = {"mean", "control"};
+  return o;
+}
+
+// One row of the job: what to sweep and how to name it.
+struct job {
+  std::string name;     // file stem
+  std::string label;    // legend
+  phasekv::probe::needle_config probe;
+  phasekv::sweep_config sweep;
+};
+
+std::vector<job> plan_jobs(const options& o) {
+  std::vector<job> jobs;
+  const std::int64_t largest = *std::max_element(o.strides.begin(), o.strides.end());
+  for (const std::string& policy : o.policies) {
+    const bool control = policy == "control", preset = policy == "dsv4";
+    // The control has no chunks: sweep it on the largest stride's residues so it shares the axis.
+    // The DeepSeek-V4 preset has its own geometry (S=4, W=8) whatever --stride/--window say.
+    const std::vector<std::int64_t> strides = control ? std::vector<std::int64_t>{largest}
+                                              : preset ? std::vector<std::int64_t>{4}
+                                                       : o.strides;
+    for (std::int64_t stride : strides) {
+      job j;
+      j.probe.tokens = o.tokens;
+      j.probe.records = o.records;
+      j.probe.channels = o.channels;
+      j.probe.policy = policy_of(policy);
+      j.probe.stride = stride;
+      j.probe.window = o.window == 0 ? stride : o.window < 0 ? 2 * stride : o.window;
+      j.probe.seed = o.seed;
+      if (control || preset) {
+        j.probe.stride = j.probe.effective_stride();
+        j.probe.window = j.probe.effective_window();
+      }
+      const std::int64_t window = j.probe.window;
+      j.sweep.stride = stride;
+      j.sweep.modulus = 2 * stride;
+      j.sweep.trials_per_residue = o.trials;
+      j.sweep.query_position = o.tokens - 1;
+      // Targets from just after the first full window to a short distance before the query, so
+      // the needle is read through compressed entries rather than a raw local window.
+      j.sweep.min_distance = std::min<std::int64_t>(128, std::max<std::int64_t>(1, o.tokens / 8));
+      j.sweep.span = j.sweep.query_position - j.sweep.min_distance - std::max(window, stride);
+      j.sweep.seed = o.seed;
+      j.name = control ? "control" : policy + "_S" + std::to_string(stride) + "_W" + std::to_string(window);
+      j.label = control ? "full attention (control)" : policy + " S=" + std::to_string(stride) + " W=" + std::to_string(window);
+      try {  // before any work, and naming the configuration the options produced
+        j.probe.validate();
+        j.sweep.validate();
+      } catch (const phasekv::error& e) {
+        throw phasekv::input_error("configuration " + j.label + ": " + e.what());
+      }
+      jobs.push_back(j);
+    }
+  }
+  return jobs;
+}
+
+void write_file(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream file(path, std::ios::binary);
+  file << text;
+  if (!file) throw phasekv::input_error("--out: cannot write " + path.string());
+}
+
+// Progress on stderr: one line rewritten in place on a terminal, a line per 10% otherwise.
+class progress {
+ public:
+  progress(std::string what, std::int64_t total, bool enabled)
+      : what_(std::move(what)), total_(total), enabled_(enabled), terminal_(isatty(fileno(stderr)) != 0) {}
+  void step() {
+    ++done_;
+    if (!enabled_) return;
+    const std::int64_t percent = 100 * done_ / total_;
+    if (terminal_ ? percent != shown_ : percent / 10 != shown_ / 10 || done_ == total_) {
+      shown_ = percent;
+      std::fprintf(stderr, "%s%s: %lld/%lld trials (%lld%%)%s", terminal_ ? "\r" : "", what_.c_str(),
+                   static_cast<long long>(done_), static_cast<long long>(total_), static_cast<long long>(percent),
+                   terminal_ ? (done_ == total_ ? "\n" : "") : "\n");
+      std::fflush(stderr);
+    }
+  }
+
+ private:
+  std::string what_;
+  std::int64_t total_, done_ = 0, shown_ = -1;
+  bool enabled_, terminal_;
+};
+
+std::string sweep_plot(const std::vector<job>& jobs, const std::vector<phasekv::sweep_result>& results,
+                       const options& o) {
+  std::vector<phasekv::plot::plot_series> series;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const auto& r = results[i];
+    phasekv::plot::plot_series one;
+    char summary[96];
+    if (r.valid)
+      std::snprintf(summary, sizeof summary, "  gap %.1f pts, p=%.2g", r.gap_points, r.homogeneity.p_value);
+    else
+      std::snprintf(summary, sizeof summary, "  INVALID");
+    one.label = jobs[i].label + summary;
+    one.dashed = jobs[i].probe.policy == needle_policy::full_attention;
+    const double half_modulus = static_cast<double>(r.config.modulus) / 2.0;
+    for (const auto& row : r.residues)
+      one.points.push_back({static_cast<double>(row.residue) / half_modulus, 100.0 * row.estimate, 100.0 * row.ci_low,
+                            100.0 * row.ci_high});
+    series.push_back(std::move(one));
+  }
+  phasekv::plot::plot_axes axes;
+  axes.title = "Needle accuracy by residue (" + std::to_string(o.tokens) + " tokens, " + std::to_string(o.records) +
+               " records, " + std::to_string(o.trials) + " trials/residue, 95% Wilson bars)";
+  axes.x_label = "target position mod 2S, in strides (residue / S; chunks start at 0, 1, 2)";
+  axes.y_label = "accuracy (%)";
+  axes.x_min = -0.05;
+  axes.x_max = 2.0;
+  axes.x_ticks = {{0, "0"}, {0.25, "0.25"}, {0.5, "0.5"}, {0.75, "0.75"}, {1, "1"},
+                  {1.25, "1.25"}, {1.5, "1.5"}, {1.75, "1.75"}, {2, "2"}};
+  axes.width = 1100;
+  axes.height = 560;
+  return phasekv::plot::svg_line_plot(series, axes);
+}
+
+int run(const options& o) {
+  const std::vector<job> jobs = plan_jobs(o);  // validates every configuration before any work
+  const std::filesystem::path out_dir(o.out);
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) throw phasekv::input_error("--out: cannot create directory " + o.out + ": " + ec.message());
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<phasekv::sweep_result> results;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const job& j = jobs[i];
+    const auto job_start = std::chrono::steady_clock::now();
+    const std::vector<phasekv::placement> plan = phasekv::plan_sweep(j.sweep);
+
+    // The probe is deterministic: one context (seed + target set) gives one outcome per target.
+    // The plan is a paired design — trial i of every residue shares an anchor, and a position
+    // recurs across trial indices — which a host realises by building each trial index's prompt
+    // from its own content (see examples/host_sweep.cpp). Here the content is the probe's seed:
+    // trial i uses seed group i mod M, within which every position occurs once per anchor. Each
+    // group's targets are packed into contexts (first fit, sorted by position) at least
+    // window + 2 apart, so no compressed entry holds two targets (a needle record takes its
+    // position and the next), and at most `records` each. Every target is read once; run_sweep
+    // then replays the outcomes in the plan's order.
+    using phasekv::probe::needle_probe;
+    const std::int64_t modulus = j.sweep.resolved_modulus();
+    const std::int64_t gap = j.probe.window + 2;
+    std::vector<std::vector<phasekv::placement>> groups(static_cast<std::size_t>(modulus));
+    for (const auto& p : plan) groups[static_cast<std::size_t>(p.trial % modulus)].push_back(p);
+    std::vector<std::vector<std::vector<phasekv::placement>>> contexts(groups.size());
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      std::sort(groups[g].begin(), groups[g].end(),
+                [](const auto& a, const auto& b) { return a.target_position < b.target_position; });
+      for (const auto& p : groups[g]) {
+        auto fits = [&](const std::vector<phasekv::placement>& c) {
+          return c.back().target_position <= p.target_position - gap &&
+                 static_cast<std::int64_t>(c.size()) < j.probe.records;
+        };
+        auto it = std::find_if(contexts[g].begin(), contexts[g].end(), fits);
+        if (it == contexts[g].end()) contexts[g].push_back({p});
+        else it->push_back(p);
+      }
+    }
+
+    progress bar("[" + std::to_string(i + 1) + "/" + std::to_string(jobs.size()) + "] " + j.label,
+                 static_cast<std::int64_t>(plan.size()), !o.quiet);
+    std::vector<std::vector<char>> found(static_cast<std::size_t>(modulus),
+                                         std::vector<char>(static_cast<std::size_t>(j.sweep.trials_per_residue)));
+    for (std::size_t g = 0; g < contexts.size(); ++g) {
+      if (contexts[g].empty()) continue;
+      phasekv::probe::needle_config config = j.probe;
+      std::uint64_t state = o.seed * 0x100000001B3ull + g;
+      config.seed = phasekv::detail::splitmix64(state);
+      needle_probe probe(config);
+      for (const auto& context : contexts[g]) {
+        std::vector<std::int64_t> targets;
+        for (const auto& p : context) targets.push_back(p.target_position);
+        probe.prepare(targets, j.sweep.query_position);
+        for (const auto& p : context) {
+          found[static_cast<std::size_t>(p.residue)][static_cast<std::size_t>(p.trial)] =
+              probe.trial(p.target_position) ? 1 : 0;
+          bar.step();
+        }
+      }
+    }
+    const phasekv::sweep_result result =
+        phasekv::run_sweep(j.sweep, [&](const phasekv::placement& p) {
+      return found[static_cast<std::size_t>(p.residue)][static_cast<std::size_t>(p.trial)] != 0;
+    });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count();
+
+    std::printf("== %s (policy %s, stride %lld, window %lld) — %.1f s\n%s\n", j.label.c_str(),
+                phasekv::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.stride),
+                static_cast<long long>(j.probe.window), seconds, result.to_table().c_str());
+    std::fflush(stdout);
+
+    // The harness's CSV/JSON describe the sweep; add what the probe was, so a file stands alone.
+    char extra[512];
+    std::snprintf(extra, sizeof extra,
+                  "# policy,%s\n# window,%lld\n# tokens,%lld\n# records,%lld\n# seed,%llu\n",
+                  phasekv::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.window),
+                  static_cast<long long>(o.tokens), static_cast<long long>(o.records),
+                  static_cast<unsigned long long>(o.seed));
+    write_file(out_dir / (j.name + ".csv"), result.to_csv() + extra);
+    std::snprintf(extra, sizeof extra,
+                  "{\"name\":\"%s\",\"policy\":\"%s\",\"window\":%lld,\"tokens\":%lld,\"records\":%lld,\"seed\":%llu,"
+                  "\"sweep\":",
+                  j.name.c_str(), phasekv::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.window),
+                  static_cast<long long>(o.tokens), static_cast<long long>(o.records),
+                  static_cast<unsigned long long>(o.seed));
+    write_file(out_dir / (j.name + ".json"), extra + result.to_json() + "}\n");
+    results.push_back(result);
+  }
+
+  write_file(out_dir / "phase_sweep.svg", sweep_plot(jobs, results, o));
+
+  std::printf("%-34s %8s %8s %10s %8s\n", "configuration", "mean%", "gap", "p-value", "period");
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const auto& r = results[i];
+    std::printf("%-34s %8.2f %8.2f %10.3g %8s\n", jobs[i].label.c_str(), 100.0 * r.mean, r.gap_points,
+                r.homogeneity.p_value, r.period.flat ? "flat" : phasekv::detail::format_number(r.period.period, 4).c_str());
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("wrote %s/{<configuration>.csv,.json,phase_sweep.svg} in %.1f s\n", o.out.c_str(), total);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  try {
+    o = parse(argc, argv);
+    return run(o);
+  } catch (const phasekv::error& e) {
+    std::fprintf(stderr, "phase_sweep: %s\n%s", e.what(), usage);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "phase_sweep: %s\n", e.what());
+    return 1;
+  }
+}

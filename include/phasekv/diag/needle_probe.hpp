@@ -1,0 +1,588 @@
+#pragma once
+// A synthetic needle-in-a-haystack probe (issue 5): a fixed-seed retrieval task that runs
+// through the real write path (layer_compressor → paged_cache) and the real reader
+// (sparse_reader), so a phase sweep of it shows what chunked compression does to retrieval by
+// phase — the study's effect (DESIGN.md §1) without a model.
+//
+// The task. A context of positions [0, query_position) holds `records` key→value records — a
+// key token directly followed by its value token — among filler tokens; the query token sits at
+// query_position. Key, value and filler tokens come from disjoint vocabularies: record i has
+// key token i and value token records + i; the filler vocabulary has filler_vocabulary tokens
+// plus one dedicated query token. Embeddings are random and nearly equiangular:
+//     e(tok) = normalize(√κ·u0 + √(1−κ)·u_tok),  u0, u_tok i.i.d. N(0, I/C)
+// so distinct tokens have cosine ≈ κ.
+//
+// The mechanism (a previous-token feature, as induction heads use):
+//     key-stream payload at t   = e(tok_t) + e(tok_{t−1})   (e(tok_0) at t = 0)
+//     value-stream payload at t = e(tok_t)
+//     query                      = e(target key)            (RoPE'd at the query position when
+//                                                             the key stream has RoPE)
+// A query therefore matches a record both at its key position and at its value position (whose
+// key payload carries the key as the previous token). Read-out = the reader's attention over
+// all complete entries (no selection: top_k 0, no raw window) of the value stream, summed over
+// heads (one query head per KV head). Answer = argmax over the value vocabulary of
+// read-out · e(v); trial() succeeds when that is the record's own value.
+//
+// What follows (and what the tests demonstrate):
+//   * full attention (S = W = 1): both matching positions are entries of their own; the value
+//     position's entry holds e(value) → phase plays no role (flat).
+//   * mean pool, W = S: a key at the boundary phase S − 1 has its value in the next block, so the
+//     match splits over two entries, each with half the margin, and only one holds the value
+//     → weak at phase S − 1. W = 2S: every window spans two blocks, so some entry holds both
+//     positions at every phase → most of the weakness goes.
+//   * concentrated gates (scalar gates with a per-slot bias of `gate_sharpness` on one slot,
+//     zero logits): head h's key stream sees only slot r_h = (gate_offset + h) mod W and its
+//     value stream only slot (r_h + 1) mod W → a record is read correctly only when its key
+//     sits at offset r_h: strong phase r, period S.
+//   * rope_after_pool: mean pool whose key entries are rotated at the block start on their last
+//     channels/4 channels (even); the query is rotated at its own position.
+//   * deepseek_v4_csa: the preset's policy and geometry (S = 4, W = 8, vector gates, RMSNorm,
+//     RoPE after pooling on the last channels/4 channels with the preset's YaRN settings, tied
+//     K/V read as both keys and values with the output de-rotated) with random weights: gate
+//     logits Z_b·e(tok) with Z_b ~ N(0, 1/C) per branch, slot biases ~ N(0, 0.5²), norm weights 1.
+//     The tied payload is the key payload (it contains e(value) at the value position).
+//
+// Logit scale β (attention logits β·q·k). 0 chooses
+//     β = (ln(n) + 6) / margin,   n = tokens / S (about the entries a query at the end sees),
+// where margin is the expected logit gap, per unit β, of the best single entry of a record whose
+// key and value share an entry: 1−κ for full attention and concentrated gates, 2(1−κ)/W for mean
+// pools (the rotated channels excluded for RoPE), and that times the RMSNorm gain for DeepSeek-V4.
+// So a whole match outweighs the n-entry background by about e⁶, while half a match (the
+// boundary phase) does not — some competition remains, so the control is near but not at 100%.
+//
+// probability(): softmax over the value vocabulary of β_answer · (r̂ · e_v), r̂ the read-out
+// scaled to unit length and β_answer = answer_scale = 30 — the probability of the right value.
+//
+// Targets of one prepare() must not overlap (a record takes two positions), and plan_sweep places
+// targets at consecutive positions and repeats positions, so a phase sweep needs several
+// haystacks: needle_sweep() (below) does that grouping, one build per haystack.
+//
+// Sizing (why the channel count matters). A mean-pooled key entry of W tokens carries the match
+// with margin 2(1−κ)/W against random noise of about 2(1−κ)/√(W·C), so the key SNR is about
+// √(C/W); the pooled value is 1/W of the read-out against √(W−1)/W of noise, SNR √(C/(W−1)).
+// The argmax over n entries and over `records` values needs both well above √(2 ln n): with
+// C = 64 only S = W ≤ 2 retrieves at 128K; C = 128–256 is needed for W = 4–8. Records that share
+// a block with the target also dilute its value (realistic competition): at the study's density
+// (16000 records in 128K tokens, a quarter of all tokens) W = 8 loses about half its accuracy
+// to that alone.
+//
+// Everything is a deterministic function of the config (seed) and the prepare() arguments.
+
+#include <algorithm>
+#include <utility>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/compress/policies.hpp"
+#include "phasekv/compress/presets.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/core/geometry.hpp"
+#include "phasekv/core/rope.hpp"
+#include "phasekv/core/span.hpp"
+#include "phasekv/diag/phase_sweep.hpp"
+#include "phasekv/read/sparse_reader.hpp"
+
+namespace phasekv::probe {
+
+enum class needle_policy { full_attention, mean_pool, concentrated_gates, rope_after_pool, deepseek_v4_csa };
+
+inline const char* to_string(needle_policy p) {
+  switch (p) {
+    case needle_policy::full_attention: return "full_attention";
+    case needle_policy::mean_pool: return "mean_pool";
+    case needle_policy::concentrated_gates: return "concentrated_gates";
+    case needle_policy::rope_after_pool: return "rope_after_pool";
+    case needle_policy::deepseek_v4_csa: return "deepseek_v4_csa";
+  }
+  return "unknown";
+}
+
+struct needle_config {
+  std::int64_t tokens = 131072;   // context length N (the query position must lie below it)
+  std::int64_t records = 16000;   // key→value records (the targets are some of them)
+  std::int64_t channels = 64;     // embedding dimension
+  double kappa = 0.2;             // shared component of distinct token embeddings
+  float logit_scale = 0.0f;       // attention logit scale; 0 = automatic (see top)
+  needle_policy policy = needle_policy::mean_pool;
+  std::int64_t stride = 4, window = 4;  // ignored by full_attention (S=W=1) and deepseek_v4_csa (4/8)
+  std::int64_t gate_offset = 0;   // concentrated_gates: key gates peak at offset r, value gates at r+1
+  std::int64_t heads = 1;         // concentrated_gates: several KV heads at offsets r, r+1, …
+  std::uint64_t seed = 1;
+
+  static constexpr std::int64_t filler_vocabulary = 1024;
+  static constexpr float gate_sharpness = 12.0f;  // bias of the peaked slot (others 0)
+  static constexpr float answer_scale = 30.0f;    // β_answer of probability()
+
+  // Effective geometry of the policy.
+  std::int64_t effective_stride() const {
+    return policy == needle_policy::full_attention ? 1 : policy == needle_policy::deepseek_v4_csa ? 4 : stride;
+  }
+  std::int64_t effective_window() const {
+    return policy == needle_policy::full_attention ? 1 : policy == needle_policy::deepseek_v4_csa ? 8 : window;
+  }
+  std::int64_t effective_heads() const { return policy == needle_policy::concentrated_gates ? heads : 1; }
+
+  void validate() const {
+    using phasekv::detail::require;
+    require(policy == needle_policy::full_attention || policy == needle_policy::mean_pool ||
+                policy == needle_policy::concentrated_gates || policy == needle_policy::rope_after_pool ||
+                policy == needle_policy::deepseek_v4_csa,
+            "needle_config.policy", static_cast<int>(policy), "is not a needle_policy");
+    require(tokens >= 8 && tokens <= (std::int64_t{1} << 31), "needle_config.tokens", tokens, "must lie in [8, 2^31]");
+    require(records >= 1, "needle_config.records", records, "must be at least 1");
+    require(4 * records <= tokens, "needle_config.records", records,
+            "must be at most tokens/4 = " + std::to_string(tokens / 4) + " (records take two positions each)");
+    require(channels >= 4 && channels % 4 == 0, "needle_config.channels", channels, "must be a multiple of 4, at least 4");
+    require(std::isfinite(kappa) && kappa >= 0.0 && kappa < 1.0, "needle_config.kappa", kappa, "must lie in [0, 1)");
+    require(std::isfinite(logit_scale) && logit_scale >= 0.0f, "needle_config.logit_scale", logit_scale,
+            "must be finite and non-negative (0 = automatic)");
+    const bool own_geometry = policy == needle_policy::mean_pool || policy == needle_policy::concentrated_gates ||
+                              policy == needle_policy::rope_after_pool;
+    if (own_geometry) {
+      require(stride >= 1 && stride <= 4096, "needle_config.stride", stride, "must lie in [1, 4096]");
+      require(window >= stride && window <= 4096, "needle_config.window", window,
+              "must lie in [stride = " + std::to_string(stride) + ", 4096]");
+    }
+    require(heads >= 1, "needle_config.heads", heads, "must be at least 1");
+    if (policy == needle_policy::concentrated_gates) {
+      require(gate_offset >= 0 && gate_offset < window, "needle_config.gate_offset", gate_offset,
+              "must lie in [0, window = " + std::to_string(window) + ")");
+      require(heads <= window, "needle_config.heads", heads,
+              "must be at most window = " + std::to_string(window) + " (one distinct offset per head)");
+    }
+  }
+};
+
+namespace detail {
+
+// One configuration's cache and reader behind a run-time interface.
+struct engine_base {
+  virtual ~engine_base() = default;
+  virtual void reset() = 0;
+  virtual void append(std::int64_t tokens, const std::vector<std::vector<float>>& payload,
+                      const std::vector<std::vector<float>>& logits) = 0;
+  virtual void read(std::int64_t position, const float* queries, float* out) = 0;
+  virtual std::int64_t streams() const = 0;
+};
+
+template <class... Comps>
+struct engine : engine_base {
+  using cache_type = paged_cache<Comps...>;
+  cache_type cache;
+  reader_config reader_cfg;
+  std::unique_ptr<sparse_reader<cache_type>> reader;
+  sequence_id seq = -1;
+
+  engine(layer_compressor<Comps...> layer, cache_config cc, reader_config rc)
+      : cache(std::move(layer), std::move(cc)), reader_cfg(std::move(rc)) {}
+
+  void reset() override {
+    if (seq >= 0) cache.free(seq);
+    seq = cache.create();
+    reader = std::make_unique<sparse_reader<cache_type>>(cache, reader_cfg);
+  }
+  void append(std::int64_t tokens, const std::vector<std::vector<float>>& payload,
+              const std::vector<std::vector<float>>& logits) override {
+    typename cache_type::chunks in;
+    for (std::size_t k = 0; k < cache_type::stream_count; ++k) {
+      in[k].tokens = tokens;
+      in[k].payload = span<const float>(payload[k].data(), payload[k].size());
+      in[k].logits = span<const float>(logits[k].data(), logits[k].size());
+    }
+    cache.append(seq, in);
+  }
+  void read(std::int64_t position, const float* queries, float* out) override {
+    read_request r;
+    r.position = position;
+    r.queries = span<const float>(queries, static_cast<std::size_t>(reader_cfg.query_heads *
+                                                                  cache.compressors().config(reader_cfg.key_stream).channels));
+    reader->read(seq, r, out);
+  }
+  std::int64_t streams() const override { return static_cast<std::int64_t>(cache_type::stream_count); }
+};
+
+inline std::uint64_t mix(std::uint64_t seed, std::uint64_t salt) {
+  std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (salt + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace detail
+
+class needle_probe {
+  using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+ public:
+  explicit needle_probe(needle_config config) : config_(config) {
+    config_.validate();
+    build_embeddings();
+    build_engine();
+  }
+
+  const needle_config& config() const noexcept { return config_; }
+  // The attention logit scale in use (the automatic choice when config().logit_scale is 0).
+  double logit_scale() const noexcept { return logit_scale_; }
+  std::int64_t query_position() const noexcept { return query_position_; }
+
+  // `context` salts the haystack (filler tokens, record placement and ids; the embeddings stay
+  // those of the seed): the same targets in independent haystacks, e.g. for repeated placements.
+  void prepare(span<const std::int64_t> target_positions, std::int64_t query_position, std::uint64_t context = 0) {
+    using phasekv::detail::fail;
+    using phasekv::detail::require;
+    require<input_error>(query_position >= 2 && query_position < config_.tokens, "needle_probe: query_position",
+                         query_position, "must lie in [2, tokens = " + std::to_string(config_.tokens) + ")");
+    const std::int64_t n_targets = static_cast<std::int64_t>(target_positions.size());
+    require<input_error>(n_targets <= config_.records, "needle_probe: target_positions.size()", n_targets,
+                         "must be at most records = " + std::to_string(config_.records));
+    std::vector<std::int64_t> sorted(target_positions.begin(), target_positions.end());
+    for (std::int64_t t : sorted)
+      require<input_error>(t >= 0 && t + 1 < query_position, "needle_probe: target position", t,
+                           "must lie in [0, query_position − 1 = " + std::to_string(query_position - 1) +
+                               ") (its value token follows it, before the query)");
+    std::sort(sorted.begin(), sorted.end());
+    for (std::size_t i = 1; i < sorted.size(); ++i)
+      if (sorted[i] - sorted[i - 1] < 2)
+        fail<input_error>("needle_probe: target position", sorted[i],
+                          "overlaps the target at " + std::to_string(sorted[i - 1]) +
+                              " (a record takes its position and the next)");
+    const std::int64_t free_pairs_needed = 2 * config_.records;
+    require<input_error>(free_pairs_needed <= query_position / 2, "needle_probe: query_position", query_position,
+                         "leaves too little room: records = " + std::to_string(config_.records) +
+                             " need query_position ≥ 4·records");
+
+    // Every check is done: build the token sequence, then the cache. (A throw from here on — out
+    // of memory — leaves the probe unprepared rather than half-prepared.)
+    const std::int64_t R = config_.records;
+    std::mt19937_64 rng(detail::mix(detail::mix(config_.seed, 0x7043ull + static_cast<std::uint64_t>(query_position)), context));
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(query_position + 1));
+    std::uniform_int_distribution<std::int32_t> filler(0, static_cast<std::int32_t>(needle_config::filler_vocabulary - 1));
+    for (auto& tok : tokens) tok = static_cast<std::int32_t>(2 * R) + filler(rng);
+    tokens.back() = static_cast<std::int32_t>(2 * R + needle_config::filler_vocabulary);  // the query token
+    std::vector<char> used(tokens.size(), 0);
+    used[static_cast<std::size_t>(query_position)] = 1;  // the query token
+    // Record ids in random order, so targets do not always get the low ids.
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(R));
+    for (std::int64_t i = 0; i < R; ++i) ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::unordered_map<std::int64_t, std::int32_t> record_at;
+    std::int64_t next = 0;
+    auto place = [&](std::int64_t t) {
+      const std::int32_t id = ids[static_cast<std::size_t>(next++)];
+      tokens[static_cast<std::size_t>(t)] = id;
+      tokens[static_cast<std::size_t>(t + 1)] = static_cast<std::int32_t>(R) + id;
+      used[static_cast<std::size_t>(t)] = used[static_cast<std::size_t>(t + 1)] = 1;
+      record_at[t] = id;
+    };
+    for (std::int64_t t : sorted) place(t);
+    std::uniform_int_distribution<std::int64_t> where(0, query_position - 2);
+    while (next < R) {
+      const std::int64_t t = where(rng);
+      if (used[static_cast<std::size_t>(t)] || used[static_cast<std::size_t>(t + 1)]) continue;
+      place(t);
+    }
+    std::unordered_map<std::int64_t, std::int32_t> targets;
+    for (std::int64_t t : sorted) targets[t] = record_at[t];
+
+    prepared_ = false;
+    compress(tokens);
+    targets_ = std::move(targets);
+    query_position_ = query_position;
+    prepared_ = true;
+  }
+
+  bool trial(std::int64_t target_position) {
+    const std::int32_t id = lookup(target_position);
+    read_out();
+    const Eigen::Index answer = argmax_value();
+    return answer == id;
+  }
+
+  double probability(std::int64_t target_position) {
+    const std::int32_t id = lookup(target_position);
+    read_out();
+    const float norm = readout_.norm();
+    scores_.noalias() = value_embeddings_ * readout_;
+    if (norm > 0.0f) scores_ *= needle_config::answer_scale / norm;
+    else scores_.setZero();
+    const float m = scores_.maxCoeff();
+    double den = 0.0;
+    for (Eigen::Index v = 0; v < scores_.size(); ++v) den += std::exp(static_cast<double>(scores_(v) - m));
+    return std::exp(static_cast<double>(scores_(id) - m)) / den;
+  }
+
+ private:
+  std::int32_t lookup(std::int64_t target_position) const {
+    if (!prepared_)
+      phasekv::detail::fail<input_error>("needle_probe: target_position", target_position,
+                                         "cannot be tried before prepare()");
+    const auto it = targets_.find(target_position);
+    if (it == targets_.end())
+      phasekv::detail::fail<input_error>("needle_probe: target_position", target_position,
+                                         "was not among the prepared targets");
+    query_id_ = it->second;
+    return it->second;
+  }
+
+  void build_embeddings() {
+    const std::int64_t C = config_.channels, R = config_.records;
+    const std::int64_t vocab = 2 * R + needle_config::filler_vocabulary + 1;
+    std::mt19937_64 rng(detail::mix(config_.seed, 0xE3B));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> common(static_cast<std::size_t>(C));
+    for (auto& x : common) x = normal(rng);
+    embeddings_.resize(vocab, C);
+    const float a = static_cast<float>(std::sqrt(config_.kappa)), b = static_cast<float>(std::sqrt(1.0 - config_.kappa));
+    // u0 and u_tok normalised first, so the shared cosine is κ up to the random overlap.
+    const float inv_common = 1.0f / Eigen::Map<Eigen::VectorXf>(common.data(), C).norm();
+    Eigen::VectorXf u(C);
+    for (std::int64_t v = 0; v < vocab; ++v) {
+      for (std::int64_t c = 0; c < C; ++c) u(c) = normal(rng);
+      u /= u.norm();
+      for (std::int64_t c = 0; c < C; ++c) embeddings_(v, c) = a * common[static_cast<std::size_t>(c)] * inv_common + b * u(c);
+      embeddings_.row(v).normalize();
+    }
+    value_embeddings_ = embeddings_.middleRows(R, R);
+  }
+
+  // Expected logit gap per unit β of a whole match (see top).
+  double margin() const {
+    const double k = 1.0 - config_.kappa;
+    const double W = static_cast<double>(config_.effective_window());
+    switch (config_.policy) {
+      case needle_policy::full_attention:
+      case needle_policy::concentrated_gates: return k;
+      case needle_policy::mean_pool: return 2.0 * k / W;
+      case needle_policy::rope_after_pool: return 2.0 * k / W * 0.75;
+      case needle_policy::deepseek_v4_csa: {
+        const double entry_norm = std::sqrt(4.0 * config_.kappa + 2.0 * k / W);
+        return 2.0 * k / W * std::sqrt(static_cast<double>(config_.channels)) / entry_norm * 0.75;
+      }
+    }
+    return k;
+  }
+
+  void build_engine() {
+    const std::int64_t S = config_.effective_stride(), W = config_.effective_window(), H = config_.effective_heads();
+    const std::int64_t C = config_.channels;
+    const geometry geom{S, W, 0, anchor_mode::block_start};
+    const std::int64_t entries = geom.completed_entries(config_.tokens) + 1;
+    cache_config cc;
+    cc.name = "needle.cache";
+    cc.page_size = 256;
+    cc.pages = (entries + cc.page_size - 1) / cc.page_size + 2;
+    reader_config rc;
+    rc.name = "needle.reader";
+    rc.query_heads = H;
+    rc.key_stream = 0;
+    rc.value_stream = 1;
+    stream_config keys;
+    keys.name = "needle.keys";
+    keys.role = stream_role::key;
+    keys.channels = C;
+    keys.kv_heads = H;
+    stream_config values = keys;
+    values.name = "needle.values";
+    values.role = stream_role::value;
+
+    const double n_visible = std::max(1.0, static_cast<double>(config_.tokens) / static_cast<double>(S));
+    logit_scale_ = config_.logit_scale > 0.0f ? config_.logit_scale
+                                              : static_cast<float>((std::log(n_visible) + 6.0) / margin());
+    rc.scale = logit_scale_;
+    rope_channels_ = 0;
+
+    switch (config_.policy) {
+      case needle_policy::full_attention:
+      case needle_policy::mean_pool: {
+        using comp = stream_compressor<compressor_policy<phasekv::mean_pool>>;
+        engine_ = std::make_unique<detail::engine<comp, comp>>(
+            layer_compressor<comp, comp>(comp(geom, keys), comp(geom, values)), cc, rc);
+        break;
+      }
+      case needle_policy::concentrated_gates: {
+        using comp = stream_compressor<compressor_policy<scalar_gated_pool>>;
+        stream_params kp, vp;
+        kp.slot_bias.assign(static_cast<std::size_t>(H * W), 0.0f);
+        vp.slot_bias = kp.slot_bias;
+        for (std::int64_t h = 0; h < H; ++h) {
+          const std::int64_t r = (config_.gate_offset + h) % W;
+          kp.slot_bias[static_cast<std::size_t>(h * W + r)] = needle_config::gate_sharpness;
+          vp.slot_bias[static_cast<std::size_t>(h * W + (r + 1) % W)] = needle_config::gate_sharpness;
+        }
+        gated_logits_ = 1;
+        engine_ = std::make_unique<detail::engine<comp, comp>>(
+            layer_compressor<comp, comp>(comp(geom, keys, kp), comp(geom, values, vp)), cc, rc);
+        break;
+      }
+      case needle_policy::rope_after_pool: {
+        using kcomp = stream_compressor<compressor_policy<phasekv::mean_pool, phasekv::rope_after_pool>>;
+        using vcomp = stream_compressor<compressor_policy<phasekv::mean_pool>>;
+        keys.rope.channels = (C / 4) & ~std::int64_t{1};
+        rope_channels_ = keys.rope.channels;
+        rope_ = rope_rotation(keys.rope, C);
+        engine_ = std::make_unique<detail::engine<kcomp, vcomp>>(
+            layer_compressor<kcomp, vcomp>(kcomp(geom, keys), vcomp(geom, values)), cc, rc);
+        break;
+      }
+      case needle_policy::deepseek_v4_csa: {
+        using comp = stream_compressor<presets::deepseek_v4_csa_policy>;
+        stream_config kv = presets::deepseek_v4_csa_kv();
+        kv.name = "needle.kv";
+        kv.channels = C;
+        kv.rope.channels = (C / 4) & ~std::int64_t{1};
+        rope_channels_ = kv.rope.channels;
+        rope_ = rope_rotation(kv.rope, C);
+        stream_params p;
+        std::mt19937_64 rng(detail::mix(config_.seed, 0xD5));
+        std::normal_distribution<float> bias(0.0f, 0.5f), z(0.0f, 1.0f / std::sqrt(static_cast<float>(C)));
+        p.slot_bias.resize(static_cast<std::size_t>(W * C));
+        for (auto& x : p.slot_bias) x = bias(rng);
+        gate_matrices_.resize(static_cast<std::size_t>(geom.branches()));
+        for (auto& m : gate_matrices_) {
+          m.resize(C, C);
+          for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = z(rng);
+        }
+        gated_logits_ = C;
+        rc.value_stream = 0;
+        rc.derotate_output = true;
+        engine_ = std::make_unique<detail::engine<comp>>(layer_compressor<comp>(comp(presets::deepseek_v4_csa_geometry(), kv, p)),
+                                                         cc, rc);
+        break;
+      }
+    }
+    views_ = geom.branches();
+  }
+
+  // Writes the tokens through the compressors in chunks (payloads built on the fly).
+  void compress(const std::vector<std::int32_t>& tokens) {
+    const std::int64_t C = config_.channels, H = config_.effective_heads(), V = views_;
+    const std::int64_t n_streams = engine_->streams();
+    const std::int64_t total = static_cast<std::int64_t>(tokens.size());
+    const std::int64_t chunk = 512;  // small chunks: the buffers stay in cache and are reused
+    auto& payload = payload_buffers_;
+    auto& logits = logit_buffers_;
+    payload.resize(static_cast<std::size_t>(n_streams));
+    logits.resize(static_cast<std::size_t>(n_streams));
+    engine_->reset();
+    for (std::int64_t t0 = 0; t0 < total; t0 += chunk) {
+      const std::int64_t n = std::min(chunk, total - t0);
+      for (std::int64_t k = 0; k < n_streams; ++k) {
+        auto& p = payload[static_cast<std::size_t>(k)];
+        p.resize(static_cast<std::size_t>(n * H * V * C));
+        const bool key_payload = k == 0;  // stream 0 is the key (or tied) stream
+        for (std::int64_t i = 0; i < n; ++i) {
+          const std::int64_t t = t0 + i;
+          float* row = p.data() + i * H * V * C;
+          const float* cur = embeddings_.row(tokens[static_cast<std::size_t>(t)]).data();
+          const float* prev = t > 0 ? embeddings_.row(tokens[static_cast<std::size_t>(t - 1)]).data() : nullptr;
+          for (std::int64_t c = 0; c < C; ++c) row[c] = cur[c] + (key_payload && prev ? prev[c] : 0.0f);
+          for (std::int64_t hv = 1; hv < H * V; ++hv) std::copy_n(row, C, row + hv * C);
+        }
+        auto& l = logits[static_cast<std::size_t>(k)];
+        l.assign(static_cast<std::size_t>(n * H * V * gated_logits_), 0.0f);
+        if (!gate_matrices_.empty()) {  // DeepSeek-V4: logits Z_b · e(tok) per branch
+          for (std::int64_t i = 0; i < n; ++i) {
+            const auto e = embeddings_.row(tokens[static_cast<std::size_t>(t0 + i)]);
+            for (std::int64_t b = 0; b < V; ++b) {
+              Eigen::Map<Eigen::RowVectorXf> out(l.data() + (i * V + b) * C, C);
+              out.noalias() = e * gate_matrices_[static_cast<std::size_t>(b)].transpose();
+            }
+          }
+        }
+      }
+      engine_->append(n, payload, logits);
+    }
+  }
+
+  void read_out() {
+    const std::int64_t C = config_.channels, H = config_.effective_heads();
+    queries_.resize(static_cast<std::size_t>(H * C));
+    const float* key = embeddings_.row(query_id_).data();
+    for (std::int64_t h = 0; h < H; ++h) std::copy_n(key, C, queries_.data() + h * C);
+    if (rope_channels_ > 0) {
+      rope_cos_.resize(static_cast<std::size_t>(rope_.pairs() * 2));
+      rope_.angles(static_cast<double>(query_position_), rope_cos_.data(), rope_cos_.data() + rope_.pairs());
+      for (std::int64_t h = 0; h < H; ++h)
+        rope_.apply(queries_.data() + h * C, rope_cos_.data(), rope_cos_.data() + rope_.pairs());
+    }
+    out_.resize(static_cast<std::size_t>(H * C));
+    engine_->read(query_position_, queries_.data(), out_.data());
+    readout_ = Eigen::Map<const Eigen::VectorXf>(out_.data(), C);
+    for (std::int64_t h = 1; h < H; ++h) readout_ += Eigen::Map<const Eigen::VectorXf>(out_.data() + h * C, C);
+  }
+
+  Eigen::Index argmax_value() {
+    scores_.noalias() = value_embeddings_ * readout_;
+    Eigen::Index best = 0;
+    scores_.maxCoeff(&best);
+    return best;
+  }
+
+  needle_config config_;
+  matrix embeddings_, value_embeddings_;
+  std::vector<matrix> gate_matrices_;
+  std::unique_ptr<detail::engine_base> engine_;
+  std::int64_t views_ = 1, gated_logits_ = 0, rope_channels_ = 0;
+  rope_rotation rope_;
+  float logit_scale_ = 1.0f;
+  bool prepared_ = false;
+  std::int64_t query_position_ = 0;
+  mutable std::int32_t query_id_ = 0;
+  std::unordered_map<std::int64_t, std::int32_t> targets_;
+  std::vector<float> queries_, out_, rope_cos_;
+  std::vector<std::vector<float>> payload_buffers_, logit_buffers_;
+  Eigen::VectorXf readout_, scores_;
+};
+
+enum class needle_outcome { success, probability };
+
+// A phase sweep of the probe (DESIGN.md §6) with one build per context rather than per trial.
+// plan_sweep places targets at consecutive positions and repeats a position within a round, so
+// the placements are spread over several haystacks: in plan order (which is shuffled), each
+// placement goes to the first context holding no target at its position or next to it
+// (context c is prepared with salt c). No context has overlapping targets; a repeated placement
+// sees an independent haystack (a copied outcome would inflate the homogeneity test); and every
+// context mixes residues, so haystack-to-haystack variation is not confounded with residue.
+// Costs a few more than M builds plus one read per placement.
+inline sweep_result needle_sweep(needle_probe& probe, const sweep_config& sweep,
+                                 needle_outcome kind = needle_outcome::success) {
+  const std::vector<placement> plan = plan_sweep(sweep);
+  std::vector<std::vector<std::int64_t>> contexts;
+  std::vector<std::unordered_map<std::int64_t, char>> taken;
+  std::vector<std::size_t> context_of(plan.size());
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const std::int64_t t = plan[i].target_position;
+    std::size_t c = 0;
+    while (c < contexts.size() && (taken[c].count(t - 1) || taken[c].count(t) || taken[c].count(t + 1))) ++c;
+    if (c == contexts.size()) {
+      contexts.emplace_back();
+      taken.emplace_back();
+    }
+    contexts[c].push_back(t);
+    taken[c][t] = 1;
+    context_of[i] = c;
+  }
+  std::vector<std::unordered_map<std::int64_t, double>> outcome(contexts.size());
+  for (std::size_t c = 0; c < contexts.size(); ++c) {
+    probe.prepare(contexts[c], sweep.query_position, static_cast<std::uint64_t>(c));
+    for (std::int64_t t : contexts[c])
+      outcome[c][t] = kind == needle_outcome::success ? (probe.trial(t) ? 1.0 : 0.0) : probe.probability(t);
+  }
+  // run_sweep visits the same plan in the same order.
+  std::size_t visit = 0;
+  auto value = [&](const placement& p) { return outcome[context_of[visit++]].at(p.target_position); };
+  if (kind == needle_outcome::success) return run_sweep(sweep, [&](const placement& p) { return value(p) > 0.5; });
+  return run_sweep(sweep, [&](const placement& p) { return value(p); });
+}
+
+}  // namespace phasekv::probe

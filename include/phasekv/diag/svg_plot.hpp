@@ -1,0 +1,208 @@
+#pragma once
+// A dependency-free SVG line plot for phase-sweep results: one polyline with markers and optional
+// error bars per series, axes with ticks, a title and a legend. It exists so an evaluation run can
+// leave a picture a person can open (any browser renders SVG) without Python or gnuplot; it is not
+// a plotting library.
+//
+//   plot_series    a label, points (x, y, optional [low, high] error bar), a dashed flag
+//   plot_axes      title, axis labels, ranges, ticks, size
+//   svg_line_plot  the SVG document as a string
+//   svg_escape     text made safe for SVG element content and attribute values
+//
+// Layout: data coordinates map linearly into the plot area,
+//   px = left + (x − x_min)/(x_max − x_min)·plot_width,  py = top + (y_max − y)/(y_max − y_min)·plot_height,
+// and points or error-bar ends outside [y_min, y_max] are clipped to it. A point whose y is NaN is
+// left out (the polyline joins its neighbours); a NaN low/high means no error bar. The legend
+// sits to the right of the plot area (as wide as its longest label, at most half the picture),
+// one row per series in the order given.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "phasekv/core/error.hpp"
+
+namespace phasekv::plot {
+
+struct plot_point {
+  double x = 0.0;
+  double y = 0.0;
+  double low = std::numeric_limits<double>::quiet_NaN();   // error bar; NaN: none
+  double high = std::numeric_limits<double>::quiet_NaN();
+};
+
+struct plot_series {
+  std::string label;
+  std::vector<plot_point> points;
+  bool dashed = false;  // e.g. a control or baseline
+};
+
+struct plot_axes {
+  std::string title;
+  std::string x_label;
+  std::string y_label;
+  double x_min = 0.0, x_max = 1.0;
+  double y_min = 0.0, y_max = 100.0;
+  // Tick positions and labels; empty → 5 even intervals labelled with their values.
+  std::vector<std::pair<double, std::string>> x_ticks;
+  std::vector<std::pair<double, std::string>> y_ticks;
+  int width = 960;   // whole picture, pixels
+  int height = 540;
+  void validate() const {
+    using detail::require;
+    require(std::isfinite(x_min) && std::isfinite(x_max) && x_max > x_min, "x_max", x_max,
+            "must be finite and greater than x_min = " + std::to_string(x_min));
+    require(std::isfinite(y_min) && std::isfinite(y_max) && y_max > y_min, "y_max", y_max,
+            "must be finite and greater than y_min = " + std::to_string(y_min));
+    require(width >= 400 && width <= 10000, "width", width, "must be in [400, 10000] pixels");
+    require(height >= 250 && height <= 10000, "height", height, "must be in [250, 10000] pixels");
+  }
+};
+
+// Escapes &, <, >, " and ' so any text is safe as element content or a quoted attribute value;
+// control characters other than tab and newline (not allowed in XML 1.0) become spaces.
+inline std::string svg_escape(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default: out += (c < 0x20 && c != '\t' && c != '\n') ? ' ' : static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+namespace detail {
+
+inline std::string svg_number(double x) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.2f", x);
+  return buffer;
+}
+
+inline std::string tick_label(double x) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%g", x);
+  return buffer;
+}
+
+inline std::vector<std::pair<double, std::string>> even_ticks(double lo, double hi) {
+  std::vector<std::pair<double, std::string>> ticks;
+  for (int k = 0; k <= 5; ++k) {
+    const double v = lo + (hi - lo) * k / 5.0;
+    ticks.emplace_back(v, tick_label(v));
+  }
+  return ticks;
+}
+
+// Okabe–Ito colours: distinguishable with the common colour-vision deficiencies.
+inline const char* series_colour(std::size_t index) {
+  static const char* const palette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
+                                        "#E69F00", "#56B4E9", "#000000", "#F0E442"};
+  return palette[index % (sizeof palette / sizeof palette[0])];
+}
+
+}  // namespace detail
+
+// The SVG document (UTF-8, no external references). Throws config_error for bad axes.
+inline std::string svg_line_plot(const std::vector<plot_series>& series, const plot_axes& axes) {
+  axes.validate();
+  using detail::svg_number;
+  // The legend's width follows its longest label (about 6.8 px a character at 13 px).
+  std::size_t longest = 0;
+  for (const plot_series& one : series) longest = std::max(longest, one.label.size());
+  const double left = 80, top = 50, bottom_margin = 70;
+  const double right_margin = std::min(0.5 * axes.width, 60.0 + 6.8 * static_cast<double>(longest));
+  const double plot_width = axes.width - left - right_margin, plot_height = axes.height - top - bottom_margin;
+  auto px = [&](double x) { return left + (x - axes.x_min) / (axes.x_max - axes.x_min) * plot_width; };
+  auto py = [&](double y) {
+    const double clipped = std::min(axes.y_max, std::max(axes.y_min, y));
+    return top + (axes.y_max - clipped) / (axes.y_max - axes.y_min) * plot_height;
+  };
+
+  std::ostringstream out;
+  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << axes.width << "\" height=\"" << axes.height
+      << "\" viewBox=\"0 0 " << axes.width << ' ' << axes.height
+      << "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"13\">\n"
+      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      << "<text x=\"" << svg_number(axes.width / 2.0) << "\" y=\"28\" text-anchor=\"middle\" font-size=\"17\">"
+      << svg_escape(axes.title) << "</text>\n";
+
+  // Grid and ticks.
+  const auto y_ticks = axes.y_ticks.empty() ? detail::even_ticks(axes.y_min, axes.y_max) : axes.y_ticks;
+  const auto x_ticks = axes.x_ticks.empty() ? detail::even_ticks(axes.x_min, axes.x_max) : axes.x_ticks;
+  for (const auto& [value, label] : y_ticks) {
+    const double y = py(value);
+    out << "<line x1=\"" << svg_number(left) << "\" y1=\"" << svg_number(y) << "\" x2=\"" << svg_number(left + plot_width)
+        << "\" y2=\"" << svg_number(y) << "\" stroke=\"#dddddd\"/>\n"
+        << "<text x=\"" << svg_number(left - 8) << "\" y=\"" << svg_number(y + 4) << "\" text-anchor=\"end\">"
+        << svg_escape(label) << "</text>\n";
+  }
+  for (const auto& [value, label] : x_ticks) {
+    const double x = px(value);
+    out << "<line x1=\"" << svg_number(x) << "\" y1=\"" << svg_number(top) << "\" x2=\"" << svg_number(x) << "\" y2=\""
+        << svg_number(top + plot_height) << "\" stroke=\"#eeeeee\"/>\n"
+        << "<text x=\"" << svg_number(x) << "\" y=\"" << svg_number(top + plot_height + 18)
+        << "\" text-anchor=\"middle\">" << svg_escape(label) << "</text>\n";
+  }
+  out << "<rect x=\"" << svg_number(left) << "\" y=\"" << svg_number(top) << "\" width=\"" << svg_number(plot_width)
+      << "\" height=\"" << svg_number(plot_height) << "\" fill=\"none\" stroke=\"#333333\"/>\n"
+      << "<text x=\"" << svg_number(left + plot_width / 2) << "\" y=\"" << svg_number(axes.height - 20)
+      << "\" text-anchor=\"middle\">" << svg_escape(axes.x_label) << "</text>\n"
+      << "<text transform=\"translate(22 " << svg_number(top + plot_height / 2)
+      << ") rotate(-90)\" text-anchor=\"middle\">" << svg_escape(axes.y_label) << "</text>\n";
+
+  // Series: error bars, then the line, then markers on top.
+  for (std::size_t s = 0; s < series.size(); ++s) {
+    const char* colour = detail::series_colour(s);
+    const plot_series& one = series[s];
+    out << "<g stroke=\"" << colour << "\" fill=\"" << colour << "\">\n";
+    std::string points;
+    for (const plot_point& p : one.points) {
+      if (std::isnan(p.y) || !std::isfinite(p.x)) continue;
+      const double x = px(p.x);
+      if (std::isfinite(p.low) && std::isfinite(p.high)) {
+        const double y0 = py(p.low), y1 = py(p.high);
+        out << "<path d=\"M" << svg_number(x) << ' ' << svg_number(y0) << "V" << svg_number(y1) << "M"
+            << svg_number(x - 4) << ' ' << svg_number(y0) << "h8M" << svg_number(x - 4) << ' ' << svg_number(y1)
+            << "h8\" fill=\"none\" stroke-width=\"1.2\" opacity=\"0.7\"/>\n";
+      }
+      points += svg_number(x) + ',' + svg_number(py(p.y)) + ' ';
+    }
+    out << "<polyline points=\"" << points << "\" fill=\"none\" stroke-width=\"2\""
+        << (one.dashed ? " stroke-dasharray=\"7 5\"" : "") << "/>\n";
+    for (const plot_point& p : one.points) {
+      if (std::isnan(p.y) || !std::isfinite(p.x)) continue;
+      out << "<circle cx=\"" << svg_number(px(p.x)) << "\" cy=\"" << svg_number(py(p.y)) << "\" r=\"3.5\"/>\n";
+    }
+    out << "</g>\n";
+  }
+
+  // Legend.
+  const double legend_x = left + plot_width + 20;
+  for (std::size_t s = 0; s < series.size(); ++s) {
+    const double y = top + 12 + 22.0 * static_cast<double>(s);
+    const char* colour = detail::series_colour(s);
+    out << "<line x1=\"" << svg_number(legend_x) << "\" y1=\"" << svg_number(y) << "\" x2=\"" << svg_number(legend_x + 28)
+        << "\" y2=\"" << svg_number(y) << "\" stroke=\"" << colour << "\" stroke-width=\"2\""
+        << (series[s].dashed ? " stroke-dasharray=\"7 5\"" : "") << "/>\n"
+        << "<circle cx=\"" << svg_number(legend_x + 14) << "\" cy=\"" << svg_number(y) << "\" r=\"3.5\" fill=\""
+        << colour << "\"/>\n"
+        << "<text x=\"" << svg_number(legend_x + 36) << "\" y=\"" << svg_number(y + 4) << "\">"
+        << svg_escape(series[s].label) << "</text>\n";
+  }
+  out << "</svg>\n";
+  return out.str();
+}
+
+}  // namespace phasekv::plot

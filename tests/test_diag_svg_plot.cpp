@@ -1,0 +1,119 @@
+// svg_plot: the document is well-formed enough for a browser (one root, balanced elements, one
+// polyline per series, escaped text), points land where the linear map says, and bad axes throw.
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "phasekv/diag/svg_plot.hpp"
+
+namespace {
+
+std::size_t count(const std::string& text, const std::string& needle) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + needle.size())) ++n;
+  return n;
+}
+
+// Every '<' opens a tag that closes with '>' before the next '<', and open/close tags balance
+// (self-closing tags count as both) — a cheap stand-in for an XML parser.
+bool tags_balance(const std::string& svg) {
+  int depth = 0;
+  std::size_t at = 0;
+  while ((at = svg.find('<', at)) != std::string::npos) {
+    const std::size_t end = svg.find('>', at);
+    if (end == std::string::npos) return false;
+    const std::size_t next = svg.find('<', at + 1);
+    if (next != std::string::npos && next < end) return false;
+    const std::string tag = svg.substr(at, end - at + 1);
+    if (tag.compare(0, 2, "</") == 0) --depth;
+    else if (tag.size() < 2 || tag[tag.size() - 2] != '/') ++depth;
+    if (depth < 0) return false;
+    at = end + 1;
+  }
+  return depth == 0;
+}
+
+}  // namespace
+
+TEST_CASE("svg_line_plot draws one polyline per series in a balanced document", "[diag][svg_plot]") {
+  using namespace phasekv::plot;
+  std::vector<plot_series> series(3);
+  for (int s = 0; s < 3; ++s) {
+    series[s].label = "series " + std::to_string(s);
+    for (int r = 0; r < 4; ++r) series[s].points.push_back({r / 2.0, 20.0 * r + s, 10.0 * r, 30.0 * r + s});
+  }
+  series[2].dashed = true;
+  plot_axes axes;
+  axes.title = "accuracy";
+  axes.x_max = 2.0;
+  const std::string svg = svg_line_plot(series, axes);
+
+  CHECK(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0) == 0);
+  CHECK(svg.find("</svg>") == svg.size() - 7);
+  CHECK(count(svg, "<svg") == 1);
+  CHECK(count(svg, "<polyline") == 3);
+  CHECK(count(svg, "stroke-dasharray") == 2);  // the dashed series' line and its legend sample
+  CHECK(count(svg, "series 1") == 1);
+  CHECK(tags_balance(svg));
+  // Markers: 12 points, plus 3 legend samples.
+  CHECK(count(svg, "<circle") == 15);
+}
+
+TEST_CASE("svg_line_plot escapes text and leaves out NaN points", "[diag][svg_plot]") {
+  using namespace phasekv::plot;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  plot_series one;
+  one.label = "S<4 & W>2 \"mean\" 'pool'";
+  one.points = {{0.0, 50.0}, {0.5, nan}, {1.0, 75.0, nan, nan}};
+  plot_axes axes;
+  axes.title = "a < b";
+  axes.x_label = "x & y";
+  const std::string svg = svg_line_plot({one}, axes);
+
+  CHECK(svg.find("S&lt;4 &amp; W&gt;2 &quot;mean&quot; &apos;pool&apos;") != std::string::npos);
+  CHECK(svg.find("a &lt; b") != std::string::npos);
+  CHECK(svg.find("x &amp; y") != std::string::npos);
+  CHECK(svg.find("S<4") == std::string::npos);
+  CHECK(tags_balance(svg));
+  CHECK(count(svg, "<circle") == 2 + 1);  // two finite points and the legend sample
+  CHECK(count(svg, "<path") == 0);        // no error bars were given
+  CHECK(svg_escape("a\x01" "b") == "a b");
+}
+
+TEST_CASE("svg_line_plot maps data linearly into the plot area", "[diag][svg_plot]") {
+  using namespace phasekv::plot;
+  plot_series one;
+  one.label = "x";
+  one.points = {{0.0, 0.0}, {1.0, 100.0}, {0.5, 150.0}};  // the last is clipped to y_max
+  plot_axes axes;  // x in [0, 1], y in [0, 100]
+  const std::string svg = svg_line_plot({one}, axes);
+  const std::size_t at = svg.find("<polyline points=\"");
+  REQUIRE(at != std::string::npos);
+  const std::string points = svg.substr(at + 18, svg.find('"', at + 18) - at - 18);
+  double x0, y0, x1, y1, x2, y2;
+  REQUIRE(std::sscanf(points.c_str(), "%lf,%lf %lf,%lf %lf,%lf", &x0, &y0, &x1, &y1, &x2, &y2) == 6);
+  CHECK(x0 == Approx(80.0));      // left margin
+  CHECK(y1 == Approx(50.0));      // top margin: y_max
+  CHECK(y0 > y1);                 // y grows downwards
+  CHECK(x2 == Approx((x0 + x1) / 2));
+  CHECK(y2 == Approx(y1));
+}
+
+TEST_CASE("svg_line_plot rejects empty ranges and tiny pictures", "[diag][svg_plot]") {
+  using namespace phasekv::plot;
+  plot_axes axes;
+  axes.x_max = axes.x_min;
+  CHECK_THROWS_AS(svg_line_plot({}, axes), phasekv::config_error);
+  axes = plot_axes{};
+  axes.y_max = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_AS(svg_line_plot({}, axes), phasekv::config_error);
+  axes = plot_axes{};
+  axes.width = 10;
+  CHECK_THROWS_WITH(svg_line_plot({}, axes), Catch::Contains("width"));
+  CHECK_NOTHROW(svg_line_plot({}, plot_axes{}));
+}
