@@ -120,12 +120,13 @@ class sparse_reader {
     if (trace) start_trace(*trace, candidates, n_sel, w_first, n_win);
     for (std::int64_t g = 0; g < kv_heads_; ++g) {
       const Eigen::Map<const matrix> q(request.queries.data() + g * group * key_channels_, group, key_channels_);
-      attend_part(q, entry_keys_, entry_values_, g, n_sel, compressed_, compressed_p_);
-      attend_part(q, window_keys_, window_values_, g, n_win, window_, window_p_);
+      attend_part(q, entry_keys_, entry_values_, config_.key_stream == config_.value_stream, g, n_sel, compressed_,
+                  compressed_p_);
+      attend_part(q, window_keys_, window_values_, cache_->tied_window(), g, n_win, window_, window_p_);
       merged_ = compressed_;
       merged_.merge(window_);
       merged_.finish(out + g * group * value_channels_, sinks ? sinks + g * group : nullptr);
-      if (trace) add_trace(*trace, g * group, sinks ? sinks + g * group : nullptr);
+      if (trace) add_trace(*trace, sinks ? sinks + g * group : nullptr);
     }
     if (trace) finish_trace(*trace);
 
@@ -264,28 +265,27 @@ class sparse_reader {
   }
 
   void gather_window(sequence_id seq, std::int64_t first, std::int64_t n) {
-    window_keys_.resize(n, kv_heads_ * key_channels_);
-    window_values_.resize(n, kv_heads_ * value_channels_);
     const bool tied = cache_->tied_window();
+    window_keys_.resize(n, kv_heads_ * key_channels_);
+    if (!tied) window_values_.resize(n, kv_heads_ * value_channels_);
     for (std::int64_t i = 0; i < n; ++i) {
       std::copy_n(cache_->window_key(seq, first + i), kv_heads_ * key_channels_, window_keys_.row(i).data());
       if (!tied)
         std::copy_n(cache_->window_value(seq, first + i), kv_heads_ * value_channels_, window_values_.row(i).data());
     }
-    if (tied) window_values_ = window_keys_;
   }
 
   // One part (entries or window) for the query heads of KV head g, as an online-softmax state;
   // `p` keeps exp(ℓ − m) for the trace.
-  void attend_part(const Eigen::Map<const matrix>& q, const matrix& keys, const matrix& values, std::int64_t g,
-                   std::int64_t n, softmax_state& state, matrix& p) {
-    const bool tied_values = &values == &entry_values_ && config_.key_stream == config_.value_stream;
+  // With `tied`, the keys are also the values (`values` is not read).
+  void attend_part(const Eigen::Map<const matrix>& q, const matrix& keys, const matrix& values, bool tied,
+                   std::int64_t g, std::int64_t n, softmax_state& state, matrix& p) {
     state.reset(q.rows(), value_channels_);
     p.resize(q.rows(), n);
     if (n == 0) return;
     const auto k = keys.middleCols(g * key_channels_, key_channels_);
     p.noalias() = (q * k.transpose()) * scale_;
-    if (tied_values) state.assign_block(p, k);
+    if (tied) state.assign_block(p, k);
     else state.assign_block(p, values.middleCols(g * value_channels_, value_channels_));
   }
 
@@ -305,7 +305,7 @@ class sparse_reader {
   }
 
   // Adds the final probabilities of the heads of one group: exp(ℓ − m_part) · e^(m_part − m) / D.
-  void add_trace(read_trace& tr, std::int64_t first_head, const float* sinks) const {
+  void add_trace(read_trace& tr, const float* sinks) const {
     for (Eigen::Index h = 0; h < compressed_p_.rows(); ++h) {
       const float norm = merged_.normaliser(h, sinks);
       const float m = merged_.max_logit(h);
@@ -324,7 +324,6 @@ class sparse_reader {
         total += p;
       }
       if (sinks) tr.sink_mass += std::max(0.0f, 1.0f - total);
-      (void)first_head;
     }
   }
 
