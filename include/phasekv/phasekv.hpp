@@ -26,8 +26,10 @@
 #include "phasekv/core/span.hpp"
 
 // diag
+#include "phasekv/diag/interventions.hpp"
 #include "phasekv/diag/needle_probe.hpp"
 #include "phasekv/diag/phase_sweep.hpp"
+#include "phasekv/diag/read_attribution.hpp"
 #include "phasekv/diag/statistics.hpp"
 #include "phasekv/diag/svg_plot.hpp"
 #include "phasekv/diag/write_profile.hpp"
