@@ -82,7 +82,8 @@ void run(const char* label, const Compressor& compressor, const phasekv::row_mat
   for (const auto& p : profile.by_phase(0)) std::printf(" %lld:%.3f", static_cast<long long>(p.phase), p.mean_weight);
   std::printf("\n    coverage by phase:       ");
   for (const auto& p : profile.by_phase(0)) std::printf(" %lld:%.1f", static_cast<long long>(p.phase), p.coverage);
-  std::printf("\n");
+  std::printf("\n    gate concentration (effective offsets of %lld): static %.2f, per window %.2f\n",
+              static_cast<long long>(g.window), profile.static_concentration(0), profile.window_concentration(0));
 }
 
 }  // namespace
@@ -126,7 +127,8 @@ int main(int argc, char** argv) try {
                                                          presets::deepseek_v4_csa_kv()),
       hidden, rng);
   std::printf("\nA token's total weight is what its phase gets from compression: mean pooling with W = S\n"
-              "gives every phase 1/S of one entry; gates move weight between phases.\n");
+              "gives every phase 1/S of one entry; gates move weight between phases. Gate concentration\n"
+              "is the study's effective number of offsets: W for uniform pooling, 1 for a one-hot gate.\n");
   return 0;
 } catch (const phasekv::error& e) {
   std::fprintf(stderr, "demo: %s\n", e.what());
