@@ -584,6 +584,20 @@ struct selection_world {
   static constexpr i64 query_heads = 6, indexer_heads = 3, window = 5;
   geometry geom = geometry{2, 4};
 
+  // A reader over this world's streams: keys 0, values 1, indexer 2.
+  static reader_config reader(const std::string& name, i64 top_k, bool sink) {
+    reader_config rc;
+    rc.name = name;
+    rc.query_heads = query_heads;
+    rc.key_stream = 0;
+    rc.value_stream = 1;
+    rc.indexer_stream = 2;
+    rc.top_k = top_k;
+    rc.indexer_heads = indexer_heads;
+    rc.sink = sink;
+    return rc;
+  }
+
   selection_cache make(storage_type storage, std::uint32_t seed, i64 history = 0) const {
     std::mt19937 rng(seed);
     stream_params vp;
@@ -705,15 +719,7 @@ TEST_CASE("sparse_reader: lightning indexer, top-k and the joint softmax against
     const sequence_id seq = cache.create();
     const i64 T = 41;
     const auto in = world.make_inputs(rng, T, v.palette);
-    reader_config rc;
-    rc.name = "csa";
-    rc.query_heads = W::query_heads;
-    rc.key_stream = 0;
-    rc.value_stream = 1;
-    rc.indexer_stream = 2;
-    rc.top_k = v.top_k;
-    rc.indexer_heads = W::indexer_heads;
-    rc.sink = v.sink;
+    const reader_config rc = W::reader("csa", v.top_k, v.sink);
     sparse_reader<selection_cache> reader(cache, rc);
     std::vector<float> out(sz(reader.output_floats())), plain(out.size());
     read_trace trace;
@@ -1164,14 +1170,7 @@ TEST_CASE("sparse_reader: bad requests throw input_error naming the field, and c
   const sequence_id gone = cache.create();
   cache.free(gone);
 
-  reader_config rc;
-  rc.name = "rd";
-  rc.query_heads = W::query_heads;
-  rc.value_stream = 1;
-  rc.indexer_stream = 2;
-  rc.top_k = 3;
-  rc.indexer_heads = W::indexer_heads;
-  rc.sink = true;
+  const reader_config rc = W::reader("rd", 3, true);
   sparse_reader<selection_cache> reader(cache, rc);
 
   const auto q = uniform(rng, sz(W::query_heads * W::key_channels), -1.0f, 1.0f);
@@ -1257,13 +1256,7 @@ TEST_CASE("sparse_reader: bad configurations throw config_error naming the field
   using W = selection_world;
   const W world;
   selection_cache cache = world.make(storage_type::f32, 62);
-  reader_config base;
-  base.name = "rd";
-  base.query_heads = W::query_heads;
-  base.value_stream = 1;
-  base.indexer_stream = 2;
-  base.top_k = 3;
-  base.indexer_heads = W::indexer_heads;
+  const reader_config base = W::reader("rd", 3, false);
   REQUIRE_NOTHROW(sparse_reader<selection_cache>(cache, base));
 
   auto expect = [&](const reader_config& rc, const std::string& field_and_value, const std::string& why) {
