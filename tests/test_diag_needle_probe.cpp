@@ -115,9 +115,10 @@ TEST_CASE("needle probe: concentrated gates give period S with the strong phase 
   }
 }
 
-// A single weak (or strong) residue per period puts equal power on every harmonic of S, so
-// which one dominant_period picks is up to noise; gates on half the offsets of a block (S/2
-// heads at offsets 0 … S/2 − 1) give a square wave, whose fundamental dominates.
+// Gates on half the offsets of a block (S/2 heads at offsets 0 … S/2 − 1) give a square wave;
+// a single head gives one strong residue per period, whose power is spread evenly over every
+// harmonic of S — a DFT argmax could pick any of them, as noise has it; the fold of
+// dominant_period adds them up and finds S.
 TEST_CASE("needle probe: detected period equals the stride", "[needle]") {
   for (std::int64_t S : {2, 4, 6, 8}) {
     auto c = small_config(needle_policy::concentrated_gates, S, S);
@@ -128,6 +129,13 @@ TEST_CASE("needle probe: detected period equals the stride", "[needle]") {
     CHECK(res.period.period == Approx(static_cast<double>(S)));
     CHECK(res.best_residue % S < S / 2);
     CHECK(res.worst_residue % S >= S / 2);
+  }
+  for (std::int64_t S : {6, 8}) {
+    const auto res = probe_sweep(small_config(needle_policy::concentrated_gates, S, S), 24);
+    show("period, one head", res);
+    REQUIRE(res.valid);
+    CHECK(res.period.period == Approx(static_cast<double>(S)));
+    CHECK(res.best_residue % S == 0);
   }
   const auto pooled = probe_sweep(small_config(needle_policy::mean_pool, 2, 2), 24);
   show("period mean S=2", pooled);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "phasekv/diag/statistics.hpp"
@@ -337,13 +338,98 @@ TEST_CASE("stats: ANOVA rejects groups it cannot test", "[diag][stats][errors]")
 // Period and summary
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+// Reference for fold_fraction: the DFT power of the mean-removed profile summed over the
+// multiples k·M/P, k = 1 … P − 1 (both conjugate bins of a pair, the Nyquist bin once), over the
+// total non-DC power M·Σd² (Parseval).
+double dft_harmonic_sum(const std::vector<double>& x, std::size_t period) {
+  const std::size_t m = x.size();
+  double mean = 0.0;
+  for (double v : x) mean += v / static_cast<double>(m);
+  double squares = 0.0;
+  for (double v : x) squares += (v - mean) * (v - mean);
+  double power = 0.0;
+  for (std::size_t k = m / period; k < m; k += m / period) {
+    double re = 0.0, im = 0.0;
+    for (std::size_t t = 0; t < m; ++t) {
+      const double angle = 2 * pi * static_cast<double>((k * t) % m) / static_cast<double>(m);
+      re += (x[t] - mean) * std::cos(angle);
+      im -= (x[t] - mean) * std::sin(angle);
+    }
+    power += re * re + im * im;
+  }
+  return power / (static_cast<double>(m) * squares);
+}
+
+// 0.9 everywhere but one weak residue (0.2) per period P, at phase P − 1, over M residues.
+std::vector<double> one_weak_residue(int period, int m) {
+  std::vector<double> x(static_cast<std::size_t>(m), 0.9);
+  for (int t = period - 1; t < m; t += period) x[static_cast<std::size_t>(t)] = 0.2;
+  return x;
+}
+
+// Uniform noise in [−half, half] from raw mt19937 output (whose sequence the standard fixes,
+// unlike the distributions'), so the draws are the same on every platform.
+std::vector<double> uniform_noise(std::mt19937& rng, std::size_t n, double half) {
+  std::vector<double> out(n);
+  for (auto& x : out) x = half * (2.0 * (static_cast<double>(rng()) / 4294967295.0) - 1.0);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("stats: fold_fraction is the DFT power at the multiples of M/P", "[diag][stats]") {
+  using v = std::vector<double>;
+  SECTION("period 4 over M = 8: F(4) = 1, F(2) = 1/3, F(1) = 0") {
+    const v x{1, 0, 0, 0, 1, 0, 0, 0};
+    CHECK(fold_fraction(x, 8) == 1.0);
+    CHECK(fold_fraction(x, 4) == Approx(1.0).epsilon(1e-12));
+    CHECK(fold_fraction(x, 2) == Approx(1.0 / 3.0).epsilon(1e-12));
+    CHECK(fold_fraction(x, 1) == 0.0);
+  }
+  SECTION("the Nyquist bin is counted once, the others twice (Parseval)") {
+    // cos(2πt/8) has Σd² = 4, 0.6·(−1)^t has Σd² = 8·0.36 = 2.88: the fold onto 2 (the Nyquist
+    // bin alone) explains 2.88/6.88; so does the fold onto 4 (bins 2 and 4: nothing at 2).
+    v x;
+    for (int t = 0; t < 8; ++t) x.push_back(std::cos(2 * pi * t / 8) + (t % 2 == 0 ? 0.6 : -0.6));
+    CHECK(fold_fraction(x, 2) == Approx(2.88 / 6.88).epsilon(1e-12));
+    CHECK(fold_fraction(x, 4) == Approx(2.88 / 6.88).epsilon(1e-12));
+    CHECK(fold_fraction(x, 8) == 1.0);
+  }
+  SECTION("against a reference DFT, every divisor of several profiles; monotone along divisibility") {
+    std::mt19937 rng(11);
+    for (std::size_t m : {6u, 8u, 12u, 16u, 30u}) {
+      for (int draw = 0; draw < 4; ++draw) {
+        const v x = uniform_noise(rng, m, 1.0);
+        for (std::size_t p = 1; p <= m; ++p) {
+          if (m % p != 0) continue;
+          INFO("M = " << m << ", P = " << p);
+          const double f = fold_fraction(x, static_cast<std::int64_t>(p));
+          CHECK(f == Approx(p == 1 ? 0.0 : dft_harmonic_sum(x, p)).margin(1e-12));
+          for (std::size_t q = 2 * p; q <= m; q += p)
+            if (m % q == 0) CHECK(f <= fold_fraction(x, static_cast<std::int64_t>(q)) + 1e-12);
+        }
+      }
+    }
+  }
+  SECTION("no variation: nothing to explain; errors") {
+    CHECK(fold_fraction(v(6, 0.4), 3) == 0.0);  // its mean does not round-trip: not 0/0 by luck
+    CHECK(fold_fraction(v(6, 0.4), 6) == 0.0);
+    CHECK_THROWS_WITH(fold_fraction(v{1, 2, 3, 4}, 3), Catch::Contains("period = 3"));
+    CHECK_THROWS_WITH(fold_fraction(v{1, 2, 3, 4}, 0), Catch::Contains("period = 0"));
+    CHECK_THROWS_WITH(fold_fraction(v{1}, 1), Catch::Contains("profile.size() = 1"));
+    CHECK_THROWS_WITH(fold_fraction(v{1, not_a_number}, 1), Catch::Contains("profile[1]"));
+  }
+}
+
 TEST_CASE("stats: dominant period of a residue profile", "[diag][stats]") {
   using v = std::vector<double>;
-  SECTION("period 4 over M = 8 (power on k = 2 and its harmonic k = 4; k = 2 wins)") {
+  SECTION("period 4 over M = 8 (power on k = 2 and its harmonic k = 4; the fold onto 4 has both)") {
     const auto p = dominant_period(v{1, 0, 0, 0, 1, 0, 0, 0});
     CHECK(p.frequency == 2);
     CHECK(p.period == 4.0);
-    CHECK(p.power_fraction == Approx(2.0 / 3.0).epsilon(1e-12));
+    CHECK(p.power_fraction == Approx(1.0).epsilon(1e-12));  // a single DFT bin had 2/3
     CHECK_FALSE(p.flat);
   }
   SECTION("period 2 over M = 8: all power at the Nyquist frequency") {
@@ -352,13 +438,14 @@ TEST_CASE("stats: dominant period of a residue profile", "[diag][stats]") {
     CHECK(p.period == 2.0);
     CHECK(p.power_fraction == Approx(1.0).epsilon(1e-12));
   }
-  SECTION("the Nyquist bin is counted once, the others twice (Parseval)") {
-    // cos(2πt/8) has Σd² = 4, 0.6·(−1)^t has Σd² = 8·0.36 = 2.88: shares 4/6.88 and 2.88/6.88.
+  SECTION("a strong period-2 part is not enough when the rest needs a longer period") {
+    // The Parseval profile above: the fold onto 2 (and 4) explains 42%, only 8 explains it.
     v profile;
     for (int t = 0; t < 8; ++t) profile.push_back(std::cos(2 * pi * t / 8) + (t % 2 == 0 ? 0.6 : -0.6));
     const auto p = dominant_period(profile);
     CHECK(p.frequency == 1);
-    CHECK(p.power_fraction == Approx(4 / 6.88).epsilon(1e-12));
+    CHECK(p.period == 8.0);
+    CHECK(p.power_fraction == 1.0);
   }
   SECTION("a cosine of frequency 1 → period M, whatever its phase") {
     for (int M : {6, 8, 13}) {
@@ -371,29 +458,60 @@ TEST_CASE("stats: dominant period of a residue profile", "[diag][stats]") {
       CHECK(p.power_fraction == Approx(1.0).epsilon(1e-12));
     }
   }
-  SECTION("frequency 3 over M = 8 → a non-integer period 8/3") {
+  SECTION("a sinusoid of period P sampled over M = 2P or 4P → P") {
+    for (int P : {2, 3, 4, 6, 8}) {
+      for (int M : {2 * P, 4 * P}) {
+        v profile;
+        for (int t = 0; t < M; ++t) profile.push_back(0.6 + 0.25 * std::cos(2 * pi * t / P + 0.4));
+        const auto p = dominant_period(profile);
+        INFO("P = " << P << ", M = " << M);
+        CHECK(p.period == static_cast<double>(P));
+        CHECK(p.frequency == M / P);
+        CHECK(p.power_fraction == Approx(1.0).epsilon(1e-9));
+      }
+    }
+  }
+  SECTION("frequency 3 over M = 8: 8/3 is no divisor, so only the whole profile explains it") {
+    // The old DFT argmax reported the non-integer period 8/3; a period is now a divisor of M.
     v profile;
     for (int t = 0; t < 8; ++t) profile.push_back(std::sin(2 * pi * 3 * t / 8));
+    CHECK(fold_fraction(profile, 4) == Approx(0.0).margin(1e-12));
     const auto p = dominant_period(profile);
-    CHECK(p.frequency == 3);
-    CHECK(p.period == Approx(8.0 / 3.0));
+    CHECK(p.frequency == 1);
+    CHECK(p.period == 8.0);
+    CHECK(p.power_fraction == 1.0);
   }
   SECTION("flat profiles are flagged, including ones whose mean does not round-trip") {
     for (const v& flat : {v(8, 0.7), v(8, 0.0), v(5, 0.1), v(16, 1.0)}) {
-      const auto p = dominant_period(flat);
-      CHECK(p.flat);
-      CHECK(p.period == 0.0);
-      CHECK(p.frequency == 0);
-      CHECK(p.power_fraction == 0.0);
+      for (bool with_errors : {false, true}) {
+        const auto p = with_errors ? dominant_period(flat, v(flat.size(), 0.05)) : dominant_period(flat);
+        CHECK(p.flat);
+        CHECK(p.period == 0.0);
+        CHECK(p.frequency == 0);
+        CHECK(p.power_fraction == 0.0);
+      }
     }
   }
-  SECTION("ties go to the lower frequency (longer period)") {
-    // Equal-amplitude cosines at k = 1 and k = 2 over M = 8.
+  SECTION("two frequencies of equal power: the smallest fold that holds both") {
+    // Equal-amplitude cosines at k = 1 and k = 2 over M = 8: the fold onto 4 holds only k = 2
+    // (half the variation), so the period is 8 — where the argmax's tie rule also ended up.
     v profile;
     for (int t = 0; t < 8; ++t) profile.push_back(std::cos(2 * pi * t / 8) + std::cos(2 * pi * 2 * t / 8));
+    CHECK(fold_fraction(profile, 4) == Approx(0.5).epsilon(1e-12));
     const auto p = dominant_period(profile);
     CHECK(p.frequency == 1);
-    CHECK(p.power_fraction == Approx(0.5).epsilon(1e-12));
+    CHECK(p.period == 8.0);
+    // k = 2 and k = 4 are both multiples of 2: the fold onto 4 holds them, period 4.
+    v harmonics;
+    for (int t = 0; t < 8; ++t) harmonics.push_back(std::cos(2 * pi * 2 * t / 8) + std::cos(pi * t));
+    CHECK(dominant_period(harmonics).period == 4.0);
+  }
+  SECTION("a period-8 pattern with a minor period-16 part: below 10% of the variation is ignored") {
+    v profile;
+    for (int t = 0; t < 16; ++t)
+      profile.push_back((t % 8 == 7 ? 0.2 : 0.9) + (t < 8 ? 0.03 : -0.03));  // the ±0.03 step: 1.6% of the variation
+    CHECK(fold_fraction(profile, 8) > period_explained_fraction);
+    CHECK(dominant_period(profile).period == 8.0);
   }
   SECTION("a noisy period-4 profile over M = 16 still gives 4") {
     const v shape = {0.45, 0.70, 0.66, 0.30};
@@ -404,7 +522,10 @@ TEST_CASE("stats: dominant period of a residue profile", "[diag][stats]") {
     const auto p = dominant_period(profile);
     CHECK(p.frequency == 4);
     CHECK(p.period == 4.0);
-    CHECK(p.power_fraction > 0.5);
+    CHECK(p.power_fraction > 0.9);
+    CHECK(p.power_fraction < 1.0);
+    // With standard errors that cover the noise (|noise| ≤ 0.05 = se): also 4.
+    CHECK(dominant_period(profile, v(16, 0.05)).period == 4.0);
   }
   SECTION("the study's V4-Flash residue profile (S = 4, M = 8) has period 4") {
     const auto p = dominant_period(v{0.4375, 0.6953, 0.6602, 0.2969, 0.4492, 0.6992, 0.6445, 0.3281});
@@ -414,6 +535,114 @@ TEST_CASE("stats: dominant period of a residue profile", "[diag][stats]") {
   SECTION("errors") {
     CHECK_THROWS_WITH(dominant_period(v{1.0}), Catch::Contains("profile.size() = 1"));
     CHECK_THROWS_WITH(dominant_period(v{1.0, not_a_number, 0.0}), Catch::Contains("profile[1]"));
+    const v x{0.9, 0.2, 0.9, 0.2};
+    CHECK_THROWS_WITH(dominant_period(x, v{0.1, 0.1, 0.1}), Catch::Contains("standard_errors.size() = 3"));
+    CHECK_THROWS_WITH(dominant_period(x, v{0.1, -0.1, 0.1, 0.1}), Catch::Contains("standard_errors[1] = -0.1"));
+    CHECK_THROWS_WITH(dominant_period(x, v{0.1, 0.1, not_a_number, 0.1}), Catch::Contains("standard_errors[2]"));
+    CHECK_THROWS_WITH(dominant_period(x, v{0.1, 0.1, 0.1, inf}), Catch::Contains("standard_errors[3]"));
+    CHECK_THROWS_AS(dominant_period(x, v{0.1, 0.1, 0.1, 0.1, 0.1}), input_error);
+  }
+}
+
+TEST_CASE("stats: one weak residue per period gives the fundamental, not a harmonic", "[diag][stats]") {
+  using v = std::vector<double>;
+  SECTION("exact profiles, P ∈ {2, 4, 8}, M = 2P and 4P, with and without standard errors") {
+    for (int P : {2, 4, 8}) {
+      for (int M : {2 * P, 4 * P}) {
+        INFO("P = " << P << ", M = " << M);
+        const v x = one_weak_residue(P, M);
+        const auto p = dominant_period(x);
+        CHECK(p.period == static_cast<double>(P));
+        CHECK(p.frequency == M / P);
+        CHECK(p.power_fraction == Approx(1.0).epsilon(1e-12));
+        CHECK(dominant_period(x, v(x.size(), 0.05)).period == static_cast<double>(P));
+        // A proper divisor explains (P/2 − 1)/(P − 1) < 1/2 of a single dip (the 0.9 rule's margin).
+        if (P > 2) CHECK(fold_fraction(x, P / 2) == Approx((P / 2 - 1.0) / (P - 1.0)).epsilon(1e-12));
+      }
+    }
+  }
+  SECTION("M = 16, P = 8 with noise: the fold never picks a harmonic (the DFT argmax did, 70% of draws)") {
+    // Noise uniform in ±0.02: sd 0.02/√3. Without errors the fold onto 8 explains ~99.7% every
+    // time. With the true se the χ² fit of the fold onto 8 (8 dof) fails in ~5% of draws by design,
+    // and then the answer is 16, never a divisor of 8.
+    std::mt19937 rng(2024);
+    const int draws = 400;
+    int eight_with_errors = 0;
+    const double se = 0.02 / std::sqrt(3.0);
+    for (int d = 0; d < draws; ++d) {
+      v x = one_weak_residue(8, 16);
+      const v noise = uniform_noise(rng, 16, 0.02);
+      for (std::size_t t = 0; t < 16; ++t) x[t] += noise[t];
+      const auto plain = dominant_period(x);
+      REQUIRE(plain.period == 8.0);
+      const auto fitted = dominant_period(x, v(16, se));
+      REQUIRE((fitted.period == 8.0 || fitted.period == 16.0));
+      eight_with_errors += fitted.period == 8.0;
+    }
+    // Binomial(400, 0.95): mean 380, sd 4.4; 360 is 4.6 sd below.
+    CHECK(eight_with_errors >= 360);
+    CHECK(eight_with_errors < draws);  // the test has a size: some true periods are rejected
+  }
+  SECTION("a two-level square profile of period P → P") {
+    for (int P : {2, 4, 6, 8}) {
+      for (int M : {2 * P, 4 * P}) {
+        v x;
+        for (int t = 0; t < M; ++t) x.push_back(t % P < P / 2 ? 0.9 : 0.3);
+        INFO("P = " << P << ", M = " << M);
+        CHECK(dominant_period(x).period == static_cast<double>(P));
+        CHECK(dominant_period(x, v(x.size(), 0.05)).period == static_cast<double>(P));
+      }
+    }
+  }
+}
+
+TEST_CASE("stats: dominant period with standard errors (χ² fit of the fold)", "[diag][stats]") {
+  using v = std::vector<double>;
+  SECTION("hand-computed χ² of the weighted fold") {
+    const v x{1.0, 0.0, 1.0, 0.5};
+    // se 0.5: fold onto 2 = {1, 0.25}, χ² = 2·0.25²/0.25 = 0.5 on 2 dof, p = e^(−0.25) → period 2.
+    CHECK(dominant_period(x, v(4, 0.5)).period == 2.0);
+    // se 0.1: χ² = 12.5, p = e^(−6.25) = 0.0019 → the fold onto 2 is rejected → period 4.
+    CHECK(dominant_period(x, v(4, 0.1)).period == 4.0);
+    // se {0.1, 0.1, 0.1, 0.2}: the odd class's weighted mean is (0·100 + 0.5·25)/125 = 0.1, so
+    // χ² = 100·0.1² + 25·0.4² = 5, p = e^(−2.5) = 0.082 → period 2. (An unweighted class mean
+    // would give χ² = 7.8125, p = 0.020, and period 4.)
+    CHECK(chi_square_upper_tail(5.0, 2.0) == Approx(std::exp(-2.5)).epsilon(1e-12));
+    CHECK(dominant_period(x, v{0.1, 0.1, 0.1, 0.2}).period == 2.0);
+    // Without errors F(2) = 0.5625/0.6875 = 0.82, below 0.9 → 4.
+    CHECK(fold_fraction(x, 2) < period_explained_fraction);
+    CHECK(dominant_period(x).period == 4.0);
+  }
+  const v noise = {0.03, -0.02, 0.04, -0.05, 0.01, 0.05, -0.03, 0.02,
+                   -0.04, 0.00, 0.02, -0.01, 0.05, -0.03, -0.02, 0.04};  // |noise| ≤ 0.05
+  const v se(16, 0.05);
+  SECTION("a period-8 profile plus noise within its errors gives 8") {
+    v x = one_weak_residue(8, 16);
+    for (std::size_t t = 0; t < 16; ++t) x[t] += noise[t];
+    const auto p = dominant_period(x, se);
+    CHECK(p.period == 8.0);
+    CHECK(p.frequency == 2);
+    CHECK(p.power_fraction > 0.95);  // F(8), the same share as without errors
+    CHECK(p.power_fraction == Approx(fold_fraction(x, 8)).epsilon(1e-12));
+  }
+  SECTION("a flat profile plus noise within its errors: the smallest divisor (no period is needed)") {
+    // Consistent with a constant, hence with every fold: the smallest, 2. Whether there is a
+    // phase effect at all is the homogeneity test's question; the small power_fraction says the
+    // same. Without errors all of the noise counts as signal, and no fold short of 16 explains it.
+    v x;
+    for (double n : noise) x.push_back(0.7 + n);
+    const auto p = dominant_period(x, se);
+    CHECK(p.period == 2.0);
+    CHECK(p.frequency == 8);
+    CHECK(p.power_fraction < 0.2);
+    CHECK(dominant_period(x).period == 16.0);
+  }
+  SECTION("standard errors of 0 are floored: an exact period is still found, any departure rejected") {
+    v x = one_weak_residue(4, 16);
+    CHECK(dominant_period(x, v(16, 0.0)).period == 4.0);
+    x[3] += 1e-6;  // a departure far below any real se, but above the floor (1e-9 · 0.9)
+    CHECK(dominant_period(x, v(16, 0.0)).period == 16.0);
+    CHECK(dominant_period(x, v(16, 0.01)).period == 4.0);
   }
 }
 

@@ -48,7 +48,9 @@
 // Probabilities: mean probability with a normal-approximation 95% interval of the mean
 // (mean ± 1.96·s/√n, s the sample standard deviation, clipped to [0, 1]), one-way ANOVA.
 // Both: best/worst/mean/gap via summarize_residues, dominant period via dominant_period on the
-// M-residue accuracy profile.
+// M-residue accuracy profile with per-residue standard errors (binary: the binomial se at the
+// pooled rate; probabilities: the standard error of each residue's mean), so the period is the
+// smallest divisor of M whose fold fits the profile within its noise (χ², p ≥ 0.05).
 //
 // Why minimum_trials = 10: the χ² approximation wants expected cells of at least 5, and the
 // smaller expected cell of a residue, min(n·p, n·(1 − p)), is at most n/2 — below 10 trials per
@@ -318,7 +320,9 @@ struct sweep_result {
         out << "dominant period: none (flat profile)\n";
       else
         out << "dominant period: " << detail::format_number(period.period, 6) << " (frequency " << period.frequency
-            << ", " << detail::format_number(100.0 * period.power_fraction, 4) << "% of the variation)\n";
+            << ", " << detail::format_number(100.0 * period.power_fraction, 4) << "% of the variation"
+            << (homogeneity.p_value >= 0.05 ? "; no significant phase effect, so no period to speak of" : "")
+            << ")\n";
     }
     if (failed_trials > 0)
       out << "failed trials: " << failed_trials << " (excluded); first error: " << first_error << "\n";
@@ -508,7 +512,33 @@ sweep_result run_sweep(const sweep_config& config, Trial&& trial) {
   result.gap_points = summary.gap_points;
   result.best_residue = summary.best_residue;
   result.worst_residue = summary.worst_residue;
-  result.period = stats::dominant_period(profile);
+  // Standard errors for the period's χ² fit (stats::dominant_period). Binary: √(p̄(1 − p̄)/n_r)
+  // with p̄ the success rate pooled over all residues — the spread a residue would have with no
+  // phase effect, and never 0 at a residue that happened to score 0% or 100% (its own
+  // p̂(1 − p̂) would be, making any departure from the fold infinitely significant). A pooled
+  // p̄ of 0 or 1 means a flat profile, which never reaches the fit. Probabilities: the sample
+  // standard error s_r/√n_r of the residue's mean; 0 when every trial of the residue returned
+  // the same value, which dominant_period raises to its tiny floor.
+  std::vector<double> standard_errors(profile.size());
+  if constexpr (binary) {
+    std::int64_t pooled_successes = 0, pooled_trials = 0;
+    for (const auto& row : result.residues) {
+      pooled_successes += row.successes;
+      pooled_trials += row.valid;
+    }
+    const double rate = static_cast<double>(pooled_successes) / static_cast<double>(pooled_trials);
+    for (std::size_t r = 0; r < profile.size(); ++r)
+      standard_errors[r] = std::sqrt(rate * (1.0 - rate) / static_cast<double>(result.residues[r].valid));
+  } else {
+    for (std::size_t r = 0; r < profile.size(); ++r) {
+      const auto& v = values[r];  // ≥ minimum_trials values: the summary is valid
+      double squares = 0.0;
+      for (double x : v) squares += (x - profile[r]) * (x - profile[r]);
+      const double n = static_cast<double>(v.size());
+      standard_errors[r] = std::sqrt(squares / (n - 1.0) / n);
+    }
+  }
+  result.period = stats::dominant_period(profile, standard_errors);
   if constexpr (binary) {
     std::vector<std::int64_t> successes, trials;
     for (const auto& row : result.residues) {

@@ -6,7 +6,8 @@
 //   wilson_interval        score interval of a binomial proportion
 //   chi_square_homogeneity Pearson χ² on the k×2 table (successes, failures) of k residues
 //   anova_homogeneity      one-way ANOVA F test, for per-trial probabilities instead of 0/1
-//   dominant_period        the strongest DFT frequency of a mean-removed profile
+//   fold_fraction          share of a profile's variation its fold onto P classes explains
+//   dominant_period        the smallest divisor P of M whose fold explains the profile
 //   summarize_residues     best and worst residue, the gap in points, the mean
 //
 // and the special functions under them, in double:
@@ -388,68 +389,178 @@ inline anova_test anova_homogeneity(const std::vector<std::vector<double>>& grou
 // ---------------------------------------------------------------------------------------------
 
 struct periodicity {
-  double period = 0.0;           // M / frequency; 0 when the profile is flat
-  std::int64_t frequency = 0;    // k ∈ [1, M/2]; 0 when flat
-  double power_fraction = 0.0;   // share of the non-DC power at that frequency; 0 when flat
-  bool flat = false;             // no variation to speak of (see below)
+  double period = 0.0;           // P, a divisor of M in [2, M]; 0 when the profile is flat
+  std::int64_t frequency = 0;    // M / P, the DFT bin of the fundamental; 0 when flat
+  double power_fraction = 0.0;   // F(P): share of the profile's variation the P-fold explains; 0 when flat
+  bool flat = false;             // no variation to speak of (see dominant_period)
 };
 
-// The dominant period of a profile x_0 … x_{M−1} over M residues. With d_t = x_t − mean and
-// X_k = Σ_t d_t e^(−2πi k t/M), the power at frequency k ∈ [1, M/2] counts both of its
-// conjugate bins: 2|X_k|² (just |X_{M/2}|² at the Nyquist frequency of an even M). By Parseval
-// these sum to the total non-DC power M Σ d_t², so each frequency's share is the fraction of the
-// profile's variance it explains (a pure period-p pattern with p | M puts all its power on the
-// multiples of M/p; the dominant one is usually M/p itself).
-// The winner is the frequency with the largest share; shares within 1e-9 of each other count
-// as tied and the lower k (longer period) wins. The period M/k is a double because k need not
-// divide M.
-// Flat: when the profile's RMS deviation from its mean is at most 1e-12 of its largest |x|
-// (rounding noise of the mean, e.g. a constant profile), no frequency is meaningful: the
-// result is {period 0, frequency 0, power_fraction 0, flat = true}.
-inline periodicity dominant_period(span<const double> profile) {
-  using phasekv::detail::require;
-  const std::size_t m = profile.size();
-  require<input_error>(m >= 2, "dominant_period: profile.size()", m, "must be at least 2 residues");
-  double sum = 0.0, largest = 0.0;
-  for (std::size_t t = 0; t < m; ++t) {
-    require<input_error>(std::isfinite(profile[t]), "dominant_period: profile[" + std::to_string(t) + "]", profile[t],
-                         "must be finite");
-    sum += profile[t];
-    largest = std::max(largest, std::fabs(profile[t]));
+// With standard errors, a fold is adequate when its χ² goodness-of-fit p-value is at least this.
+inline constexpr double period_fit_alpha = 0.05;
+// Without them, a fold is adequate when it explains at least this share of the variation.
+inline constexpr double period_explained_fraction = 0.9;
+
+namespace detail {
+
+// Σ_c n_c (m_c − x̄)², the between-class sum of squares of the fold of x onto `period` classes
+// (class c = {t : t mod period = c}, n_c = M / period since period | M, m_c its plain mean).
+inline double fold_between_squares(span<const double> x, std::size_t period, double mean) {
+  std::vector<double> sums(period, 0.0);
+  for (std::size_t t = 0; t < x.size(); ++t) sums[t % period] += x[t];
+  const double n = static_cast<double>(x.size() / period);
+  double between = 0.0;
+  for (double s : sums) between += n * (s / n - mean) * (s / n - mean);
+  return between;
+}
+
+// χ² of the weighted P-fold: Σ_t w_t (x_t − m̂_{t mod P})², m̂_c = Σ_{t∈c} w_t x_t / Σ_{t∈c} w_t —
+// the weighted least-squares P-periodic fit, so with w_t = 1/se_t² it is χ²-distributed with
+// M − P degrees of freedom when the profile is P-periodic and the se are right.
+inline double fold_chi_square(span<const double> x, const std::vector<double>& weight, std::size_t period) {
+  std::vector<double> weighted(period, 0.0), total(period, 0.0);
+  for (std::size_t t = 0; t < x.size(); ++t) {
+    weighted[t % period] += weight[t] * x[t];
+    total[t % period] += weight[t];
   }
-  const double mean = sum / static_cast<double>(m);
-  std::vector<double> deviation(m);
-  double squares = 0.0;
-  for (std::size_t t = 0; t < m; ++t) {
-    deviation[t] = profile[t] - mean;
-    squares += deviation[t] * deviation[t];
+  double statistic = 0.0;
+  for (std::size_t t = 0; t < x.size(); ++t) {
+    const double d = x[t] - weighted[t % period] / total[t % period];
+    statistic += weight[t] * d * d;
+  }
+  return statistic;
+}
+
+inline double check_profile(const char* function, span<const double> profile) {
+  using phasekv::detail::require;
+  require<input_error>(profile.size() >= 2, std::string(function) + ": profile.size()", profile.size(),
+                       "must be at least 2 residues");
+  double sum = 0.0;
+  for (std::size_t t = 0; t < profile.size(); ++t) {
+    require<input_error>(std::isfinite(profile[t]), std::string(function) + ": profile[" + std::to_string(t) + "]",
+                         profile[t], "must be finite");
+    sum += profile[t];
+  }
+  return sum / static_cast<double>(profile.size());
+}
+
+}  // namespace detail
+
+// F(P) = between-class SS / total SS of the fold of a profile x_0 … x_{M−1} onto P classes
+// (t mod P): the share of the profile's variation that the best P-periodic pattern (each class
+// replaced by its mean) explains. It equals the summed DFT power of the mean-removed profile at
+// the multiples of M/P, the harmonic sum of the fundamental M/P (the P-periodic sequences are
+// exactly those the bins k·M/P span, and the fold is the orthogonal projection onto them). So F
+// grows along divisibility (P | P' ⇒ F(P) ≤ F(P')), F(1) = 0 and F(M) = 1. A profile with no
+// variation (flat by dominant_period's rule: only the rounding of its mean) has nothing to
+// explain: F = 0. `period` must divide M.
+inline double fold_fraction(span<const double> profile, std::int64_t period) {
+  using phasekv::detail::require;
+  const double mean = detail::check_profile("fold_fraction", profile);
+  const std::int64_t m = static_cast<std::int64_t>(profile.size());
+  require<input_error>(period >= 1 && m % period == 0, "fold_fraction: period", period,
+                       "must be a divisor of profile.size() = " + std::to_string(m));
+  double total = 0.0, largest = 0.0;
+  for (double x : profile) {
+    total += (x - mean) * (x - mean);
+    largest = std::max(largest, std::fabs(x));
+  }
+  if (std::sqrt(total / static_cast<double>(m)) <= 1e-12 * largest) return 0.0;
+  if (period == m) return 1.0;
+  return std::min(1.0, detail::fold_between_squares(profile, static_cast<std::size_t>(period), mean) / total);
+}
+
+// The dominant period of a profile x_0 … x_{M−1} over M residues: the SMALLEST divisor P of M,
+// 2 ≤ P ≤ M, whose fold (fold_fraction) explains the profile adequately — the fundamental, not
+// a harmonic. The period is therefore always a divisor of M; the result is {P, M/P, F(P)}.
+//
+// Why a fold and not a DFT argmax: a pattern of period P puts its power on ALL multiples of
+// M/P, and one weak residue per period spreads it evenly over them (every non-Nyquist
+// harmonic gets the same share as the fundamental): once noise breaks the tie the largest single
+// bin is usually a harmonic (M = 16, P = 8, noise ±0.02 on a 0.7 dip: 4 or 16/6 ≈ 2.67 in 70% of
+// draws instead of 8). The fold adds the harmonics up.
+//
+// "Adequately":
+//   * with standard errors se_t of the x_t (`standard_errors`, one per residue): a χ²
+//     goodness-of-fit test of the P-fold fitted by weighted least squares,
+//         χ²(P) = Σ_t (x_t − m̂_{t mod P})² / se_t²,   m̂_c the 1/se²-weighted mean of class c,
+//     with M − P degrees of freedom, adequate when Pr(χ²_{M−P} ≥ χ²(P)) ≥ period_fit_alpha
+//     (0.05). The smallest adequate P wins; P = M fits exactly and is always adequate. So a real
+//     period P is reported as P unless the profile departs from P-periodicity by more than its
+//     errors (about 5% of the time by chance; then a multiple of P is reported, never a
+//     divisor). An se_t below 1e-9 · max|x_t| (in particular 0: "known exactly", e.g. a residue
+//     whose every probability trial returned the same value) is raised to that floor: far above
+//     the rounding of a class mean, so an exactly periodic profile still fits its period, and
+//     any real departure is rejected. (The floor is at least 1e-150, so se² cannot underflow.)
+//   * without standard errors (empty span) there is no noise scale, so the rule is a share:
+//     F(P) ≥ period_explained_fraction (0.9) — at most 10% of the variation lies outside the
+//     P-periodic pattern. Why 0.9: a proper divisor of a period explains a part that stays well
+//     below it for the profiles a phase effect makes (one weak residue per period P: F(P/2) =
+//     (P/2 − 1)/(P − 1) < 1/2; a two-level square wave: F(P/2) = 0), while measurement noise of
+//     up to a ninth of the pattern's variance still lets the true period through. Every
+//     deviation counts as signal here: a profile that is all noise typically needs P = M.
+//
+// No phase effect. A profile that is constant within its errors fits every fold, so with
+// standard errors it gets the smallest divisor of M (2 for even M) — this function answers "if
+// the profile is periodic, with which period", not "is there a phase effect"; that is the
+// homogeneity test the phase sweep reports next to it (a small power_fraction is the other
+// hint). Period 1 (the constant) is not a candidate: "no period" is the homogeneity test's answer.
+//
+// Flat: when the profile's RMS deviation from its mean is at most 1e-12 of its largest |x|
+// (rounding noise of the mean, e.g. a constant profile), no period is meaningful: the result
+// is {period 0, frequency 0, power_fraction 0, flat = true}, with or without standard errors.
+//
+// Throws input_error for fewer than 2 residues, a non-finite x_t, a standard_errors span of
+// another size than the profile (other than empty), or an se_t that is negative or not finite.
+inline periodicity dominant_period(span<const double> profile, span<const double> standard_errors = {}) {
+  using phasekv::detail::require;
+  const double mean = detail::check_profile("dominant_period", profile);
+  const std::size_t m = profile.size();
+  const bool have_errors = !standard_errors.empty();
+  if (have_errors) {
+    require<input_error>(standard_errors.size() == m, "dominant_period: standard_errors.size()",
+                         standard_errors.size(),
+                         "must equal profile.size() = " + std::to_string(m) + " (or be empty: no errors given)");
+    for (std::size_t t = 0; t < m; ++t)
+      require<input_error>(std::isfinite(standard_errors[t]) && standard_errors[t] >= 0.0,
+                           "dominant_period: standard_errors[" + std::to_string(t) + "]", standard_errors[t],
+                           "must be finite and non-negative");
+  }
+  double squares = 0.0, largest = 0.0;
+  for (double x : profile) {
+    squares += (x - mean) * (x - mean);
+    largest = std::max(largest, std::fabs(x));
   }
   periodicity out;
   if (std::sqrt(squares / static_cast<double>(m)) <= 1e-12 * largest) {
     out.flat = true;
     return out;
   }
-  const double total_power = static_cast<double>(m) * squares;
-  const double two_pi = 6.283185307179586476925286766559;
-  const std::int64_t M = static_cast<std::int64_t>(m);
-  double best_share = -1.0;
-  for (std::int64_t k = 1; 2 * k <= M; ++k) {
-    double re = 0.0, im = 0.0;
-    for (std::int64_t t = 0; t < M; ++t) {
-      // k·t mod M keeps the angle in [0, 2π) so large M loses no precision in cos/sin.
-      const double angle = two_pi * static_cast<double>((k * t) % M) / static_cast<double>(M);
-      re += deviation[static_cast<std::size_t>(t)] * std::cos(angle);
-      im -= deviation[static_cast<std::size_t>(t)] * std::sin(angle);
-    }
-    const double bins = (2 * k == M) ? 1.0 : 2.0;
-    const double share = bins * (re * re + im * im) / total_power;
-    if (share > best_share + 1e-9) {
-      best_share = share;
-      out.frequency = k;
+  std::vector<double> weight;
+  if (have_errors) {
+    const double se_floor = std::max(1e-9 * largest, 1e-150);
+    weight.resize(m);
+    for (std::size_t t = 0; t < m; ++t) {
+      const double se = std::max(standard_errors[t], se_floor);
+      weight[t] = 1.0 / (se * se);
     }
   }
-  out.power_fraction = std::min(1.0, best_share);
-  out.period = static_cast<double>(M) / static_cast<double>(out.frequency);
+  std::size_t chosen = m;
+  for (std::size_t p = 2; p < m; ++p) {
+    if (m % p != 0) continue;
+    const bool adequate =
+        have_errors
+            ? chi_square_upper_tail(detail::fold_chi_square(profile, weight, p), static_cast<double>(m - p)) >=
+                  period_fit_alpha
+            : detail::fold_between_squares(profile, p, mean) >= period_explained_fraction * squares;
+    if (adequate) {
+      chosen = p;
+      break;
+    }
+  }
+  out.period = static_cast<double>(chosen);
+  out.frequency = static_cast<std::int64_t>(m / chosen);
+  out.power_fraction =
+      chosen == m ? 1.0 : std::min(1.0, detail::fold_between_squares(profile, chosen, mean) / squares);
   return out;
 }
 
