@@ -118,6 +118,15 @@ struct needle_config {
   std::int64_t gate_offset = 0;   // concentrated_gates: key gates peak at offset r, value gates at r+1
   std::int64_t heads = 1;         // concentrated_gates: several KV heads at offsets r, r+1, …
   std::uint64_t seed = 1;
+  // Interventions (diag/interventions.hpp) on the probe's own write path; the defaults leave it
+  // as described above.
+  //   origin: chunk origin of the geometry (blocks start at t ≡ origin mod S, DESIGN.md §2), as
+  //     staggered_origins sets it; mean_pool, concentrated_gates and rope_after_pool only.
+  //   key_slot_bias, value_slot_bias: concentrated_gates only, the per-slot gate biases laid out
+  //     [heads][W] (G = 1 scalar gate channel), e.g. concentrated_slot_bias() cycled by
+  //     cycle_slot_profile; empty = concentrated_slot_bias().
+  std::int64_t origin = 0;
+  std::vector<float> key_slot_bias, value_slot_bias;
 
   static constexpr std::int64_t filler_vocabulary = 1024;
   static constexpr float gate_sharpness = 12.0f;  // bias of the peaked slot (others 0)
@@ -131,6 +140,18 @@ struct needle_config {
     return policy == needle_policy::full_attention ? 1 : policy == needle_policy::deepseek_v4_csa ? 8 : window;
   }
   std::int64_t effective_heads() const { return policy == needle_policy::concentrated_gates ? heads : 1; }
+
+  // The default concentrated-gate biases [heads][W] of the key (false) or value (true) stream:
+  // gate_sharpness on slot (gate_offset + h) mod W of head h's key stream and on the slot after it
+  // in the value stream, 0 elsewhere.
+  std::vector<float> concentrated_slot_bias(bool value_stream) const {
+    std::vector<float> bias(static_cast<std::size_t>(heads * window), 0.0f);
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const std::int64_t r = (gate_offset + h + (value_stream ? 1 : 0)) % window;
+      bias[static_cast<std::size_t>(h * window + r)] = gate_sharpness;
+    }
+    return bias;
+  }
 
   void validate() const {
     using phasekv::detail::require;
@@ -159,6 +180,24 @@ struct needle_config {
               "must lie in [0, window = " + std::to_string(window) + ")");
       require(heads <= window, "needle_config.heads", heads,
               "must be at most window = " + std::to_string(window) + " (one distinct offset per head)");
+    }
+    if (own_geometry)
+      require(origin >= 0 && origin < stride, "needle_config.origin", origin,
+              "must lie in [0, stride = " + std::to_string(stride) + ")");
+    else
+      require(origin == 0, "needle_config.origin", origin,
+              std::string("must be 0 for the ") + to_string(policy) + " policy (it has no geometry of its own)");
+    const std::pair<const char*, const std::vector<float>*> biases[] = {
+        {"needle_config.key_slot_bias", &key_slot_bias}, {"needle_config.value_slot_bias", &value_slot_bias}};
+    for (const auto& [field, bias] : biases) {
+      if (bias->empty()) continue;
+      require(policy == needle_policy::concentrated_gates, std::string(field) + ".size()", bias->size(),
+              "must be 0 (only the concentrated_gates policy has per-slot gate biases)");
+      require(static_cast<std::int64_t>(bias->size()) == heads * window, std::string(field) + ".size()", bias->size(),
+              "must be heads × window = " + std::to_string(heads * window) + " (or 0 for the default)");
+      for (std::size_t i = 0; i < bias->size(); ++i)
+        require(std::isfinite((*bias)[i]), std::string(field) + "[" + std::to_string(i) + "]", (*bias)[i],
+                "must be finite");
     }
   }
 };
@@ -375,7 +414,7 @@ class needle_probe {
   void build_engine() {
     const std::int64_t S = config_.effective_stride(), W = config_.effective_window(), H = config_.effective_heads();
     const std::int64_t C = config_.channels;
-    const geometry geom{S, W, 0, anchor_mode::block_start};
+    const geometry geom{S, W, config_.origin, anchor_mode::block_start};
     const std::int64_t entries = geom.completed_entries(config_.tokens) + 1;
     cache_config cc;
     cc.name = "needle.cache";
@@ -412,13 +451,9 @@ class needle_probe {
       case needle_policy::concentrated_gates: {
         using comp = stream_compressor<compressor_policy<scalar_gated_pool>>;
         stream_params kp, vp;
-        kp.slot_bias.assign(static_cast<std::size_t>(H * W), 0.0f);
-        vp.slot_bias = kp.slot_bias;
-        for (std::int64_t h = 0; h < H; ++h) {
-          const std::int64_t r = (config_.gate_offset + h) % W;
-          kp.slot_bias[static_cast<std::size_t>(h * W + r)] = needle_config::gate_sharpness;
-          vp.slot_bias[static_cast<std::size_t>(h * W + (r + 1) % W)] = needle_config::gate_sharpness;
-        }
+        kp.slot_bias = config_.key_slot_bias.empty() ? config_.concentrated_slot_bias(false) : config_.key_slot_bias;
+        vp.slot_bias =
+            config_.value_slot_bias.empty() ? config_.concentrated_slot_bias(true) : config_.value_slot_bias;
         gated_logits_ = 1;
         engine_ = std::make_unique<detail::engine<comp, comp>>(
             layer_compressor<comp, comp>(comp(geom, keys, kp), comp(geom, values, vp)), cc, rc);
