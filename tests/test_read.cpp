@@ -20,6 +20,7 @@
 // large outputs and absolute (in units of the value scale) for outputs that cancel to near 0.
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -29,6 +30,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "oracle/random_inputs.hpp"
@@ -37,6 +39,8 @@
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/core/executor.hpp"
+#include "phasekv/core/openmp_executor.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 #include "phasekv/read/top_k.hpp"
@@ -598,14 +602,14 @@ struct selection_world {
     return rc;
   }
 
-  selection_cache make(storage_type storage, std::uint32_t seed, i64 history = 0) const {
+  selection_cache make(storage_type storage, std::uint32_t seed, i64 history = 0, i64 pages = 128) const {
     std::mt19937 rng(seed);
     stream_params vp;
     vp.slot_bias = phasekv_test::random_bias(rng, sz(kv_heads * geom.window * value_channels));
     cache_config cc;
     cc.name = "cache";
     cc.page_size = 3;  // candidates span several pages, the last one partial
-    cc.pages = 128;
+    cc.pages = pages;
     cc.storage = storage;
     cc.history = history;
     cc.window = raw_window_config{window, kv_heads, key_channels, value_channels};
@@ -1346,3 +1350,120 @@ TEST_CASE("sparse_reader: bad configurations throw config_error naming the field
 }
 
 }  // namespace
+
+// ---- 8. long contexts and executors ---------------------------------------------------------------
+
+namespace {
+
+// A host's thread pool, as simply as possible: `threads` std::threads per run(), taking tasks
+// from a shared counter (optionally last task first), so pieces really run concurrently and out
+// of order.
+class thread_executor final : public executor {
+ public:
+  thread_executor(int threads, bool reverse) : threads_(threads), reverse_(reverse) {}
+  std::int64_t concurrency() const noexcept override { return threads_; }
+  void run(std::int64_t tasks, task_function task, void* context) noexcept override {
+    std::atomic<std::int64_t> next{0};
+    auto work = [&] {
+      for (std::int64_t i; (i = next.fetch_add(1)) < tasks;) task(context, reverse_ ? tasks - 1 - i : i);
+    };
+    std::vector<std::thread> pool;
+    for (int k = 1; k < threads_; ++k) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+    ++runs;
+  }
+  std::int64_t runs = 0;
+
+ private:
+  int threads_;
+  bool reverse_;
+};
+
+bool same_trace(const read_trace& a, const read_trace& b) {
+  return a.candidates == b.candidates && a.selected == b.selected && a.scores == b.scores &&
+         a.entry_mass == b.entry_mass && a.window_first == b.window_first &&
+         a.window_token_mass == b.window_token_mass && a.window_mass == b.window_mass && a.sink_mass == b.sink_mass;
+}
+
+}  // namespace
+
+TEST_CASE("executor: for_each runs every task once and rethrows the first exception", "[read][executor]") {
+  for (executor* e : std::initializer_list<executor*>{&default_executor(), new thread_executor(3, true)}) {
+    std::vector<int> hits(1000, 0);
+    auto count = [&](std::int64_t i) { ++hits[sz(i)]; };
+    e->for_each(1000, count);
+    CHECK(std::count(hits.begin(), hits.end(), 1) == 1000);
+    auto fail = [&](std::int64_t i) {
+      if (i % 7 == 3) throw input_error("task " + std::to_string(i));
+    };
+    REQUIRE_THROWS_AS(e->for_each(100, fail), input_error);
+    if (e != &default_executor()) delete e;
+  }
+  openmp_executor omp;  // serial unless compiled with -fopenmp: still runs every task
+  std::vector<int> hits(50, 0);
+  auto count = [&](std::int64_t i) { ++hits[sz(i)]; };
+  omp.for_each(50, count);
+  CHECK(std::count(hits.begin(), hits.end(), 1) == 50);
+}
+
+// Thousands of candidates: scoring runs in several chunks whose top-k lists are merged, and a
+// read without selection walks over hundreds of pages in place (converted for bf16). Both must
+// equal the oracle, and every executor must give bit-identical outputs and traces.
+TEST_CASE("sparse_reader: long contexts, chunked selection and in-place pages, on any executor",
+          "[read][oracle][executor]") {
+  using W = selection_world;
+  const W world;
+  struct variant {
+    storage_type storage;
+    i64 top_k;
+  };
+  const variant variants[] = {{storage_type::f32, 5}, {storage_type::bf16, 7}, {storage_type::f32, 0},
+                              {storage_type::f16, 0}};
+  std::uint32_t seed = 71;
+  for (const variant& v : variants) {
+    INFO("storage " << v.storage << ", top_k " << v.top_k);
+    std::mt19937 rng(seed++);
+    selection_cache cache = world.make(v.storage, seed, 0, 1600);
+    const sequence_id seq = cache.create();
+    const i64 T = 9001;  // 4500 candidates: two scoring chunks of 4095 entries (pages of 3)
+    const auto in = world.make_inputs(rng, T + 2, 3);
+    world.append(cache, seq, in, 0, T);  // one prefill; then two decoded tokens
+    const reader_config rc = W::reader("long", v.top_k, true);
+    sparse_reader<selection_cache> serial(cache, rc), threaded(cache, rc);
+    thread_executor pool(3, true);
+    threaded.set_executor(pool);
+    std::vector<float> out(sz(serial.output_floats())), out_threaded(out.size());
+    read_trace trace, trace_threaded;
+    for (i64 t : {T - 1, T + 1}) {
+      INFO("position " << t);
+      if (t > T - 1) world.append(cache, seq, in, T, 2);
+      const auto q = uniform(rng, sz(W::query_heads * W::key_channels), -2.0f, 2.0f);
+      const auto iq = multiples(rng, sz(W::indexer_heads * W::indexer_channels), 0.5, -4, 4);
+      const auto iw = multiples(rng, sz(W::indexer_heads), 0.25, -2, 8);
+      const auto sinks = uniform(rng, sz(W::query_heads), -1.0f, 2.0f);
+      read_request rq;
+      rq.position = t;
+      rq.queries = q;
+      rq.sinks = sinks;
+      if (v.top_k > 0) {
+        rq.indexer_queries = iq;
+        rq.indexer_weights = iw;
+      }
+      serial.read(seq, rq, out.data(), &trace);
+      threaded.read(seq, rq, out_threaded.data(), &trace_threaded);
+      CHECK(std::memcmp(out.data(), out_threaded.data(), out.size() * sizeof(float)) == 0);
+      CHECK(same_trace(trace, trace_threaded));
+
+      const selection_expectation e =
+          expect_selection(cache, seq, t, v.top_k, q, v.top_k > 0 ? iq : std::vector<float>(iq.size(), 0.0f),
+                           v.top_k > 0 ? iw : std::vector<float>(iw.size(), 0.0f), sinks);
+      REQUIRE(trace.candidates == (t + 1) / 2);
+      REQUIRE(trace.selected == e.selected);
+      CHECK(mismatch(out.data(), e.read.output, e.value_scale) == "");
+      CHECK(mass_mismatch(trace.entry_mass, e.read.entry_mass, 1e-5, "entry_mass") == "");
+      CHECK(trace.sink_mass == Approx(e.read.sink_mass).margin(1e-5));
+    }
+    CHECK(pool.runs > 0);  // the threaded reader really went through its executor
+  }
+}

@@ -21,7 +21,9 @@
 
 // core
 #include "phasekv/core/error.hpp"
+#include "phasekv/core/executor.hpp"
 #include "phasekv/core/geometry.hpp"
+#include "phasekv/core/openmp_executor.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
 

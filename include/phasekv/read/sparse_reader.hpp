@@ -15,8 +15,13 @@
 // rotations; `derotate_output` rotates them back by the query position, as DeepSeek-V4 does.
 //
 // Indexer scores come from a fused xsimd kernel over whole pages (indexer_kernel.hpp); the
-// attention logits and outputs are Eigen GEMMs over the gathered keys.
-// A reader holds scratch space: use one reader per thread.
+// attention logits and outputs are Eigen GEMMs — over the gathered top-k entries, or, without
+// selection, over the fp32 pages in place, page by page, merged through the online softmax.
+//
+// Parallelism (optional): with an executor (core/executor.hpp), scoring runs as chunks of pages
+// (each with its own top-k, merged after) and attention as blocks of query heads. The pieces have
+// a fixed size, so results are bit-identical on every executor; the default runs them in order.
+// A reader holds scratch space: use one reader per thread (or per executor).
 
 #include <algorithm>
 #include <cmath>
@@ -29,6 +34,7 @@
 
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/core/error.hpp"
+#include "phasekv/core/executor.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/read/indexer_kernel.hpp"
@@ -90,6 +96,10 @@ class sparse_reader {
   const reader_config& config() const noexcept { return config_; }
   std::int64_t output_floats() const noexcept { return config_.query_heads * value_channels_; }
 
+  // Where read() runs its parallel pieces (default: serially, on the calling thread). The
+  // executor must outlive its use by this reader.
+  void set_executor(executor& e) noexcept { executor_ = &e; }
+
   // Attention output of one query: out[query_heads][value channels].
   void read(sequence_id seq, const read_request& request, float* out, read_trace* trace = nullptr) {
     check(seq, request, out);
@@ -97,38 +107,39 @@ class sparse_reader {
     const std::int64_t t = request.position;
     const std::int64_t candidates = geom.visible_entries(t);
 
-    // 1–2: candidates and selection.
-    selection_.clear();
-    if (config_.top_k > 0) {
-      score_candidates(seq, request, candidates);
-      select_top_k(span<const float>(scores_.data(), static_cast<std::size_t>(candidates)), config_.top_k, selection_);
-    } else {
-      selection_.resize(static_cast<std::size_t>(candidates));
-      for (std::int64_t j = 0; j < candidates; ++j) selection_[static_cast<std::size_t>(j)] = {j, 0.0f};
+    // 1–2: candidates and selection; the selected entries are gathered, all entries read in place.
+    selected_ = config_.top_k > 0;
+    if (selected_) {
+      select(seq, request, candidates);
+      gather_entries(seq, static_cast<std::int64_t>(selection_.size()));
     }
+    const std::int64_t n_entries = selected_ ? static_cast<std::int64_t>(selection_.size()) : candidates;
 
-    // 3: gather the selected entries and the window tokens, then attend per KV head.
-    const std::int64_t n_sel = static_cast<std::int64_t>(selection_.size());
+    // 3: the window tokens, then attention per block of query heads.
     const std::int64_t n_win_tokens = config_window_tokens();
     const std::int64_t w_first = n_win_tokens > 0 ? std::max<std::int64_t>(0, t - n_win_tokens + 1) : t + 1;
     const std::int64_t n_win = t + 1 - w_first;
-    gather_entries(seq, n_sel);
     gather_window(seq, w_first, n_win);
 
-    const std::int64_t group = config_.query_heads / kv_heads_;
-    const float* sinks = config_.sink ? request.sinks.data() : nullptr;
-    if (trace) start_trace(*trace, candidates, n_sel, w_first, n_win);
-    for (std::int64_t g = 0; g < kv_heads_; ++g) {
-      const Eigen::Map<const matrix> q(request.queries.data() + g * group * key_channels_, group, key_channels_);
-      attend_part(q, entry_keys_, entry_values_, config_.key_stream == config_.value_stream, g, n_sel, compressed_,
-                  compressed_p_);
-      attend_part(q, window_keys_, window_values_, cache_->tied_window(), g, n_win, window_, window_p_);
-      merged_ = compressed_;
-      merged_.merge(window_);
-      merged_.finish(out + g * group * value_channels_, sinks ? sinks + g * group : nullptr);
-      if (trace) add_trace(*trace, sinks ? sinks + g * group : nullptr);
+    tracing_ = trace != nullptr;
+    if (tracing_) {
+      entry_logits_.resize(config_.query_heads, n_entries);
+      window_logits_.resize(config_.query_heads, n_win);
+      final_max_.resize(config_.query_heads);
+      final_norm_.resize(config_.query_heads);
     }
-    if (trace) finish_trace(*trace);
+    const std::int64_t group = config_.query_heads / kv_heads_;
+    const std::int64_t blocks_per_group = (group + head_block - 1) / head_block;
+    head_tasks_.resize(static_cast<std::size_t>(kv_heads_ * blocks_per_group));
+    auto attend = [&](std::int64_t task) {
+      const std::int64_t g = task / blocks_per_group;
+      const std::int64_t h0 = g * group + (task % blocks_per_group) * head_block;
+      const std::int64_t rows = std::min(head_block, (g + 1) * group - h0);
+      attend_heads(head_tasks_[static_cast<std::size_t>(task)], seq, request, g, h0, rows, n_entries, n_win,
+                   out + h0 * value_channels_);
+    };
+    executor_->for_each(static_cast<std::int64_t>(head_tasks_.size()), attend);
+    if (trace) write_trace(*trace, candidates, n_entries, w_first, n_win);
 
     if (config_.derotate_output) {
       std::vector<float>& c = rope_cos_;
@@ -138,6 +149,12 @@ class sparse_reader {
         rope_.apply(out + h * value_channels_, c.data(), c.data() + rope_.pairs(), -1.0f);
     }
   }
+
+  // Sizes of the parallel pieces. Fixed (not derived from the executor) so that results never
+  // depend on it: 4096 entries of indexer keys per scoring chunk (~2 MiB at 128 channels, one
+  // L2-sized stream), 16 query heads per attention block (a GEMM still wide enough to be fast).
+  static constexpr std::int64_t score_chunk_entries = 4096;
+  static constexpr std::int64_t head_block = 16;
 
  private:
   const stream_config& stream_config_of(std::size_t k) const { return cache_->compressors().config(k); }
@@ -223,28 +240,45 @@ class sparse_reader {
     }
   }
 
-  // I_j for every candidate j into scores_, page by page with the fused indexer kernel.
-  void score_candidates(sequence_id seq, const read_request& r, std::int64_t candidates) {
+  using rows_view = Eigen::Map<const matrix, 0, Eigen::OuterStride<>>;
+
+  // Scoring and top-k, per chunk of whole pages (in parallel), then once more over the chunks'
+  // winners: I_j into scores_, the top k in rank order into selection_.
+  void select(sequence_id seq, const read_request& r, std::int64_t candidates) {
     const page_pool& pool = cache_->pool(config_.indexer_stream);
     const auto& table = cache_->page_table(seq, config_.indexer_stream);
     const std::int64_t page_size = pool.layout().page_size;
+    const std::int64_t chunk = std::max<std::int64_t>(1, score_chunk_entries / page_size) * page_size;
+    const std::int64_t chunks = (candidates + chunk - 1) / chunk;
     kernels::indexer<>::prepare(r.indexer_queries.data(), r.indexer_weights.data(), config_.indexer_heads,
                                 indexer_channels_, indexer_queries_);
     scores_.resize(static_cast<std::size_t>(candidates));
-    page_scratch_.resize(static_cast<std::size_t>(page_size * indexer_channels_));
-    for (std::int64_t first = 0; first < candidates; first += page_size) {
-      const std::int64_t count = std::min(page_size, candidates - first);
-      const float* keys = page_floats(pool, table[static_cast<std::size_t>(first / page_size)], count);
-      kernels::indexer<>::score(indexer_queries_, keys, count, scores_.data() + first);
-    }
+    score_tasks_.resize(static_cast<std::size_t>(chunks));
+    auto score = [&](std::int64_t c) {
+      score_task& task = score_tasks_[static_cast<std::size_t>(c)];
+      const std::int64_t first = c * chunk, last = std::min(candidates, first + chunk);
+      for (std::int64_t j = first; j < last; j += page_size) {
+        const std::int64_t count = std::min(page_size, last - j);
+        const float* keys = page_floats(pool, table[static_cast<std::size_t>(j / page_size)], count, task.page);
+        kernels::indexer<>::score(indexer_queries_, keys, count, scores_.data() + j);
+      }
+      select_top_k(span<const float>(scores_.data() + first, static_cast<std::size_t>(last - first)), config_.top_k,
+                   task.best, first);
+    };
+    executor_->for_each(chunks, score);
+    selection_.clear();
+    for (const score_task& task : score_tasks_) selection_.insert(selection_.end(), task.best.begin(), task.best.end());
+    if (chunks > 1) keep_top_k(selection_, config_.top_k);
   }
 
-  // A page's first `count` entries as fp32: the page itself, or a converted copy.
-  const float* page_floats(const page_pool& pool, page_id page, std::int64_t count) {
+  // A page's first `count` entries as fp32 rows: the page itself, or a converted copy in `scratch`.
+  static const float* page_floats(const page_pool& pool, page_id page, std::int64_t count, std::vector<float>& scratch) {
     const page_layout& layout = pool.layout();
-    if (layout.storage == storage_type::f32) return reinterpret_cast<const float*>(pool.base() + page * layout.page_stride_bytes);
-    load_row(pool.base() + page * layout.page_stride_bytes, page_scratch_.data(), count * layout.entry_stride, layout.storage);
-    return page_scratch_.data();
+    const std::byte* bytes = pool.base() + page * layout.page_stride_bytes;
+    if (layout.storage == storage_type::f32) return reinterpret_cast<const float*>(bytes);
+    scratch.resize(static_cast<std::size_t>(count * layout.entry_stride));
+    load_row(bytes, scratch.data(), count * layout.entry_stride, layout.storage);
+    return scratch.data();
   }
 
   // The selected entries as fp32 rows, straight from the pages (one page-table lookup per read).
@@ -275,59 +309,106 @@ class sparse_reader {
     }
   }
 
-  // One part (entries or window) for the query heads of KV head g, as an online-softmax state;
-  // `p` keeps exp(ℓ − m) for the trace.
-  // With `tied`, the keys are also the values (`values` is not read).
-  void attend_part(const Eigen::Map<const matrix>& q, const matrix& keys, const matrix& values, bool tied,
-                   std::int64_t g, std::int64_t n, softmax_state& state, matrix& p) {
-    state.reset(q.rows(), value_channels_);
-    p.resize(q.rows(), n);
-    if (n == 0) return;
-    const auto k = keys.middleCols(g * key_channels_, key_channels_);
-    p.noalias() = (q * k.transpose()) * scale_;
-    if (tied) state.assign_block(p, k);
-    else state.assign_block(p, values.middleCols(g * value_channels_, value_channels_));
+  struct score_task {
+    std::vector<float> page;         // a converted page (non-fp32 storage)
+    std::vector<scored_entry> best;  // this chunk's top k
+  };
+  struct head_task {
+    softmax_state total, part;
+    matrix logits;
+    std::vector<float> key_page, value_page;  // converted pages (non-fp32 storage)
+  };
+
+  // Query heads [h0, h0 + rows) of KV head g: every compressed entry and window token, merged
+  // block by block into one online-softmax state, then normalised into out.
+  void attend_heads(head_task& task, sequence_id seq, const read_request& r, std::int64_t g, std::int64_t h0,
+                    std::int64_t rows, std::int64_t n_entries, std::int64_t n_win, float* out) {
+    const Eigen::Map<const matrix> q(r.queries.data() + h0 * key_channels_, rows, key_channels_);
+    task.total.reset(rows, value_channels_);
+    const bool tied = config_.key_stream == config_.value_stream;
+    if (selected_) {
+      const rows_view keys(entry_keys_.data() + g * key_channels_, n_entries, key_channels_,
+                           Eigen::OuterStride<>(entry_keys_.cols()));
+      const matrix& values = tied ? entry_keys_ : entry_values_;
+      attend_block(task, q, keys, rows_view(values.data() + g * value_channels_, n_entries, value_channels_,
+                                            Eigen::OuterStride<>(values.cols())),
+                   h0, entry_logits_, 0);
+    } else {
+      const page_pool& key_pool = cache_->pool(config_.key_stream);
+      const page_pool& value_pool = cache_->pool(config_.value_stream);
+      const auto& key_table = cache_->page_table(seq, config_.key_stream);
+      const auto& value_table = cache_->page_table(seq, config_.value_stream);
+      const std::int64_t page_size = key_pool.layout().page_size;
+      const std::int64_t key_stride = key_pool.layout().entry_stride, value_stride = value_pool.layout().entry_stride;
+      for (std::int64_t j = 0; j < n_entries; j += page_size) {
+        const std::int64_t count = std::min(page_size, n_entries - j);
+        const std::size_t p = static_cast<std::size_t>(j / page_size);
+        const float* keys = page_floats(key_pool, key_table[p], count, task.key_page);
+        const float* values = tied ? keys : page_floats(value_pool, value_table[p], count, task.value_page);
+        attend_block(task, q, rows_view(keys + g * key_channels_, count, key_channels_, Eigen::OuterStride<>(key_stride)),
+                     rows_view(values + g * value_channels_, count, value_channels_, Eigen::OuterStride<>(value_stride)),
+                     h0, entry_logits_, j);
+      }
+    }
+    const matrix& window_values = cache_->tied_window() ? window_keys_ : window_values_;
+    attend_block(task, q,
+                 rows_view(window_keys_.data() + g * key_channels_, n_win, key_channels_,
+                           Eigen::OuterStride<>(window_keys_.cols())),
+                 rows_view(window_values.data() + g * value_channels_, n_win, value_channels_,
+                           Eigen::OuterStride<>(window_values.cols())),
+                 h0, window_logits_, 0);
+    const float* sinks = config_.sink ? r.sinks.data() + h0 : nullptr;
+    task.total.finish(out, sinks);
+    if (tracing_)
+      for (std::int64_t h = 0; h < rows; ++h) {
+        final_max_[h0 + h] = task.total.max_logit(h);
+        final_norm_[h0 + h] = task.total.normaliser(h, sinks);
+      }
   }
 
-  void start_trace(read_trace& tr, std::int64_t candidates, std::int64_t n_sel, std::int64_t w_first, std::int64_t n_win) const {
+  // One block of keys: logits scale·q·kᵀ (kept for the trace at columns [column, …) of
+  // trace_logits), its softmax state, merged into the task's total.
+  void attend_block(head_task& task, const Eigen::Map<const matrix>& q, const rows_view& keys, const rows_view& values,
+                    std::int64_t h0, matrix& trace_logits, std::int64_t column) {
+    if (keys.rows() == 0) return;
+    task.logits.noalias() = (q * keys.transpose()) * scale_;
+    if (tracing_) trace_logits.block(h0, column, q.rows(), keys.rows()) = task.logits;
+    task.part.reset(q.rows(), value_channels_);
+    task.part.assign_block(task.logits, values);
+    task.total.merge(task.part);
+  }
+
+  // The read's final probabilities, exp(ℓ − m) · normaliser per head, averaged over query heads.
+  void write_trace(read_trace& tr, std::int64_t candidates, std::int64_t n_entries, std::int64_t w_first,
+                   std::int64_t n_win) const {
     tr.candidates = candidates;
-    tr.selected.resize(static_cast<std::size_t>(n_sel));
+    tr.selected.resize(static_cast<std::size_t>(n_entries));
     tr.scores.clear();
-    for (std::int64_t i = 0; i < n_sel; ++i) {
-      tr.selected[static_cast<std::size_t>(i)] = selection_[static_cast<std::size_t>(i)].index;
-      if (config_.top_k > 0) tr.scores.push_back(selection_[static_cast<std::size_t>(i)].score);
+    for (std::int64_t i = 0; i < n_entries; ++i) {
+      tr.selected[static_cast<std::size_t>(i)] = selected_ ? selection_[static_cast<std::size_t>(i)].index : i;
+      if (selected_) tr.scores.push_back(selection_[static_cast<std::size_t>(i)].score);
     }
-    tr.entry_mass.assign(static_cast<std::size_t>(n_sel), 0.0f);
+    tr.entry_mass.assign(static_cast<std::size_t>(n_entries), 0.0f);
     tr.window_first = w_first;
     tr.window_token_mass.assign(static_cast<std::size_t>(n_win), 0.0f);
     tr.window_mass = 0.0f;
     tr.sink_mass = 0.0f;
-  }
-
-  // Adds the final probabilities of the heads of one group: exp(ℓ − m_part) · e^(m_part − m) / D.
-  void add_trace(read_trace& tr, const float* sinks) const {
-    for (Eigen::Index h = 0; h < compressed_p_.rows(); ++h) {
-      const float norm = merged_.normaliser(h, sinks);
-      const float m = merged_.max_logit(h);
-      const float to_c = compressed_.empty(h) ? 0.0f : std::exp(compressed_.max_logit(h) - m) * norm;
-      const float to_w = window_.empty(h) ? 0.0f : std::exp(window_.max_logit(h) - m) * norm;
+    for (std::int64_t h = 0; h < config_.query_heads; ++h) {
+      const float norm = final_norm_[h], m = final_max_[h];
       float total = 0.0f;
-      for (Eigen::Index i = 0; i < compressed_p_.cols(); ++i) {
-        const float p = compressed_p_(h, i) * to_c;
+      for (std::int64_t i = 0; i < n_entries; ++i) {
+        const float p = norm > 0.0f ? std::exp(entry_logits_(h, i) - m) * norm : 0.0f;
         tr.entry_mass[static_cast<std::size_t>(i)] += p;
         total += p;
       }
-      for (Eigen::Index i = 0; i < window_p_.cols(); ++i) {
-        const float p = window_p_(h, i) * to_w;
+      for (std::int64_t i = 0; i < n_win; ++i) {
+        const float p = norm > 0.0f ? std::exp(window_logits_(h, i) - m) * norm : 0.0f;
         tr.window_token_mass[static_cast<std::size_t>(i)] += p;
         tr.window_mass += p;
         total += p;
       }
-      if (sinks) tr.sink_mass += std::max(0.0f, 1.0f - total);
+      if (config_.sink) tr.sink_mass += std::max(0.0f, 1.0f - total);
     }
-  }
-
-  void finish_trace(read_trace& tr) const {
     const float inv = 1.0f / static_cast<float>(config_.query_heads);
     for (float& m : tr.entry_mass) m *= inv;
     for (float& m : tr.window_token_mass) m *= inv;
@@ -341,13 +422,18 @@ class sparse_reader {
   float scale_ = 1.0f;
   std::int64_t kv_heads_ = 0, key_channels_ = 0, value_channels_ = 0, indexer_channels_ = 0;
 
+  executor* executor_ = &default_executor();
+
   // Scratch, reused across reads.
-  std::vector<float> scores_, page_scratch_, rope_cos_;
+  bool selected_ = false, tracing_ = false;
+  std::vector<float> scores_, rope_cos_;
   kernels::indexer<>::prepared indexer_queries_;
   std::vector<scored_entry> selection_;
+  std::vector<score_task> score_tasks_;
+  std::vector<head_task> head_tasks_;
   matrix entry_keys_, entry_values_, window_keys_, window_values_;
-  matrix compressed_p_, window_p_;
-  softmax_state compressed_, window_, merged_;
+  matrix entry_logits_, window_logits_;    // per query head, for the trace
+  Eigen::VectorXf final_max_, final_norm_;  // per query head, for the trace
 };
 
 }  // namespace phasekv

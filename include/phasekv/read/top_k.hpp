@@ -25,17 +25,26 @@ inline bool ranks_before(const scored_entry& a, const scored_entry& b) noexcept 
   return a.index < b.index;
 }
 
-// The top min(k, n) of scores[0 … n), best first, into `out` (reusing its storage).
-inline void select_top_k(span<const float> scores, std::int64_t k, std::vector<scored_entry>& out) {
-  out.resize(scores.size());
-  for (std::size_t j = 0; j < scores.size(); ++j) out[j] = {static_cast<std::int64_t>(j), scores[j]};
+// Keeps the top min(k, n) of `entries`, best first. Works on any set of entries, so the top k
+// of a union is the top k of the union of each part's top k: the reader selects per chunk of
+// pages (in parallel) and then once more over the chunks' winners, with the same result.
+inline void keep_top_k(std::vector<scored_entry>& entries, std::int64_t k) {
   const auto keep = static_cast<std::size_t>(std::min<std::int64_t>(std::max<std::int64_t>(k, 0),
-                                                                    static_cast<std::int64_t>(scores.size())));
-  if (keep < out.size()) {
-    std::nth_element(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(keep), out.end(), ranks_before);
-    out.resize(keep);
+                                                                    static_cast<std::int64_t>(entries.size())));
+  if (keep < entries.size()) {
+    std::nth_element(entries.begin(), entries.begin() + static_cast<std::ptrdiff_t>(keep), entries.end(), ranks_before);
+    entries.resize(keep);
   }
-  std::sort(out.begin(), out.end(), ranks_before);
+  std::sort(entries.begin(), entries.end(), ranks_before);
+}
+
+// The top min(k, n) of scores[0 … n), best first, into `out` (reusing its storage); scores[j]
+// belongs to entry first_index + j.
+inline void select_top_k(span<const float> scores, std::int64_t k, std::vector<scored_entry>& out,
+                         std::int64_t first_index = 0) {
+  out.resize(scores.size());
+  for (std::size_t j = 0; j < scores.size(); ++j) out[j] = {first_index + static_cast<std::int64_t>(j), scores[j]};
+  keep_top_k(out, k);
 }
 
 }  // namespace phasekv
