@@ -13,6 +13,12 @@
 //                                   measured back to back (see paired_ratio).
 //                                   peak_dense_over_sparse: the same against a dense step running
 //                                   at the measured FMA peak — a bound no dense kernel beats.
+//                                   floor_ms / of_roofline: the step's roofline floor (indexer
+//                                   keys, selected entries and window read at the measured
+//                                   bandwidth, or its FLOPs at the FMA peak, whichever is longer;
+//                                   machine_limits.hpp) and floor / time.
+//   BM_sparse_decode_threads/ctx/threads  the same step through openmp_executor, wall time;
+//                                   speedup = one thread's wall time over this, paired in-run.
 //   BM_selection/ctx/page           indexer scores + top-k alone (see selection_replica);
 //                                   per_entry constant across contexts = selection linear in n.
 //   BM_top_k/ctx                    select_top_k alone, on those scores.
@@ -39,6 +45,8 @@
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -56,10 +64,14 @@
 
 #include <phasekv/phasekv.hpp>
 
+#include "machine_limits.hpp"
+
 namespace {
 
 using namespace phasekv;
 using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using bench::fma_peak;
+using bench::thread_seconds;
 
 constexpr std::int64_t kQueryHeads = 64;
 constexpr std::int64_t kChannels = 512;  // tied K/V
@@ -74,12 +86,6 @@ const std::vector<std::int64_t> kContexts = {4096, 16384, 65536, 131072};
 
 using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
 using csa_cache = paged_cache<csa_stream, csa_stream>;
-
-double thread_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 // splitmix64: setup generates tens of millions of floats per context, faster than <random>'s engines.
 struct fast_random {
@@ -104,35 +110,6 @@ std::vector<float> random_vector(std::int64_t n, std::uint64_t seed) {
 }
 
 // ---- limits and cache state, measured in this run -------------------------------------------
-
-// fp32 FMA peak of one core in FLOP/s: 12 independent FMA chains (2 FMA pipes × 4-cycle latency
-// needs at least 8), each a named variable so GCC keeps them in registers (DESIGN.md §8).
-double fma_peak() {
-  static const double peak = [] {
-    using batch = xsimd::batch<float>;
-    constexpr std::int64_t steps = 4'000'000;
-    const batch x(0.999999f), y(1e-7f);
-    double best = 0.0;
-    for (int pass = 0; pass < 5; ++pass) {
-      batch a0(1.0f), a1(1.1f), a2(1.2f), a3(1.3f), a4(1.4f), a5(1.5f), a6(1.6f), a7(1.7f), a8(1.8f), a9(1.9f),
-          a10(2.0f), a11(2.1f);
-      const double t0 = thread_seconds();
-      for (std::int64_t i = 0; i < steps; ++i) {
-        a0 = xsimd::fma(a0, x, y), a1 = xsimd::fma(a1, x, y), a2 = xsimd::fma(a2, x, y), a3 = xsimd::fma(a3, x, y);
-        a4 = xsimd::fma(a4, x, y), a5 = xsimd::fma(a5, x, y), a6 = xsimd::fma(a6, x, y), a7 = xsimd::fma(a7, x, y);
-        a8 = xsimd::fma(a8, x, y), a9 = xsimd::fma(a9, x, y), a10 = xsimd::fma(a10, x, y), a11 = xsimd::fma(a11, x, y);
-      }
-      const double s = thread_seconds() - t0;
-      const batch sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11));
-      benchmark::DoNotOptimize(sum);
-      best = std::max(best, 12.0 * 2.0 * static_cast<double>(batch::size) * static_cast<double>(steps) / s);
-    }
-    std::fprintf(stderr, "bench_read: fp32 FMA peak of one core, measured: %.1f GFLOP/s (%zu lanes)\n", best * 1e-9,
-                 batch::size);
-    return best;
-  }();
-  return peak;
-}
 
 // What Eigen's GEMM reaches on this machine in FLOP/s: best of a few 1024³ products. The dense
 // baseline and the reader both compute with Eigen, so this is the dense step's practical ceiling.
@@ -548,9 +525,22 @@ void BM_dense_decode(benchmark::State& state) {
   state.counters["of_fma_peak"] = benchmark::Counter(flops / fma_peak(), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["of_eigen_gemm"] =
       benchmark::Counter(flops / eigen_gemm_rate(), benchmark::Counter::kIsIterationInvariantRate);
+  bench::roofline{4.0 * static_cast<double>(tokens) * kChannels, flops}.report(state);
 }
 
 
+
+// The roofline floor of one sparse step: it must read every candidate's indexer key, the selected
+// entries and the window rows, and do the indexer's and the attention's multiply-adds.
+bench::roofline sparse_roofline(std::int64_t candidates) {
+  const double selected = static_cast<double>(std::min(kTopK, candidates)), keys = selected + kWindow;
+  bench::roofline r;
+  r.bytes = 4.0 * (static_cast<double>(candidates) * kIndexerChannels + keys * kChannels +
+                   2.0 * kQueryHeads * kChannels + kIndexerHeads * (kIndexerChannels + 1));
+  r.flops = 2.0 * kIndexerHeads * kIndexerChannels * static_cast<double>(candidates) +
+            2.0 * 2.0 * kQueryHeads * kChannels * keys;
+  return r;
+}
 
 void BM_sparse_decode(benchmark::State& state) {
   const std::int64_t tokens = state.range(0), page_size = state.range(1);
@@ -566,6 +556,41 @@ void BM_sparse_decode(benchmark::State& state) {
   // The same ratio against a dense step that ran at the measured FMA peak: a bound no dense kernel beats.
   state.counters["peak_dense_over_sparse"] =
       benchmark::Counter(dense_flops(tokens) / fma_peak(), benchmark::Counter::kIsIterationInvariantRate);
+  sparse_roofline(s.candidates).report(state);
+}
+
+// The same step on `threads` threads through the OpenMP executor (wall time: the work is spread
+// over cores). speedup: one-thread wall time over this one, measured back to back in rounds, the
+// median of the per-round ratios (as paired_ratio).
+void BM_sparse_decode_threads(benchmark::State& state) {
+  const std::int64_t tokens = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  sparse_setup& s = sparse(tokens, 64);
+  if (!s.error.empty()) return state.SkipWithError(s.error.c_str());
+  openmp_executor pool(threads);
+  if (pool.concurrency() < threads) return state.SkipWithError("built without OpenMP: the executor is serial");
+  sparse_reader<csa_cache> parallel(s.cache, sparse_reader_config());
+  parallel.set_executor(pool);
+  std::vector<float> out(s.out.size());
+  auto wall = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  std::vector<double> ratios;
+  for (int round = 0; round < 9; ++round) {
+    s.step();
+    double t0 = wall();
+    s.step();
+    const double one = wall() - t0;
+    parallel.read(s.seq, s.request(), out.data());
+    t0 = wall();
+    parallel.read(s.seq, s.request(), out.data());
+    ratios.push_back(one / (wall() - t0));
+  }
+  if (std::memcmp(out.data(), s.out.data(), out.size() * sizeof(float)) != 0)
+    return state.SkipWithError("the threaded read differs from the serial one");
+  for (auto _ : state) {
+    parallel.read(s.seq, s.request(), out.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["speedup"] = median(ratios);
 }
 
 void BM_selection(benchmark::State& state) {
@@ -606,6 +631,11 @@ BENCHMARK(BM_dense_decode)
 BENCHMARK(BM_sparse_decode)
     ->ArgNames({"ctx", "page", "cold"})
     ->ArgsProduct({kContexts, {64, 256}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_sparse_decode_threads)
+    ->ArgNames({"ctx", "threads"})
+    ->ArgsProduct({{16384, 131072}, {1, 2}})
+    ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_selection)
     ->ArgNames({"ctx", "page"})

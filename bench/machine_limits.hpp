@@ -1,0 +1,104 @@
+#pragma once
+// This machine's limits, measured in the same run as the benchmarks that are compared with them
+// (the machine is shared and noisy: a ratio of two figures taken minutes apart means little).
+//
+//   read_bandwidth()  main-memory read bandwidth of one core, bytes/s: a STREAM-like sum over a
+//                     256 MiB buffer (8× the L3) with four independent SIMD accumulators, best
+//                     of a few passes.
+//   fma_peak()        fp32 FMA peak of one core, FLOP/s: twelve independent FMA chains (two FMA
+//                     pipes × four cycles of latency need at least eight), each a named variable
+//                     so GCC keeps them in registers (DESIGN.md §8).
+//   roofline          a kernel's floor, max(bytes / bandwidth, flops / peak): no implementation
+//                     of that work on one core can take less time. efficiency = floor / time.
+//
+// Times are CPU time of the calling thread (thread_seconds), as in the benchmarks themselves.
+
+#include <benchmark/benchmark.h>
+
+#include <time.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include <xsimd/xsimd.hpp>
+
+namespace bench {
+
+inline double thread_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+inline double read_bandwidth() {
+  static const double bandwidth = [] {
+    using batch = xsimd::batch<float>;
+    constexpr std::size_t lanes = batch::size;
+    std::vector<float, xsimd::aligned_allocator<float>> buffer(std::size_t{64} << 20, 1.0f);  // 256 MiB
+    double best = 0.0;
+    for (int pass = 0; pass < 4; ++pass) {
+      batch a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
+      const float* p = buffer.data();
+      const double t0 = thread_seconds();
+      for (std::size_t i = 0; i < buffer.size(); i += 4 * lanes) {
+        a0 += batch::load_aligned(p + i);
+        a1 += batch::load_aligned(p + i + lanes);
+        a2 += batch::load_aligned(p + i + 2 * lanes);
+        a3 += batch::load_aligned(p + i + 3 * lanes);
+      }
+      const double seconds = thread_seconds() - t0;
+      const batch sum = (a0 + a1) + (a2 + a3);
+      benchmark::DoNotOptimize(sum);
+      best = std::max(best, static_cast<double>(buffer.size() * sizeof(float)) / seconds);
+    }
+    std::fprintf(stderr, "machine: main-memory read bandwidth of one core, measured: %.1f GB/s\n", best * 1e-9);
+    return best;
+  }();
+  return bandwidth;
+}
+
+inline double fma_peak() {
+  static const double peak = [] {
+    using batch = xsimd::batch<float>;
+    constexpr std::int64_t steps = 4'000'000;
+    const batch x(0.999999f), y(1e-7f);
+    double best = 0.0;
+    for (int pass = 0; pass < 5; ++pass) {
+      batch a0(1.0f), a1(1.1f), a2(1.2f), a3(1.3f), a4(1.4f), a5(1.5f), a6(1.6f), a7(1.7f), a8(1.8f), a9(1.9f),
+          a10(2.0f), a11(2.1f);
+      const double t0 = thread_seconds();
+      for (std::int64_t i = 0; i < steps; ++i) {
+        a0 = xsimd::fma(a0, x, y), a1 = xsimd::fma(a1, x, y), a2 = xsimd::fma(a2, x, y), a3 = xsimd::fma(a3, x, y);
+        a4 = xsimd::fma(a4, x, y), a5 = xsimd::fma(a5, x, y), a6 = xsimd::fma(a6, x, y), a7 = xsimd::fma(a7, x, y);
+        a8 = xsimd::fma(a8, x, y), a9 = xsimd::fma(a9, x, y), a10 = xsimd::fma(a10, x, y), a11 = xsimd::fma(a11, x, y);
+      }
+      const double seconds = thread_seconds() - t0;
+      const batch sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11));
+      benchmark::DoNotOptimize(sum);
+      best = std::max(best, 12.0 * 2.0 * static_cast<double>(batch::size) * static_cast<double>(steps) / seconds);
+    }
+    std::fprintf(stderr, "machine: fp32 FMA peak of one core, measured: %.1f GFLOP/s (%zu lanes)\n", best * 1e-9,
+                 batch::size);
+    return best;
+  }();
+  return peak;
+}
+
+// The least time a kernel moving `bytes` to or from memory and doing `flops` can take on one core.
+struct roofline {
+  double bytes = 0.0;
+  double flops = 0.0;
+
+  double floor_seconds() const { return std::max(bytes / read_bandwidth(), flops / fma_peak()); }
+
+  // Counters for a benchmark: the floor (seconds per iteration) and floor / measured time.
+  void report(benchmark::State& state) const {
+    state.counters["floor_ms"] = 1e3 * floor_seconds();
+    state.counters["of_roofline"] =
+        benchmark::Counter(floor_seconds(), benchmark::Counter::kIsIterationInvariantRate);
+  }
+};
+
+}  // namespace bench
