@@ -9,8 +9,9 @@
 //               [--out DIR] [--quiet]
 //
 // Defaults (close to the study's 128K-token, 16,000-record needle test): --tokens 131072
-// --records 16000 (that density, 16000 per 131072 tokens, for another --tokens) --channels 128
-// (embedding size; 64 is too small for mean pooling to retrieve at 128K) --stride 2,4,8
+// --records 16000 (that density, 16000 per 131072 tokens, for another --tokens) --channels 512
+// (embedding size: retrieval through a W-token mean needs about √(C/W) ≫ √(2 ln n); at 128K,
+// 128 channels leave S = 8 near chance, 512 show its weak phase clearly) --stride 2,4,8
 // --window = stride --policy mean,control --trials 64 --seed 1 --out phase_sweep_out.
 // --stride and --policy take comma lists and may repeat; every non-control policy runs at every
 // stride ("dsv4" only at its own S=4, W=8), "control" adds one full-attention run. --quiet drops
@@ -43,7 +44,7 @@ using phasekv::probe::needle_policy;
 struct options {
   std::int64_t tokens = 131072;
   std::int64_t records = 0;                  // 0 → 16000 per 131072 tokens (the study's density)
-  std::int64_t channels = 128;               // embedding size: 64 is too small to retrieve at 128K
+  std::int64_t channels = 512;               // embedding size: S = 8 needs about 512 at 128K
   std::vector<std::int64_t> strides;         // empty → {2, 4, 8}
   std::int64_t window = 0;                   // 0 → stride; −1 → 2·stride
   std::vector<std::string> policies;         // empty → {mean, control}
@@ -295,19 +296,18 @@ int run(const options& o) {
                  static_cast<std::int64_t>(plan.size()), !o.quiet);
     std::vector<std::vector<char>> found(static_cast<std::size_t>(modulus),
                                          std::vector<char>(static_cast<std::size_t>(j.sweep.trials_per_residue)));
+    needle_probe probe(j.probe);
     for (std::size_t g = 0; g < contexts.size(); ++g) {
       if (contexts[g].empty()) continue;
-      phasekv::probe::needle_config config = j.probe;
       std::uint64_t state = o.seed * 0x100000001B3ull + g;
-      config.seed = phasekv::detail::splitmix64(state);
-      needle_probe probe(config);
+      probe.reseed(phasekv::detail::splitmix64(state));
       for (const auto& context : contexts[g]) {
         std::vector<std::int64_t> targets;
         for (const auto& p : context) targets.push_back(p.target_position);
         probe.prepare(targets, j.sweep.query_position);
-        for (const auto& p : context) {
-          found[static_cast<std::size_t>(p.residue)][static_cast<std::size_t>(p.trial)] =
-              probe.trial(p.target_position) ? 1 : 0;
+        const std::vector<char> answers = probe.trials(targets);  // one read serves the whole context
+        for (std::size_t k = 0; k < context.size(); ++k) {
+          found[static_cast<std::size_t>(context[k].residue)][static_cast<std::size_t>(context[k].trial)] = answers[k];
           bar.step();
         }
       }

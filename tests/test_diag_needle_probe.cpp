@@ -196,6 +196,41 @@ TEST_CASE("needle probe: deterministic for a fixed seed", "[needle]") {
   CHECK(first == second);
 }
 
+// Batched trials read many targets with one pass over the cache (as GQA members of each KV
+// head); they must answer as one-at-a-time trials do. reseed() must equal a fresh probe.
+TEST_CASE("needle probe: batched trials equal single trials; reseed equals a fresh probe", "[needle]") {
+  std::vector<std::int64_t> targets;
+  for (std::int64_t t = 16; t < 4000; t += 97) targets.push_back(t);
+  const span<const std::int64_t> all(targets.data(), targets.size());
+  for (needle_policy policy : {needle_policy::mean_pool, needle_policy::concentrated_gates,
+                               needle_policy::deepseek_v4_csa}) {
+    INFO("policy " << to_string(policy));
+    needle_config config = small_config(policy, 4, policy == needle_policy::deepseek_v4_csa ? 8 : 4);
+    if (policy == needle_policy::concentrated_gates) config.heads = 2;
+    needle_probe p(config);
+    p.prepare(all, 4095);
+    const std::vector<char> batch = p.trials(all);
+    const std::vector<double> batch_p = p.probabilities(all);
+    std::int64_t successes = 0;
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      CHECK((batch[i] != 0) == p.trial(targets[i]));
+      CHECK(batch_p[i] == Approx(p.probability(targets[i])).margin(1e-5));
+      successes += batch[i];
+    }
+    CHECK_THROWS_AS(p.trials(std::vector<std::int64_t>{16, 17}), input_error);  // 17 was not prepared
+
+    needle_config other = config;
+    other.seed = 99;
+    needle_probe fresh(other);
+    fresh.prepare(all, 4095);
+    p.reseed(99);
+    CHECK_THROWS_AS(p.trial(targets[0]), input_error);  // reseeding unprepares
+    p.prepare(all, 4095);
+    CHECK(p.probabilities(all) == fresh.probabilities(all));
+    if (policy != needle_policy::deepseek_v4_csa) CHECK(successes > 0);
+  }
+}
+
 // RoPE after pooling keeps the mean pool's boundary weakness. The DeepSeek-V4 preset with random
 // weights (RMSNorm, tied K/V, W = 8) is near chance at this size: only check that it runs.
 TEST_CASE("needle probe: RoPE after pooling and the DeepSeek-V4 preset run", "[needle]") {

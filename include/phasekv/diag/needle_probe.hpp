@@ -20,7 +20,8 @@
 // A query therefore matches a record both at its key position and at its value position (whose
 // key payload carries the key as the previous token). Read-out = the reader's attention over
 // all complete entries (no selection: top_k 0, no raw window) of the value stream, summed over
-// heads (one query head per KV head). Answer = argmax over the value vocabulary of
+// heads (one query head per KV head; trials() reads many targets at once, as GQA members of
+// each KV head). Answer = argmax over the value vocabulary of
 // read-out · e(v); trial() succeeds when that is the record's own value.
 //
 // What follows (and what the tests demonstrate):
@@ -210,7 +211,8 @@ struct engine_base {
   virtual void reset() = 0;
   virtual void append(std::int64_t tokens, const std::vector<std::vector<float>>& payload,
                       const std::vector<std::vector<float>>& logits) = 0;
-  virtual void read(std::int64_t position, const float* queries, float* out) = 0;
+  // query_heads = KV heads × B: the queries of B targets, grouped per KV head (GQA groups of B).
+  virtual void read(std::int64_t position, const float* queries, std::int64_t query_heads, float* out) = 0;
   virtual std::int64_t streams() const = 0;
 };
 
@@ -219,7 +221,7 @@ struct engine : engine_base {
   using cache_type = paged_cache<Comps...>;
   cache_type cache;
   reader_config reader_cfg;
-  std::unique_ptr<sparse_reader<cache_type>> reader;
+  std::unordered_map<std::int64_t, std::unique_ptr<sparse_reader<cache_type>>> readers;  // by query heads
   sequence_id seq = -1;
 
   engine(layer_compressor<Comps...> layer, cache_config cc, reader_config rc)
@@ -228,7 +230,6 @@ struct engine : engine_base {
   void reset() override {
     if (seq >= 0) cache.free(seq);
     seq = cache.create();
-    reader = std::make_unique<sparse_reader<cache_type>>(cache, reader_cfg);
   }
   void append(std::int64_t tokens, const std::vector<std::vector<float>>& payload,
               const std::vector<std::vector<float>>& logits) override {
@@ -240,11 +241,17 @@ struct engine : engine_base {
     }
     cache.append(seq, in);
   }
-  void read(std::int64_t position, const float* queries, float* out) override {
+  void read(std::int64_t position, const float* queries, std::int64_t query_heads, float* out) override {
+    auto& reader = readers[query_heads];
+    if (!reader) {
+      reader_config rc = reader_cfg;
+      rc.query_heads = query_heads;
+      reader = std::make_unique<sparse_reader<cache_type>>(cache, rc);
+    }
     read_request r;
     r.position = position;
-    r.queries = span<const float>(queries, static_cast<std::size_t>(reader_cfg.query_heads *
-                                                                  cache.compressors().config(reader_cfg.key_stream).channels));
+    r.queries = span<const float>(queries, static_cast<std::size_t>(
+                                               query_heads * cache.compressors().config(reader_cfg.key_stream).channels));
     reader->read(seq, r, out);
   }
   std::int64_t streams() const override { return static_cast<std::int64_t>(cache_type::stream_count); }
@@ -270,6 +277,16 @@ class needle_probe {
   }
 
   const needle_config& config() const noexcept { return config_; }
+
+  // The same probe with another seed (new embeddings, and new random weights for the DeepSeek-V4
+  // policy), keeping its cache: cheaper than constructing a probe, whose page pool for a long
+  // context takes most of the construction time. Unprepares the probe.
+  void reseed(std::uint64_t seed) {
+    config_.seed = seed;
+    prepared_ = false;
+    build_embeddings();
+    if (config_.policy == needle_policy::deepseek_v4_csa) build_engine();
+  }
   // The attention logit scale in use (the automatic choice when config().logit_scale is 0).
   double logit_scale() const noexcept { return logit_scale_; }
   std::int64_t query_position() const noexcept { return query_position_; }
@@ -341,23 +358,43 @@ class needle_probe {
   }
 
   bool trial(std::int64_t target_position) {
-    const std::int32_t id = lookup(target_position);
-    read_out();
-    const Eigen::Index answer = argmax_value();
-    return answer == id;
+    const std::int64_t one[] = {target_position};
+    return trials(span<const std::int64_t>(one, 1))[0] != 0;
   }
 
   double probability(std::int64_t target_position) {
-    const std::int32_t id = lookup(target_position);
-    read_out();
-    const float norm = readout_.norm();
-    scores_.noalias() = value_embeddings_ * readout_;
-    if (norm > 0.0f) scores_ *= needle_config::answer_scale / norm;
-    else scores_.setZero();
-    const float m = scores_.maxCoeff();
-    double den = 0.0;
-    for (Eigen::Index v = 0; v < scores_.size(); ++v) den += std::exp(static_cast<double>(scores_(v) - m));
-    return std::exp(static_cast<double>(scores_(id) - m)) / den;
+    const std::int64_t one[] = {target_position};
+    return probabilities(span<const std::int64_t>(one, 1))[0];
+  }
+
+  // Several prepared targets at once, in the order given: their queries share the query
+  // position and the cache, so one read serves them all (each target a GQA group member of every
+  // KV head) — the cache is streamed once per batch instead of once per target. The answers are
+  // those of one-at-a-time trials up to the rounding of a wider matrix product.
+  std::vector<char> trials(span<const std::int64_t> target_positions) {
+    std::vector<char> out(target_positions.size());
+    for_each_readout(target_positions, [&](std::size_t i, std::int32_t id, const Eigen::VectorXf& readout) {
+      scores_.noalias() = value_embeddings_ * readout;
+      Eigen::Index best = 0;
+      scores_.maxCoeff(&best);
+      out[i] = best == id ? 1 : 0;
+    });
+    return out;
+  }
+
+  std::vector<double> probabilities(span<const std::int64_t> target_positions) {
+    std::vector<double> out(target_positions.size());
+    for_each_readout(target_positions, [&](std::size_t i, std::int32_t id, const Eigen::VectorXf& readout) {
+      const float norm = readout.norm();
+      scores_.noalias() = value_embeddings_ * readout;
+      if (norm > 0.0f) scores_ *= needle_config::answer_scale / norm;
+      else scores_.setZero();
+      const float m = scores_.maxCoeff();
+      double den = 0.0;
+      for (Eigen::Index v = 0; v < scores_.size(); ++v) den += std::exp(static_cast<double>(scores_(v) - m));
+      out[i] = std::exp(static_cast<double>(scores_(id) - m)) / den;
+    });
+    return out;
   }
 
  private:
@@ -369,7 +406,6 @@ class needle_probe {
     if (it == targets_.end())
       phasekv::detail::fail<input_error>("needle_probe: target_position", target_position,
                                          "was not among the prepared targets");
-    query_id_ = it->second;
     return it->second;
   }
 
@@ -539,28 +575,37 @@ class needle_probe {
     }
   }
 
-  void read_out() {
+  // f(i, record id, read-out) for every target, read in batches of up to max_batch targets.
+  // Read-out of a target = Σ over KV heads of its query's attention output.
+  static constexpr std::int64_t max_batch = 256;
+  template <class F>
+  void for_each_readout(span<const std::int64_t> targets, F&& f) {
+    std::vector<std::int32_t> ids;
+    for (std::int64_t t : targets) ids.push_back(lookup(t));  // all checked before any read
     const std::int64_t C = config_.channels, H = config_.effective_heads();
-    queries_.resize(static_cast<std::size_t>(H * C));
-    const float* key = embeddings_.row(query_id_).data();
-    for (std::int64_t h = 0; h < H; ++h) std::copy_n(key, C, queries_.data() + h * C);
+    const std::int64_t n = static_cast<std::int64_t>(ids.size());
     if (rope_channels_ > 0) {
       rope_cos_.resize(static_cast<std::size_t>(rope_.pairs() * 2));
       rope_.angles(static_cast<double>(query_position_), rope_cos_.data(), rope_cos_.data() + rope_.pairs());
-      for (std::int64_t h = 0; h < H; ++h)
-        rope_.apply(queries_.data() + h * C, rope_cos_.data(), rope_cos_.data() + rope_.pairs());
     }
-    out_.resize(static_cast<std::size_t>(H * C));
-    engine_->read(query_position_, queries_.data(), out_.data());
-    readout_ = Eigen::Map<const Eigen::VectorXf>(out_.data(), C);
-    for (std::int64_t h = 1; h < H; ++h) readout_ += Eigen::Map<const Eigen::VectorXf>(out_.data() + h * C, C);
-  }
-
-  Eigen::Index argmax_value() {
-    scores_.noalias() = value_embeddings_ * readout_;
-    Eigen::Index best = 0;
-    scores_.maxCoeff(&best);
-    return best;
+    Eigen::VectorXf readout(C);
+    for (std::int64_t first = 0; first < n; first += max_batch) {
+      const std::int64_t B = std::min(max_batch, n - first);
+      queries_.resize(static_cast<std::size_t>(H * B * C));
+      for (std::int64_t b = 0; b < B; ++b) {
+        float* q = queries_.data() + b * C;
+        std::copy_n(embeddings_.row(ids[static_cast<std::size_t>(first + b)]).data(), C, q);
+        if (rope_channels_ > 0) rope_.apply(q, rope_cos_.data(), rope_cos_.data() + rope_.pairs());
+        for (std::int64_t g = 1; g < H; ++g) std::copy_n(q, C, queries_.data() + (g * B + b) * C);
+      }
+      out_.resize(static_cast<std::size_t>(H * B * C));
+      engine_->read(query_position_, queries_.data(), H * B, out_.data());
+      for (std::int64_t b = 0; b < B; ++b) {
+        readout = Eigen::Map<const Eigen::VectorXf>(out_.data() + b * C, C);
+        for (std::int64_t g = 1; g < H; ++g) readout += Eigen::Map<const Eigen::VectorXf>(out_.data() + (g * B + b) * C, C);
+        f(static_cast<std::size_t>(first + b), ids[static_cast<std::size_t>(first + b)], readout);
+      }
+    }
   }
 
   needle_config config_;
@@ -572,11 +617,10 @@ class needle_probe {
   float logit_scale_ = 1.0f;
   bool prepared_ = false;
   std::int64_t query_position_ = 0;
-  mutable std::int32_t query_id_ = 0;
   std::unordered_map<std::int64_t, std::int32_t> targets_;
   std::vector<float> queries_, out_, rope_cos_;
   std::vector<std::vector<float>> payload_buffers_, logit_buffers_;
-  Eigen::VectorXf readout_, scores_;
+  Eigen::VectorXf scores_;
 };
 
 enum class needle_outcome { success, probability };
@@ -610,8 +654,14 @@ inline sweep_result needle_sweep(needle_probe& probe, const sweep_config& sweep,
   std::vector<std::unordered_map<std::int64_t, double>> outcome(contexts.size());
   for (std::size_t c = 0; c < contexts.size(); ++c) {
     probe.prepare(contexts[c], sweep.query_position, static_cast<std::uint64_t>(c));
-    for (std::int64_t t : contexts[c])
-      outcome[c][t] = kind == needle_outcome::success ? (probe.trial(t) ? 1.0 : 0.0) : probe.probability(t);
+    const span<const std::int64_t> targets(contexts[c].data(), contexts[c].size());
+    if (kind == needle_outcome::success) {
+      const std::vector<char> found = probe.trials(targets);
+      for (std::size_t i = 0; i < found.size(); ++i) outcome[c][contexts[c][i]] = found[i] ? 1.0 : 0.0;
+    } else {
+      const std::vector<double> p = probe.probabilities(targets);
+      for (std::size_t i = 0; i < p.size(); ++i) outcome[c][contexts[c][i]] = p[i];
+    }
   }
   // run_sweep visits the same plan in the same order.
   std::size_t visit = 0;
