@@ -1407,8 +1407,9 @@ TEST_CASE("executor: for_each runs every task once and rethrows the first except
   CHECK(std::count(hits.begin(), hits.end(), 1) == 50);
 }
 
-// Thousands of candidates: scoring runs in several chunks whose top-k lists are merged, and a
-// read without selection walks over hundreds of pages in place (converted for bf16). Both must
+// Thousands of candidates: scoring runs in several chunks whose top-k lists are merged, a large
+// selection is attended in several pieces, and a read without selection walks over hundreds of
+// pages in place (converted for bf16/f16), in pieces of whole pages. All must
 // equal the oracle, and every executor must give bit-identical outputs and traces.
 TEST_CASE("sparse_reader: long contexts, chunked selection and in-place pages, on any executor",
           "[read][oracle][executor]") {
@@ -1419,7 +1420,7 @@ TEST_CASE("sparse_reader: long contexts, chunked selection and in-place pages, o
     i64 top_k;
   };
   const variant variants[] = {{storage_type::f32, 5}, {storage_type::bf16, 7}, {storage_type::f32, 0},
-                              {storage_type::f16, 0}};
+                              {storage_type::f16, 0}, {storage_type::f32, 600}};  // 600: three attention pieces
   std::uint32_t seed = 71;
   for (const variant& v : variants) {
     INFO("storage " << v.storage << ", top_k " << v.top_k);

@@ -107,20 +107,19 @@ class sparse_reader {
     const std::int64_t t = request.position;
     const std::int64_t candidates = geom.visible_entries(t);
 
-    // 1–2: candidates and selection; the selected entries are gathered, all entries read in place.
+    // 1–2: candidates and selection.
     selected_ = config_.top_k > 0;
-    if (selected_) {
-      select(seq, request, candidates);
-      gather_entries(seq, static_cast<std::int64_t>(selection_.size()));
-    }
+    if (selected_) select(seq, request, candidates);
     const std::int64_t n_entries = selected_ ? static_cast<std::int64_t>(selection_.size()) : candidates;
 
-    // 3: the window tokens, then attention per block of query heads.
+    // 3: attention over the keys [entries …, window tokens …], split into pieces of a fixed number
+    // of keys per KV head — gathered selected entries, whole pages in place, or window rows —
+    // each an online-softmax state, merged in key order.
     const std::int64_t n_win_tokens = config_window_tokens();
     const std::int64_t w_first = n_win_tokens > 0 ? std::max<std::int64_t>(0, t - n_win_tokens + 1) : t + 1;
     const std::int64_t n_win = t + 1 - w_first;
     gather_window(seq, w_first, n_win);
-
+    plan_pieces(n_entries, n_win);
     tracing_ = trace != nullptr;
     if (tracing_) {
       entry_logits_.resize(config_.query_heads, n_entries);
@@ -128,17 +127,25 @@ class sparse_reader {
       final_max_.resize(config_.query_heads);
       final_norm_.resize(config_.query_heads);
     }
-    const std::int64_t group = config_.query_heads / kv_heads_;
-    const std::int64_t blocks_per_group = (group + head_block - 1) / head_block;
-    head_tasks_.resize(static_cast<std::size_t>(kv_heads_ * blocks_per_group));
+    const std::int64_t n_pieces = static_cast<std::int64_t>(pieces_.size());
+    piece_states_.resize(static_cast<std::size_t>(kv_heads_ * n_pieces));
     auto attend = [&](std::int64_t task) {
-      const std::int64_t g = task / blocks_per_group;
-      const std::int64_t h0 = g * group + (task % blocks_per_group) * head_block;
-      const std::int64_t rows = std::min(head_block, (g + 1) * group - h0);
-      attend_heads(head_tasks_[static_cast<std::size_t>(task)], seq, request, g, h0, rows, n_entries, n_win,
-                   out + h0 * value_channels_);
+      attend_piece(seq, request, task / n_pieces, pieces_[static_cast<std::size_t>(task % n_pieces)],
+                   piece_states_[static_cast<std::size_t>(task)]);
     };
-    executor_->for_each(static_cast<std::int64_t>(head_tasks_.size()), attend);
+    executor_->for_each(kv_heads_ * n_pieces, attend);
+    const std::int64_t group = config_.query_heads / kv_heads_;
+    for (std::int64_t g = 0; g < kv_heads_; ++g) {
+      total_.reset(group, value_channels_);
+      for (std::int64_t i = 0; i < n_pieces; ++i) total_.merge(piece_states_[static_cast<std::size_t>(g * n_pieces + i)].state);
+      const float* sinks = config_.sink ? request.sinks.data() + g * group : nullptr;
+      total_.finish(out + g * group * value_channels_, sinks);
+      if (tracing_)
+        for (std::int64_t h = 0; h < group; ++h) {
+          final_max_[g * group + h] = total_.max_logit(h);
+          final_norm_[g * group + h] = total_.normaliser(h, sinks);
+        }
+    }
     if (trace) write_trace(*trace, candidates, n_entries, w_first, n_win);
 
     if (config_.derotate_output) {
@@ -152,9 +159,11 @@ class sparse_reader {
 
   // Sizes of the parallel pieces. Fixed (not derived from the executor) so that results never
   // depend on it: 4096 entries of indexer keys per scoring chunk (~2 MiB at 128 channels, one
-  // L2-sized stream), 16 query heads per attention block (a GEMM still wide enough to be fast).
+  // L2-sized stream); 256 keys per attention piece (whole pages when read in place): each key
+  // is packed once for a GEMM over all the query heads of its KV head, and a top-512 read with
+  // a 128-token window still splits three ways.
   static constexpr std::int64_t score_chunk_entries = 4096;
-  static constexpr std::int64_t head_block = 16;
+  static constexpr std::int64_t attention_piece_keys = 256;
 
  private:
   const stream_config& stream_config_of(std::size_t k) const { return cache_->compressors().config(k); }
@@ -281,23 +290,6 @@ class sparse_reader {
     return scratch.data();
   }
 
-  // The selected entries as fp32 rows, straight from the pages (one page-table lookup per read).
-  void gather_entries(sequence_id seq, std::int64_t n) {
-    gather_stream(seq, config_.key_stream, n, kv_heads_ * key_channels_, entry_keys_);
-    if (config_.key_stream != config_.value_stream)
-      gather_stream(seq, config_.value_stream, n, kv_heads_ * value_channels_, entry_values_);
-  }
-  void gather_stream(sequence_id seq, std::size_t stream, std::int64_t n, std::int64_t floats, matrix& rows) {
-    const page_pool& pool = cache_->pool(stream);
-    const auto& table = cache_->page_table(seq, stream);
-    const std::int64_t page_size = pool.layout().page_size;
-    rows.resize(n, floats);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t j = selection_[static_cast<std::size_t>(i)].index;
-      pool.read_entry(table[static_cast<std::size_t>(j / page_size)], j % page_size, rows.row(i).data());
-    }
-  }
-
   void gather_window(sequence_id seq, std::int64_t first, std::int64_t n) {
     const bool tied = cache_->tied_window();
     window_keys_.resize(n, kv_heads_ * key_channels_);
@@ -313,69 +305,104 @@ class sparse_reader {
     std::vector<float> page;         // a converted page (non-fp32 storage)
     std::vector<scored_entry> best;  // this chunk's top k
   };
-  struct head_task {
-    softmax_state total, part;
-    matrix logits;
+  // A run of keys of one kind: ranks [first, first + count) of the selection, entries
+  // [first, first + count) read in place, or window tokens [first, first + count) of the read.
+  enum class key_source { selected, in_place, window };
+  struct piece {
+    key_source source;
+    std::int64_t first, count;
+  };
+  struct piece_state {
+    softmax_state state, block;  // block: a further page of an in-place piece, before its merge
+    bool started = false;
+    matrix logits, keys, values;              // keys/values: gathered rows (selected entries)
     std::vector<float> key_page, value_page;  // converted pages (non-fp32 storage)
   };
 
-  // Query heads [h0, h0 + rows) of KV head g: every compressed entry and window token, merged
-  // block by block into one online-softmax state, then normalised into out.
-  void attend_heads(head_task& task, sequence_id seq, const read_request& r, std::int64_t g, std::int64_t h0,
-                    std::int64_t rows, std::int64_t n_entries, std::int64_t n_win, float* out) {
-    const Eigen::Map<const matrix> q(r.queries.data() + h0 * key_channels_, rows, key_channels_);
-    task.total.reset(rows, value_channels_);
-    const bool tied = config_.key_stream == config_.value_stream;
+  void plan_pieces(std::int64_t n_entries, std::int64_t n_win) {
+    pieces_.clear();
     if (selected_) {
-      const rows_view keys(entry_keys_.data() + g * key_channels_, n_entries, key_channels_,
-                           Eigen::OuterStride<>(entry_keys_.cols()));
-      const matrix& values = tied ? entry_keys_ : entry_values_;
-      attend_block(task, q, keys, rows_view(values.data() + g * value_channels_, n_entries, value_channels_,
-                                            Eigen::OuterStride<>(values.cols())),
-                   h0, entry_logits_, 0);
+      for (std::int64_t i = 0; i < n_entries; i += attention_piece_keys)
+        pieces_.push_back({key_source::selected, i, std::min(attention_piece_keys, n_entries - i)});
+    } else {
+      const std::int64_t page_size = cache_->pool(config_.key_stream).layout().page_size;
+      const std::int64_t step = std::max<std::int64_t>(1, attention_piece_keys / page_size) * page_size;
+      for (std::int64_t j = 0; j < n_entries; j += step)
+        pieces_.push_back({key_source::in_place, j, std::min(step, n_entries - j)});
+    }
+    for (std::int64_t i = 0; i < n_win; i += attention_piece_keys)
+      pieces_.push_back({key_source::window, i, std::min(attention_piece_keys, n_win - i)});
+  }
+
+  // The state of the query heads of KV head g over one piece's keys.
+  void attend_piece(sequence_id seq, const read_request& r, std::int64_t g, const piece& pc, piece_state& ps) {
+    const std::int64_t group = config_.query_heads / kv_heads_, h0 = g * group;
+    const Eigen::Map<const matrix> q(r.queries.data() + h0 * key_channels_, group, key_channels_);
+    ps.state.reset(group, value_channels_);
+    ps.started = false;
+    const bool tied = config_.key_stream == config_.value_stream;
+    const auto ks = static_cast<Eigen::Index>(key_channels_), vs = static_cast<Eigen::Index>(value_channels_);
+    if (pc.source == key_source::window) {
+      const matrix& values = cache_->tied_window() ? window_keys_ : window_values_;
+      attend_block(ps, q, rows_view(window_keys_.row(pc.first).data() + g * ks, pc.count, ks,
+                                    Eigen::OuterStride<>(window_keys_.cols())),
+                   rows_view(values.row(pc.first).data() + g * vs, pc.count, vs, Eigen::OuterStride<>(values.cols())),
+                   h0, window_logits_, pc.first);
+    } else if (pc.source == key_source::selected) {
+      gather(seq, config_.key_stream, g, key_channels_, pc, ps.keys);
+      if (!tied) gather(seq, config_.value_stream, g, value_channels_, pc, ps.values);
+      const matrix& values = tied ? ps.keys : ps.values;
+      attend_block(ps, q, rows_view(ps.keys.data(), pc.count, ks, Eigen::OuterStride<>(ks)),
+                   rows_view(values.data(), pc.count, vs, Eigen::OuterStride<>(vs)), h0, entry_logits_, pc.first);
     } else {
       const page_pool& key_pool = cache_->pool(config_.key_stream);
       const page_pool& value_pool = cache_->pool(config_.value_stream);
       const auto& key_table = cache_->page_table(seq, config_.key_stream);
       const auto& value_table = cache_->page_table(seq, config_.value_stream);
       const std::int64_t page_size = key_pool.layout().page_size;
-      const std::int64_t key_stride = key_pool.layout().entry_stride, value_stride = value_pool.layout().entry_stride;
-      for (std::int64_t j = 0; j < n_entries; j += page_size) {
-        const std::int64_t count = std::min(page_size, n_entries - j);
+      const auto key_stride = static_cast<Eigen::Index>(key_pool.layout().entry_stride);
+      const auto value_stride = static_cast<Eigen::Index>(value_pool.layout().entry_stride);
+      for (std::int64_t j = pc.first; j < pc.first + pc.count; j += page_size) {
+        const std::int64_t count = std::min(page_size, pc.first + pc.count - j);
         const std::size_t p = static_cast<std::size_t>(j / page_size);
-        const float* keys = page_floats(key_pool, key_table[p], count, task.key_page);
-        const float* values = tied ? keys : page_floats(value_pool, value_table[p], count, task.value_page);
-        attend_block(task, q, rows_view(keys + g * key_channels_, count, key_channels_, Eigen::OuterStride<>(key_stride)),
-                     rows_view(values + g * value_channels_, count, value_channels_, Eigen::OuterStride<>(value_stride)),
-                     h0, entry_logits_, j);
+        const float* keys = page_floats(key_pool, key_table[p], count, ps.key_page);
+        const float* values = tied ? keys : page_floats(value_pool, value_table[p], count, ps.value_page);
+        attend_block(ps, q, rows_view(keys + g * ks, count, ks, Eigen::OuterStride<>(key_stride)),
+                     rows_view(values + g * vs, count, vs, Eigen::OuterStride<>(value_stride)), h0, entry_logits_, j);
       }
     }
-    const matrix& window_values = cache_->tied_window() ? window_keys_ : window_values_;
-    attend_block(task, q,
-                 rows_view(window_keys_.data() + g * key_channels_, n_win, key_channels_,
-                           Eigen::OuterStride<>(window_keys_.cols())),
-                 rows_view(window_values.data() + g * value_channels_, n_win, value_channels_,
-                           Eigen::OuterStride<>(window_values.cols())),
-                 h0, window_logits_, 0);
-    const float* sinks = config_.sink ? r.sinks.data() + h0 : nullptr;
-    task.total.finish(out, sinks);
-    if (tracing_)
-      for (std::int64_t h = 0; h < rows; ++h) {
-        final_max_[h0 + h] = task.total.max_logit(h);
-        final_norm_[h0 + h] = task.total.normaliser(h, sinks);
-      }
+  }
+
+  // KV head g's channels of the selected entries of ranks [first, first + count), as fp32 rows.
+  void gather(sequence_id seq, std::size_t stream, std::int64_t g, std::int64_t channels, const piece& pc,
+              matrix& rows) const {
+    const page_pool& pool = cache_->pool(stream);
+    const page_layout& layout = pool.layout();
+    const auto& table = cache_->page_table(seq, stream);
+    rows.resize(pc.count, channels);
+    for (std::int64_t i = 0; i < pc.count; ++i) {
+      const std::int64_t j = selection_[static_cast<std::size_t>(pc.first + i)].index;
+      const std::byte* src = pool.base() + table[static_cast<std::size_t>(j / layout.page_size)] * layout.page_stride_bytes +
+                             (j % layout.page_size) * layout.entry_stride_bytes + g * layout.head_stride_bytes;
+      load_row(src, rows.row(i).data(), channels, layout.storage);
+    }
   }
 
   // One block of keys: logits scale·q·kᵀ (kept for the trace at columns [column, …) of
-  // trace_logits), its softmax state, merged into the task's total.
-  void attend_block(head_task& task, const Eigen::Map<const matrix>& q, const rows_view& keys, const rows_view& values,
+  // trace_logits), its softmax state, merged into the piece's state.
+  void attend_block(piece_state& ps, const Eigen::Map<const matrix>& q, const rows_view& keys, const rows_view& values,
                     std::int64_t h0, matrix& trace_logits, std::int64_t column) {
     if (keys.rows() == 0) return;
-    task.logits.noalias() = (q * keys.transpose()) * scale_;
-    if (tracing_) trace_logits.block(h0, column, q.rows(), keys.rows()) = task.logits;
-    task.part.reset(q.rows(), value_channels_);
-    task.part.assign_block(task.logits, values);
-    task.total.merge(task.part);
+    ps.logits.noalias() = (q * keys.transpose()) * scale_;
+    if (tracing_) trace_logits.block(h0, column, q.rows(), keys.rows()) = ps.logits;
+    if (!ps.started) {  // the piece's first block (the common case: a piece is one block)
+      ps.state.assign_block(ps.logits, values);
+      ps.started = true;
+      return;
+    }
+    ps.block.reset(q.rows(), value_channels_);
+    ps.block.assign_block(ps.logits, values);
+    ps.state.merge(ps.block);
   }
 
   // The read's final probabilities, exp(ℓ − m) · normaliser per head, averaged over query heads.
@@ -430,8 +457,10 @@ class sparse_reader {
   kernels::indexer<>::prepared indexer_queries_;
   std::vector<scored_entry> selection_;
   std::vector<score_task> score_tasks_;
-  std::vector<head_task> head_tasks_;
-  matrix entry_keys_, entry_values_, window_keys_, window_values_;
+  std::vector<piece> pieces_;
+  std::vector<piece_state> piece_states_;  // [KV head][piece]
+  softmax_state total_;
+  matrix window_keys_, window_values_;
   matrix entry_logits_, window_logits_;    // per query head, for the trace
   Eigen::VectorXf final_max_, final_norm_;  // per query head, for the trace
 };
