@@ -271,13 +271,19 @@ class sparse_reader {
         const float* keys = page_floats(pool, table[static_cast<std::size_t>(j / page_size)], count, task.page);
         kernels::indexer<>::score(indexer_queries_, keys, count, scores_.data() + j);
       }
-      select_top_k(span<const float>(scores_.data() + first, static_cast<std::size_t>(last - first)), config_.top_k,
-                   task.best, first);
+      rank_keys(span<const float>(scores_.data() + first, static_cast<std::size_t>(last - first)), first, task.best);
+      keep_top_keys(task.best, config_.top_k, false);
     };
     executor_->for_each(chunks, score);
     selection_.clear();
-    for (const score_task& task : score_tasks_) selection_.insert(selection_.end(), task.best.begin(), task.best.end());
-    if (chunks > 1) keep_top_k(selection_, config_.top_k);
+    winners_.clear();
+    for (const score_task& task : score_tasks_) winners_.insert(winners_.end(), task.best.begin(), task.best.end());
+    keep_top_keys(winners_, config_.top_k, true);
+    selection_.resize(winners_.size());
+    for (std::size_t r = 0; r < winners_.size(); ++r) {
+      const std::int64_t j = rank_key_index(winners_[r]);
+      selection_[r] = {j, scores_[static_cast<std::size_t>(j)]};
+    }
   }
 
   // A page's first `count` entries as fp32 rows: the page itself, or a converted copy in `scratch`.
@@ -303,7 +309,7 @@ class sparse_reader {
 
   struct score_task {
     std::vector<float> page;         // a converted page (non-fp32 storage)
-    std::vector<scored_entry> best;  // this chunk's top k
+    std::vector<std::uint64_t> best;  // rank keys of this chunk's top k (top_k.hpp)
   };
   // A run of keys of one kind: ranks [first, first + count) of the selection, entries
   // [first, first + count) read in place, or window tokens [first, first + count) of the read.
@@ -457,6 +463,7 @@ class sparse_reader {
   kernels::indexer<>::prepared indexer_queries_;
   std::vector<scored_entry> selection_;
   std::vector<score_task> score_tasks_;
+  std::vector<std::uint64_t> winners_;
   std::vector<piece> pieces_;
   std::vector<piece_state> piece_states_;  // [KV head][piece]
   softmax_state total_;
