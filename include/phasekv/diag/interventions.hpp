@@ -105,6 +105,11 @@ inline std::vector<float> cycle_slot_profile(span<const float> params, std::int6
 // i.e. the shift happens within each period of S residues (residues r and r + S share a phase but
 // may differ in distance effects, which the shift leaves where they were). Throws input_error
 // unless M = accuracy.size() is a positive multiple of stride.
+// The prediction assumes what a token receives depends on its own slot only. A mechanism that
+// pairs neighbouring tokens breaks it where cycling wraps a pair across the block edge: with the
+// needle probe's concentrated gates (key slot r, value slot r + 1), δ = S − 1 puts the value gate
+// on slot 0 — a token before the key, not after it — and no phase retrieves at all
+// (tests/test_diag_interventions_probe.cpp).
 inline std::vector<double> predicted_shift(span<const double> accuracy, std::int64_t stride, std::int64_t delta) {
   using detail::require;
   require<input_error>(stride >= 1, "predicted_shift: stride", stride, "must be at least 1");
