@@ -20,7 +20,8 @@
 //   BM_sparse_decode_threads/ctx/threads  the same step through openmp_executor, wall time;
 //                                   speedup = one thread's wall time over this, paired in-run.
 //   BM_selection/ctx/page           indexer scores + top-k alone (see selection_replica);
-//                                   per_entry constant across contexts = selection linear in n.
+//                                   per_entry constant across contexts = selection linear in n;
+//                                   of_roofline against the indexer's own floor.
 //   BM_top_k/ctx                    select_top_k alone, on those scores.
 //
 // cold = 1 evicts the caches (a 64 MiB walk, untimed) before every step: in a real decode step the
@@ -607,6 +608,7 @@ void BM_selection(benchmark::State& state) {
                                                    benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   const double flops = 2.0 * kIndexerHeads * kIndexerChannels * static_cast<double>(s.candidates);
   state.counters["flops"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  bench::roofline{4.0 * kIndexerChannels * static_cast<double>(s.candidates), flops}.report(state);
 }
 
 void BM_top_k(benchmark::State& state) {
