@@ -33,13 +33,13 @@
 // this thread's CPU clock too. Run with --benchmark_min_time=0.3 or more.
 //
 // Setup (untimed, once per context and page size, well under a second each) appends ctx tokens
-// through the compressor in blocks of kBlock tokens. The K/V stream's inputs are one random block
-// appended cyclically (the content of the entries does not change the timing); the indexer
-// stream's inputs are fresh for every block, so the indexer scores are not periodic — periodic
-// scores would feed top-k an unrealistically tie-heavy input. Setup also checks, once: the dense
-// baseline against plain attention in double; the sparse read (ctx ≤ 16K) against plain attention
-// in double over the entries it selected, the window and the sink; its output finite; and the
-// selection replica against the reader's own selection. A failed check skips the benchmarks.
+// through the compressor in blocks of kBlock tokens, as sparse_workload::fill() in
+// decode_workload.hpp describes: that header holds the shape, the inputs and the dense baseline,
+// shared with peer/peer_dump.cpp so the PyTorch peer recomputes these very numbers. Setup also
+// checks, once: the dense baseline against plain attention in double; the sparse read (ctx ≤ 16K)
+// against plain attention in double over the entries it selected, the window and the sink; its
+// output finite; and the selection replica against the reader's own selection. A failed check
+// skips the benchmarks.
 
 #include <benchmark/benchmark.h>
 
@@ -65,50 +65,16 @@
 
 #include <phasekv/phasekv.hpp>
 
+#include "decode_workload.hpp"
 #include "machine_limits.hpp"
 
 namespace {
 
 using namespace phasekv;
+using namespace bench;  // decode_workload.hpp: the shape, the generator, the workloads
 using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using bench::fma_peak;
-using bench::thread_seconds;
 
-constexpr std::int64_t kQueryHeads = 64;
-constexpr std::int64_t kChannels = 512;  // tied K/V
-constexpr std::int64_t kIndexerHeads = 64;
-constexpr std::int64_t kIndexerChannels = 128;
-constexpr std::int64_t kTopK = 512;
-constexpr std::int64_t kWindow = 128;
-constexpr std::int64_t kBlock = 1024;        // tokens per append during setup
-constexpr std::int64_t kDenseBlock = 512;    // keys per block of the dense baseline
-constexpr std::int64_t kMaxContext = 131072;
 const std::vector<std::int64_t> kContexts = {4096, 16384, 65536, 131072};
-
-using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
-using csa_cache = paged_cache<csa_stream, csa_stream>;
-
-// splitmix64: setup generates tens of millions of floats per context, faster than <random>'s engines.
-struct fast_random {
-  std::uint64_t state;
-  explicit fast_random(std::uint64_t seed) : state(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [−1, 1)
-  void fill(std::vector<float>& v) {
-    for (float& x : v) x = uniform();
-  }
-};
-
-std::vector<float> random_vector(std::int64_t n, std::uint64_t seed) {
-  std::vector<float> v(static_cast<std::size_t>(n));
-  fast_random(seed).fill(v);
-  return v;
-}
 
 // ---- limits and cache state, measured in this run -------------------------------------------
 
@@ -142,65 +108,10 @@ void evict_caches() {
 
 // ---- the dense baseline ----------------------------------------------------------------------
 
-// Full attention of every query head over all `tokens` raw keys (tied K/V, one KV head), as a
-// good CPU flash-decode does it: blocks of keys small enough to stay in L2 between the two GEMMs,
-// logits S = Q·Kᵀ by GEMM (the scale folded into Q once), a running max/sum per head, O = O·α + P·V
-// by GEMM. The sink enters the final denominator only, as in the reader.
-class dense_decoder {
- public:
-  dense_decoder(std::int64_t heads, std::int64_t channels, std::int64_t block, float scale)
-      : heads_(heads), channels_(channels), block_(block), scale_(scale), logits_(heads, block), out_(heads, channels),
-        max_(heads), sum_(heads), rescale_(heads) {}
-
-  void run(const float* queries, const float* kv, std::int64_t tokens, const float* sinks, float* out) {
-    constexpr float minus_inf = -std::numeric_limits<float>::infinity();
-    query_.noalias() = Eigen::Map<const matrix>(queries, heads_, channels_) * scale_;
-    max_.setConstant(minus_inf);
-    sum_.setZero();
-    out_.setZero();
-    for (std::int64_t first = 0; first < tokens; first += block_) {
-      const std::int64_t n = std::min(block_, tokens - first);
-      const Eigen::Map<const matrix> keys(kv + first * channels_, n, channels_);
-      auto logits = logits_.leftCols(n);
-      logits.noalias() = query_ * keys.transpose();
-      for (std::int64_t h = 0; h < heads_; ++h) {
-        const float m = std::max(max_[h], logits.row(h).maxCoeff());
-        rescale_[h] = std::exp(max_[h] - m);  // 0 for the first block (max_ = −∞, m finite)
-        logits.row(h) = (logits.row(h).array() - m).exp().matrix();
-        sum_[h] = sum_[h] * rescale_[h] + logits.row(h).sum();
-        max_[h] = m;
-      }
-      out_ = rescale_.asDiagonal() * out_;
-      out_.noalias() += logits * keys;
-    }
-    for (std::int64_t h = 0; h < heads_; ++h) {
-      const float m = std::max(max_[h], sinks[h]);
-      const float a = std::exp(max_[h] - m);
-      const float norm = a / (sum_[h] * a + std::exp(sinks[h] - m));
-      Eigen::Map<Eigen::RowVectorXf>(out + h * channels_, channels_) = out_.row(h) * norm;
-    }
-  }
-
- private:
-  std::int64_t heads_, channels_, block_;
-  float scale_;
-  matrix query_, logits_, out_;
-  Eigen::VectorXf max_, sum_, rescale_;
-};
-
-// The raw fp32 cache of kMaxContext tokens (tied K/V); a context of n tokens reads its first n.
-struct dense_setup {
-  std::vector<float> kv = random_vector(kMaxContext * kChannels, 11);
-  std::vector<float> queries = random_vector(kQueryHeads * kChannels, 12);
-  std::vector<float> sinks = random_vector(kQueryHeads, 13);
-  std::vector<float> out = std::vector<float>(static_cast<std::size_t>(kQueryHeads * kChannels));
-  dense_decoder decoder{kQueryHeads, kChannels, kDenseBlock, 1.0f / std::sqrt(static_cast<float>(kChannels))};
-
-  void step(std::int64_t tokens) { decoder.run(queries.data(), kv.data(), tokens, sinks.data(), out.data()); }
-};
-
-dense_setup& dense() {
-  static dense_setup d;
+// dense_decoder (decode_workload.hpp) over a raw fp32 cache of kMaxContext tokens (tied K/V); a
+// context of n tokens reads its first n.
+dense_workload& dense() {
+  static dense_workload d(kMaxContext);
   return d;
 }
 
@@ -237,7 +148,7 @@ double max_error(const float* a, const std::vector<double>& b) {
 // The dense baseline against the reference at 256 tokens (half a block) and 1280 (2.5 blocks).
 const std::string& dense_check() {
   static const std::string error = [] {
-    dense_setup& d = dense();
+    dense_workload& d = dense();
     for (std::int64_t tokens : {256, 1280}) {
       std::vector<const float*> rows;
       for (std::int64_t i = 0; i < tokens; ++i) rows.push_back(d.kv.data() + i * kChannels);
@@ -285,57 +196,14 @@ class selection_replica {
   kernels::indexer<>::prepared queries_;
 };
 
-cache_config sparse_cache_config(std::int64_t tokens, std::int64_t page_size) {
-  cache_config c;
-  c.name = "bench_read";
-  c.page_size = page_size;
-  c.pages = (tokens / 4 + page_size - 1) / page_size + 1;
-  c.storage = storage_type::f32;
-  c.window.tokens = kWindow;
-  c.window.kv_heads = 1;
-  c.window.key_channels = kChannels;
-  c.window.value_channels = 0;  // tied
-  return c;
-}
-
-reader_config sparse_reader_config() {
-  reader_config r;
-  r.name = "bench_read.reader";
-  r.query_heads = kQueryHeads;
-  r.key_stream = 0;
-  r.value_stream = 0;
-  r.indexer_stream = 1;
-  r.top_k = kTopK;
-  r.indexer_heads = kIndexerHeads;
-  r.sink = true;
-  r.derotate_output = true;
-  return r;
-}
-
-struct sparse_setup {
-  std::int64_t tokens, page_size;
-  csa_stream kv_stream{presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv()};
-  csa_stream indexer_stream{presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_indexer()};
-  csa_cache cache;
-  sequence_id seq;
-  sparse_reader<csa_cache> reader;
-  std::vector<float> queries = random_vector(kQueryHeads * kChannels, 21);
-  std::vector<float> indexer_queries = random_vector(kIndexerHeads * kIndexerChannels, 22);
-  std::vector<float> indexer_weights = random_vector(kIndexerHeads, 23);
-  std::vector<float> sinks = random_vector(kQueryHeads, 24);
-  std::vector<float> out = std::vector<float>(static_cast<std::size_t>(kQueryHeads * kChannels));
+// The benchmarked step (decode_workload.hpp) plus its checks: a failed check skips the benchmarks.
+struct sparse_setup : sparse_workload {
   std::int64_t candidates = 0;
   selection_replica replica;
   std::string error;  // a failed check, reported by the benchmarks instead of timing wrong work
 
-  sparse_setup(std::int64_t context, std::int64_t page)
-      : tokens(context),
-        page_size(page),
-        cache(csa_cache::layer(kv_stream, indexer_stream), sparse_cache_config(context, page)),
-        seq(cache.create()),
-        reader(cache, sparse_reader_config()) {
+  sparse_setup(std::int64_t context, std::int64_t page) : sparse_workload("bench_read", context, page) {
     const double t0 = thread_seconds();
-    for (float& w : indexer_weights) w = 0.5f * (w + 1.0f) / static_cast<float>(kIndexerHeads);  // positive
     fill();
     candidates = cache.compressors().geom().visible_entries(tokens - 1);
     check();
@@ -343,40 +211,7 @@ struct sparse_setup {
                  static_cast<long long>(page_size), static_cast<long long>(candidates), thread_seconds() - t0);
   }
 
-  read_request request() const {
-    read_request r;
-    r.position = tokens - 1;
-    r.queries = span<const float>(queries);
-    r.indexer_queries = span<const float>(indexer_queries);
-    r.indexer_weights = span<const float>(indexer_weights);
-    r.sinks = span<const float>(sinks);
-    return r;
-  }
-  void step() { reader.read(seq, request(), out.data()); }
-
  private:
-  void fill() {
-    const std::int64_t kv_payload = kv_stream.payload_floats_per_token(), kv_logits = kv_stream.logit_floats_per_token();
-    const std::int64_t ix_payload = indexer_stream.payload_floats_per_token();
-    const std::int64_t ix_logits = indexer_stream.logit_floats_per_token();
-    const std::vector<float> kv_in = random_vector(kBlock * kv_payload, 1), kv_gates = random_vector(kBlock * kv_logits, 2);
-    const std::vector<float> window_keys = random_vector(kBlock * kChannels, 3);
-    std::vector<float> ix_in(static_cast<std::size_t>(kBlock * ix_payload));
-    std::vector<float> ix_gates(static_cast<std::size_t>(kBlock * ix_logits));
-    fast_random rng(static_cast<std::uint64_t>(tokens * 1000 + page_size));
-    for (std::int64_t done = 0; done < tokens; done += kBlock) {
-      const std::int64_t n = std::min(kBlock, tokens - done);
-      rng.fill(ix_in);
-      rng.fill(ix_gates);
-      const csa_cache::chunks chunks = {
-          token_chunk{n, span<const float>(kv_in.data(), static_cast<std::size_t>(n * kv_payload)),
-                      span<const float>(kv_gates.data(), static_cast<std::size_t>(n * kv_logits))},
-          token_chunk{n, span<const float>(ix_in.data(), static_cast<std::size_t>(n * ix_payload)),
-                      span<const float>(ix_gates.data(), static_cast<std::size_t>(n * ix_logits))}};
-      cache.append(seq, chunks, span<const float>(window_keys.data(), static_cast<std::size_t>(n * kChannels)));
-    }
-  }
-
   // The reader's output against plain attention in double over the entries it selected, the window
   // and the sink (then de-rotated), and the replica's selection against the reader's.
   void check() {
@@ -472,7 +307,7 @@ double paired_ratio(std::int64_t tokens, std::int64_t page_size, bool cold) {
   static std::map<std::tuple<std::int64_t, std::int64_t, bool>, double> ratios;
   auto found = ratios.find({tokens, page_size, cold});
   if (found != ratios.end()) return found->second;
-  dense_setup& d = dense();
+  dense_workload& d = dense();
   sparse_setup& s = sparse(tokens, page_size);
   const int rounds = tokens >= 65536 ? 5 : 9, sparse_steps = 4;
   std::vector<double> per_round;
@@ -518,7 +353,7 @@ void BM_dense_decode(benchmark::State& state) {
   const std::int64_t tokens = state.range(0);
   const bool cold = state.range(1) != 0;
   if (!dense_check().empty()) return state.SkipWithError(dense_check().c_str());
-  dense_setup& d = dense();
+  dense_workload& d = dense();
   run_steps(state, cold, [&] { d.step(tokens); });
   benchmark::DoNotOptimize(d.out.data());
   const double flops = dense_flops(tokens);
@@ -570,7 +405,7 @@ void BM_sparse_decode_threads(benchmark::State& state) {
   if (!s.error.empty()) return state.SkipWithError(s.error.c_str());
   openmp_executor pool(threads);
   if (pool.concurrency() < threads) return state.SkipWithError("built without OpenMP: the executor is serial");
-  sparse_reader<csa_cache> parallel(s.cache, sparse_reader_config());
+  sparse_reader<csa_cache> parallel(s.cache, decode_reader_config("bench_read"));
   parallel.set_executor(pool);
   std::vector<float> out(s.out.size());
   auto wall = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };

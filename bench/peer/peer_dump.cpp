@@ -4,8 +4,9 @@
 //
 //   peer_dump OUT_DIR [--contexts 4096,131072]
 //
-// Cases (shapes and generators as in bench_write.cpp and bench_read.cpp, re-created here because
-// those files keep their setup private):
+// Cases (bench_read.cpp's shape, inputs and dense baseline come from ../decode_workload.hpp, which
+// both programs include; bench_write.cpp's shapes and generators are re-created here, because that
+// file keeps its setup private):
 //   write_csa_kv, write_csa_indexer   the DeepSeek-V4 CSA preset's two streams, a prefill of 4096
 //                                     tokens: payload, logits, slot bias, norm weight, entries.
 //   sparse_ctx<N>                     one decode step of bench_read's BM_sparse_decode (page 64):
@@ -25,15 +26,12 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <limits>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
-
-#include <Eigen/Core>
 
 // Only the parts it uses: the preset, the write path, the cache and the reader.
 #include <phasekv/cache/paged_cache.hpp>
@@ -42,26 +40,17 @@
 #include <phasekv/core/rope.hpp>
 #include <phasekv/read/sparse_reader.hpp>
 
+#include "../decode_workload.hpp"
+
 namespace {
 
 using namespace phasekv;
-using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using namespace bench;  // decode_workload.hpp: bench_read's shape, inputs and dense baseline
 
-// ---- shapes: bench_read.cpp's and bench_write.cpp's ----------------------------------------
+// ---- shapes beyond decode_workload.hpp's -------------------------------------------------
 
-constexpr std::int64_t kQueryHeads = 64;
-constexpr std::int64_t kChannels = 512;  // tied K/V
-constexpr std::int64_t kIndexerHeads = 64;
-constexpr std::int64_t kIndexerChannels = 128;
-constexpr std::int64_t kTopK = 512;
-constexpr std::int64_t kWindow = 128;
-constexpr std::int64_t kBlock = 1024;      // tokens per append while filling the cache
-constexpr std::int64_t kDenseBlock = 512;  // keys per block of the dense baseline
-constexpr std::int64_t kPageSize = 64;     // the page size of BM_sparse_decode/.../page:64
-constexpr std::int64_t kPrefill = 4096;    // bench_write's prefill
-
-using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
-using csa_cache = paged_cache<csa_stream, csa_stream>;
+constexpr std::int64_t kPageSize = 64;   // the page size of BM_sparse_decode/.../page:64
+constexpr std::int64_t kPrefill = 4096;  // bench_write's prefill
 
 // ---- output ------------------------------------------------------------------------------
 
@@ -159,30 +148,6 @@ void stream_params_json(dump_writer& w, const geometry& g, const stream_config& 
   w.param("yarn_beta_slow", c.rope.yarn.beta_slow);
 }
 
-// ---- generators: bench_read.cpp's ----------------------------------------------------------
-
-// splitmix64 with the same seeds as bench_read, so the cache holds the benchmark's numbers.
-struct fast_random {
-  std::uint64_t state;
-  explicit fast_random(std::uint64_t seed) : state(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [−1, 1)
-  void fill(std::vector<float>& v) {
-    for (float& x : v) x = uniform();
-  }
-};
-
-std::vector<float> random_vector(std::int64_t n, std::uint64_t seed) {
-  std::vector<float> v(static_cast<std::size_t>(n));
-  fast_random(seed).fill(v);
-  return v;
-}
-
 // ---- case: compression (bench_write's prefill/deepseek_v4_csa) ------------------------------
 
 // One prefill of kPrefill tokens through one stream of the preset, as bench_write times it. The
@@ -238,72 +203,17 @@ void dump_write(dump_writer& w, const std::string& name, const stream_config& co
 
 // ---- case: sparse decode (bench_read's BM_sparse_decode, page 64) ---------------------------
 
-// bench_read's sparse_setup: the cache filled with ctx tokens in blocks of kBlock, the K/V
-// stream's inputs one random block appended cyclically, the indexer's fresh for every block.
+// bench_read's sparse_setup: decode_workload.hpp's sparse_workload, filled from the same seeds
+// (and the same page size, which seeds the indexer's inputs), so the cache, the request and the
+// reader's output are the benchmark's own.
 void dump_sparse(dump_writer& w, std::int64_t tokens) {
-  const csa_stream kv_stream{presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv()};
-  const csa_stream indexer_stream{presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_indexer()};
-
-  cache_config cc;
-  cc.name = "peer_dump";
-  cc.page_size = kPageSize;
-  cc.pages = (tokens / 4 + kPageSize - 1) / kPageSize + 1;
-  cc.storage = storage_type::f32;
-  cc.window.tokens = kWindow;
-  cc.window.kv_heads = 1;
-  cc.window.key_channels = kChannels;
-  cc.window.value_channels = 0;  // tied
-  csa_cache cache(csa_cache::layer(kv_stream, indexer_stream), cc);
-  const sequence_id seq = cache.create();
-
-  const std::int64_t kv_payload = kv_stream.payload_floats_per_token(), kv_logits = kv_stream.logit_floats_per_token();
-  const std::int64_t ix_payload = indexer_stream.payload_floats_per_token();
-  const std::int64_t ix_logits = indexer_stream.logit_floats_per_token();
-  const std::vector<float> kv_in = random_vector(kBlock * kv_payload, 1), kv_gates = random_vector(kBlock * kv_logits, 2);
-  const std::vector<float> window_keys = random_vector(kBlock * kChannels, 3);
-  std::vector<float> ix_in(static_cast<std::size_t>(kBlock * ix_payload));
-  std::vector<float> ix_gates(static_cast<std::size_t>(kBlock * ix_logits));
-  fast_random rng(static_cast<std::uint64_t>(tokens * 1000 + kPageSize));
-  for (std::int64_t done = 0; done < tokens; done += kBlock) {
-    const std::int64_t n = std::min(kBlock, tokens - done);
-    rng.fill(ix_in);
-    rng.fill(ix_gates);
-    const csa_cache::chunks chunks = {
-        token_chunk{n, span<const float>(kv_in.data(), static_cast<std::size_t>(n * kv_payload)),
-                    span<const float>(kv_gates.data(), static_cast<std::size_t>(n * kv_logits))},
-        token_chunk{n, span<const float>(ix_in.data(), static_cast<std::size_t>(n * ix_payload)),
-                    span<const float>(ix_gates.data(), static_cast<std::size_t>(n * ix_logits))}};
-    cache.append(seq, chunks, span<const float>(window_keys.data(), static_cast<std::size_t>(n * kChannels)));
-  }
-
-  // bench_read's request: seeds 21–24, indexer weights mapped to (0, 1/heads].
-  std::vector<float> queries = random_vector(kQueryHeads * kChannels, 21);
-  std::vector<float> indexer_queries = random_vector(kIndexerHeads * kIndexerChannels, 22);
-  std::vector<float> indexer_weights = random_vector(kIndexerHeads, 23);
-  std::vector<float> sinks = random_vector(kQueryHeads, 24);
-  for (float& x : indexer_weights) x = 0.5f * (x + 1.0f) / static_cast<float>(kIndexerHeads);
-
-  reader_config rc;
-  rc.name = "peer_dump.reader";
-  rc.query_heads = kQueryHeads;
-  rc.key_stream = 0;
-  rc.value_stream = 0;
-  rc.indexer_stream = 1;
-  rc.top_k = kTopK;
-  rc.indexer_heads = kIndexerHeads;
-  rc.sink = true;
-  rc.derotate_output = true;
-  sparse_reader<csa_cache> reader(cache, rc);
-
-  read_request request;
-  request.position = tokens - 1;
-  request.queries = span<const float>(queries);
-  request.indexer_queries = span<const float>(indexer_queries);
-  request.indexer_weights = span<const float>(indexer_weights);
-  request.sinks = span<const float>(sinks);
-  std::vector<float> out(static_cast<std::size_t>(reader.output_floats()));
+  sparse_workload d("peer_dump", tokens, kPageSize);
+  d.fill();
+  const csa_cache& cache = d.cache;
+  const sequence_id seq = d.seq;
+  const read_request request = d.request();
   read_trace trace;
-  reader.read(seq, request, out.data(), &trace);
+  d.reader.read(seq, request, d.out.data(), &trace);
 
   // What the cache holds, through its public accessors: entry j of a stream is page
   // page_table[j / page_size], slot j % page_size, converted to fp32 (read_entry does exactly that
@@ -356,11 +266,11 @@ void dump_sparse(dump_writer& w, std::int64_t tokens) {
   w.array("kv_entries", kv_entries.data(), {candidates, kv_config.kv_heads * kv_config.channels});
   w.array("indexer_entries", ix_entries.data(), {candidates, kIndexerChannels});
   w.array("window_rows", window.data(), {n_win, kChannels});
-  w.array("queries", queries.data(), {kQueryHeads, kChannels});
-  w.array("indexer_queries", indexer_queries.data(), {kIndexerHeads, kIndexerChannels});
-  w.array("indexer_weights", indexer_weights.data(), {kIndexerHeads});
-  w.array("sinks", sinks.data(), {kQueryHeads});
-  w.array("output", out.data(), {kQueryHeads, kChannels});
+  w.array("queries", d.queries.data(), {kQueryHeads, kChannels});
+  w.array("indexer_queries", d.indexer_queries.data(), {kIndexerHeads, kIndexerChannels});
+  w.array("indexer_weights", d.indexer_weights.data(), {kIndexerHeads});
+  w.array("sinks", d.sinks.data(), {kQueryHeads});
+  w.array("output", d.out.data(), {kQueryHeads, kChannels});
   w.array("selected", trace.selected.data(), {static_cast<std::int64_t>(trace.selected.size())});
   w.array("selected_scores", trace.scores.data(), {static_cast<std::int64_t>(trace.scores.size())});
   w.array("rope_inv_freq", rope.inverse_frequencies().data(), {rope.pairs()});
@@ -371,48 +281,14 @@ void dump_sparse(dump_writer& w, std::int64_t tokens) {
 
 // ---- case: dense decode (bench_read's BM_dense_decode) --------------------------------------
 
-// bench_read's dense_decoder: blocks of kDenseBlock keys, logits by GEMM, an online softmax per
-// head, P·V by GEMM, the sink in the final denominator. Re-created verbatim in behaviour (same
-// block size, same order of operations), so its output is the benchmark's output.
-void dense_decode(const float* queries, const float* kv, std::int64_t tokens, const float* sinks, float* out) {
-  constexpr float minus_inf = -std::numeric_limits<float>::infinity();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kChannels));
-  const matrix query = Eigen::Map<const matrix>(queries, kQueryHeads, kChannels) * scale;
-  matrix logits_buffer(kQueryHeads, kDenseBlock), acc = matrix::Zero(kQueryHeads, kChannels);
-  Eigen::VectorXf max = Eigen::VectorXf::Constant(kQueryHeads, minus_inf), sum = Eigen::VectorXf::Zero(kQueryHeads);
-  Eigen::VectorXf rescale(kQueryHeads);
-  for (std::int64_t first = 0; first < tokens; first += kDenseBlock) {
-    const std::int64_t n = std::min(kDenseBlock, tokens - first);
-    const Eigen::Map<const matrix> keys(kv + first * kChannels, n, kChannels);
-    auto logits = logits_buffer.leftCols(n);
-    logits.noalias() = query * keys.transpose();
-    for (std::int64_t h = 0; h < kQueryHeads; ++h) {
-      const float m = std::max(max[h], logits.row(h).maxCoeff());
-      rescale[h] = std::exp(max[h] - m);
-      logits.row(h) = (logits.row(h).array() - m).exp().matrix();
-      sum[h] = sum[h] * rescale[h] + logits.row(h).sum();
-      max[h] = m;
-    }
-    acc = rescale.asDiagonal() * acc;
-    acc.noalias() += logits * keys;
-  }
-  for (std::int64_t h = 0; h < kQueryHeads; ++h) {
-    const float m = std::max(max[h], sinks[h]);
-    const float a = std::exp(max[h] - m);
-    const float norm = a / (sum[h] * a + std::exp(sinks[h] - m));
-    Eigen::Map<Eigen::RowVectorXf>(out + h * kChannels, kChannels) = acc.row(h) * norm;
-  }
-}
-
+// bench_read's dense step: the same dense_workload (decode_workload.hpp), with the largest requested
+// context's rows rather than kMaxContext — a context of N reads the first N, the same either way.
 void dump_dense(dump_writer& w, const std::vector<std::int64_t>& contexts) {
   const std::int64_t max_context = *std::max_element(contexts.begin(), contexts.end());
-  const std::vector<float> kv = random_vector(max_context * kChannels, 11);  // bench_read: seed 11, 131072 rows
-  const std::vector<float> queries = random_vector(kQueryHeads * kChannels, 12);
-  const std::vector<float> sinks = random_vector(kQueryHeads, 13);
+  dense_workload d(max_context);
   bool written = false;
   for (std::int64_t tokens : contexts) {
-    std::vector<float> out(static_cast<std::size_t>(kQueryHeads * kChannels));
-    dense_decode(queries.data(), kv.data(), tokens, sinks.data(), out.data());
+    d.step(tokens);
     w.begin_case("dense_ctx" + std::to_string(tokens), "dense");
     w.param("context", tokens);
     w.param("query_heads", kQueryHeads);
@@ -423,12 +299,12 @@ void dump_dense(dump_writer& w, const std::vector<std::int64_t>& contexts) {
     if (written) {
       w.shared_array("kv", "dense.kv.bin", "float32", {max_context, kChannels});
     } else {
-      w.array("kv", kv.data(), {max_context, kChannels}, "dense.kv.bin");
+      w.array("kv", d.kv.data(), {max_context, kChannels}, "dense.kv.bin");
       written = true;
     }
-    w.array("queries", queries.data(), {kQueryHeads, kChannels});
-    w.array("sinks", sinks.data(), {kQueryHeads});
-    w.array("output", out.data(), {kQueryHeads, kChannels});
+    w.array("queries", d.queries.data(), {kQueryHeads, kChannels});
+    w.array("sinks", d.sinks.data(), {kQueryHeads});
+    w.array("output", d.out.data(), {kQueryHeads, kChannels});
     w.end_case();
   }
 }
@@ -440,7 +316,7 @@ std::vector<std::int64_t> parse_contexts(const std::string& list) {
   while (std::getline(in, item, ',')) {
     const long long n = std::stoll(item);
     // bench_read fills in blocks of 1024 and its dense cache has 131072 rows; stay inside both.
-    if (n < kBlock || n % kBlock != 0 || n > 131072)
+    if (n < kBlock || n % kBlock != 0 || n > kMaxContext)
       throw std::invalid_argument("--contexts: " + item + " must be a multiple of 1024 in [1024, 131072]");
     contexts.push_back(n);
   }

@@ -1,0 +1,238 @@
+#pragma once
+// One decode step in the DeepSeek-V4-Flash CSA shape, as bench_read.cpp times it and as
+// peer/peer_dump.cpp writes it out for the PyTorch peer: the shape, the random inputs, the filled
+// cache and reader (sparse_workload), and the dense full-attention baseline (dense_workload).
+//
+// Both programs build their inputs here from the same seeds, so the numbers the peer recomputes
+// are the very numbers the benchmark reads. Changing a seed, a generator or the order in which
+// fill() draws changes both at once (and every peer comparison made before it).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include <phasekv/cache/paged_cache.hpp>
+#include <phasekv/compress/presets.hpp>
+#include <phasekv/compress/stream_compressor.hpp>
+#include <phasekv/read/sparse_reader.hpp>
+
+namespace bench {
+
+// ---- the shape -------------------------------------------------------------------------------
+
+// 64 query heads over 1 KV head of 512 tied K/V channels, lightning indexer of 64 heads × 128
+// channels, top-k 512, 128-token raw window, attention sink (S=4, W=8: the preset's geometry).
+inline constexpr std::int64_t kQueryHeads = 64;
+inline constexpr std::int64_t kChannels = 512;  // tied K/V
+inline constexpr std::int64_t kIndexerHeads = 64;
+inline constexpr std::int64_t kIndexerChannels = 128;
+inline constexpr std::int64_t kTopK = 512;
+inline constexpr std::int64_t kWindow = 128;
+inline constexpr std::int64_t kBlock = 1024;        // tokens per append while filling the cache
+inline constexpr std::int64_t kDenseBlock = 512;    // keys per block of the dense baseline
+inline constexpr std::int64_t kMaxContext = 131072;  // the longest context; rows of bench_read's dense cache
+
+using csa_stream = phasekv::stream_compressor<phasekv::presets::deepseek_v4_csa_policy>;
+using csa_cache = phasekv::paged_cache<csa_stream, csa_stream>;
+
+// ---- the generator ---------------------------------------------------------------------------
+
+// splitmix64: setup generates tens of millions of floats per context, faster than <random>'s engines.
+struct fast_random {
+  std::uint64_t state;
+  explicit fast_random(std::uint64_t seed) : state(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [−1, 1)
+  void fill(std::vector<float>& v) {
+    for (float& x : v) x = uniform();
+  }
+};
+
+inline std::vector<float> random_vector(std::int64_t n, std::uint64_t seed) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  fast_random(seed).fill(v);
+  return v;
+}
+
+// ---- the sparse read -------------------------------------------------------------------------
+
+// The preset's two streams: K/V (stream 0) and the indexer's keys (stream 1).
+inline csa_cache::layer csa_layer() {
+  namespace presets = phasekv::presets;
+  return csa_cache::layer(csa_stream{presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv()},
+                          csa_stream{presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_indexer()});
+}
+
+// A cache for `tokens` tokens in pages of `page_size` entries (one entry per S = 4 tokens, plus a
+// spare page), fp32, with the raw window the reader attends to. `name` names it in errors.
+inline phasekv::cache_config decode_cache_config(const std::string& name, std::int64_t tokens, std::int64_t page_size) {
+  phasekv::cache_config c;
+  c.name = name;
+  c.page_size = page_size;
+  c.pages = (tokens / 4 + page_size - 1) / page_size + 1;
+  c.storage = phasekv::storage_type::f32;
+  c.window.tokens = kWindow;
+  c.window.kv_heads = 1;
+  c.window.key_channels = kChannels;
+  c.window.value_channels = 0;  // tied
+  return c;
+}
+
+inline phasekv::reader_config decode_reader_config(const std::string& name) {
+  phasekv::reader_config r;
+  r.name = name + ".reader";
+  r.query_heads = kQueryHeads;
+  r.key_stream = 0;
+  r.value_stream = 0;
+  r.indexer_stream = 1;
+  r.top_k = kTopK;
+  r.indexer_heads = kIndexerHeads;
+  r.sink = true;
+  r.derotate_output = true;
+  return r;
+}
+
+// The read path's decode step at position tokens − 1: the cache, its reader, the request's inputs
+// (seeds 21–24) and the output. The constructor leaves the cache empty; fill() appends the tokens
+// (apart, so that a caller can time it).
+struct sparse_workload {
+  std::int64_t tokens, page_size;
+  csa_cache cache;
+  phasekv::sequence_id seq;
+  phasekv::sparse_reader<csa_cache> reader;
+  std::vector<float> queries = random_vector(kQueryHeads * kChannels, 21);
+  std::vector<float> indexer_queries = random_vector(kIndexerHeads * kIndexerChannels, 22);
+  std::vector<float> indexer_weights = random_vector(kIndexerHeads, 23);  // mapped to [0, 1/heads) below
+  std::vector<float> sinks = random_vector(kQueryHeads, 24);
+  std::vector<float> out = std::vector<float>(static_cast<std::size_t>(kQueryHeads * kChannels));
+
+  // `name` names the cache and (with ".reader") the reader in errors.
+  sparse_workload(const std::string& name, std::int64_t context, std::int64_t page)
+      : tokens(context),
+        page_size(page),
+        cache(csa_layer(), decode_cache_config(name, context, page)),
+        seq(cache.create()),
+        reader(cache, decode_reader_config(name)) {
+    for (float& w : indexer_weights) w = 0.5f * (w + 1.0f) / static_cast<float>(kIndexerHeads);  // positive
+  }
+  sparse_workload(const sparse_workload&) = delete;  // the reader points at this cache
+  sparse_workload& operator=(const sparse_workload&) = delete;
+
+  // Appends `tokens` tokens through both streams in blocks of kBlock. The K/V stream's inputs are
+  // one random block appended cyclically: the content of the entries does not change the timing.
+  // The indexer's are fresh for every block, so its scores are not periodic — periodic scores
+  // would feed top-k an unrealistically tie-heavy input.
+  void fill() {
+    const csa_stream& kv_stream = cache.compressors().stream<0>();
+    const csa_stream& indexer_stream = cache.compressors().stream<1>();
+    const std::int64_t kv_payload = kv_stream.payload_floats_per_token(), kv_logits = kv_stream.logit_floats_per_token();
+    const std::int64_t ix_payload = indexer_stream.payload_floats_per_token();
+    const std::int64_t ix_logits = indexer_stream.logit_floats_per_token();
+    const std::vector<float> kv_in = random_vector(kBlock * kv_payload, 1), kv_gates = random_vector(kBlock * kv_logits, 2);
+    const std::vector<float> window_keys = random_vector(kBlock * kChannels, 3);
+    std::vector<float> ix_in(static_cast<std::size_t>(kBlock * ix_payload));
+    std::vector<float> ix_gates(static_cast<std::size_t>(kBlock * ix_logits));
+    fast_random rng(static_cast<std::uint64_t>(tokens * 1000 + page_size));
+    for (std::int64_t done = 0; done < tokens; done += kBlock) {
+      const std::int64_t n = std::min(kBlock, tokens - done);
+      rng.fill(ix_in);
+      rng.fill(ix_gates);
+      using phasekv::span;
+      const csa_cache::chunks chunks = {
+          phasekv::token_chunk{n, span<const float>(kv_in.data(), static_cast<std::size_t>(n * kv_payload)),
+                               span<const float>(kv_gates.data(), static_cast<std::size_t>(n * kv_logits))},
+          phasekv::token_chunk{n, span<const float>(ix_in.data(), static_cast<std::size_t>(n * ix_payload)),
+                               span<const float>(ix_gates.data(), static_cast<std::size_t>(n * ix_logits))}};
+      cache.append(seq, chunks, span<const float>(window_keys.data(), static_cast<std::size_t>(n * kChannels)));
+    }
+  }
+
+  phasekv::read_request request() const {
+    phasekv::read_request r;
+    r.position = tokens - 1;
+    r.queries = phasekv::span<const float>(queries);
+    r.indexer_queries = phasekv::span<const float>(indexer_queries);
+    r.indexer_weights = phasekv::span<const float>(indexer_weights);
+    r.sinks = phasekv::span<const float>(sinks);
+    return r;
+  }
+  void step() { reader.read(seq, request(), out.data()); }
+};
+
+// ---- the dense baseline ----------------------------------------------------------------------
+
+// Full attention of every query head over all `tokens` raw keys (tied K/V, one KV head), as a
+// good CPU flash-decode does it: blocks of keys small enough to stay in L2 between the two GEMMs,
+// logits S = Q·Kᵀ by GEMM (the scale folded into Q once), a running max/sum per head, O = O·α + P·V
+// by GEMM. The sink enters the final denominator only, as in the reader.
+class dense_decoder {
+  using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+ public:
+  dense_decoder(std::int64_t heads, std::int64_t channels, std::int64_t block, float scale)
+      : heads_(heads), channels_(channels), block_(block), scale_(scale), logits_(heads, block), out_(heads, channels),
+        max_(heads), sum_(heads), rescale_(heads) {}
+
+  void run(const float* queries, const float* kv, std::int64_t tokens, const float* sinks, float* out) {
+    constexpr float minus_inf = -std::numeric_limits<float>::infinity();
+    query_.noalias() = Eigen::Map<const matrix>(queries, heads_, channels_) * scale_;
+    max_.setConstant(minus_inf);
+    sum_.setZero();
+    out_.setZero();
+    for (std::int64_t first = 0; first < tokens; first += block_) {
+      const std::int64_t n = std::min(block_, tokens - first);
+      const Eigen::Map<const matrix> keys(kv + first * channels_, n, channels_);
+      auto logits = logits_.leftCols(n);
+      logits.noalias() = query_ * keys.transpose();
+      for (std::int64_t h = 0; h < heads_; ++h) {
+        const float m = std::max(max_[h], logits.row(h).maxCoeff());
+        rescale_[h] = std::exp(max_[h] - m);  // 0 for the first block (max_ = −∞, m finite)
+        logits.row(h) = (logits.row(h).array() - m).exp().matrix();
+        sum_[h] = sum_[h] * rescale_[h] + logits.row(h).sum();
+        max_[h] = m;
+      }
+      out_ = rescale_.asDiagonal() * out_;
+      out_.noalias() += logits * keys;
+    }
+    for (std::int64_t h = 0; h < heads_; ++h) {
+      const float m = std::max(max_[h], sinks[h]);
+      const float a = std::exp(max_[h] - m);
+      const float norm = a / (sum_[h] * a + std::exp(sinks[h] - m));
+      Eigen::Map<Eigen::RowVectorXf>(out + h * channels_, channels_) = out_.row(h) * norm;
+    }
+  }
+
+ private:
+  std::int64_t heads_, channels_, block_;
+  float scale_;
+  matrix query_, logits_, out_;
+  Eigen::VectorXf max_, sum_, rescale_;
+};
+
+// The dense step's inputs and output: a raw fp32 cache of `rows` tokens (tied K/V; seed 11), of
+// which a context of n tokens reads the first n — the generator is sequential, so those rows are
+// the same whatever `rows` is — and the queries and sinks (seeds 12, 13).
+struct dense_workload {
+  std::vector<float> kv, queries, sinks;
+  std::vector<float> out = std::vector<float>(static_cast<std::size_t>(kQueryHeads * kChannels));
+  dense_decoder decoder{kQueryHeads, kChannels, kDenseBlock, 1.0f / std::sqrt(static_cast<float>(kChannels))};
+
+  explicit dense_workload(std::int64_t rows)
+      : kv(random_vector(rows * kChannels, 11)),
+        queries(random_vector(kQueryHeads * kChannels, 12)),
+        sinks(random_vector(kQueryHeads, 13)) {}
+
+  void step(std::int64_t tokens) { decoder.run(queries.data(), kv.data(), tokens, sinks.data(), out.data()); }
+};
+
+}  // namespace bench
