@@ -44,3 +44,4 @@
 
 // simd
 #include "phasekv/simd/batch.hpp"
+#include "phasekv/simd/exp.hpp"

@@ -9,14 +9,53 @@
 //
 // Accumulation order is fixed (slots ascending), which is what makes streaming bit-identical:
 // the same tokens give the same entry however they were chunked.
+//
+// A prefill reads every input row once, a few KB at a time from 2·W rows per entry: streams too
+// short for the hardware prefetchers to run far ahead when the rows come from memory. So the
+// kernels can also take the rows of the *next* entry (`ahead`, may be empty) and prefetch them
+// one cache line per channel step, about an entry's compute time (~1 µs) before they are needed.
+// Measured on Zen 5: 10–20% faster (medians) for mean and gated pooling when the input comes from
+// memory, but 20–33% slower for gated pooling when it is still in the L3, where the hardware
+// keeps up and the prefetches only cost issue slots. The caller decides (prefetch_min_bytes).
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "phasekv/simd/batch.hpp"
+#include "phasekv/simd/exp.hpp"
 
 namespace phasekv::kernels {
+
+// Calls f(std::integral_constant<std::int64_t, i>) for i = 0 … N−1, fully unrolled, so arrays
+// of batches indexed by i are indexed by constants and can live in registers.
+template <std::int64_t N, class F>
+inline void unroll(F&& f) noexcept {
+  if constexpr (N > 0) {
+    unroll<N - 1>(f);
+    f(std::integral_constant<std::int64_t, N - 1>{});
+  }
+}
+
+// Chunks with at least this many input bytes are prefetched as above. Smaller ones were most
+// likely written by the host just before the append and still sit in its last-level cache
+// (32 MiB on the Zen 5 we measured; 16 MiB leaves room for everything else there).
+inline constexpr std::int64_t prefetch_min_bytes = std::int64_t{16} << 20;
+
+// Floats per cache line (64 bytes on every x86 and most ARM cores; a wrong guess only wastes or
+// skips prefetches).
+inline constexpr std::int64_t line_floats = 16;
+
+// Asks for the cache lines of floats [p, p + n) to be loaded into all cache levels. (The L2 and
+// non-temporal hints, and prefetching two entries ahead, measured the same within noise.)
+inline void prefetch(const float* p, std::int64_t n) noexcept {
+#if defined(__GNUC__)
+  for (std::int64_t k = 0; k < n; k += line_floats) __builtin_prefetch(p + k, 0, 3);
+#else
+  (void)p, (void)n;
+#endif
+}
 
 template <class Arch>
 struct pool {
@@ -26,9 +65,10 @@ struct pool {
   // out[c] = Σ_i w[i] · x[i][c], c ∈ [0, channels). Four named accumulators hide FMA latency
   // (GCC spills an array of batches to the stack, see DESIGN.md §8).
   static void weighted_sum(const float* const* x, const float* w, std::int64_t slots, std::int64_t channels,
-                           float* out) noexcept {
+                           float* out, const float* const* ahead = nullptr, std::int64_t ahead_rows = 0) noexcept {
     std::int64_t c = 0;
     for (; c + 4 * lanes <= channels; c += 4 * lanes) {
+      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch(ahead[k] + c, 4 * lanes);
       batch a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
       for (std::int64_t i = 0; i < slots; ++i) {
         const batch wi(w[i]);
@@ -57,28 +97,32 @@ struct pool {
 
   // Per-channel softmax pooling. `weight_sums`, when not null, receives Σ_c α_i[c] per slot
   // (added to what it holds) for the diagnostics; `alpha_scratch` then needs slots·lanes floats.
+  //
+  // Up to 8 slots the slot count is a template parameter, and each channel batch loads every
+  // slot's logit, bias and payload once and keeps the W logits in registers through the max, the
+  // exps and the sums. (Variants tiled over 2–8 channel batches, slots outermost, measured no
+  // faster.) Larger windows take two passes per channel batch — max, then exp-and-accumulate —
+  // reloading the logits from L1. Both run the sums in ascending slot order from 0 with the same
+  // exp, so either gives the same entry, bit for bit.
+
   static void vector_gated(const float* const* x, const float* const* logit, const float* const* bias,
                            std::int64_t slots, std::int64_t channels, float* out, float* weight_sums,
-                           float* alpha_scratch) noexcept {
+                           float* alpha_scratch, const float* const* ahead = nullptr,
+                           std::int64_t ahead_rows = 0) noexcept {
     std::int64_t c = 0;
-    for (; c + lanes <= channels; c += lanes) {
-      batch m = batch::load_unaligned(logit[0] + c) + batch::load_unaligned(bias[0] + c);
-      for (std::int64_t i = 1; i < slots; ++i)
-        m = xsimd::max(m, batch::load_unaligned(logit[i] + c) + batch::load_unaligned(bias[i] + c));
-      batch num(0.0f), den(0.0f);
-      for (std::int64_t i = 0; i < slots; ++i) {
-        const batch e = xsimd::exp(batch::load_unaligned(logit[i] + c) + batch::load_unaligned(bias[i] + c) - m);
-        den += e;
-        num = xsimd::fma(e, batch::load_unaligned(x[i] + c), num);
-        if (weight_sums) e.store_unaligned(alpha_scratch + i * lanes);
-      }
-      (num / den).store_unaligned(out + c);
-      if (weight_sums) {
-        const batch inv = batch(1.0f) / den;
-        for (std::int64_t i = 0; i < slots; ++i)
-          weight_sums[i] += simd::reduce_add(batch::load_unaligned(alpha_scratch + i * lanes) * inv);
-      }
+    switch (slots) {
+      case 1: c = vector_gated_unrolled<1>(x, logit, bias, channels, out, weight_sums, ahead, ahead_rows); break;
+      case 2: c = vector_gated_unrolled<2>(x, logit, bias, channels, out, weight_sums, ahead, ahead_rows); break;
+      case 3: c = vector_gated_unrolled<3>(x, logit, bias, channels, out, weight_sums, ahead, ahead_rows); break;
+      case 4: c = vector_gated_unrolled<4>(x, logit, bias, channels, out, weight_sums, ahead, ahead_rows); break;
+      case 5: c = vector_gated_unrolled<5>(x, logit, bias, channels, out, weight_sums, ahead, ahead_rows); break;
+      case 6: c = vector_gated_unrolled<6>(x, logit, bias, channels, out, weight_sums, ahead, ahead_rows); break;
+      case 7: c = vector_gated_unrolled<7>(x, logit, bias, channels, out, weight_sums, ahead, ahead_rows); break;
+      case 8: c = vector_gated_unrolled<8>(x, logit, bias, channels, out, weight_sums, ahead, ahead_rows); break;
+      default:
+        c = vector_gated_two_pass(x, logit, bias, slots, channels, out, weight_sums, alpha_scratch, ahead, ahead_rows);
     }
+    // The last channels % lanes channels, one at a time (libm's exp: few enough not to matter).
     for (; c < channels; ++c) {
       float m = logit[0][c] + bias[0][c];
       for (std::int64_t i = 1; i < slots; ++i) m = std::max(m, logit[i][c] + bias[i][c]);
@@ -94,15 +138,82 @@ struct pool {
     }
   }
 
-  // Σ x[c]² over a vector.
-  static float sum_of_squares(const float* x, std::int64_t channels) noexcept {
-    batch a(0.0f);
+  // The whole batches of vector_gated for exactly N slots; returns where the tail starts.
+  template <std::int64_t N>
+  static std::int64_t vector_gated_unrolled(const float* const* x, const float* const* logit,
+                                            const float* const* bias, std::int64_t channels, float* out,
+                                            float* weight_sums, const float* const* ahead,
+                                            std::int64_t ahead_rows) noexcept {
     std::int64_t c = 0;
     for (; c + lanes <= channels; c += lanes) {
-      const batch v = batch::load_unaligned(x + c);
-      a = xsimd::fma(v, v, a);
+      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch(ahead[k] + c, lanes);
+      batch s[N];
+      unroll<N>([&](auto i) { s[i] = batch::load_unaligned(logit[i] + c) + batch::load_unaligned(bias[i] + c); });
+      batch m = s[0];
+      unroll<N - 1>([&](auto i) { m = xsimd::max(m, s[i + 1]); });
+      unroll<N>([&](auto i) { s[i] = simd::exp_bounded_above(s[i] - m); });
+      // den = 0 + e_0 + e_1 + …, num = fma(e_i, x_i, …) from 0, as in the two-pass path.
+      batch den = s[0];
+      batch num = s[0] * batch::load_unaligned(x[0] + c);
+      unroll<N - 1>([&](auto i) {
+        den += s[i + 1];
+        num = xsimd::fma(s[i + 1], batch::load_unaligned(x[i + 1] + c), num);
+      });
+      (num / den).store_unaligned(out + c);
+      if (weight_sums) {
+        const batch inv = batch(1.0f) / den;
+        unroll<N>([&](auto i) { weight_sums[i] += simd::reduce_add(s[i] * inv); });
+      }
     }
-    float s = simd::reduce_add(a);
+    return c;
+  }
+
+  static std::int64_t vector_gated_two_pass(const float* const* x, const float* const* logit,
+                                            const float* const* bias, std::int64_t slots, std::int64_t channels,
+                                            float* out, float* weight_sums, float* alpha_scratch,
+                                            const float* const* ahead, std::int64_t ahead_rows) noexcept {
+    std::int64_t c = 0;
+    for (; c + lanes <= channels; c += lanes) {
+      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch(ahead[k] + c, lanes);
+      batch m = batch::load_unaligned(logit[0] + c) + batch::load_unaligned(bias[0] + c);
+      for (std::int64_t i = 1; i < slots; ++i)
+        m = xsimd::max(m, batch::load_unaligned(logit[i] + c) + batch::load_unaligned(bias[i] + c));
+      batch num(0.0f), den(0.0f);
+      for (std::int64_t i = 0; i < slots; ++i) {
+        const batch e = simd::exp_bounded_above(batch::load_unaligned(logit[i] + c) +
+                                                batch::load_unaligned(bias[i] + c) - m);
+        den += e;
+        num = xsimd::fma(e, batch::load_unaligned(x[i] + c), num);
+        if (weight_sums) e.store_unaligned(alpha_scratch + i * lanes);
+      }
+      (num / den).store_unaligned(out + c);
+      if (weight_sums) {
+        const batch inv = batch(1.0f) / den;
+        for (std::int64_t i = 0; i < slots; ++i)
+          weight_sums[i] += simd::reduce_add(batch::load_unaligned(alpha_scratch + i * lanes) * inv);
+      }
+    }
+    return c;
+  }
+
+  // Σ x[c]² over a vector. Four accumulators: with one, the FMA latency chain (C/lanes steps of
+  // 4 cycles) made the RMSNorm of a 512-channel entry cost ~5% of a gated entry.
+  static float sum_of_squares(const float* x, std::int64_t channels) noexcept {
+    batch a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
+    std::int64_t c = 0;
+    for (; c + 4 * lanes <= channels; c += 4 * lanes) {
+      const batch v0 = batch::load_unaligned(x + c), v1 = batch::load_unaligned(x + c + lanes);
+      const batch v2 = batch::load_unaligned(x + c + 2 * lanes), v3 = batch::load_unaligned(x + c + 3 * lanes);
+      a0 = xsimd::fma(v0, v0, a0);
+      a1 = xsimd::fma(v1, v1, a1);
+      a2 = xsimd::fma(v2, v2, a2);
+      a3 = xsimd::fma(v3, v3, a3);
+    }
+    for (; c + lanes <= channels; c += lanes) {
+      const batch v = batch::load_unaligned(x + c);
+      a0 = xsimd::fma(v, v, a0);
+    }
+    float s = simd::reduce_add((a0 + a1) + (a2 + a3));
     for (; c < channels; ++c) s = std::fma(x[c], x[c], s);
     return s;
   }

@@ -110,11 +110,11 @@ class stream_compressor {
     detail::require<input_error>(history >= 0, config_.name + ": history", history, "must be non-negative");
     stream_state s;
     s.ring_rows_ = geom_.window + history;
-    const auto rows = static_cast<std::size_t>(s.ring_rows_), w = static_cast<std::size_t>(geom_.window);
+    const auto rows = static_cast<std::size_t>(s.ring_rows_);
     s.payload_ring_.assign(rows * static_cast<std::size_t>(payload_per_token_), 0.0f);
     s.logit_ring_.assign(rows * static_cast<std::size_t>(logits_per_token_), 0.0f);
     s.scratch_.assign(scratch_floats(), 0.0f);
-    s.rows_.assign(6 * w, nullptr);
+    s.rows_.assign(row_pointers(), nullptr);
     return s;
   }
 
@@ -163,9 +163,12 @@ class stream_compressor {
   template <class Sink>
   std::int64_t emit(stream_state& state, const token_chunk& chunk, Sink&& sink, const append_options& options = {}) const {
     if (state.scratch_.size() != scratch_floats()) state.scratch_.assign(scratch_floats(), 0.0f);
-    if (state.rows_.size() != static_cast<std::size_t>(6 * geom_.window)) state.rows_.assign(6 * geom_.window, nullptr);
+    if (state.rows_.size() != row_pointers()) state.rows_.assign(row_pointers(), nullptr);
     const std::int64_t last_entry = geom_.completed_entries(state.tokens_ + chunk.tokens);
-    for (std::int64_t j = state.entries_; j < last_entry; ++j) sink(compute_entry(state, chunk, j, options.slot_weights));
+    const bool prefetch = static_cast<std::int64_t>((chunk.payload.size() + chunk.logits.size()) * sizeof(float)) >=
+                          kernels::prefetch_min_bytes;
+    for (std::int64_t j = state.entries_; j < last_entry; ++j)
+      sink(compute_entry(state, chunk, j, options.slot_weights, prefetch && j + 1 < last_entry));
     return last_entry - state.entries_;
   }
 
@@ -221,6 +224,10 @@ class stream_compressor {
                                     w * kernel::lanes + 2 * half + 2 * w * half + w * 2 * half);
   }
 
+  // Row pointers of compute_entry: x, logit, bias, their RoPE-before twins (W each), and the
+  // next entry's payload and logit rows (2·W).
+  std::size_t row_pointers() const noexcept { return static_cast<std::size_t>(8 * geom_.window); }
+
   void check_span(span<const float> s, std::int64_t expected, const char* what, const char* shape) const {
     if (s.data() == nullptr && s.size() != 0)
       detail::fail<input_error>(config_.name + ": chunk." + what + ".data()", "null",
@@ -251,7 +258,10 @@ class stream_compressor {
                           : s.logit_ring_.data() + floor_mod(t, s.ring_rows_) * logits_per_token_;
   }
 
-  entry_view compute_entry(stream_state& s, const token_chunk& chunk, std::int64_t j, bool want_weights) const {
+  // `next_follows`: entry j + 1 is computed next in the same call and its rows are to be
+  // prefetched (see pool_kernels.hpp).
+  entry_view compute_entry(stream_state& s, const token_chunk& chunk, std::int64_t j, bool want_weights,
+                           bool next_follows) const {
     const std::int64_t W = geom_.window, C = config_.channels, H = config_.kv_heads;
     const std::int64_t R = has_rope_v<Policy> ? config_.rope.channels : 0, half = R / 2;
     const std::int64_t first = geom_.first_real_slot(j), n = W - first;
@@ -271,6 +281,7 @@ class stream_compressor {
     const float** x_rot = bias + W;
     const float** logit_rot = x_rot + W;
     const float** bias_rot = logit_rot + W;
+    const float** ahead = bias_rot + W;  // 2·W rows
 
     if (want_weights) std::fill(slot_weights, slot_weights + H * W, 0.0f);
     if constexpr (rope_before)
@@ -295,10 +306,22 @@ class stream_compressor {
 
       const std::int64_t plain = C - (rope_before ? R : 0);  // channels pooled straight from the rows
       float* sums = want_weights ? slot_weights + h * W + first : nullptr;
+      // The rows the next entry of this call will read, for the kernels to prefetch (see
+      // pool_kernels.hpp). Its scalar-gate logits are one float per token: fetched here.
+      std::int64_t ahead_rows = 0;
+      if (next_follows) {
+        for (std::int64_t slot = geom_.first_real_slot(j + 1); slot < W; ++slot) {
+          const std::int64_t t = geom_.slot_token(j + 1, slot);
+          const std::int64_t view = h * views_ + view_of_slot(slot);
+          ahead[ahead_rows++] = payload_row(s, chunk, t) + view * C;
+          if constexpr (vector_gates) ahead[ahead_rows++] = logit_row(s, chunk, t) + view * gates_;
+          else if constexpr (gated) kernels::prefetch(logit_row(s, chunk, t) + view * gates_, 1);
+        }
+      }
       if constexpr (vector_gates) {
-        kernel::vector_gated(x, logit, bias, n, plain, out, sums, alpha);
+        kernel::vector_gated(x, logit, bias, n, plain, out, sums, alpha, ahead, ahead_rows);
       } else {
-        kernel::weighted_sum(x, weights, n, plain, out);
+        kernel::weighted_sum(x, weights, n, plain, out, ahead, ahead_rows);
         if (sums) std::copy(weights, weights + n, sums);
       }
 
