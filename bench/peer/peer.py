@@ -17,7 +17,7 @@ Checks (exit status 1 when one fails):
               scores tie or nearly tie at the boundary, and either choice is a correct top-k.
               The output is then also compared on phasekv's own selection.
 
-Timing: only the step phasekv's benchmark times, on tensors already loaded (the prefill of 4096
+Timing: only the step phasekv's benchmark times, on tensors already loaded (the prefill of 32768
 tokens for the write cases; the decode step given the cache contents for the read cases). Median
 of repeated runs after warm-up, wall clock (time.perf_counter), under torch.inference_mode().
 Thread count n means torch.set_num_threads(n) and, because Debian's torch calls the system BLAS
@@ -384,7 +384,9 @@ LABELS = {"compress": "prefill", "sparse": "decode", "dense": "dense"}
 
 def label(case):
     if case.kind == "compress":
-        return "prefill_4k_" + case.name.replace("write_csa_", "csa_")
+        tokens = case.p["tokens"]
+        size = f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
+        return f"prefill_{size}_" + case.name.replace("write_csa_", "csa_")
     context = case.p["context"]
     size = f"{context // 1024}k" if context % 1024 == 0 else str(context)
     return f"{LABELS[case.kind]}_{size}"

@@ -7,7 +7,7 @@
 // Cases (bench_read.cpp's shape, inputs and dense baseline come from ../decode_workload.hpp, which
 // both programs include; bench_write.cpp's shapes and generators are re-created here, because that
 // file keeps its setup private):
-//   write_csa_kv, write_csa_indexer   the DeepSeek-V4 CSA preset's two streams, a prefill of 4096
+//   write_csa_kv, write_csa_indexer   the DeepSeek-V4 CSA preset's two streams, a prefill of 32768
 //                                     tokens: payload, logits, slot bias, norm weight, entries.
 //   sparse_ctx<N>                     one decode step of bench_read's BM_sparse_decode (page 64):
 //                                     both streams' entries as the cache stores them, the raw
@@ -50,7 +50,7 @@ using namespace bench;  // decode_workload.hpp: bench_read's shape, inputs and d
 // ---- shapes beyond decode_workload.hpp's -------------------------------------------------
 
 constexpr std::int64_t kPageSize = 64;   // the page size of BM_sparse_decode/.../page:64
-constexpr std::int64_t kPrefill = 4096;  // bench_write's prefill
+constexpr std::int64_t kPrefill = 32768;  // bench_write's prefill: keep the two equal
 
 // ---- output ------------------------------------------------------------------------------
 
