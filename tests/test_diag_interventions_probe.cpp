@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "oracle/probe_sweeps.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/diag/interventions.hpp"
 #include "phasekv/diag/needle_probe.hpp"
@@ -42,37 +43,11 @@ namespace {
 
 constexpr std::int64_t trials_per_residue = 64;
 
-needle_config small_config(needle_policy policy, std::int64_t stride, std::int64_t window) {
-  needle_config c;
-  c.tokens = 4096;
-  c.records = 256;
-  c.channels = 128;
-  c.policy = policy;
-  c.stride = stride;
-  c.window = window;
-  c.seed = 7;
-  return c;
-}
+constexpr auto small_config = &phasekv_test::small_probe_config;
+using phasekv_test::residue_accuracy;
 
-// A binary sweep over M = 2S residues with the same plan (seed) for every config, so baseline
-// and intervention see the same placements and haystacks.
-sweep_result probe_sweep(const needle_config& config) {
-  needle_probe p(config);
-  sweep_config sc;
-  sc.stride = config.effective_stride();
-  sc.trials_per_residue = trials_per_residue;
-  sc.query_position = config.tokens - 1;
-  sc.span = config.tokens - 64;
-  sc.min_distance = 16;
-  sc.seed = 3;
-  return probe::needle_sweep(p, sc);
-}
-
-std::vector<double> accuracy(const sweep_result& r) {
-  std::vector<double> a;
-  for (const auto& row : r.residues) a.push_back(row.estimate);
-  return a;
-}
+// The same plan (seed) for every config, so baseline and intervention see the same placements.
+sweep_result probe_sweep(const needle_config& config) { return phasekv_test::probe_sweep(config, trials_per_residue); }
 
 // Successes per residue as doubles, so predicted_shift can move the counts themselves.
 std::vector<double> successes(const sweep_result& r) {
@@ -142,7 +117,7 @@ TEST_CASE("interventions + needle probe: cycling gate biases by delta moves the 
       CHECK(ad.best_residue % S == (a0.best_residue + delta) % S);
       for (std::int64_t r = delta; r < 2 * S; r += S) CHECK(ad.residues[static_cast<std::size_t>(r)].estimate > 0.9);
       // The library's prediction, from the estimates and from the sweep overload, agree …
-      const auto predicted = predicted_shift(accuracy(a0), S, delta);
+      const auto predicted = predicted_shift(residue_accuracy(a0), S, delta);
       CHECK(predicted_shift(a0, delta) == predicted);
       // … and the measured profile matches it within binomial noise.
       const comparison shifted = compare(ad, predicted_shift(successes(a0), S, delta));

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "oracle/probe_sweeps.hpp"
 #include "phasekv/diag/needle_probe.hpp"
 #include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/diag/statistics.hpp"
@@ -18,46 +19,10 @@ using phasekv::probe::needle_policy;
 using phasekv::probe::needle_probe;
 
 namespace {
-#ifndef CHANNELS
-#define CHANNELS 128
-#endif
-#ifndef RECORDS
-#define RECORDS 256
-#endif
 
-needle_config small_config(needle_policy policy, std::int64_t stride, std::int64_t window) {
-  needle_config c;
-  c.tokens = 4096;
-  c.records = RECORDS;
-  c.channels = CHANNELS;
-  c.policy = policy;
-  c.stride = stride;
-  c.window = window;
-  c.seed = 7;
-  return c;
-}
-
-// A binary sweep of the probe over the whole context (needle_sweep builds one haystack per
-// group of non-overlapping, non-repeated targets).
-sweep_result probe_sweep(const needle_config& config, std::int64_t trials_per_residue = 48,
-                         std::int64_t modulus = 0) {
-  needle_probe p(config);
-  sweep_config sc;
-  sc.stride = config.effective_stride();
-  sc.modulus = modulus;
-  sc.trials_per_residue = trials_per_residue;
-  sc.query_position = config.tokens - 1;
-  sc.span = config.tokens - 64;
-  sc.min_distance = 16;
-  sc.seed = 3;
-  return probe::needle_sweep(p, sc);
-}
-
-std::vector<double> accuracy(const sweep_result& r) {
-  std::vector<double> a;
-  for (const auto& row : r.residues) a.push_back(row.estimate);
-  return a;
-}
+using phasekv_test::probe_sweep;
+using phasekv_test::residue_accuracy;
+constexpr auto small_config = &phasekv_test::small_probe_config;
 
 void show(const char* name, const sweep_result& r) {
   std::printf("%s: gap %.1f, p %.3g, period %.2f |", name, r.gap_points, r.homogeneity.p_value, r.period.period);
@@ -83,7 +48,7 @@ TEST_CASE("needle probe: mean pool W=S is weak at the boundary phase, W=2S much 
   show("mean W=2S", wide);
   REQUIRE(narrow.valid);
   REQUIRE(wide.valid);
-  const auto a = accuracy(narrow), b = accuracy(wide);
+  const auto a = residue_accuracy(narrow), b = residue_accuracy(wide);
   auto boundary_gap = [&](const std::vector<double>& acc) {
     double boundary = 0.0, other = 0.0;
     for (std::size_t r = 0; r < acc.size(); ++r) (static_cast<std::int64_t>(r) % S == S - 1 ? boundary : other) += acc[r];
@@ -109,7 +74,7 @@ TEST_CASE("needle probe: concentrated gates give period S with the strong phase 
     REQUIRE(res.valid);
     CHECK(res.period.period == Approx(static_cast<double>(S)));
     CHECK(res.best_residue % S == r);
-    const auto a = accuracy(res);
+    const auto a = residue_accuracy(res);
     for (std::size_t k = 0; k < a.size(); ++k)
       if (static_cast<std::int64_t>(k) % S != r) CHECK(a[k] < res.residues[static_cast<std::size_t>(r)].ci_low);
   }
