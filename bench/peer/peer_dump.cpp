@@ -128,6 +128,18 @@ class dump_writer {
   bool first_param_ = true;
 };
 
+// The RoPE settings (with YaRN) a peer needs to rebuild the rotation.
+void rope_params_json(dump_writer& w, const rope_config& rope) {
+  w.param("rope_channels", rope.channels);
+  w.param("rope_base", rope.base);
+  w.param("rope_layout", std::string(to_string(rope.layout)));
+  w.param("yarn", rope.yarn.enabled);
+  w.param("yarn_factor", rope.yarn.factor);
+  w.param("yarn_original_context", rope.yarn.original_context);
+  w.param("yarn_beta_fast", rope.yarn.beta_fast);
+  w.param("yarn_beta_slow", rope.yarn.beta_slow);
+}
+
 // The stream configuration a peer needs to redo the maths (preset values, not hard-coded there).
 void stream_params_json(dump_writer& w, const geometry& g, const stream_config& c) {
   w.param("stride", g.stride);
@@ -138,14 +150,7 @@ void stream_params_json(dump_writer& w, const geometry& g, const stream_config& 
   w.param("kv_heads", c.kv_heads);
   w.param("inputs", std::string(c.inputs == input_layout::per_branch ? "per_branch" : "per_slot"));
   w.param("norm_eps", c.norm_eps);
-  w.param("rope_channels", c.rope.channels);
-  w.param("rope_base", c.rope.base);
-  w.param("rope_layout", std::string(to_string(c.rope.layout)));
-  w.param("yarn", c.rope.yarn.enabled);
-  w.param("yarn_factor", c.rope.yarn.factor);
-  w.param("yarn_original_context", c.rope.yarn.original_context);
-  w.param("yarn_beta_fast", c.rope.yarn.beta_fast);
-  w.param("yarn_beta_slow", c.rope.yarn.beta_slow);
+  rope_params_json(w, c.rope);
 }
 
 // ---- case: compression (bench_write's prefill/deepseek_v4_csa) ------------------------------
@@ -253,14 +258,7 @@ void dump_sparse(dump_writer& w, std::int64_t tokens) {
   w.param("sink", true);
   w.param("derotate_output", true);
   w.param("scale", 1.0 / std::sqrt(static_cast<double>(kChannels)));  // reader_config.scale 0 = 1/sqrt(C)
-  w.param("rope_channels", kv_config.rope.channels);
-  w.param("rope_base", kv_config.rope.base);
-  w.param("rope_layout", std::string(to_string(kv_config.rope.layout)));
-  w.param("yarn", kv_config.rope.yarn.enabled);
-  w.param("yarn_factor", kv_config.rope.yarn.factor);
-  w.param("yarn_original_context", kv_config.rope.yarn.original_context);
-  w.param("yarn_beta_fast", kv_config.rope.yarn.beta_fast);
-  w.param("yarn_beta_slow", kv_config.rope.yarn.beta_slow);
+  rope_params_json(w, kv_config.rope);
   w.param("benchmark", "BM_sparse_decode/ctx:" + std::to_string(tokens) + "/page:64/cold:0");
   w.param("benchmark_threads", "BM_sparse_decode_threads/ctx:" + std::to_string(tokens) + "/threads:2");
   w.array("kv_entries", kv_entries.data(), {candidates, kv_config.kv_heads * kv_config.channels});
