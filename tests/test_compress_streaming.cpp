@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -13,6 +14,8 @@
 
 #include "oracle/random_inputs.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
+#include "phasekv/compress/pool_kernels.hpp"
+#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 
 namespace {
@@ -208,4 +211,35 @@ TEST_CASE("streaming: an empty chunk changes nothing and emits nothing", "[compr
   CHECK(compressor.entries_after(state, 1) == 0);
   CHECK(compressor.entries_after(state, 2) == 1);
   CHECK(compressor.entries_after(state, 10) == 3);
+}
+
+// A chunk of 16 MiB or more takes the prefetching path of the gated kernels
+// (kernels::prefetch_min_bytes); its entries must equal those of small appends bit for bit.
+TEST_CASE("streaming: a prefill large enough to prefetch equals token-by-token appends", "[compress][streaming]") {
+  using preset = stream_compressor<presets::deepseek_v4_csa_policy>;
+  stream_params params;
+  std::mt19937 rng(11);
+  params.slot_bias = phasekv_test::random_bias(rng, 8 * 512);
+  params.norm_weight = phasekv_test::random_norm_weight(rng, 512);
+  const preset compressor(presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv(), params);
+  const std::int64_t tokens = 2304;  // 8 KiB of payload and logits a token: 18 MiB in one chunk
+  const std::int64_t ppt = compressor.payload_floats_per_token(), lpt = compressor.logit_floats_per_token();
+  REQUIRE(tokens * (ppt + lpt) * static_cast<std::int64_t>(sizeof(float)) >= kernels::prefetch_min_bytes);
+  const stream_inputs in = random_stream_inputs(rng, tokens, ppt, lpt);
+  auto run = [&](std::int64_t chunk) {
+    std::vector<float> entries;
+    stream_state s = compressor.make_state();
+    for (std::int64_t t = 0; t < tokens; t += chunk) {
+      const std::int64_t n = std::min(chunk, tokens - t);
+      const token_chunk c{n, span<const float>(in.payload.data() + t * ppt, static_cast<std::size_t>(n * ppt)),
+                          span<const float>(in.logits.data() + t * lpt, static_cast<std::size_t>(n * lpt))};
+      compressor.append(s, c, [&](const entry_view& e) {
+        entries.insert(entries.end(), e.values, e.values + compressor.floats_per_entry());
+      });
+    }
+    return entries;
+  };
+  const std::vector<float> prefill = run(tokens), decoded = run(1);
+  REQUIRE(prefill.size() == static_cast<std::size_t>((tokens / 4) * compressor.floats_per_entry()));
+  CHECK(std::memcmp(prefill.data(), decoded.data(), prefill.size() * sizeof(float)) == 0);
 }
