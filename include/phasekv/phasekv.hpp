@@ -37,6 +37,7 @@
 #include "phasekv/diag/write_profile.hpp"
 
 // read
+#include "phasekv/read/attention_kernel.hpp"
 #include "phasekv/read/indexer_kernel.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/sparse_reader.hpp"
@@ -45,3 +46,5 @@
 // simd
 #include "phasekv/simd/batch.hpp"
 #include "phasekv/simd/exp.hpp"
+#include "phasekv/simd/prefetch.hpp"
+#include "phasekv/simd/unroll.hpp"

@@ -21,41 +21,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "phasekv/simd/batch.hpp"
 #include "phasekv/simd/exp.hpp"
+#include "phasekv/simd/prefetch.hpp"
+#include "phasekv/simd/unroll.hpp"
 
 namespace phasekv::kernels {
 
-// Calls f(std::integral_constant<std::int64_t, i>) for i = 0 … N−1, fully unrolled, so arrays
-// of batches indexed by i are indexed by constants and can live in registers.
-template <std::int64_t N, class F>
-inline void unroll(F&& f) noexcept {
-  if constexpr (N > 0) {
-    unroll<N - 1>(f);
-    f(std::integral_constant<std::int64_t, N - 1>{});
-  }
-}
+using simd::unroll;
 
 // Chunks with at least this many input bytes are prefetched as above. Smaller ones were most
 // likely written by the host just before the append and still sit in its last-level cache
 // (32 MiB on the Zen 5 we measured; 16 MiB leaves room for everything else there).
 inline constexpr std::int64_t prefetch_min_bytes = std::int64_t{16} << 20;
 
-// Floats per cache line (64 bytes on every x86 and most ARM cores; a wrong guess only wastes or
-// skips prefetches).
-inline constexpr std::int64_t line_floats = 16;
-
-// Asks for the cache lines of floats [p, p + n) to be loaded into all cache levels. (The L2 and
-// non-temporal hints, and prefetching two entries ahead, measured the same within noise.)
-inline void prefetch(const float* p, std::int64_t n) noexcept {
-#if defined(__GNUC__)
-  for (std::int64_t k = 0; k < n; k += line_floats) __builtin_prefetch(p + k, 0, 3);
-#else
-  (void)p, (void)n;
-#endif
-}
+using simd::line_floats;
+using simd::prefetch;
 
 template <class Arch>
 struct pool {

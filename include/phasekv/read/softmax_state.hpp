@@ -62,6 +62,16 @@ class softmax_state {
     else o_.setZero();
   }
 
+  // The state of a block computed elsewhere (attention_kernel.hpp): m[h] and d[h] per head; the
+  // accumulator rows are then written through accumulator_data() (heads × channels, row-major).
+  void assign(const float* m, const float* d) noexcept {
+    for (Eigen::Index h = 0; h < m_.size(); ++h) {
+      m_[h] = m[h];
+      d_[h] = d[h];
+    }
+  }
+  float* accumulator_data() noexcept { return o_.data(); }
+
   // This ← this ∪ other (same heads and channels).
   void merge(const softmax_state& other) noexcept {
     for (Eigen::Index h = 0; h < m_.size(); ++h) {

@@ -14,13 +14,14 @@
 // Tied K/V (one stream read as both, DeepSeek-V4): the output's RoPE channels carry the entries'
 // rotations; `derotate_output` rotates them back by the query position, as DeepSeek-V4 does.
 //
-// Indexer scores come from a fused xsimd kernel over whole pages (indexer_kernel.hpp); the
-// attention logits and outputs are Eigen GEMMs — over the gathered top-k entries, or, without
-// selection, over the fp32 pages in place, page by page, merged through the online softmax.
+// Indexer scores come from a fused xsimd kernel over whole pages (indexer_kernel.hpp); attention
+// runs a kernel with the query heads in SIMD lanes (attention_kernel.hpp) over row pointers: the
+// selected entries and the window tokens are read where they lie (fp32 storage), never gathered.
 //
 // Parallelism (optional): with an executor (core/executor.hpp), scoring runs as chunks of pages
-// (each with its own top-k, merged after) and attention as blocks of query heads. The pieces have
-// a fixed size, so results are bit-identical on every executor; the default runs them in order.
+// (each with its own top-k, merged after) and attention as pieces of keys per KV head, merged
+// through the online softmax in key order. The pieces have a fixed size, so results are
+// bit-identical on every executor; the default runs them in order.
 // A reader holds scratch space: use one reader per thread (or per executor).
 
 #include <algorithm>
@@ -37,6 +38,7 @@
 #include "phasekv/core/executor.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
+#include "phasekv/read/attention_kernel.hpp"
 #include "phasekv/read/indexer_kernel.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/top_k.hpp"
@@ -84,6 +86,7 @@ struct read_trace {
 template <class Cache>
 class sparse_reader {
   using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using attention_kernel = kernels::attention<>;
 
  public:
   sparse_reader(const Cache& cache, reader_config config) : cache_(&cache), config_(std::move(config)) {
@@ -113,13 +116,18 @@ class sparse_reader {
     const std::int64_t n_entries = selected_ ? static_cast<std::int64_t>(selection_.size()) : candidates;
 
     // 3: attention over the keys [entries …, window tokens …], split into pieces of a fixed number
-    // of keys per KV head — gathered selected entries, whole pages in place, or window rows —
-    // each an online-softmax state, merged in key order.
+    // of keys per KV head — selected entries, every candidate in order, or window tokens — each
+    // an online-softmax state, merged in key order.
     const std::int64_t n_win_tokens = config_window_tokens();
     const std::int64_t w_first = n_win_tokens > 0 ? std::max<std::int64_t>(0, t - n_win_tokens + 1) : t + 1;
     const std::int64_t n_win = t + 1 - w_first;
-    gather_window(seq, w_first, n_win);
+    find_window(seq, w_first, n_win);
     plan_pieces(n_entries, n_win);
+    const std::int64_t group = config_.query_heads / kv_heads_;
+    queries_.resize(static_cast<std::size_t>(kv_heads_));
+    for (std::int64_t g = 0; g < kv_heads_; ++g)
+      attention_kernel::prepare(request.queries.data() + g * group * key_channels_, group, key_channels_, scale_,
+                                queries_[static_cast<std::size_t>(g)]);
     tracing_ = trace != nullptr;
     if (tracing_) {
       entry_logits_.resize(config_.query_heads, n_entries);
@@ -130,11 +138,10 @@ class sparse_reader {
     const std::int64_t n_pieces = static_cast<std::int64_t>(pieces_.size());
     piece_states_.resize(static_cast<std::size_t>(kv_heads_ * n_pieces));
     auto attend = [&](std::int64_t task) {
-      attend_piece(seq, request, task / n_pieces, pieces_[static_cast<std::size_t>(task % n_pieces)],
+      attend_piece(seq, task / n_pieces, pieces_[static_cast<std::size_t>(task % n_pieces)],
                    piece_states_[static_cast<std::size_t>(task)]);
     };
     executor_->for_each(kv_heads_ * n_pieces, attend);
-    const std::int64_t group = config_.query_heads / kv_heads_;
     for (std::int64_t g = 0; g < kv_heads_; ++g) {
       total_.reset(group, value_channels_);
       for (std::int64_t i = 0; i < n_pieces; ++i) total_.merge(piece_states_[static_cast<std::size_t>(g * n_pieces + i)].state);
@@ -159,9 +166,9 @@ class sparse_reader {
 
   // Sizes of the parallel pieces. Fixed (not derived from the executor) so that results never
   // depend on it: 4096 entries of indexer keys per scoring chunk (~2 MiB at 128 channels, one
-  // L2-sized stream); 256 keys per attention piece (whole pages when read in place): each key
-  // is packed once for a GEMM over all the query heads of its KV head, and a top-512 read with
-  // a 128-token window still splits three ways.
+  // L2-sized stream); 256 keys per attention piece: its values (512 KiB at 512 channels) are
+  // still in the L2 when the output pass re-reads them, and a top-512 read with a 128-token
+  // window splits three ways.
   static constexpr std::int64_t score_chunk_entries = 4096;
   static constexpr std::int64_t attention_piece_keys = 256;
 
@@ -249,8 +256,6 @@ class sparse_reader {
     }
   }
 
-  using rows_view = Eigen::Map<const matrix, 0, Eigen::OuterStride<>>;
-
   // Scoring and top-k, per chunk of whole pages (in parallel), then once more over the chunks'
   // winners: I_j into scores_, the top k in rank order into selection_.
   void select(sequence_id seq, const read_request& r, std::int64_t candidates) {
@@ -296,14 +301,13 @@ class sparse_reader {
     return scratch.data();
   }
 
-  void gather_window(sequence_id seq, std::int64_t first, std::int64_t n) {
-    const bool tied = cache_->tied_window();
-    window_keys_.resize(n, kv_heads_ * key_channels_);
-    if (!tied) window_values_.resize(n, kv_heads_ * value_channels_);
+  // Where the window tokens [first, first + n) lie in the cache's ring (fp32 rows).
+  void find_window(sequence_id seq, std::int64_t first, std::int64_t n) {
+    window_keys_.resize(static_cast<std::size_t>(n));
+    window_values_.resize(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) {
-      std::copy_n(cache_->window_key(seq, first + i), kv_heads_ * key_channels_, window_keys_.row(i).data());
-      if (!tied)
-        std::copy_n(cache_->window_value(seq, first + i), kv_heads_ * value_channels_, window_values_.row(i).data());
+      window_keys_[static_cast<std::size_t>(i)] = cache_->window_key(seq, first + i);
+      window_values_[static_cast<std::size_t>(i)] = cache_->window_value(seq, first + i);
     }
   }
 
@@ -312,103 +316,89 @@ class sparse_reader {
     std::vector<std::uint64_t> best;  // rank keys of this chunk's top k (top_k.hpp)
   };
   // A run of keys of one kind: ranks [first, first + count) of the selection, entries
-  // [first, first + count) read in place, or window tokens [first, first + count) of the read.
+  // [first, first + count) (no selection), or window tokens [first, first + count) of the read.
   enum class key_source { selected, in_place, window };
   struct piece {
     key_source source;
     std::int64_t first, count;
   };
   struct piece_state {
-    softmax_state state, block;  // block: a further page of an in-place piece, before its merge
-    bool started = false;
-    matrix logits, keys, values;              // keys/values: gathered rows (selected entries)
-    std::vector<float> key_page, value_page;  // converted pages (non-fp32 storage)
+    softmax_state state;
+    attention_kernel::aligned_floats logits;   // [keys][padded heads], then the probabilities
+    std::vector<float> max, sum;               // per padded head
+    std::vector<const float*> keys, values;    // the piece's rows, KV head g's channels
+    std::vector<float> key_rows, value_rows;   // converted rows (non-fp32 storage)
   };
 
   void plan_pieces(std::int64_t n_entries, std::int64_t n_win) {
     pieces_.clear();
-    if (selected_) {
-      for (std::int64_t i = 0; i < n_entries; i += attention_piece_keys)
-        pieces_.push_back({key_source::selected, i, std::min(attention_piece_keys, n_entries - i)});
-    } else {
-      const std::int64_t page_size = cache_->pool(config_.key_stream).layout().page_size;
-      const std::int64_t step = std::max<std::int64_t>(1, attention_piece_keys / page_size) * page_size;
-      for (std::int64_t j = 0; j < n_entries; j += step)
-        pieces_.push_back({key_source::in_place, j, std::min(step, n_entries - j)});
-    }
+    const key_source entries = selected_ ? key_source::selected : key_source::in_place;
+    for (std::int64_t i = 0; i < n_entries; i += attention_piece_keys)
+      pieces_.push_back({entries, i, std::min(attention_piece_keys, n_entries - i)});
     for (std::int64_t i = 0; i < n_win; i += attention_piece_keys)
       pieces_.push_back({key_source::window, i, std::min(attention_piece_keys, n_win - i)});
   }
 
   // The state of the query heads of KV head g over one piece's keys.
-  void attend_piece(sequence_id seq, const read_request& r, std::int64_t g, const piece& pc, piece_state& ps) {
-    const std::int64_t group = config_.query_heads / kv_heads_, h0 = g * group;
-    const Eigen::Map<const matrix> q(r.queries.data() + h0 * key_channels_, group, key_channels_);
-    ps.state.reset(group, value_channels_);
-    ps.started = false;
-    const bool tied = config_.key_stream == config_.value_stream;
-    const auto ks = static_cast<Eigen::Index>(key_channels_), vs = static_cast<Eigen::Index>(value_channels_);
-    if (pc.source == key_source::window) {
-      const matrix& values = cache_->tied_window() ? window_keys_ : window_values_;
-      attend_block(ps, q, rows_view(window_keys_.row(pc.first).data() + g * ks, pc.count, ks,
-                                    Eigen::OuterStride<>(window_keys_.cols())),
-                   rows_view(values.row(pc.first).data() + g * vs, pc.count, vs, Eigen::OuterStride<>(values.cols())),
-                   h0, window_logits_, pc.first);
-    } else if (pc.source == key_source::selected) {
-      gather(seq, config_.key_stream, g, key_channels_, pc, ps.keys);
-      if (!tied) gather(seq, config_.value_stream, g, value_channels_, pc, ps.values);
-      const matrix& values = tied ? ps.keys : ps.values;
-      attend_block(ps, q, rows_view(ps.keys.data(), pc.count, ks, Eigen::OuterStride<>(ks)),
-                   rows_view(values.data(), pc.count, vs, Eigen::OuterStride<>(vs)), h0, entry_logits_, pc.first);
-    } else {
-      const page_pool& key_pool = cache_->pool(config_.key_stream);
-      const page_pool& value_pool = cache_->pool(config_.value_stream);
-      const auto& key_table = cache_->page_table(seq, config_.key_stream);
-      const auto& value_table = cache_->page_table(seq, config_.value_stream);
-      const std::int64_t page_size = key_pool.layout().page_size;
-      const auto key_stride = static_cast<Eigen::Index>(key_pool.layout().entry_stride);
-      const auto value_stride = static_cast<Eigen::Index>(value_pool.layout().entry_stride);
-      for (std::int64_t j = pc.first; j < pc.first + pc.count; j += page_size) {
-        const std::int64_t count = std::min(page_size, pc.first + pc.count - j);
-        const std::size_t p = static_cast<std::size_t>(j / page_size);
-        const float* keys = page_floats(key_pool, key_table[p], count, ps.key_page);
-        const float* values = tied ? keys : page_floats(value_pool, value_table[p], count, ps.value_page);
-        attend_block(ps, q, rows_view(keys + g * ks, count, ks, Eigen::OuterStride<>(key_stride)),
-                     rows_view(values + g * vs, count, vs, Eigen::OuterStride<>(value_stride)), h0, entry_logits_, j);
-      }
+  void attend_piece(sequence_id seq, std::int64_t g, const piece& pc, piece_state& ps) {
+    const attention_kernel::prepared& q = queries_[static_cast<std::size_t>(g)];
+    ps.state.reset(q.heads, value_channels_);
+    if (pc.count == 0) return;
+    find_rows(seq, g, pc, ps);
+    ps.logits.resize(static_cast<std::size_t>(pc.count * q.padded));
+    attention_kernel::logits(q, ps.keys.data(), pc.count, ps.logits.data());
+    if (tracing_) {
+      matrix& kept = pc.source == key_source::window ? window_logits_ : entry_logits_;
+      for (std::int64_t k = 0; k < pc.count; ++k)
+        for (std::int64_t h = 0; h < q.heads; ++h) kept(g * q.heads + h, pc.first + k) = ps.logits[k * q.padded + h];
     }
+    ps.max.resize(static_cast<std::size_t>(q.padded));
+    ps.sum.resize(static_cast<std::size_t>(q.padded));
+    attention_kernel::softmax(ps.logits.data(), pc.count, q.padded, ps.max.data(), ps.sum.data());
+    ps.state.assign(ps.max.data(), ps.sum.data());
+    attention_kernel::output(ps.logits.data(), q.padded, q.heads, ps.values.data(), pc.count, value_channels_,
+                             ps.state.accumulator_data());
   }
 
-  // KV head g's channels of the selected entries of ranks [first, first + count), as fp32 rows.
-  void gather(sequence_id seq, std::size_t stream, std::int64_t g, std::int64_t channels, const piece& pc,
-              matrix& rows) const {
+  // Row pointers to KV head g's keys and values of a piece.
+  void find_rows(sequence_id seq, std::int64_t g, const piece& pc, piece_state& ps) const {
+    const auto n = static_cast<std::size_t>(pc.count);
+    ps.keys.resize(n);
+    ps.values.resize(n);
+    if (pc.source == key_source::window) {
+      for (std::size_t i = 0; i < n; ++i) {
+        ps.keys[i] = window_keys_[static_cast<std::size_t>(pc.first) + i] + g * key_channels_;
+        ps.values[i] = window_values_[static_cast<std::size_t>(pc.first) + i] + g * value_channels_;
+      }
+      return;
+    }
+    entry_rows(seq, config_.key_stream, g, key_channels_, pc, ps.key_rows, ps.keys);
+    if (config_.key_stream == config_.value_stream) ps.values = ps.keys;
+    else entry_rows(seq, config_.value_stream, g, value_channels_, pc, ps.value_rows, ps.values);
+  }
+
+  // KV head g's channels of the piece's entries in one stream: pointers into the pages (fp32
+  // storage), or to rows converted into `converted`.
+  void entry_rows(sequence_id seq, std::size_t stream, std::int64_t g, std::int64_t channels, const piece& pc,
+                  std::vector<float>& converted, std::vector<const float*>& rows) const {
     const page_pool& pool = cache_->pool(stream);
     const page_layout& layout = pool.layout();
     const auto& table = cache_->page_table(seq, stream);
-    rows.resize(pc.count, channels);
+    const bool f32 = layout.storage == storage_type::f32;
+    if (!f32) converted.resize(static_cast<std::size_t>(pc.count * channels));
     for (std::int64_t i = 0; i < pc.count; ++i) {
-      const std::int64_t j = selection_[static_cast<std::size_t>(pc.first + i)].index;
+      const std::int64_t j =
+          pc.source == key_source::selected ? selection_[static_cast<std::size_t>(pc.first + i)].index : pc.first + i;
       const std::byte* src = pool.base() + table[static_cast<std::size_t>(j / layout.page_size)] * layout.page_stride_bytes +
                              (j % layout.page_size) * layout.entry_stride_bytes + g * layout.head_stride_bytes;
-      load_row(src, rows.row(i).data(), channels, layout.storage);
+      if (f32) {
+        rows[static_cast<std::size_t>(i)] = reinterpret_cast<const float*>(src);
+      } else {
+        float* row = converted.data() + i * channels;
+        load_row(src, row, channels, layout.storage);
+        rows[static_cast<std::size_t>(i)] = row;
+      }
     }
-  }
-
-  // One block of keys: logits scale·q·kᵀ (kept for the trace at columns [column, …) of
-  // trace_logits), its softmax state, merged into the piece's state.
-  void attend_block(piece_state& ps, const Eigen::Map<const matrix>& q, const rows_view& keys, const rows_view& values,
-                    std::int64_t h0, matrix& trace_logits, std::int64_t column) {
-    if (keys.rows() == 0) return;
-    ps.logits.noalias() = (q * keys.transpose()) * scale_;
-    if (tracing_) trace_logits.block(h0, column, q.rows(), keys.rows()) = ps.logits;
-    if (!ps.started) {  // the piece's first block (the common case: a piece is one block)
-      ps.state.assign_block(ps.logits, values);
-      ps.started = true;
-      return;
-    }
-    ps.block.reset(q.rows(), value_channels_);
-    ps.block.assign_block(ps.logits, values);
-    ps.state.merge(ps.block);
   }
 
   // The read's final probabilities, exp(ℓ − m) · normaliser per head, averaged over query heads.
@@ -465,9 +455,10 @@ class sparse_reader {
   std::vector<score_task> score_tasks_;
   std::vector<std::uint64_t> winners_;
   std::vector<piece> pieces_;
+  std::vector<attention_kernel::prepared> queries_;  // per KV head
   std::vector<piece_state> piece_states_;  // [KV head][piece]
   softmax_state total_;
-  matrix window_keys_, window_values_;
+  std::vector<const float*> window_keys_, window_values_;  // the read's window rows in the ring
   matrix entry_logits_, window_logits_;    // per query head, for the trace
   Eigen::VectorXf final_max_, final_norm_;  // per query head, for the trace
 };
