@@ -62,15 +62,14 @@ class softmax_state {
     else o_.setZero();
   }
 
-  // The state of a block computed elsewhere (attention_kernel.hpp): m[h] and d[h] per head; the
-  // accumulator rows are then written through accumulator_data() (heads × channels, row-major).
-  void assign(const float* m, const float* d) noexcept {
-    for (Eigen::Index h = 0; h < m_.size(); ++h) {
-      m_[h] = m[h];
-      d_[h] = d[h];
-    }
+  // The state of a block computed elsewhere (attention_kernel.hpp): m[h] and d[h] per head.
+  // Returns the accumulator (heads × channels, row-major), left unset for the caller to fill.
+  float* assign(std::int64_t heads, std::int64_t channels, const float* m, const float* d) {
+    m_ = Eigen::Map<const Eigen::VectorXf>(m, heads);
+    d_ = Eigen::Map<const Eigen::VectorXf>(d, heads);
+    o_.resize(heads, channels);
+    return o_.data();
   }
-  float* accumulator_data() noexcept { return o_.data(); }
 
   // This ← this ∪ other (same heads and channels).
   void merge(const softmax_state& other) noexcept {

@@ -342,8 +342,10 @@ class sparse_reader {
   // The state of the query heads of KV head g over one piece's keys.
   void attend_piece(sequence_id seq, std::int64_t g, const piece& pc, piece_state& ps) {
     const attention_kernel::prepared& q = queries_[static_cast<std::size_t>(g)];
-    ps.state.reset(q.heads, value_channels_);
-    if (pc.count == 0) return;
+    if (pc.count == 0) {
+      ps.state.reset(q.heads, value_channels_);
+      return;
+    }
     find_rows(seq, g, pc, ps);
     ps.logits.resize(static_cast<std::size_t>(pc.count * q.padded));
     attention_kernel::logits(q, ps.keys.data(), pc.count, ps.logits.data());
@@ -355,9 +357,8 @@ class sparse_reader {
     ps.max.resize(static_cast<std::size_t>(q.padded));
     ps.sum.resize(static_cast<std::size_t>(q.padded));
     attention_kernel::softmax(ps.logits.data(), pc.count, q.padded, ps.max.data(), ps.sum.data());
-    ps.state.assign(ps.max.data(), ps.sum.data());
-    attention_kernel::output(ps.logits.data(), q.padded, q.heads, ps.values.data(), pc.count, value_channels_,
-                             ps.state.accumulator_data());
+    float* out = ps.state.assign(q.heads, value_channels_, ps.max.data(), ps.sum.data());
+    attention_kernel::output(ps.logits.data(), q.padded, q.heads, ps.values.data(), pc.count, value_channels_, out);
   }
 
   // Row pointers to KV head g's keys and values of a piece.
