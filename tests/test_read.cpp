@@ -577,6 +577,47 @@ TEST_CASE("select_top_k: all scores equal keeps the lowest indices; large n", "[
   CHECK(out[2].index == 1);
 }
 
+TEST_CASE("select_top_k on thousands of scores: the histogram narrowing drops no winner", "[read][top_k]") {
+  // n >= 2048 takes the histogram path of keep_top_keys. Distributions that stress its bins: a
+  // narrow cluster with a few far outliers (most bins empty, the cut inside the cluster), ties
+  // straddling the cut, negatives with ±inf and ±0, and all equal. (NaN ranks last, checked
+  // above; the sorting oracle cannot place it.)
+  std::mt19937 rng(23);
+  std::vector<scored_entry> out;
+  for (int trial = 0; trial < 40; ++trial) {
+    const i64 n = std::uniform_int_distribution<i64>(2048, 9000)(rng);
+    std::vector<float> scores;
+    switch (trial % 4) {
+      case 0:
+        scores = uniform(rng, sz(n), 1.0f, 1.0001f);
+        for (int o = 0; o < 5; ++o) scores[sz(std::uniform_int_distribution<i64>(0, n - 1)(rng))] = 1e30f;
+        break;
+      case 1:
+        scores = multiples(rng, sz(n), 0.25, -2, 2);
+        break;
+      case 2:
+        scores = uniform(rng, sz(n), -1e3f, 1e3f);
+        scores[0] = INFINITY;
+        scores[1] = -INFINITY;
+        scores[2] = -0.0f;
+        scores[3] = 0.0f;
+        break;
+      default:
+        scores.assign(sz(n), -3.5f);
+        break;
+    }
+    for (i64 k : {i64{1}, i64{511}, i64{512}, n / 2, n - 1}) {
+      INFO("trial " << trial << ", n " << n << ", k " << k);
+      select_top_k(scores, k, out);
+      const auto want = phasekv_test::top_k_by_sort(scores, k);
+      REQUIRE(out.size() == want.size());
+      bool same = true;
+      for (std::size_t r = 0; r < want.size(); ++r) same = same && out[r].index == want[r];
+      CHECK(same);
+    }
+  }
+}
+
 // ---- 4. indexer + selection through the reader ---------------------------------------------------
 
 // A layer of [keys (mean pool), values (vector-gated), indexer keys (mean pool)] over S=2, W=4,
