@@ -643,7 +643,8 @@ struct selection_world {
     return rc;
   }
 
-  selection_cache make(storage_type storage, std::uint32_t seed, i64 history = 0, i64 pages = 128) const {
+  selection_cache make(storage_type storage, std::uint32_t seed, i64 history = 0, i64 pages = 128,
+                       std::vector<storage_type> stream_storage = {}) const {
     std::mt19937 rng(seed);
     stream_params vp;
     vp.slot_bias = phasekv_test::random_bias(rng, sz(kv_heads * geom.window * value_channels));
@@ -652,6 +653,7 @@ struct selection_world {
     cc.page_size = 3;  // candidates span several pages, the last one partial
     cc.pages = pages;
     cc.storage = storage;
+    cc.stream_storage = std::move(stream_storage);
     cc.history = history;
     cc.window = raw_window_config{window, kv_heads, key_channels, value_channels};
     return selection_cache(
@@ -1336,6 +1338,18 @@ TEST_CASE("sparse_reader: bad configurations throw config_error naming the field
   rc.indexer_heads = 0;
   expect(rc, "rd.indexer_heads = 0", "top_k");
   rc = base;
+  rc.precision = indexer_precision::bf16;  // the indexer stream is stored in fp32
+  expect(rc, "rd.precision = bf16", "stored in bf16");
+  {
+    const selection_cache bf16_indexer =
+        world.make(storage_type::f32, 62, 0, 128, {storage_type::f32, storage_type::f32, storage_type::bf16});
+    CHECK(bf16_indexer.pool(2).layout().storage == storage_type::bf16);
+    CHECK(bf16_indexer.pool(0).layout().storage == storage_type::f32);
+    CHECK_NOTHROW(sparse_reader<selection_cache>(bf16_indexer, rc));
+    REQUIRE_THAT(message_of<config_error>([&] { (void)world.make(storage_type::f32, 62, 0, 128, {storage_type::bf16}); }),
+                 Contains("cache.stream_storage.size() = 1") && Contains("number of streams, 3"));
+  }
+  rc = base;
   rc.scale = -1.0f;
   expect(rc, "rd.scale = -1", "non-negative");
   rc.scale = std::numeric_limits<float>::quiet_NaN();
@@ -1459,19 +1473,27 @@ TEST_CASE("sparse_reader: long contexts, chunked selection and in-place pages, o
   struct variant {
     storage_type storage;
     i64 top_k;
+    indexer_precision precision = indexer_precision::f32;
   };
-  const variant variants[] = {{storage_type::f32, 5}, {storage_type::bf16, 7}, {storage_type::f32, 0},
-                              {storage_type::f16, 0}, {storage_type::f32, 600}};  // 600: three attention pieces
+  // 600: three attention pieces. bf16 precision: fp32 KV next to bf16 indexer keys, scored by
+  // the bf16 kernel where the build has it; this world's indexer queries and keys are exact in
+  // bf16, so the oracle's fp32 scores still hold.
+  const variant variants[] = {{storage_type::f32, 5},  {storage_type::bf16, 7}, {storage_type::f32, 0},
+                              {storage_type::f16, 0},  {storage_type::f32, 600},
+                              {storage_type::f32, 9, indexer_precision::bf16}};
   std::uint32_t seed = 71;
   for (const variant& v : variants) {
-    INFO("storage " << v.storage << ", top_k " << v.top_k);
+    INFO("storage " << v.storage << ", top_k " << v.top_k << ", bf16 indexer " << (v.precision == indexer_precision::bf16));
     std::mt19937 rng(seed++);
-    selection_cache cache = world.make(v.storage, seed, 0, 1600);
+    std::vector<storage_type> streams;
+    if (v.precision == indexer_precision::bf16) streams = {v.storage, v.storage, storage_type::bf16};
+    selection_cache cache = world.make(v.storage, seed, 0, 1600, streams);
     const sequence_id seq = cache.create();
     const i64 T = 9001;  // 4500 candidates: two scoring chunks of 4095 entries (pages of 3)
     const auto in = world.make_inputs(rng, T + 2, 3);
     world.append(cache, seq, in, 0, T);  // one prefill; then two decoded tokens
-    const reader_config rc = W::reader("long", v.top_k, true);
+    reader_config rc = W::reader("long", v.top_k, true);
+    rc.precision = v.precision;
     sparse_reader<selection_cache> serial(cache, rc), threaded(cache, rc);
     thread_executor pool(3, true);
     threaded.set_executor(pool);

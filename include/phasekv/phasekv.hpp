@@ -38,6 +38,7 @@
 
 // read
 #include "phasekv/read/attention_kernel.hpp"
+#include "phasekv/read/indexer_bf16_kernel.hpp"
 #include "phasekv/read/indexer_kernel.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/sparse_reader.hpp"

@@ -63,6 +63,9 @@ struct cache_config {
   std::int64_t page_size = 64;       // entries per page
   std::int64_t pages = 1024;         // capacity of each stream's pool
   storage_type storage = storage_type::f32;
+  // Per stream, overriding `storage` (empty: every stream uses `storage`) — e.g. bf16 indexer
+  // keys next to fp32 KV entries, for reader_config::indexer_precision = bf16.
+  std::vector<storage_type> stream_storage;
   std::int64_t history = 0;          // tokens remove_suffix may roll back beyond the minimum
   raw_window_config window;
 
@@ -71,6 +74,9 @@ struct cache_config {
     require(page_size >= 1, name + ".page_size", page_size, "must be at least 1");
     require(pages >= 1, name + ".pages", pages, "must be at least 1");
     require(is_valid(storage), name + ".storage", static_cast<int>(storage), "is not a storage_type");
+    for (std::size_t k = 0; k < stream_storage.size(); ++k)
+      require(is_valid(stream_storage[k]), name + ".stream_storage[" + std::to_string(k) + "]",
+              static_cast<int>(stream_storage[k]), "is not a storage_type");
     require(history >= 0, name + ".history", history, "must be non-negative");
     require(window.tokens >= 0, name + ".window.tokens", window.tokens, "must be non-negative");
     if (window.tokens > 0) {
@@ -123,6 +129,9 @@ class paged_cache {
 
   paged_cache(layer compressors, cache_config config) : layer_(std::move(compressors)), config_(std::move(config)) {
     config_.validate();
+    detail::require(config_.stream_storage.empty() || config_.stream_storage.size() == stream_count,
+                    config_.name + ".stream_storage.size()", config_.stream_storage.size(),
+                    "must be 0 or the number of streams, " + std::to_string(stream_count));
     pools_.reserve(stream_count);
     for (std::size_t k = 0; k < stream_count; ++k) {
       page_pool_config p;
@@ -130,7 +139,7 @@ class paged_cache {
       p.page_size = config_.page_size;
       p.kv_heads = stream_shape(k).first;
       p.channels = stream_shape(k).second;
-      p.storage = config_.storage;
+      p.storage = config_.stream_storage.empty() ? config_.storage : config_.stream_storage[k];
       p.capacity = config_.pages;
       pools_.emplace_back(std::move(p));
     }
