@@ -19,6 +19,10 @@
 //                                   machine_limits.hpp) and floor / time.
 //   BM_sparse_decode_threads/ctx/threads  the same step through openmp_executor, wall time;
 //                                   speedup = one thread's wall time over this, paired in-run.
+//   BM_sparse_decode_bf16_indexer/ctx  the step with the indexer keys stored and scored in bf16
+//                                   (reader_config::precision); fp32_over_bf16: the fp32 step's
+//                                   time over this one's, paired in-run; its floor prices the
+//                                   indexer at the measured bf16 dot-product peak.
 //   BM_selection/ctx/page           indexer scores + top-k alone (see selection_replica);
 //                                   per_entry constant across contexts = selection linear in n;
 //                                   of_roofline against the indexer's own floor.
@@ -52,6 +56,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -368,13 +373,15 @@ void BM_dense_decode(benchmark::State& state) {
 
 // The roofline floor of one sparse step: it must read every candidate's indexer key, the selected
 // entries and the window rows, and do the indexer's and the attention's multiply-adds.
-bench::roofline sparse_roofline(std::int64_t candidates) {
+// With bf16 indexer keys: half their bytes, and the indexer's multiply-adds at the bf16 peak.
+bench::roofline sparse_roofline(std::int64_t candidates, bool bf16_indexer = false) {
   const double selected = static_cast<double>(std::min(kTopK, candidates)), keys = selected + kWindow;
+  const double indexer_flops = 2.0 * kIndexerHeads * kIndexerChannels * static_cast<double>(candidates);
   bench::roofline r;
-  r.bytes = 4.0 * (static_cast<double>(candidates) * kIndexerChannels + keys * kChannels +
-                   2.0 * kQueryHeads * kChannels + kIndexerHeads * (kIndexerChannels + 1));
-  r.flops = 2.0 * kIndexerHeads * kIndexerChannels * static_cast<double>(candidates) +
-            2.0 * 2.0 * kQueryHeads * kChannels * keys;
+  r.bytes = (bf16_indexer ? 2.0 : 4.0) * static_cast<double>(candidates) * kIndexerChannels +
+            4.0 * (keys * kChannels + 2.0 * kQueryHeads * kChannels + kIndexerHeads * (kIndexerChannels + 1));
+  r.flops = 2.0 * 2.0 * kQueryHeads * kChannels * keys;
+  (bf16_indexer ? r.bf16_flops : r.flops) += indexer_flops;
   return r;
 }
 
@@ -429,6 +436,48 @@ void BM_sparse_decode_threads(benchmark::State& state) {
   state.counters["speedup"] = median(ratios);
 }
 
+// The step with the indexer keys stored and scored in bf16 (reader_config::precision), and
+// fp32_over_bf16: the fp32 step's time over this one's, measured back to back in rounds (median).
+// Checks: the output is finite, and the selection shares at least 90% of the fp32 step's (the
+// rounding of queries and keys to bf16 reorders near-tied scores; test_read checks the maths).
+void BM_sparse_decode_bf16_indexer(benchmark::State& state) {
+  const std::int64_t tokens = state.range(0);
+  sparse_setup& fp32 = sparse(tokens, 64);
+  if (!fp32.error.empty()) return state.SkipWithError(fp32.error.c_str());
+  static std::map<std::int64_t, std::unique_ptr<sparse_workload>> workloads;
+  auto& w = workloads[tokens];
+  if (!w) {
+    w = std::make_unique<sparse_workload>("bench_read_bf16", tokens, 64, true);
+    w->fill();
+  }
+  read_trace bf16_trace, fp32_trace;
+  w->reader.read(w->seq, w->request(), w->out.data(), &bf16_trace);
+  fp32.reader.read(fp32.seq, fp32.request(), fp32.out.data(), &fp32_trace);
+  std::vector<std::int64_t> a = bf16_trace.selected, b = fp32_trace.selected, common;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
+  if (10 * common.size() < 9 * b.size()) return state.SkipWithError("the bf16 indexer's selection strays from fp32's");
+  for (float v : w->out)
+    if (!std::isfinite(v)) return state.SkipWithError("the bf16-indexer output is not finite");
+  std::vector<double> ratios;
+  for (int round = 0; round < 9; ++round) {
+    fp32.step();
+    double t0 = thread_seconds();
+    fp32.step();
+    const double one = thread_seconds() - t0;
+    w->step();
+    t0 = thread_seconds();
+    w->step();
+    ratios.push_back(one / (thread_seconds() - t0));
+  }
+  run_steps(state, false, [&] { w->step(); });
+  benchmark::DoNotOptimize(w->out.data());
+  state.counters["fp32_over_bf16"] = median(ratios);
+  state.counters["same_selection"] = static_cast<double>(common.size()) / static_cast<double>(b.size());
+  sparse_roofline(fp32.candidates, true).report(state);
+}
+
 void BM_selection(benchmark::State& state) {
   const std::int64_t tokens = state.range(0), page_size = state.range(1);
   sparse_setup& s = sparse(tokens, page_size);
@@ -474,6 +523,7 @@ BENCHMARK(BM_sparse_decode_threads)
     ->ArgsProduct({{16384, 131072}, {1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_sparse_decode_bf16_indexer)->ArgName("ctx")->Arg(131072)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_selection)
     ->ArgNames({"ctx", "page"})
     ->ArgsProduct({kContexts, {64, 256}})

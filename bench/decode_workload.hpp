@@ -74,13 +74,16 @@ inline csa_cache::layer csa_layer() {
 }
 
 // A cache for `tokens` tokens in pages of `page_size` entries (one entry per S = 4 tokens, plus a
-// spare page), fp32, with the raw window the reader attends to. `name` names it in errors.
-inline phasekv::cache_config decode_cache_config(const std::string& name, std::int64_t tokens, std::int64_t page_size) {
+// spare page), fp32 — or with bf16 indexer keys — with the raw window the reader attends to.
+// `name` names it in errors.
+inline phasekv::cache_config decode_cache_config(const std::string& name, std::int64_t tokens, std::int64_t page_size,
+                                                 bool bf16_indexer = false) {
   phasekv::cache_config c;
   c.name = name;
   c.page_size = page_size;
   c.pages = (tokens / 4 + page_size - 1) / page_size + 1;
   c.storage = phasekv::storage_type::f32;
+  if (bf16_indexer) c.stream_storage = {phasekv::storage_type::f32, phasekv::storage_type::bf16};
   c.window.tokens = kWindow;
   c.window.kv_heads = 1;
   c.window.key_channels = kChannels;
@@ -88,7 +91,7 @@ inline phasekv::cache_config decode_cache_config(const std::string& name, std::i
   return c;
 }
 
-inline phasekv::reader_config decode_reader_config(const std::string& name) {
+inline phasekv::reader_config decode_reader_config(const std::string& name, bool bf16_indexer = false) {
   phasekv::reader_config r;
   r.name = name + ".reader";
   r.query_heads = kQueryHeads;
@@ -99,6 +102,7 @@ inline phasekv::reader_config decode_reader_config(const std::string& name) {
   r.indexer_heads = kIndexerHeads;
   r.sink = true;
   r.derotate_output = true;
+  if (bf16_indexer) r.precision = phasekv::indexer_precision::bf16;
   return r;
 }
 
@@ -116,13 +120,14 @@ struct sparse_workload {
   std::vector<float> sinks = random_vector(kQueryHeads, 24);
   std::vector<float> out = std::vector<float>(static_cast<std::size_t>(kQueryHeads * kChannels));
 
-  // `name` names the cache and (with ".reader") the reader in errors.
-  sparse_workload(const std::string& name, std::int64_t context, std::int64_t page)
+  // `name` names the cache and (with ".reader") the reader in errors. bf16_indexer: the indexer
+  // keys stored and scored in bf16 (reader_config::precision).
+  sparse_workload(const std::string& name, std::int64_t context, std::int64_t page, bool bf16_indexer = false)
       : tokens(context),
         page_size(page),
-        cache(csa_layer(), decode_cache_config(name, context, page)),
+        cache(csa_layer(), decode_cache_config(name, context, page, bf16_indexer)),
         seq(cache.create()),
-        reader(cache, decode_reader_config(name)) {
+        reader(cache, decode_reader_config(name, bf16_indexer)) {
     for (float& w : indexer_weights) w = 0.5f * (w + 1.0f) / static_cast<float>(kIndexerHeads);  // positive
   }
   sparse_workload(const sparse_workload&) = delete;  // the reader points at this cache

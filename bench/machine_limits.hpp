@@ -13,8 +13,12 @@
 //   fma_peak()        fp32 FMA peak of one core, FLOP/s: twelve independent FMA chains (two FMA
 //                     pipes × four cycles of latency need at least eight), each a named variable
 //                     so GCC keeps them in registers (DESIGN.md §8).
-//   roofline          a kernel's floor, max(bytes / bandwidth, flops / peak): no implementation
-//                     of that work on one core can take less time. efficiency = floor / time.
+//   bf16_dot_peak()   bf16 dot-product peak of one core, FLOP/s (a multiply-add counts two), as
+//                     fma_peak but with vdpbf16ps (two products per fp32 lane); fma_peak() in
+//                     builds without AVX512-BF16, where bf16 work runs as fp32 FMAs.
+//   roofline          a kernel's floor, max(bytes / bandwidth, flops / peak + bf16 flops / bf16
+//                     peak): no implementation of that work on one core can take less time.
+//                     efficiency = floor / time.
 //
 // Times are CPU time of the calling thread (thread_seconds), as in the benchmarks themselves.
 
@@ -28,6 +32,8 @@
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
+
+#include "phasekv/read/indexer_bf16_kernel.hpp"  // PHASEKV_HAS_BF16_DOT
 
 namespace bench {
 
@@ -96,12 +102,49 @@ inline double fma_peak() {
   return peak;
 }
 
-// The least time a kernel moving `bytes` to or from memory and doing `flops` can take on one core.
+inline double bf16_dot_peak() {
+#if PHASEKV_HAS_BF16_DOT
+  static const double peak = [] {
+    constexpr std::int64_t steps = 4'000'000;
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80), y = (__m512bh)_mm512_set1_epi32(0x33D633D6);
+    double best = 0.0;
+    for (int pass = 0; pass < 5; ++pass) {
+      __m512 a0 = _mm512_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
+             a9 = a0, a10 = a0, a11 = a0;
+      const double t0 = thread_seconds();
+      for (std::int64_t i = 0; i < steps; ++i) {
+        a0 = _mm512_dpbf16_ps(a0, x, y), a1 = _mm512_dpbf16_ps(a1, x, y), a2 = _mm512_dpbf16_ps(a2, x, y);
+        a3 = _mm512_dpbf16_ps(a3, x, y), a4 = _mm512_dpbf16_ps(a4, x, y), a5 = _mm512_dpbf16_ps(a5, x, y);
+        a6 = _mm512_dpbf16_ps(a6, x, y), a7 = _mm512_dpbf16_ps(a7, x, y), a8 = _mm512_dpbf16_ps(a8, x, y);
+        a9 = _mm512_dpbf16_ps(a9, x, y), a10 = _mm512_dpbf16_ps(a10, x, y), a11 = _mm512_dpbf16_ps(a11, x, y);
+      }
+      const double seconds = thread_seconds() - t0;
+      const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                       _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
+                                                     _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+      benchmark::DoNotOptimize(sum);
+      best = std::max(best, 12.0 * 4.0 * 16.0 * static_cast<double>(steps) / seconds);
+    }
+    std::fprintf(stderr, "machine: bf16 dot-product peak of one core, measured: %.1f GFLOP/s\n", best * 1e-9);
+    return best;
+  }();
+  return peak;
+#else
+  return fma_peak();
+#endif
+}
+
+// The least time a kernel moving `bytes` to or from memory and doing `flops` in fp32 and
+// `bf16_flops` in bf16 dot products can take on one core.
 struct roofline {
   double bytes = 0.0;
   double flops = 0.0;
+  double bf16_flops = 0.0;
 
-  double floor_seconds() const { return std::max(bytes / read_bandwidth(), flops / fma_peak()); }
+  double floor_seconds() const {
+    const double compute = flops / fma_peak() + (bf16_flops > 0.0 ? bf16_flops / bf16_dot_peak() : 0.0);
+    return std::max(bytes / read_bandwidth(), compute);
+  }
 
   // Counters for a benchmark: the floor (seconds per iteration) and floor / measured time.
   void report(benchmark::State& state) const {

@@ -244,7 +244,13 @@ class SparseDecode:
         self.index_keys = case["indexer_entries"]    # [n, Ci]
         self.window = case["window_rows"]            # [N_win, C], RoPE'd at their own positions
         self.q = case["queries"]                     # [Hq, C]
-        self.index_q_t = case["indexer_queries"].t().contiguous()  # [Ci, Hi]: one GEMM per step
+        index_q = case["indexer_queries"]
+        if p.get("indexer_precision", "f32") == "bf16":
+            # The reader's bf16 indexer: queries rounded to bf16 (to nearest even, as phasekv), keys
+            # stored in bf16 (dumped as their exact fp32 values); products exact, sums in fp32.
+            # torch's own bf16 GEMM would round the head scores to bf16 as well, another selection.
+            index_q = index_q.to(torch.bfloat16).to(torch.float32)
+        self.index_q_t = index_q.t().contiguous()  # [Ci, Hi]: one GEMM per step
         self.index_w = case["indexer_weights"]       # [Hi]
         self.sinks = case["sinks"]                   # [Hq]
         self.k = min(p["top_k"], self.kv.shape[0])
@@ -389,7 +395,8 @@ def label(case):
         return f"prefill_{size}_" + case.name.replace("write_csa_", "csa_")
     context = case.p["context"]
     size = f"{context // 1024}k" if context % 1024 == 0 else str(context)
-    return f"{LABELS[case.kind]}_{size}"
+    suffix = "_bf16_indexer" if case.p.get("indexer_precision") == "bf16" else ""
+    return f"{LABELS[case.kind]}_{size}{suffix}"
 
 
 def phasekv_times(paths, column="real_time"):

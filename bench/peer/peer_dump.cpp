@@ -13,6 +13,9 @@
 //                                     both streams' entries as the cache stores them, the raw
 //                                     window rows, queries, indexer queries/weights, sinks, and
 //                                     the reader's output and selection.
+//   sparse_bf16_indexer_ctx131072     the same step of BM_sparse_decode_bf16_indexer: indexer
+//                                     keys stored and scored in bf16 (dumped as their exact fp32
+//                                     values); the peer rounds the indexer queries to bf16.
 //   dense_ctx<N>                      bench_read's dense baseline over the first N raw tokens.
 //
 // Files: OUT_DIR/<case>.<array>.bin, raw little-endian float32 / int64 / float64, row-major, and
@@ -49,6 +52,7 @@ using namespace bench;  // decode_workload.hpp: bench_read's shape, inputs and d
 
 // ---- shapes beyond decode_workload.hpp's -------------------------------------------------
 
+constexpr std::int64_t kBf16IndexerContext = 131072;  // the context of BM_sparse_decode_bf16_indexer
 constexpr std::int64_t kPageSize = 64;   // the page size of BM_sparse_decode/.../page:64
 constexpr std::int64_t kPrefill = 32768;  // bench_write's prefill: keep the two equal
 
@@ -211,8 +215,11 @@ void dump_write(dump_writer& w, const std::string& name, const stream_config& co
 // bench_read's sparse_setup: decode_workload.hpp's sparse_workload, filled from the same seeds
 // (and the same page size, which seeds the indexer's inputs), so the cache, the request and the
 // reader's output are the benchmark's own.
-void dump_sparse(dump_writer& w, std::int64_t tokens) {
-  sparse_workload d("peer_dump", tokens, kPageSize);
+// bf16_indexer: bench_read's BM_sparse_decode_bf16_indexer — indexer keys stored and scored in
+// bf16; the dumped keys are their bf16 values (exact in fp32), the queries stay fp32 (the peer
+// rounds them as the reader does).
+void dump_sparse(dump_writer& w, std::int64_t tokens, bool bf16_indexer = false) {
+  sparse_workload d("peer_dump", tokens, kPageSize, bf16_indexer);
   d.fill();
   const csa_cache& cache = d.cache;
   const sequence_id seq = d.seq;
@@ -240,7 +247,7 @@ void dump_sparse(dump_writer& w, std::int64_t tokens) {
 
   const stream_config& kv_config = cache.compressors().config(0);
   const rope_rotation rope(kv_config.rope, kv_config.channels);
-  w.begin_case("sparse_ctx" + std::to_string(tokens), "sparse");
+  w.begin_case(std::string(bf16_indexer ? "sparse_bf16_indexer_ctx" : "sparse_ctx") + std::to_string(tokens), "sparse");
   w.param("context", tokens);
   w.param("position", request.position);
   w.param("stride", geom.stride);
@@ -259,8 +266,13 @@ void dump_sparse(dump_writer& w, std::int64_t tokens) {
   w.param("derotate_output", true);
   w.param("scale", 1.0 / std::sqrt(static_cast<double>(kChannels)));  // reader_config.scale 0 = 1/sqrt(C)
   rope_params_json(w, kv_config.rope);
-  w.param("benchmark", "BM_sparse_decode/ctx:" + std::to_string(tokens) + "/page:64/cold:0");
-  w.param("benchmark_threads", "BM_sparse_decode_threads/ctx:" + std::to_string(tokens) + "/threads:2");
+  w.param("indexer_precision", std::string(bf16_indexer ? "bf16" : "f32"));
+  if (bf16_indexer) {
+    w.param("benchmark", "BM_sparse_decode_bf16_indexer/ctx:" + std::to_string(tokens));
+  } else {
+    w.param("benchmark", "BM_sparse_decode/ctx:" + std::to_string(tokens) + "/page:64/cold:0");
+    w.param("benchmark_threads", "BM_sparse_decode_threads/ctx:" + std::to_string(tokens) + "/threads:2");
+  }
   w.array("kv_entries", kv_entries.data(), {candidates, kv_config.kv_heads * kv_config.channels});
   w.array("indexer_entries", ix_entries.data(), {candidates, kIndexerChannels});
   w.array("window_rows", window.data(), {n_win, kChannels});
@@ -341,6 +353,8 @@ int main(int argc, char** argv) {
     dump_write(w, "write_csa_kv", presets::deepseek_v4_csa_kv(), 101);
     dump_write(w, "write_csa_indexer", presets::deepseek_v4_csa_indexer(), 102);
     for (std::int64_t tokens : contexts) dump_sparse(w, tokens);
+    for (std::int64_t tokens : contexts)
+      if (tokens == kBf16IndexerContext) dump_sparse(w, tokens, true);
     dump_dense(w, contexts);
     w.write_manifest();
     std::fprintf(stderr, "peer_dump: wrote %s/manifest.json\n", dir.c_str());
