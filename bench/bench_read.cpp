@@ -3,11 +3,10 @@
 // 512, 128-token raw window, attention sink, S=4, W=8 — against a dense full-attention decode
 // step over the raw uncompressed fp32 cache of the same context, both single-threaded.
 //
-//   BM_dense_decode/ctx/cold        flash-decode style baseline: blocks of kDenseBlock keys, one
-//                                   Eigen GEMM for the logits, an online softmax per head, one
-//                                   GEMM for P·V. Reports its FLOP rate against this machine's
-//                                   FMA peak (of_fma_peak) and against Eigen's own 1024³ GEMM
-//                                   (of_eigen_gemm), both measured in the same run.
+//   BM_dense_decode/ctx/cold        flash-decode style baseline: blocks of kDenseBlock keys through
+//                                   the reader's attention kernel, merged by an online softmax
+//                                   (decode_workload.hpp). Reports its FLOP rate against this
+//                                   machine's FMA peak measured in the same run (of_fma_peak).
 //   BM_sparse_decode/ctx/page/cold  sparse_reader::read at position ctx − 1.
 //                                   dense_over_sparse: the dense step's time over this step's,
 //                                   measured back to back (see paired_ratio).
@@ -65,7 +64,6 @@
 #include <utility>
 #include <vector>
 
-#include <Eigen/Core>
 #include <xsimd/xsimd.hpp>
 
 #include <phasekv/phasekv.hpp>
@@ -77,31 +75,10 @@ namespace {
 
 using namespace phasekv;
 using namespace bench;  // decode_workload.hpp: the shape, the generator, the workloads
-using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 const std::vector<std::int64_t> kContexts = {4096, 16384, 65536, 131072};
 
 // ---- limits and cache state, measured in this run -------------------------------------------
-
-// What Eigen's GEMM reaches on this machine in FLOP/s: best of a few 1024³ products. The dense
-// baseline and the reader both compute with Eigen, so this is the dense step's practical ceiling.
-double eigen_gemm_rate() {
-  static const double rate = [] {
-    const std::int64_t n = 1024;
-    const matrix a = matrix::Random(n, n), b = matrix::Random(n, n);
-    matrix c(n, n);
-    double best = 0.0;
-    for (int pass = 0; pass < 5; ++pass) {
-      const double t0 = thread_seconds();
-      c.noalias() = a * b;
-      benchmark::DoNotOptimize(c.data());
-      best = std::max(best, 2.0 * static_cast<double>(n * n * n) / (thread_seconds() - t0));
-    }
-    std::fprintf(stderr, "bench_read: Eigen GEMM 1024^3, measured: %.1f GFLOP/s\n", best * 1e-9);
-    return best;
-  }();
-  return rate;
-}
 
 // Touches 64 MiB (twice the L3) one cache line at a time, so what a step reads next comes from memory.
 void evict_caches() {
@@ -364,8 +341,6 @@ void BM_dense_decode(benchmark::State& state) {
   const double flops = dense_flops(tokens);
   state.counters["flops"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["of_fma_peak"] = benchmark::Counter(flops / fma_peak(), benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["of_eigen_gemm"] =
-      benchmark::Counter(flops / eigen_gemm_rate(), benchmark::Counter::kIsIterationInvariantRate);
   bench::roofline{4.0 * static_cast<double>(tokens) * kChannels, flops}.report(state);
 }
 
