@@ -281,6 +281,25 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The baseline's time over the candidate's, on `clock` (seconds): in each of 9 rounds each runs
+// twice back to back and the second run is timed (the first brings its data in); the median of
+// the rounds' ratios, which the machine's drift moves little.
+template <class Clock, class Baseline, class Candidate>
+double paired_speedup(Clock clock, Baseline&& baseline, Candidate&& candidate) {
+  std::vector<double> ratios;
+  for (int round = 0; round < 9; ++round) {
+    baseline();
+    double t0 = clock();
+    baseline();
+    const double base = clock() - t0;
+    candidate();
+    t0 = clock();
+    candidate();
+    ratios.push_back(base / (clock() - t0));
+  }
+  return median(ratios);
+}
+
 // Dense step time over sparse step time, measured back to back: each round times one dense step and
 // then the mean of a few sparse steps on this thread's CPU clock, and the ratio is the median over
 // rounds of the per-round ratios, so a change of load on the shared machine hits both sides of a
@@ -391,24 +410,14 @@ void BM_sparse_decode_threads(benchmark::State& state) {
   parallel.set_executor(pool);
   std::vector<float> out(s.out.size());
   auto wall = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  std::vector<double> ratios;
-  for (int round = 0; round < 9; ++round) {
-    s.step();
-    double t0 = wall();
-    s.step();
-    const double one = wall() - t0;
-    parallel.read(s.seq, s.request(), out.data());
-    t0 = wall();
-    parallel.read(s.seq, s.request(), out.data());
-    ratios.push_back(one / (wall() - t0));
-  }
+  const double speedup = paired_speedup(wall, [&] { s.step(); }, [&] { parallel.read(s.seq, s.request(), out.data()); });
   if (std::memcmp(out.data(), s.out.data(), out.size() * sizeof(float)) != 0)
     return state.SkipWithError("the threaded read differs from the serial one");
   for (auto _ : state) {
     parallel.read(s.seq, s.request(), out.data());
     benchmark::ClobberMemory();
   }
-  state.counters["speedup"] = median(ratios);
+  state.counters["speedup"] = speedup;
 }
 
 // The step with the indexer keys stored and scored in bf16 (reader_config::precision), and
@@ -435,20 +444,10 @@ void BM_sparse_decode_bf16_indexer(benchmark::State& state) {
   if (10 * common.size() < 9 * b.size()) return state.SkipWithError("the bf16 indexer's selection strays from fp32's");
   for (float v : w->out)
     if (!std::isfinite(v)) return state.SkipWithError("the bf16-indexer output is not finite");
-  std::vector<double> ratios;
-  for (int round = 0; round < 9; ++round) {
-    fp32.step();
-    double t0 = thread_seconds();
-    fp32.step();
-    const double one = thread_seconds() - t0;
-    w->step();
-    t0 = thread_seconds();
-    w->step();
-    ratios.push_back(one / (thread_seconds() - t0));
-  }
+  const double speedup = paired_speedup(thread_seconds, [&] { fp32.step(); }, [&] { w->step(); });
   run_steps(state, false, [&] { w->step(); });
   benchmark::DoNotOptimize(w->out.data());
-  state.counters["fp32_over_bf16"] = median(ratios);
+  state.counters["fp32_over_bf16"] = speedup;
   state.counters["same_selection"] = static_cast<double>(common.size()) / static_cast<double>(b.size());
   sparse_roofline(fp32.candidates, true).report(state);
 }
