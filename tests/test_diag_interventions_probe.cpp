@@ -95,6 +95,21 @@ void show(const char* name, const comparison& c) {
   std::printf("  %-22s chi2 %8.2f  p %9.3g  max|diff| %.3f\n", name, c.chi_square, c.p_value, c.max_abs);
 }
 
+// The measured profile after a shift by `shift` against the reference a0 shifted by it (must
+// match within binomial noise), a0 unshifted and a0 shifted the wrong way (must clearly differ;
+// the wrong way is the same shift when 2·shift ≡ 0 mod S).
+void check_shifted(const sweep_result& measured, const sweep_result& a0, std::int64_t S, std::int64_t shift) {
+  const comparison shifted = compare(measured, predicted_shift(successes(a0), S, shift));
+  const comparison unshifted = compare(measured, successes(a0));
+  const comparison wrong_sign = compare(measured, predicted_shift(successes(a0), S, -shift));
+  show("predicted_shift(+)", shifted);
+  show("unshifted", unshifted);
+  show("predicted_shift(-)", wrong_sign);
+  CHECK(matches(shifted));
+  CHECK(clearly_differs(unshifted));
+  if ((2 * shift) % S != 0) CHECK(clearly_differs(wrong_sign));
+}
+
 }  // namespace
 
 TEST_CASE("interventions + needle probe: cycling gate biases by delta moves the strong residue by delta",
@@ -120,15 +135,7 @@ TEST_CASE("interventions + needle probe: cycling gate biases by delta moves the 
       const auto predicted = predicted_shift(residue_accuracy(a0), S, delta);
       CHECK(predicted_shift(a0, delta) == predicted);
       // … and the measured profile matches it within binomial noise.
-      const comparison shifted = compare(ad, predicted_shift(successes(a0), S, delta));
-      const comparison unshifted = compare(ad, successes(a0));
-      const comparison wrong_sign = compare(ad, predicted_shift(successes(a0), S, -delta));
-      show("predicted_shift(+d)", shifted);
-      show("unshifted", unshifted);
-      show("predicted_shift(-d)", wrong_sign);
-      CHECK(matches(shifted));
-      CHECK(clearly_differs(unshifted));
-      if ((2 * delta) % S != 0) CHECK(clearly_differs(wrong_sign));  // −δ ≡ δ (mod S) at δ = S/2
+      check_shifted(ad, a0, S, delta);
     }
   }
   SECTION("two heads: each head's block is cycled on its own") {
@@ -206,15 +213,7 @@ TEST_CASE("interventions + needle probe: staggering the chunk origin shifts the 
         if (q % S != r % S)
           CHECK(ao.residues[static_cast<std::size_t>(r)].estimate < ao.residues[static_cast<std::size_t>(q)].estimate);
     }
-    const comparison shifted = compare(ao, predicted_shift(successes(a0), S, o));
-    const comparison unshifted = compare(ao, successes(a0));
-    const comparison wrong_sign = compare(ao, predicted_shift(successes(a0), S, -o));
-    show("predicted_shift(+o)", shifted);
-    show("unshifted", unshifted);
-    show("predicted_shift(-o)", wrong_sign);
-    CHECK(matches(shifted));
-    CHECK(clearly_differs(unshifted));
-    if ((2 * o) % S != 0) CHECK(clearly_differs(wrong_sign));
+    check_shifted(ao, a0, S, o);
   }
 }
 
