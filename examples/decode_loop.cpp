@@ -3,7 +3,11 @@
 // token-by-token decoding, each step appending the new token and reading with top-k sparse
 // attention over the compressed entries plus the raw window.
 //
-//   decode_loop [--prompt N] [--steps N]
+//   decode_loop [--prompt N] [--steps N] [--indexer f32|bf16]
+//
+// The cache stores every stream in bf16. --indexer bf16 also scores the indexer in bf16 (queries
+// rounded to bf16 against the bf16 keys, AVX512-BF16 dot products where the build has them), as
+// DeepSeek runs its indexer in low precision; f32 (the default) widens the keys to fp32.
 //
 // The host's own model would supply the projections; random ones stand in for them here. What
 // the host writes per token per stream is the stream_config.hpp layout: payload[heads][views][C]
@@ -20,10 +24,17 @@
 int main(int argc, char** argv) try {
   using namespace phasekv;
   std::int64_t prompt = 2048, steps = 16;
+  indexer_precision precision = indexer_precision::f32;
   for (int k = 1; k + 1 < argc; k += 2) {
-    const std::string flag = argv[k];
-    if (flag == "--prompt") prompt = std::atoll(argv[k + 1]);
-    else if (flag == "--steps") steps = std::atoll(argv[k + 1]);
+    const std::string flag = argv[k], value = argv[k + 1];
+    if (flag == "--prompt") prompt = std::atoll(value.c_str());
+    else if (flag == "--steps") steps = std::atoll(value.c_str());
+    else if (flag == "--indexer" && (value == "f32" || value == "bf16"))
+      precision = value == "bf16" ? indexer_precision::bf16 : indexer_precision::f32;
+    else {
+      std::fprintf(stderr, "usage: decode_loop [--prompt N] [--steps N] [--indexer f32|bf16]\n");
+      return 2;
+    }
   }
 
   // The layer: two streams over one geometry, appended in step.
@@ -48,6 +59,7 @@ int main(int argc, char** argv) try {
   rc.indexer_heads = 64;
   rc.sink = true;
   rc.derotate_output = true;
+  rc.precision = precision;
   sparse_reader<paged_cache<csa, csa>> reader(cache, rc);
 
   // Stand-ins for the host's projections of one token.
