@@ -359,8 +359,9 @@ class sparse_reader {
     std::vector<std::uint64_t> best;  // rank keys of this chunk's top k (top_k.hpp)
   };
   // A run of keys of one kind: ranks [first, first + count) of the selection, entries
-  // [first, first + count) (no selection), or window tokens [first, first + count) of the read.
-  enum class key_source { selected, in_place, window };
+  // [first, first + count) (no selection: every candidate), or window tokens [first, first + count)
+  // of the read.
+  enum class key_source { selected, candidates, window };
   struct piece {
     key_source source;
     std::int64_t first, count;
@@ -373,9 +374,10 @@ class sparse_reader {
     std::vector<float> key_rows, value_rows;   // converted rows (non-fp32 storage)
   };
 
+  // Pieces are never empty: a read without keys has no pieces, and its heads' states stay empty.
   void plan_pieces(std::int64_t n_entries, std::int64_t n_win) {
     pieces_.clear();
-    const key_source entries = selected_ ? key_source::selected : key_source::in_place;
+    const key_source entries = selected_ ? key_source::selected : key_source::candidates;
     for (std::int64_t i = 0; i < n_entries; i += attention_piece_keys)
       pieces_.push_back({entries, i, std::min(attention_piece_keys, n_entries - i)});
     for (std::int64_t i = 0; i < n_win; i += attention_piece_keys)
@@ -385,10 +387,6 @@ class sparse_reader {
   // The state of the query heads of KV head g over one piece's keys.
   void attend_piece(sequence_id seq, std::int64_t g, const piece& pc, piece_state& ps) {
     const attention_kernel::prepared& q = queries_[static_cast<std::size_t>(g)];
-    if (pc.count == 0) {
-      ps.state.reset(q.heads, value_channels_);
-      return;
-    }
     find_rows(seq, g, pc, ps);
     ps.logits.resize(static_cast<std::size_t>(pc.count * q.padded));
     attention_kernel::logits(q, ps.keys.data(), pc.count, ps.logits.data());
