@@ -1401,7 +1401,7 @@ TEST_CASE("sparse_reader: bad configurations throw config_error naming the field
   m.value_stream = 0;
   m.derotate_output = true;
   REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader<two>(mixed, m); }),
-               Contains("derotate_output = true") && Contains("rope.channels = 0"));
+               Contains("derotate_output = true") && Contains("stream 'k' rotates nothing"));
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
 #include "phasekv/core/geometry.hpp"
+#include "phasekv/core/limits.hpp"
 #include "phasekv/core/openmp_executor.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
@@ -47,5 +48,6 @@
 // simd
 #include "phasekv/simd/batch.hpp"
 #include "phasekv/simd/exp.hpp"
+#include "phasekv/simd/finite.hpp"
 #include "phasekv/simd/prefetch.hpp"
 #include "phasekv/simd/unroll.hpp"

@@ -53,6 +53,7 @@
 
 #include "phasekv/cache/storage.hpp"
 #include "phasekv/core/error.hpp"
+#include "phasekv/core/limits.hpp"
 
 namespace phasekv {
 
@@ -69,7 +70,7 @@ struct page_pool_config {
 
   // The largest pool the library agrees to describe (256 TiB): keeps every byte offset well
   // inside std::int64_t and std::size_t.
-  static constexpr std::int64_t max_pool_bytes = std::int64_t{1} << 48;
+  static constexpr std::int64_t max_pool_bytes = limits::max_bytes;
 
   void validate() const {
     using detail::require;
@@ -137,10 +138,15 @@ class page_pool {
   explicit page_pool(page_pool_config config) : config_(std::move(config)) {
     config_.validate();
     layout_ = page_layout::for_config(config_);
-    const auto total_bytes = static_cast<std::size_t>(config_.capacity * layout_.page_stride_bytes);
-    memory_.reset(static_cast<std::byte*>(::operator new(total_bytes, std::align_val_t{page_layout::page_alignment})));
-    std::memset(memory_.get(), 0, total_bytes);
-    book_ = std::make_unique<bookkeeping>(config_.capacity);
+    const std::int64_t total_bytes = config_.capacity * layout_.page_stride_bytes;
+    detail::allocate_or_fail(
+        [&] {
+          memory_.reset(static_cast<std::byte*>(
+              ::operator new(static_cast<std::size_t>(total_bytes), std::align_val_t{page_layout::page_alignment})));
+          book_ = std::make_unique<bookkeeping>(config_.capacity);
+        },
+        config_.name + ".capacity", config_.capacity, total_bytes);
+    std::memset(memory_.get(), 0, static_cast<std::size_t>(total_bytes));
   }
 
   page_pool(const page_pool&) = delete;

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -44,6 +45,7 @@
 #include "phasekv/cache/storage.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/core/error.hpp"
+#include "phasekv/core/limits.hpp"
 #include "phasekv/core/span.hpp"
 
 namespace phasekv {
@@ -77,15 +79,24 @@ struct cache_config {
     for (std::size_t k = 0; k < stream_storage.size(); ++k)
       require(is_valid(stream_storage[k]), name + ".stream_storage[" + std::to_string(k) + "]",
               static_cast<int>(stream_storage[k]), "is not a storage_type");
-    require(history >= 0, name + ".history", history, "must be non-negative");
-    require(window.tokens >= 0, name + ".window.tokens", window.tokens, "must be non-negative");
+    require(history >= 0 && history <= limits::max_history, name + ".history", history, "must lie in [0, 2^40]");
+    require(window.tokens >= 0 && window.tokens <= max_window_tokens, name + ".window.tokens", window.tokens,
+            "must lie in [0, 2^32]");
     if (window.tokens > 0) {
-      require(window.kv_heads >= 1, name + ".window.kv_heads", window.kv_heads, "must be at least 1");
-      require(window.key_channels >= 1, name + ".window.key_channels", window.key_channels, "must be at least 1");
-      require(window.value_channels >= 0, name + ".window.value_channels", window.value_channels,
-              "must be non-negative (0 = tied K/V)");
+      require(window.kv_heads >= 1 && window.kv_heads <= limits::max_heads, name + ".window.kv_heads",
+              window.kv_heads, "must lie in [1, 2^16]");
+      require(window.key_channels >= 1 && window.key_channels <= limits::max_channels, name + ".window.key_channels",
+              window.key_channels, "must lie in [1, 2^20]");
+      require(window.value_channels >= 0 && window.value_channels <= limits::max_channels,
+              name + ".window.value_channels", window.value_channels, "must lie in [0, 2^20] (0 = tied K/V)");
+      // Rows × (key + value floats) × 4 bytes: the ring every sequence allocates.
+      const std::int64_t floats = window.kv_heads * (window.key_channels + window.value_channels);
+      detail::checked_product(window.tokens + history, floats, limits::max_bytes / 4,
+                              name + ".window.tokens + history", "each sequence's raw window ring");
     }
   }
+
+  static constexpr std::int64_t max_window_tokens = std::int64_t{1} << 32;
 };
 
 // What one sequence occupies.
@@ -143,6 +154,12 @@ class paged_cache {
       p.capacity = config_.pages;
       pools_.emplace_back(std::move(p));
     }
+    // The pending inputs of every stream: caught here, not on the first create().
+    for_each_stream([&](std::size_t, const auto& c) {
+      detail::checked_product(c.geom().window + config_.history, c.payload_floats_per_token() + c.logit_floats_per_token(),
+                              limits::max_bytes / 4, config_.name + ".history",
+                              "the input ring of stream '" + c.config().name + "'");
+    });
   }
 
   const layer& compressors() const noexcept { return layer_; }
@@ -153,16 +170,19 @@ class paged_cache {
 
   // ---- sequences -------------------------------------------------------------------------
 
+  // A new, empty sequence. Throws capacity_error when its state and window cannot be allocated.
   sequence_id create() {
     auto record = std::make_unique<sequence>();
     record->states = layer_.make_state(config_.history);
-    const auto rows = static_cast<std::size_t>(window_rows());
-    record->window_keys.assign(rows * static_cast<std::size_t>(window_key_floats()), 0.0f);
-    record->window_values.assign(rows * static_cast<std::size_t>(window_value_floats()), 0.0f);
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    const sequence_id id = next_id_++;
-    sequences_.emplace(id, std::move(record));
-    return id;
+    const std::int64_t rows = window_rows();
+    detail::allocate_or_fail(
+        [&] {
+          record->window_keys.assign(static_cast<std::size_t>(rows * window_key_floats()), 0.0f);
+          record->window_values.assign(static_cast<std::size_t>(rows * window_value_floats()), 0.0f);
+        },
+        config_.name + ".window.tokens", config_.window.tokens,
+        rows * (window_key_floats() + window_value_floats()) * static_cast<std::int64_t>(sizeof(float)));
+    return insert(std::move(record));
   }
 
   bool contains(sequence_id id) const {
@@ -186,9 +206,13 @@ class paged_cache {
     layer_.check(s.states, in, options);  // a malformed chunk is an input_error, however full the pool
 
     // Reserve every page this append needs in every stream before anything changes.
+    // The page tables grow here too (reserve), so adopting the plans below cannot fail.
     std::array<page_plan, stream_count> plans;
     try {
-      for (std::size_t k = 0; k < stream_count; ++k) plans[k] = plan_pages(s, k, tokens);
+      for (std::size_t k = 0; k < stream_count; ++k) {
+        plans[k] = plan_pages(s, k, tokens);
+        s.tables[k].reserve(s.tables[k].size() + plans[k].fresh.size());
+      }
     } catch (...) {
       for (std::size_t k = 0; k < stream_count; ++k) drop_plan(k, plans[k]);
       throw;
@@ -211,12 +235,13 @@ class paged_cache {
   // A new sequence equal to `parent`, sharing all of its pages.
   sequence_id fork(sequence_id parent) {
     auto record = std::make_unique<sequence>(find(parent, "fork"));
-    for (std::size_t k = 0; k < stream_count; ++k)
-      for (page_id p : record->tables[k]) pools_[k].retain(p);
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    const sequence_id id = next_id_++;
-    sequences_.emplace(id, std::move(record));
-    return id;
+    retain_pages(*record);
+    try {
+      return insert(std::move(record));
+    } catch (...) {
+      release_pages(*record);  // insert() leaves the record with us when it throws
+      throw;
+    }
   }
 
   // Makes `destination` (an existing sequence) a fork of `source` (llama.cpp's seq_cp).
@@ -226,8 +251,7 @@ class paged_cache {
     const sequence& from = find(source, "copy");
     sequence& to = find(destination, "copy");
     sequence replacement(from);
-    for (std::size_t k = 0; k < stream_count; ++k)
-      for (page_id p : replacement.tables[k]) pools_[k].retain(p);
+    retain_pages(replacement);
     release_pages(to);
     to = std::move(replacement);
   }
@@ -279,6 +303,7 @@ class paged_cache {
     std::vector<std::unique_ptr<sequence>> dropped;
     {
       std::lock_guard<std::mutex> lock(table_mutex_);
+      dropped.reserve(sequences_.size());  // the only allocation: nothing is erased if it fails
       for (auto it = sequences_.begin(); it != sequences_.end();) {
         if (it->first == id) {
           ++it;
@@ -444,6 +469,39 @@ class paged_cache {
     table.insert(table.end(), plan.fresh.begin(), plan.fresh.end());
   }
 
+  // Adds a holder to every page of `s`: all or nothing (retain fails only at the maximum count).
+  void retain_pages(const sequence& s) {
+    std::size_t k = 0, i = 0;
+    try {
+      for (k = 0; k < stream_count; ++k)
+        for (i = 0; i < s.tables[k].size(); ++i) pools_[k].retain(s.tables[k][i]);
+    } catch (...) {
+      for (std::size_t undo = 0; undo <= k && undo < stream_count; ++undo) {
+        const std::size_t n = undo < k ? s.tables[undo].size() : i;
+        for (std::size_t r = 0; r < n; ++r) pools_[undo].release(s.tables[undo][r]);
+      }
+      throw;
+    }
+  }
+
+  // Adds a record under a fresh id. If the table cannot grow (std::bad_alloc), the record stays
+  // with the caller: the slot is made empty first, and the record moves in only once it exists.
+  sequence_id insert(std::unique_ptr<sequence>&& record) {
+    std::lock_guard<std::mutex> lock(table_mutex_);
+    const sequence_id id = id_tag_ | next_id_;
+    auto slot = sequences_.emplace(id, nullptr).first;
+    slot->second = std::move(record);
+    ++next_id_;
+    return id;
+  }
+
+  // Ids of different caches differ in their top bits, so an id of another cache is rejected as
+  // unknown instead of naming one of this cache's sequences. Tags repeat after 2^22 caches.
+  static sequence_id next_tag() noexcept {
+    static std::atomic<std::int64_t> caches{0};
+    return ((caches.fetch_add(1, std::memory_order_relaxed) % (std::int64_t{1} << 22)) + 1) << 40;
+  }
+
   void release_pages(sequence& s) {
     for (std::size_t k = 0; k < stream_count; ++k) {
       for (page_id p : s.tables[k]) pools_[k].release(p);
@@ -458,14 +516,19 @@ class paged_cache {
     return config_.window.tokens > 0 ? config_.window.kv_heads * config_.window.value_channels : 0;
   }
 
+  // The product is formed only when it cannot overflow (see stream_compressor::check_span).
   void check_window_input(span<const float> in, std::int64_t tokens, std::int64_t per_token, const char* what) const {
-    const std::int64_t expected = std::max<std::int64_t>(tokens, 0) * per_token;
     if (in.data() == nullptr && in.size() != 0)
       detail::fail<input_error>(config_.name + ".append: " + what + ".data()", "null",
                                 "must not be null when the size is " + std::to_string(in.size()));
-    if (static_cast<std::int64_t>(in.size()) != expected)
+    std::int64_t expected = 0;
+    const bool representable =
+        detail::product_within(std::max<std::int64_t>(tokens, 0), per_token, limits::max_bytes, expected);
+    if (!representable || in.size() != static_cast<std::size_t>(expected))
       detail::fail<input_error>(config_.name + ".append: " + what + ".size()", in.size(),
-                                "must be " + std::to_string(expected) + " (tokens × window.kv_heads × channels)");
+                                "must be " + (representable ? std::to_string(expected) : std::string("tokens × ") +
+                                                                                             std::to_string(per_token)) +
+                                    " (tokens × window.kv_heads × channels)");
   }
 
   void write_window(sequence& s, span<const float> keys, span<const float> values, std::int64_t tokens) noexcept {
@@ -538,6 +601,7 @@ class paged_cache {
   std::vector<page_pool> pools_;
   mutable std::mutex table_mutex_;
   std::unordered_map<sequence_id, std::unique_ptr<sequence>> sequences_;
+  sequence_id id_tag_ = next_tag();
   sequence_id next_id_ = 0;
 };
 

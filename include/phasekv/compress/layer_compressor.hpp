@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "phasekv/compress/stream_compressor.hpp"
@@ -48,6 +49,16 @@ class layer_compressor {
     if (!found)
       detail::fail<input_error>("layer: stream", k, "must be below the stream count " + std::to_string(stream_count));
     return *found;
+  }
+
+  // Whether stream k's policy applies RoPE (only then does its config's `rope` mean anything).
+  bool applies_rope(std::size_t k) const {
+    config(k);  // throws for a stream that does not exist
+    bool rotates = false;
+    for_each([&](std::size_t i, const auto& c) {
+      if (i == k) rotates = has_rope_v<typename std::decay_t<decltype(c)>::policy>;
+    });
+    return rotates;
   }
 
   // Fresh states; `history` as in stream_compressor::make_state.

@@ -31,6 +31,7 @@
 #include "phasekv/compress/stream_state.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
+#include "phasekv/core/limits.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/simd/batch.hpp"
@@ -106,15 +107,30 @@ class stream_compressor {
 
   // A fresh state. `history` extra tokens of inputs are kept beyond the W the write path needs,
   // so that truncate() can roll back that far (speculative decoding, beam pruning).
+  // Throws input_error for a history outside [0, 2^40] or whose rings would exceed 2^48 bytes,
+  // capacity_error when the rings cannot be allocated.
   stream_state make_state(std::int64_t history = 0) const {
-    detail::require<input_error>(history >= 0, config_.name + ": history", history, "must be non-negative");
+    const std::string field = config_.name + ": history";
+    detail::require<input_error>(history >= 0 && history <= limits::max_history, field, history,
+                                 "must lie in [0, 2^40]");
+    const std::int64_t rows = geom_.window + history;
+    const std::int64_t floats = detail::checked_product<input_error>(
+        rows, payload_per_token_ + logits_per_token_, limits::max_bytes / 4, field, "the state's input rings");
     stream_state s;
-    s.ring_rows_ = geom_.window + history;
-    const auto rows = static_cast<std::size_t>(s.ring_rows_);
-    s.payload_ring_.assign(rows * static_cast<std::size_t>(payload_per_token_), 0.0f);
-    s.logit_ring_.assign(rows * static_cast<std::size_t>(logits_per_token_), 0.0f);
-    s.scratch_.assign(scratch_floats(), 0.0f);
-    s.rows_.assign(row_pointers(), nullptr);
+    s.ring_rows_ = rows;
+    s.stride_ = geom_.stride;
+    s.origin_ = geom_.origin;
+    s.window_ = geom_.window;
+    s.payload_floats_ = payload_per_token_;
+    s.logit_floats_ = logits_per_token_;
+    detail::allocate_or_fail(
+        [&] {
+          s.payload_ring_.assign(static_cast<std::size_t>(rows * payload_per_token_), 0.0f);
+          s.logit_ring_.assign(static_cast<std::size_t>(rows * logits_per_token_), 0.0f);
+          s.scratch_.assign(scratch_floats(), 0.0f);
+          s.rows_.assign(row_pointers(), nullptr);
+        },
+        field, history, floats * 4);
     return s;
   }
 
@@ -127,16 +143,19 @@ class stream_compressor {
   // built only on failure: this runs on every decode step.
   void check(const stream_state& state, const token_chunk& chunk, const append_options& options = {}) const {
     const std::string& n = config_.name;
-    if (chunk.tokens < 0)
-      detail::fail<input_error>(n + ": chunk.tokens", chunk.tokens, "must be non-negative");
-    if (state.ring_rows_ < geom_.window ||
-        state.payload_ring_.size() != static_cast<std::size_t>(state.ring_rows_ * payload_per_token_) ||
-        state.logit_ring_.size() != static_cast<std::size_t>(state.ring_rows_ * logits_per_token_))
-      detail::fail<input_error>(n + ": state.pending_floats", state.payload_ring_.size() + state.logit_ring_.size(),
-                                "does not fit this compressor: make the state with its make_state()");
-    check_span(chunk.payload, chunk.tokens * payload_per_token_, "payload", "tokens × kv_heads × views × channels");
+    if (chunk.tokens < 0 || chunk.tokens > limits::max_tokens - state.tokens_)
+      detail::fail<input_error>(n + ": chunk.tokens", chunk.tokens,
+                                "must lie in [0, 2^48 − " + std::to_string(state.tokens_) + " tokens already appended]");
+    if (!fits(state))
+      detail::fail<input_error>(n + ": state", describe(state),
+                                "was not made for this compressor (S=" + std::to_string(geom_.stride) +
+                                    " W=" + std::to_string(geom_.window) + " origin=" + std::to_string(geom_.origin) +
+                                    ", " + std::to_string(payload_per_token_) + "+" +
+                                    std::to_string(logits_per_token_) +
+                                    " input floats per token): make it with this compressor's make_state()");
+    check_span(chunk.payload, chunk.tokens, payload_per_token_, "payload", "tokens × kv_heads × views × channels");
     if constexpr (gated)
-      check_span(chunk.logits, chunk.tokens * logits_per_token_, "logits", "tokens × kv_heads × views × gate channels");
+      check_span(chunk.logits, chunk.tokens, logits_per_token_, "logits", "tokens × kv_heads × views × gate channels");
     else if (!chunk.logits.empty())
       detail::fail<input_error>(n + ": chunk.logits.size()", chunk.logits.size(),
                                 "must be 0: this pooling policy reads no gate logits");
@@ -228,13 +247,36 @@ class stream_compressor {
   // next entry's payload and logit rows (2·W).
   std::size_t row_pointers() const noexcept { return static_cast<std::size_t>(8 * geom_.window); }
 
-  void check_span(span<const float> s, std::int64_t expected, const char* what, const char* shape) const {
+  // A state fits when it was made by a compressor of this geometry and per-token shape: it holds
+  // only the host's inputs and counters, so any such compressor may continue it (e.g. one with
+  // other gate parameters, for an intervention).
+  bool fits(const stream_state& s) const noexcept {
+    return s.stride_ == geom_.stride && s.origin_ == geom_.origin && s.window_ == geom_.window &&
+           s.payload_floats_ == payload_per_token_ && s.logit_floats_ == logits_per_token_ &&
+           s.ring_rows_ >= geom_.window &&
+           s.payload_ring_.size() == static_cast<std::size_t>(s.ring_rows_ * payload_per_token_) &&
+           s.logit_ring_.size() == static_cast<std::size_t>(s.ring_rows_ * logits_per_token_);
+  }
+  static std::string describe(const stream_state& s) {
+    return "S=" + std::to_string(s.stride_) + " W=" + std::to_string(s.window_) + " origin=" +
+           std::to_string(s.origin_) + ", " + std::to_string(s.payload_floats_) + "+" +
+           std::to_string(s.logit_floats_) + " input floats per token";
+  }
+
+  // `tokens` × `per_token` must equal the span's size; the product is formed only when it cannot
+  // overflow (a huge token count with a small span is an error, not a wrapped-around match).
+  void check_span(span<const float> s, std::int64_t tokens, std::int64_t per_token, const char* what,
+                  const char* shape) const {
     if (s.data() == nullptr && s.size() != 0)
       detail::fail<input_error>(config_.name + ": chunk." + what + ".data()", "null",
                                 "must not be null when the size is " + std::to_string(s.size()));
-    if (static_cast<std::int64_t>(s.size()) != expected)
+    std::int64_t expected = 0;
+    const bool representable = detail::product_within(tokens, per_token, limits::max_bytes, expected);
+    if (!representable || s.size() != static_cast<std::size_t>(expected))
       detail::fail<input_error>(config_.name + ": chunk." + what + ".size()", s.size(),
-                                "must be " + std::to_string(expected) + " (" + shape + ")");
+                                "must be " + (representable ? std::to_string(expected) : std::string("chunk.tokens × ") +
+                                                                                             std::to_string(per_token)) +
+                                    " (" + shape + ")");
   }
 
   void require_finite(span<const float> s, const char* what) const {

@@ -18,6 +18,7 @@
 #include "phasekv/compress/policies.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
+#include "phasekv/core/limits.hpp"
 #include "phasekv/core/rope.hpp"
 
 namespace phasekv {
@@ -41,7 +42,7 @@ struct stream_config {
   std::int64_t channels = 0;    // channels per entry and head
   std::int64_t kv_heads = 1;
   input_layout inputs = input_layout::per_branch;
-  rope_config rope;             // read only by policies with RoPE
+  rope_config rope;             // read only by policies with RoPE; ignored (never validated) otherwise
   double norm_eps = 1e-6;       // read only by rms_norm
 };
 
@@ -78,10 +79,17 @@ void validate_stream(const geometry& geom, const stream_config& config, const st
   using detail::require;
   geom.validate();
   const std::string& n = config.name;
-  require(config.channels >= 1, n + ".channels", config.channels, "must be at least 1");
-  require(config.kv_heads >= 1, n + ".kv_heads", config.kv_heads, "must be at least 1");
+  require(config.channels >= 1 && config.channels <= limits::max_channels, n + ".channels", config.channels,
+          "must lie in [1, 2^20]");
+  require(config.kv_heads >= 1 && config.kv_heads <= limits::max_heads, n + ".kv_heads", config.kv_heads,
+          "must lie in [1, 2^16]");
   require(config.inputs == input_layout::per_branch || config.inputs == input_layout::per_slot, n + ".inputs",
           static_cast<int>(config.inputs), "is not an input_layout");
+  // Every per-token size the compressor derives is at most this product (vector gates have as
+  // many logits as channels), so checking it once keeps all of them in range.
+  detail::checked_product(
+      config.channels, config.kv_heads * views_per_token(config.inputs, geom), limits::max_floats_per_token,
+      n + ".channels", "the floats one token hands over (kv_heads × views × channels)");
 
   if constexpr (has_rope_v<Policy>) {
     config.rope.validate(n + ".rope", config.channels);

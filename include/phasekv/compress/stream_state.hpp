@@ -43,6 +43,8 @@ class stream_state {
   std::int64_t entries_ = 0;
   std::int64_t ring_rows_ = 0;
   std::int64_t intact_from_ = 0;  // tokens [intact_from_, tokens_) still have their inputs in the ring
+  // The geometry and per-token shape of the compressor that made the state (checked on append).
+  std::int64_t stride_ = 0, origin_ = 0, window_ = 0, payload_floats_ = 0, logit_floats_ = 0;
   std::vector<float> payload_ring_;  // [ring_rows][payload floats per token]
   std::vector<float> logit_ring_;    // [ring_rows][logit floats per token]
   // Working memory of append(), kept here so a decode loop allocates nothing per token.
