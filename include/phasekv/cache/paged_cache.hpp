@@ -91,8 +91,8 @@ struct cache_config {
               name + ".window.value_channels", window.value_channels, "must lie in [0, 2^20] (0 = tied K/V)");
       // Rows × (key + value floats) × 4 bytes: the ring every sequence allocates.
       const std::int64_t floats = window.kv_heads * (window.key_channels + window.value_channels);
-      detail::checked_product(window.tokens + history, floats, limits::max_bytes / 4,
-                              name + ".window.tokens + history", "each sequence's raw window ring");
+      detail::checked_product(window.tokens + history, floats, limits::max_bytes / 4, name + ".window.tokens",
+                              window.tokens, "each sequence's raw window ring (floats, with history)");
     }
   }
 
@@ -156,9 +156,10 @@ class paged_cache {
     }
     // The pending inputs of every stream: caught here, not on the first create().
     for_each_stream([&](std::size_t, const auto& c) {
-      detail::checked_product(c.geom().window + config_.history, c.payload_floats_per_token() + c.logit_floats_per_token(),
-                              limits::max_bytes / 4, config_.name + ".history",
-                              "the input ring of stream '" + c.config().name + "'");
+      detail::checked_product(c.geom().window + config_.history,
+                              c.payload_floats_per_token() + c.logit_floats_per_token(), limits::max_bytes / 4,
+                              config_.name + ".history", config_.history,
+                              "the input ring of stream '" + c.config().name + "' (floats)");
     });
   }
 
@@ -193,6 +194,15 @@ class paged_cache {
     std::lock_guard<std::mutex> lock(table_mutex_);
     return static_cast<std::int64_t>(sequences_.size());
   }
+  // The ids of every live sequence, in increasing order (creation order).
+  std::vector<sequence_id> live_sequences() const {
+    std::vector<sequence_id> ids;
+    std::lock_guard<std::mutex> lock(table_mutex_);
+    ids.reserve(sequences_.size());
+    for (const auto& entry : sequences_) ids.push_back(entry.first);
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  }
 
   // Appends the same new tokens to every stream (one chunk each) and to the raw window
   // (window_keys: tokens × window.kv_heads × key_channels; window_values likewise, empty when
@@ -214,7 +224,7 @@ class paged_cache {
         s.tables[k].reserve(s.tables[k].size() + plans[k].fresh.size());
       }
     } catch (...) {
-      for (std::size_t k = 0; k < stream_count; ++k) drop_plan(k, plans[k]);
+      for (std::size_t k = stream_count; k-- > 0;) drop_plan(k, plans[k]);
       throw;
     }
     try {
@@ -223,7 +233,7 @@ class paged_cache {
                               e.values);
       }, options);
     } catch (...) {
-      for (std::size_t k = 0; k < stream_count; ++k) drop_plan(k, plans[k]);
+      for (std::size_t k = stream_count; k-- > 0;) drop_plan(k, plans[k]);
       throw;
     }
     for (std::size_t k = 0; k < stream_count; ++k) adopt_plan(s, k, plans[k]);
@@ -450,11 +460,14 @@ class paged_cache {
     return plan;
   }
 
+  // Gives a plan's pages back in the reverse of the order they were allocated (the copy came
+  // last), so the pool's LIFO free list is restored exactly: after a failed append the next
+  // call receives the very pages it would have received had the failure never happened.
   void drop_plan(std::size_t k, page_plan& plan) noexcept {
     // Pages of a plan are held by nobody else: releasing them cannot throw in practice.
     try {
       if (plan.copy >= 0) pools_[k].release(plan.copy);
-      for (page_id p : plan.fresh) pools_[k].release(p);
+      for (auto p = plan.fresh.rbegin(); p != plan.fresh.rend(); ++p) pools_[k].release(*p);
     } catch (...) {
     }
     plan = page_plan{};

@@ -115,7 +115,8 @@ class stream_compressor {
                                  "must lie in [0, 2^40]");
     const std::int64_t rows = geom_.window + history;
     const std::int64_t floats = detail::checked_product<input_error>(
-        rows, payload_per_token_ + logits_per_token_, limits::max_bytes / 4, field, "the state's input rings");
+        rows, payload_per_token_ + logits_per_token_, limits::max_bytes / 4, field, history,
+        "the state's input rings (floats)");
     stream_state s;
     s.ring_rows_ = rows;
     s.stride_ = geom_.stride;

@@ -87,9 +87,9 @@ void validate_stream(const geometry& geom, const stream_config& config, const st
           static_cast<int>(config.inputs), "is not an input_layout");
   // Every per-token size the compressor derives is at most this product (vector gates have as
   // many logits as channels), so checking it once keeps all of them in range.
-  detail::checked_product(
-      config.channels, config.kv_heads * views_per_token(config.inputs, geom), limits::max_floats_per_token,
-      n + ".channels", "the floats one token hands over (kv_heads × views × channels)");
+  detail::checked_product(config.channels, config.kv_heads * views_per_token(config.inputs, geom),
+                          limits::max_floats_per_token, n + ".channels", config.channels,
+                          "the floats one token hands over (kv_heads × views × channels)");
 
   if constexpr (has_rope_v<Policy>) {
     config.rope.validate(n + ".rope", config.channels);

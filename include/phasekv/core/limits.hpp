@@ -40,13 +40,16 @@ constexpr bool product_within(std::int64_t a, std::int64_t b, std::int64_t bound
   return true;
 }
 
-// a · b, or Error naming `field` (whose value is shown as `a`) when it exceeds `bound`.
+// a · b, or Error naming `field` and its `value` when the product exceeds `bound` (in the units
+// `what` is counted in).
 template <class Error = config_error>
 std::int64_t checked_product(std::int64_t a, std::int64_t b, std::int64_t bound, const std::string& field,
-                             const std::string& what) {
+                             std::int64_t value, const std::string& what) {
   std::int64_t product = 0;
   if (!product_within(a, b, bound, product))
-    fail<Error>(field, a, "makes " + what + " larger than " + std::to_string(bound) + " (times " + std::to_string(b) + ")");
+    fail<Error>(field, value,
+                "makes " + what + " exceed its limit of " + std::to_string(bound) + " (" + std::to_string(a) + " × " +
+                    std::to_string(b) + ")");
   return product;
 }
 

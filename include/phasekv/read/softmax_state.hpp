@@ -92,7 +92,9 @@ class softmax_state {
   // Per head: the factor that turns exp(ℓ − m) of this state into a final probability, given
   // an optional sink logit per head — 1 / (d + exp(sink − m)) in this state's frame.
   float normaliser(std::int64_t h, const float* sink_logits) const noexcept {
-    if (!sink_logits) return d_[h] > 0.0f ? 1.0f / d_[h] : 0.0f;
+    // A sink of −inf takes no mass: the same as no sink (and no −inf − (−inf) below).
+    if (!sink_logits || sink_logits[h] == -std::numeric_limits<float>::infinity())
+      return d_[h] > 0.0f ? 1.0f / d_[h] : 0.0f;
     const float m = std::max(m_[h], sink_logits[h]);
     const float total = (d_[h] > 0.0f ? d_[h] * std::exp(m_[h] - m) : 0.0f) + std::exp(sink_logits[h] - m);
     return std::exp(m_[h] - m) / total;

@@ -1,0 +1,317 @@
+// Allocation-failure injection: every mutating call of paged_cache keeps the strong guarantee
+// when an allocation inside it fails.
+//
+// This binary replaces the global operator new (every form) with one that can be told to fail:
+// either exactly the n-th allocation from now (a transient failure), or the n-th and every one
+// after it (memory stays exhausted, so error paths that allocate are caught too). For each call
+// — append (fresh pages, copy on write, raw window), fork, copy, remove_suffix, keep, free,
+// clear, create, and a read — and for n = 1, 2, … until the call makes fewer than n allocations:
+//
+//   1. build the same small world, take a full dump (tests/oracle/cache_dump.hpp),
+//   2. arm the injector, make the call, disarm,
+//   3. if an allocation failed, the call must have thrown std::bad_alloc or capacity_error and
+//      the dump must equal the one before; then the same call without faults must give exactly
+//      what it gives in a world that never saw a fault.
+//
+// It lives in a binary of its own so that the replaced operator new touches no other test.
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "oracle/cache_dump.hpp"
+#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/read/sparse_reader.hpp"
+
+// ---- the injector ------------------------------------------------------------------------------
+
+namespace fault {
+
+std::atomic<long> countdown{0};  // 0: off; n > 0: the n-th allocation from arming fails
+std::atomic<bool> persistent{false};
+std::atomic<bool> fired{false};
+
+// Called by every operator new: true when this allocation must fail.
+bool should_fail() noexcept {
+  long c = countdown.load(std::memory_order_relaxed);
+  while (c > 0) {
+    if (c == 1) {
+      fired.store(true, std::memory_order_relaxed);
+      if (!persistent.load(std::memory_order_relaxed)) countdown.store(0, std::memory_order_relaxed);
+      return true;
+    }
+    if (countdown.compare_exchange_weak(c, c - 1, std::memory_order_relaxed)) return false;
+  }
+  return false;
+}
+
+void arm(long n, bool keep_failing) {
+  fired = false;
+  persistent = keep_failing;
+  countdown = n;
+}
+// True when an allocation failed since arm().
+bool disarm() {
+  countdown = 0;
+  return fired.load();
+}
+
+void* allocate(std::size_t size, std::size_t alignment) {
+  if (should_fail()) throw std::bad_alloc();
+  if (size == 0) size = 1;
+  void* p = nullptr;
+  if (alignment <= alignof(std::max_align_t)) {
+    p = std::malloc(size);
+  } else if (posix_memalign(&p, alignment, size) != 0) {
+    p = nullptr;
+  }
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+}  // namespace fault
+
+void* operator new(std::size_t size) { return fault::allocate(size, 0); }
+void* operator new[](std::size_t size) { return fault::allocate(size, 0); }
+void* operator new(std::size_t size, std::align_val_t a) { return fault::allocate(size, static_cast<std::size_t>(a)); }
+void* operator new[](std::size_t size, std::align_val_t a) { return fault::allocate(size, static_cast<std::size_t>(a)); }
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return fault::allocate(size, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return fault::allocate(size, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+// ---- the world ---------------------------------------------------------------------------------
+
+namespace {
+
+using namespace phasekv;
+using i64 = std::int64_t;
+
+// Gated, normalised, rotated K/V entries (DeepSeek-V4's policy) and mean-pooled indexer keys.
+using kv_stream = stream_compressor<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>>;
+using ix_stream = stream_compressor<compressor_policy<mean_pool>>;
+using world_cache = paged_cache<kv_stream, ix_stream>;
+using world_reader = sparse_reader<world_cache>;
+
+constexpr i64 kStride = 2, kWindow = 4, kKvChannels = 8, kIxChannels = 4, kQueryHeads = 2;
+
+world_cache make_cache() {
+  const geometry g{kStride, kWindow};
+  stream_config kv;
+  kv.name = "kv";
+  kv.channels = kKvChannels;
+  kv.rope.channels = 4;
+  stream_config ix;
+  ix.name = "ix";
+  ix.role = stream_role::indexer;
+  ix.channels = kIxChannels;
+  cache_config cc;
+  cc.page_size = 2;
+  cc.pages = 24;
+  cc.history = 3;
+  cc.window.tokens = 3;
+  cc.window.key_channels = kKvChannels;  // tied window
+  return world_cache(layer_compressor<kv_stream, ix_stream>(kv_stream(g, kv), ix_stream(g, ix)), cc);
+}
+
+// A sequence's next tokens: the same values in every world (seeded by sequence and position).
+void append_tokens(world_cache& cache, sequence_id id, i64 tokens, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto values = [&](i64 n) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (float& x : v) x = u(rng);
+    return v;
+  };
+  const auto& kv = cache.compressors().stream<0>();
+  const auto& ix = cache.compressors().stream<1>();
+  const auto payload = values(tokens * kv.payload_floats_per_token());
+  const auto logits = values(tokens * kv.logit_floats_per_token());
+  const auto index = values(tokens * ix.payload_floats_per_token());
+  const auto window = values(tokens * kKvChannels);
+  cache.append(id, {token_chunk{tokens, payload, logits}, token_chunk{tokens, index, {}}}, window);
+}
+
+// Sequences a (11 tokens), b = fork(a) (shares a's pages, the last one partially filled) and
+// c (5 tokens): an append to b copies on write, one to a or c takes fresh pages.
+struct world {
+  world_cache cache = make_cache();
+  sequence_id a = -1, b = -1, c = -1;
+
+  world() {
+    a = cache.create();
+    append_tokens(cache, a, 11, 1);
+    b = cache.fork(a);
+    c = cache.create();
+    append_tokens(cache, c, 5, 2);
+  }
+};
+
+struct read_result {
+  std::vector<float> out;
+  read_trace trace;
+};
+
+read_result read_a(world& w, world_reader& reader) {
+  const std::vector<float> q(kQueryHeads * kKvChannels, 0.25f), iq(2 * kIxChannels, 0.5f), iw{1.0f, -0.5f};
+  read_result r;
+  r.out.assign(kQueryHeads * kKvChannels, 0.0f);
+  reader.read(w.a, read_request{10, q, iq, iw, {}}, r.out.data(), &r.trace);
+  return r;
+}
+
+reader_config world_reader_config() {
+  reader_config rc;
+  rc.query_heads = kQueryHeads;
+  rc.indexer_stream = 1;
+  rc.top_k = 3;
+  rc.indexer_heads = 2;
+  rc.derotate_output = true;
+  return rc;
+}
+
+using operation = std::function<void(world&)>;
+
+// Runs `op` with the n-th allocation failing (and, when `keep_failing`, every later one), for
+// n = 1, 2, … until op completes without a failure. Checks the strong guarantee at every n.
+void check_strong_guarantee(const std::string& name, const operation& op, bool keep_failing) {
+  // What the call gives in a world that never saw a fault.
+  world reference;
+  op(reference);
+  const phasekv_test::cache_dump expected = phasekv_test::dump(reference.cache);
+
+  for (long n = 1;; ++n) {
+    world w;
+    const phasekv_test::cache_dump before = phasekv_test::dump(w.cache);
+    bool threw = false;
+    std::string what;
+    fault::arm(n, keep_failing);
+    try {
+      op(w);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+      what = "std::bad_alloc";
+    } catch (const capacity_error& e) {
+      threw = true;
+      what = e.what();
+    }
+    const bool fired = fault::disarm();
+    INFO(name << ": allocation " << n << (keep_failing ? " and every later one" : "") << " failed; threw " << what);
+    if (!fired) {
+      REQUIRE_FALSE(threw);
+      REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), expected) == "");
+      break;
+    }
+    if (!threw) {
+      // The call absorbed the failure (none of phasekv's calls does today): it must then have
+      // done its whole job.
+      REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), expected) == "");
+      continue;
+    }
+    REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), before) == "");
+    op(w);  // the same call with memory back
+    REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), expected) == "");
+  }
+}
+
+const std::vector<std::pair<std::string, operation>>& operations() {
+  static const std::vector<std::pair<std::string, operation>> ops = {
+      {"append (copy on write, fresh pages, window)", [](world& w) { append_tokens(w.cache, w.b, 3, 3); }},
+      {"append (fresh pages)", [](world& w) { append_tokens(w.cache, w.c, 6, 4); }},
+      {"append (no entry)", [](world& w) { append_tokens(w.cache, w.a, 1, 5); }},
+      {"fork", [](world& w) { w.cache.fork(w.a); }},
+      {"copy", [](world& w) { w.cache.copy(w.c, w.b); }},
+      {"remove_suffix", [](world& w) { w.cache.remove_suffix(w.a, 9); }},
+      {"keep", [](world& w) { w.cache.keep(w.c); }},
+      {"free", [](world& w) { w.cache.free(w.b); }},
+      {"clear", [](world& w) { w.cache.clear(); }},
+      {"create", [](world& w) { w.cache.create(); }},
+  };
+  return ops;
+}
+
+TEST_CASE("fault injection: every mutating call keeps the strong guarantee when one allocation fails",
+          "[cache][fault]") {
+  for (const auto& [name, op] : operations()) check_strong_guarantee(name, op, false);
+}
+
+TEST_CASE("fault injection: every mutating call keeps the strong guarantee when memory stays exhausted",
+          "[cache][fault]") {
+  for (const auto& [name, op] : operations()) check_strong_guarantee(name, op, true);
+}
+
+TEST_CASE("fault injection: a read that runs out of memory throws, and the next read is exact", "[read][fault]") {
+  world reference;
+  world_reader fresh(reference.cache, world_reader_config());
+  const read_result expected = read_a(reference, fresh);
+  for (bool keep_failing : {false, true}) {
+    for (long n = 1;; ++n) {
+      world w;
+      world_reader reader(w.cache, world_reader_config());
+      const phasekv_test::cache_dump before = phasekv_test::dump(w.cache);
+      bool threw = false;
+      fault::arm(n, keep_failing);
+      try {
+        (void)read_a(w, reader);
+      } catch (const std::bad_alloc&) {
+        threw = true;
+      }
+      const bool fired = fault::disarm();
+      INFO("allocation " << n << (keep_failing ? " and every later one" : "") << " failed");
+      REQUIRE(threw == fired);
+      REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), before) == "");
+      const read_result again = read_a(w, reader);
+      REQUIRE(again.out == expected.out);
+      REQUIRE(again.trace.selected == expected.trace.selected);
+      if (!fired) break;
+    }
+  }
+}
+
+TEST_CASE("fault injection: constructors and create() turn a failed allocation into capacity_error or bad_alloc",
+          "[cache][fault]") {
+  for (long n = 1;; ++n) {
+    bool threw = false;
+    fault::arm(n, false);
+    try {
+      world w;  // pools, sequences, appends: everything a world makes
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    } catch (const capacity_error&) {
+      threw = true;
+    }
+    const bool fired = fault::disarm();
+    INFO("allocation " << n << " failed");
+    REQUIRE(threw == fired);
+    if (!fired) break;
+  }
+}
+
+}  // namespace
