@@ -27,6 +27,7 @@
 #include "phasekv/core/openmp_executor.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
+#include "phasekv/core/text.hpp"
 
 // diag
 #include "phasekv/diag/interventions.hpp"

@@ -8,10 +8,11 @@
 //
 // A function that throws any of them leaves every object it was given exactly as it was.
 
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
+
+#include "phasekv/core/text.hpp"
 
 namespace phasekv {
 
@@ -40,7 +41,7 @@ namespace detail {
 // "<field> = <value>: <requirement>", e.g. "stride = 0: must be at least 1".
 template <class Value>
 std::string field_message(const std::string& field, const Value& value, const std::string& requirement) {
-  std::ostringstream out;
+  classic_stream out;  // the same message under any locale
   out << field << " = " << value << ": " << requirement;
   return out.str();
 }

@@ -59,16 +59,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <exception>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "phasekv/core/error.hpp"
+#include "phasekv/core/text.hpp"
 #include "phasekv/diag/statistics.hpp"
 
 namespace phasekv {
@@ -229,10 +228,7 @@ namespace detail {
 inline std::string format_number(double x, int precision = 10) {
   if (std::isnan(x)) return "nan";
   if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  std::ostringstream out;
-  out.precision(precision);
-  out << x;
-  return out.str();
+  return general(x, precision);
 }
 
 inline std::string json_number(double x) { return std::isfinite(x) ? format_number(x, 17) : "null"; }
@@ -248,9 +244,10 @@ inline std::string json_string(const std::string& s) {
       case '\t': out += "\\t"; break;
       default:
         if (c < 0x20) {
-          char buffer[8];
-          std::snprintf(buffer, sizeof buffer, "\\u%04x", static_cast<unsigned>(c));
-          out += buffer;
+          const char* hex = "0123456789abcdef";
+          out += "\\u00";
+          out += hex[c >> 4];
+          out += hex[c & 15];
         } else {
           out += static_cast<char>(c);
         }
@@ -286,31 +283,28 @@ struct sweep_result {
 
   // A fixed-width table for a terminal or a log. An invalid sweep starts with "INVALID SWEEP".
   std::string to_table() const {
-    std::ostringstream out;
+    detail::classic_stream out;
     const bool binary = kind == outcome_kind::binary;
     if (!valid) out << "INVALID SWEEP: " << invalid_reason << "\n";
     out << "phase sweep: stride " << config.stride << ", modulus " << config.modulus << ", "
         << config.trials_per_residue << " trials/residue, query at " << config.query_position << ", targets in ["
         << config.first_target() << ", " << config.last_target() << "]\n";
-    char line[160];
-    std::snprintf(line, sizeof line, "%8s %6s %7s %7s %10s %19s\n", "residue", "phase", "valid", "failed",
-                  binary ? "accuracy%" : "mean_p%", "95% CI");
-    out << line;
+    using detail::fixed;
+    using detail::right;
+    out << right("residue", 8) << ' ' << right("phase", 6) << ' ' << right("valid", 7) << ' ' << right("failed", 7)
+        << ' ' << right(binary ? "accuracy%" : "mean_p%", 10) << ' ' << right("95% CI", 19) << '\n';
     for (const auto& r : residues) {
       const char* mark = (valid && r.residue == best_residue) ? " best" : (valid && r.residue == worst_residue) ? " worst" : "";
-      std::snprintf(line, sizeof line, "%8lld %6lld %7lld %7lld %10.2f   [%6.2f, %6.2f]%s\n",
-                    static_cast<long long>(r.residue), static_cast<long long>(r.residue % config.stride),
-                    static_cast<long long>(r.valid), static_cast<long long>(r.failed), 100.0 * r.estimate,
-                    100.0 * r.ci_low, 100.0 * r.ci_high, mark);
-      out << line;
+      out << right(std::to_string(r.residue), 8) << ' ' << right(std::to_string(r.residue % config.stride), 6) << ' '
+          << right(std::to_string(r.valid), 7) << ' ' << right(std::to_string(r.failed), 7) << ' '
+          << right(fixed(100.0 * r.estimate, 2), 10) << "   [" << right(fixed(100.0 * r.ci_low, 2), 6) << ", "
+          << right(fixed(100.0 * r.ci_high, 2), 6) << ']' << mark << '\n';
     }
     if (!valid) {
       out << "summary: n/a (invalid sweep; gap, homogeneity and period not reported)\n";
     } else {
-      std::snprintf(line, sizeof line, "mean %.2f%%  gap %.2f points (best residue %lld, worst %lld)\n",
-                    100.0 * mean, gap_points, static_cast<long long>(best_residue),
-                    static_cast<long long>(worst_residue));
-      out << line;
+      out << "mean " << fixed(100.0 * mean, 2) << "%  gap " << fixed(gap_points, 2) << " points (best residue "
+          << best_residue << ", worst " << worst_residue << ")\n";
       out << "homogeneity: " << homogeneity.test << " statistic " << detail::format_number(homogeneity.statistic, 6)
           << ", dof " << homogeneity.dof;
       if (!binary) out << "/" << homogeneity.dof_within;
@@ -334,7 +328,7 @@ struct sweep_result {
   // (successes empty for probability sweeps; estimate/CI as fractions; NaN as "nan"), then the
   // summary as comment lines "# key,value" — read with pandas.read_csv(path, comment='#').
   std::string to_csv() const {
-    std::ostringstream out;
+    detail::classic_stream out;
     const bool binary = kind == outcome_kind::binary;
     out << "residue,phase,planned,valid,failed,successes,estimate,ci_low,ci_high\n";
     for (const auto& r : residues) {
@@ -366,7 +360,7 @@ struct sweep_result {
   std::string to_json() const {
     using detail::json_number;
     using detail::json_string;
-    std::ostringstream out;
+    detail::classic_stream out;
     out << "{\"kind\":" << json_string(kind == outcome_kind::binary ? "binary" : "probability")
         << ",\"valid\":" << (valid ? "true" : "false") << ",\"invalid_reason\":" << json_string(invalid_reason)
         << ",\"stride\":" << config.stride << ",\"modulus\":" << config.modulus

@@ -18,14 +18,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "phasekv/core/error.hpp"
+#include "phasekv/core/text.hpp"
 
 namespace phasekv::plot {
 
@@ -56,9 +55,9 @@ struct plot_axes {
   void validate() const {
     using detail::require;
     require(std::isfinite(x_min) && std::isfinite(x_max) && x_max > x_min, "x_max", x_max,
-            "must be finite and greater than x_min = " + std::to_string(x_min));
+            "must be finite and greater than x_min = " + phasekv::detail::general(x_min));
     require(std::isfinite(y_min) && std::isfinite(y_max) && y_max > y_min, "y_max", y_max,
-            "must be finite and greater than y_min = " + std::to_string(y_min));
+            "must be finite and greater than y_min = " + phasekv::detail::general(y_min));
     require(width >= 400 && width <= 10000, "width", width, "must be in [400, 10000] pixels");
     require(height >= 250 && height <= 10000, "height", height, "must be in [250, 10000] pixels");
   }
@@ -84,17 +83,9 @@ inline std::string svg_escape(const std::string& text) {
 
 namespace detail {
 
-inline std::string svg_number(double x) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.2f", x);
-  return buffer;
-}
+inline std::string svg_number(double x) { return phasekv::detail::fixed(x, 2); }
 
-inline std::string tick_label(double x) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%g", x);
-  return buffer;
-}
+inline std::string tick_label(double x) { return phasekv::detail::general(x); }
 
 inline std::vector<std::pair<double, std::string>> even_ticks(double lo, double hi) {
   std::vector<std::pair<double, std::string>> ticks;
@@ -130,7 +121,7 @@ inline std::string svg_line_plot(const std::vector<plot_series>& series, const p
     return top + (axes.y_max - clipped) / (axes.y_max - axes.y_min) * plot_height;
   };
 
-  std::ostringstream out;
+  phasekv::detail::classic_stream out;
   out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << axes.width << "\" height=\"" << axes.height
       << "\" viewBox=\"0 0 " << axes.width << ' ' << axes.height
       << "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"13\">\n"

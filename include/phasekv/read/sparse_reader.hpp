@@ -181,6 +181,7 @@ class sparse_reader {
   // window splits three ways.
   static constexpr std::int64_t score_chunk_entries = 4096;
   static constexpr std::int64_t attention_piece_keys = 256;
+  static constexpr std::int64_t max_selectable_entries = (std::int64_t{1} << 32) - 1;
 
  private:
   const stream_config& stream_config_of(std::size_t k) const { return cache_->compressors().config(k); }
@@ -272,6 +273,10 @@ class sparse_reader {
       detail::fail<input_error>(n + ": request.position", r.position,
                                 "must lie in [0, tokens = " + std::to_string(tokens) +
                                     "): the query's own token must be appended before it reads");
+    // Top-k ranks entries by 64-bit keys that hold a 32-bit index (top_k.hpp).
+    if (config_.top_k > 0 && cache_->compressors().geom().visible_entries(r.position) > max_selectable_entries)
+      detail::fail<input_error>(n + ": request.position", r.position,
+                                "sees more than 2^32 − 1 entries, the most top-k selection can rank");
     if (config_window_tokens() > 0) {
       const std::int64_t first = std::max<std::int64_t>(0, r.position - config_window_tokens() + 1);
       const std::int64_t kept = cache_->window_first(seq);
