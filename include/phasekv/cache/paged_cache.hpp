@@ -28,6 +28,11 @@
 // threads: the sequence table is guarded by a mutex (held only to look up, add or drop a
 // sequence, never during compression), and the page pools are internally synchronised. Const
 // queries of a sequence may run concurrently with each other, not with that sequence's writer.
+//
+// Lifetimes: a sequence_id lives until free/keep/clear drops it, and carries a per-cache tag, so
+// another cache's id is rejected as unknown. References from page_table()/state() and a
+// paged_view live until the next call that writes that sequence (the cache, for a paged_view).
+// Allocation failures keep the strong guarantee too (tests/fault); docs/RELIABILITY.md.
 
 #include <algorithm>
 #include <array>

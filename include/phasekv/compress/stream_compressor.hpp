@@ -14,6 +14,8 @@
 // entries: each entry is computed by the same kernel from the same rows, in the same order.
 //
 // Errors: a call the configuration cannot accept throws input_error before anything changes.
+// Inputs are not scanned for NaN/Inf unless append_options::check_finite is on; unchecked, they
+// follow IEEE arithmetic into the entries (memory-safe, but the entries are then not finite).
 // If the sink throws, the state is also left as it was before the call (the sink itself has
 // then seen the entries before the one that threw).
 

@@ -6,7 +6,8 @@
 //   input_error    — a call whose arguments do not fit the configuration (shape, span, NaN…)
 //   capacity_error — a resource ran out (a page pool is full)
 //
-// A function that throws any of them leaves every object it was given exactly as it was.
+// A function that throws any of them — or std::bad_alloc — leaves every object it was given exactly
+// as it was. docs/RELIABILITY.md lists which call may throw what.
 
 #include <stdexcept>
 #include <string>

@@ -23,7 +23,10 @@
 // (each with its own top-k, merged after) and attention as pieces of keys per KV head, merged
 // through the online softmax in key order. The pieces have a fixed size, so results are
 // bit-identical on every executor; the default runs them in order.
-// A reader holds scratch space: use one reader per thread (or per executor).
+// A reader holds scratch space: use one reader per thread (or per executor). It keeps a pointer to
+// its cache, which must outlive it; a read of a sequence must not overlap a write of it.
+// Non-finite queries, indexer queries or weights, and sinks other than finite or −inf (no sink),
+// are input_errors (docs/RELIABILITY.md lists every promise).
 
 #include <algorithm>
 #include <cmath>
