@@ -4,6 +4,7 @@
 // every include/phasekv/<part>/*.hpp, sorted, one block per part.
 
 // cache
+#include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/storage.hpp"

@@ -12,8 +12,14 @@
 // One entry (all heads × channels) is contiguous, so writing an entry is one row conversion and
 // copying the first n entries of a page is one memcpy. Every page starts on a 64-byte boundary:
 // the page stride is rounded up to 64 bytes (no padding in realistic configs, where a page is
-// already a multiple of 64 bytes). The pool's memory is zeroed once at construction; a page that
-// is allocated again holds whatever its previous owner wrote.
+// already a multiple of 64 bytes).
+//
+// Memory: one contiguous block from the config's page_memory (the host's arena, pinned or
+// huge-page memory; by default anonymous memory the OS commits on first write, page_memory.hpp).
+// The pool never touches a page before handing it out and hands out the lowest free pages
+// first, so resident memory follows the pages in use (pages_touched() bounds it), not the
+// capacity. A page's contents are undefined until written; one allocated again holds whatever
+// its previous owner wrote. Readers only read entries that were written.
 //
 // Reference counts: allocate() hands out a page with count 1; retain() adds a holder (a forked
 // sequence sharing a full page); release() drops one and returns the page to the free list when
@@ -39,6 +45,7 @@
 //     to readers in another thread is the caller's job (e.g. the lock that guards a page table).
 //   - Moving a pool is not thread-safe, and a moved-from pool may only be destroyed or assigned to.
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -51,6 +58,7 @@
 #include <utility>
 #include <vector>
 
+#include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/storage.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/limits.hpp"
@@ -67,6 +75,8 @@ struct page_pool_config {
   std::int64_t channels = 0;
   storage_type storage = storage_type::f32;
   std::int64_t capacity = 0;  // pages
+  // Where the pages live; null = system_page_memory(). Must outlive the pool.
+  page_memory* memory = nullptr;
 
   // The largest pool the library agrees to describe (256 TiB): keeps every byte offset well
   // inside std::int64_t and std::size_t.
@@ -131,6 +141,15 @@ struct page_layout {
   }
 };
 
+namespace detail {
+// Gives a pool's block back to the page_memory it came from.
+struct block_release {
+  page_memory* source = nullptr;
+  std::size_t bytes = 0;
+  void operator()(std::byte* block) const noexcept { source->deallocate(block, bytes, page_layout::page_alignment); }
+};
+}  // namespace detail
+
 class page_pool {
  public:
   using page_id = phasekv::page_id;
@@ -139,14 +158,18 @@ class page_pool {
     config_.validate();
     layout_ = page_layout::for_config(config_);
     const std::int64_t total_bytes = config_.capacity * layout_.page_stride_bytes;
+    page_memory& source = config_.memory ? *config_.memory : system_page_memory();
     detail::allocate_or_fail(
         [&] {
-          memory_.reset(static_cast<std::byte*>(
-              ::operator new(static_cast<std::size_t>(total_bytes), std::align_val_t{page_layout::page_alignment})));
           book_ = std::make_unique<bookkeeping>(config_.capacity);
+          void* block = source.allocate(static_cast<std::size_t>(total_bytes), page_layout::page_alignment);
+          if (!block) throw std::bad_alloc();
+          memory_ = block_ptr(static_cast<std::byte*>(block), block_release{&source, static_cast<std::size_t>(total_bytes)});
         },
         config_.name + ".capacity", config_.capacity, total_bytes);
-    std::memset(memory_.get(), 0, static_cast<std::size_t>(total_bytes));
+    if (reinterpret_cast<std::uintptr_t>(memory_.get()) % page_layout::page_alignment != 0)
+      detail::fail(config_.name + ".memory", "a block at " + std::to_string(reinterpret_cast<std::uintptr_t>(memory_.get())),
+                   "must be aligned to 64 bytes");
   }
 
   page_pool(const page_pool&) = delete;
@@ -220,6 +243,14 @@ class page_pool {
   // Memory one page occupies, including the padding to 64 bytes.
   std::int64_t bytes_per_page() const noexcept { return layout_.page_stride_bytes; }
   std::int64_t bytes_used() const { return used_pages() * bytes_per_page(); }
+  // Pages ever handed out: [0, pages_touched()). Freed pages are reused before untouched ones, so
+  // this is the most memory the pool can have made resident (the rest was never written).
+  std::int64_t pages_touched() const {
+    std::lock_guard<std::mutex> lock(book_->mutex);
+    return book_->touched;
+  }
+  // The whole block: capacity × bytes_per_page().
+  std::int64_t bytes_reserved() const noexcept { return capacity() * bytes_per_page(); }
 
   // ---- page contents (one writer per page; full pages may be read concurrently) -----------
 
@@ -268,11 +299,8 @@ class page_pool {
   }
 
  private:
-  struct aligned_delete {
-    void operator()(std::byte* memory) const noexcept {
-      ::operator delete(memory, std::align_val_t{page_layout::page_alignment});
-    }
-  };
+  using block_release = detail::block_release;
+  using block_ptr = std::unique_ptr<std::byte, block_release>;
 
   // Everything threads contend on, behind a pointer so the pool can move (a mutex cannot).
   struct bookkeeping {
@@ -289,6 +317,7 @@ class page_pool {
     std::vector<page_id> next_free;                    // under `mutex`; −1 ends the list
     page_id free_head = 0;                             // under `mutex`; −1 when empty
     std::int64_t used = 0;                             // under `mutex`
+    std::int64_t touched = 0;                          // under `mutex`: pages [0, touched) were handed out
   };
 
   static std::size_t index(page_id id) noexcept { return static_cast<std::size_t>(id); }
@@ -300,6 +329,7 @@ class page_pool {
     book_->free_head = book_->next_free[index(id)];
     book_->refcounts[index(id)].store(1, std::memory_order_release);
     ++book_->used;
+    book_->touched = std::max<std::int64_t>(book_->touched, id + 1);
     return id;
   }
 
@@ -347,7 +377,7 @@ class page_pool {
 
   page_pool_config config_;
   page_layout layout_;
-  std::unique_ptr<std::byte, aligned_delete> memory_;
+  block_ptr memory_;
   std::unique_ptr<bookkeeping> book_;
 };
 

@@ -75,6 +75,9 @@ struct cache_config {
   std::vector<storage_type> stream_storage;
   std::int64_t history = 0;          // tokens remove_suffix may roll back beyond the minimum
   raw_window_config window;
+  // Where the pools' pages live (an arena, pinned or huge-page memory; page_memory.hpp);
+  // null = system_page_memory(), committed by the OS as pages are first written.
+  page_memory* memory = nullptr;
 
   void validate() const {
     using detail::require;
@@ -157,6 +160,7 @@ class paged_cache {
       p.channels = stream_shape(k).second;
       p.storage = config_.stream_storage.empty() ? config_.storage : config_.stream_storage[k];
       p.capacity = config_.pages;
+      p.memory = config_.memory;
       pools_.emplace_back(std::move(p));
     }
     // The pending inputs of every stream: caught here, not on the first create().
