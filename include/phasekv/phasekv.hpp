@@ -4,9 +4,11 @@
 // every include/phasekv/<part>/*.hpp, sorted, one block per part.
 
 // cache
+#include "phasekv/cache/model_cache.hpp"
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/cache/presets.hpp"
 #include "phasekv/cache/storage.hpp"
 
 // compress
@@ -43,6 +45,7 @@
 #include "phasekv/read/attention_kernel.hpp"
 #include "phasekv/read/indexer_bf16_kernel.hpp"
 #include "phasekv/read/indexer_kernel.hpp"
+#include "phasekv/read/presets.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 #include "phasekv/read/top_k.hpp"

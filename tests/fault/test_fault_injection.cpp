@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
+#include "phasekv/cache/model_cache.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
@@ -265,6 +266,94 @@ TEST_CASE("fault injection: every mutating call keeps the strong guarantee when 
 TEST_CASE("fault injection: every mutating call keeps the strong guarantee when memory stays exhausted",
           "[cache][fault]") {
   for (const auto& [name, op] : operations()) check_strong_guarantee(name, op, true);
+}
+
+// ---- the same for a two-layer model cache ----------------------------------------------------------
+
+using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
+using second_cache = paged_cache<mean_stream>;
+using two_layers = model_cache<world_cache, second_cache>;
+
+struct model_world {
+  two_layers model;
+  sequence_id a = -1, b = -1, c = -1;
+
+  static two_layers make() {
+    cache_config second;
+    second.name = "second";
+    second.page_size = 1;
+    second.pages = 24;
+    stream_config hkv;
+    hkv.name = "hkv";
+    hkv.channels = 3;
+    world_cache first = make_cache();  // (only its configuration is reused)
+    return two_layers(layer_spec<world_cache>{first.compressors(), first.config()},
+                      layer_spec<second_cache>{second_cache::layer(mean_stream(geometry{4, 4}, hkv)), second});
+  }
+  void forward(sequence_id s, i64 n, unsigned seed) {
+    append_tokens(model.layer<0>(), model.layer_id(s, 0), n, seed);
+    const auto& hkv = model.layer<1>().compressors().stream<0>();
+    std::vector<float> x(static_cast<std::size_t>(n * hkv.payload_floats_per_token()), 0.25f * static_cast<float>(seed));
+    model.append<1>(s, {token_chunk{n, x, {}}});
+  }
+  model_world() : model(make()) {
+    a = model.create();
+    forward(a, 11, 1);
+    b = model.fork(a);
+    c = model.create();
+    forward(c, 5, 2);
+  }
+};
+
+std::string model_difference(const model_world& x, const model_world& y) {
+  std::string d = phasekv_test::first_difference(phasekv_test::dump(x.model.layer<0>()), phasekv_test::dump(y.model.layer<0>()));
+  if (!d.empty()) return "layer 0: " + d;
+  d = phasekv_test::first_difference(phasekv_test::dump(x.model.layer<1>()), phasekv_test::dump(y.model.layer<1>()));
+  if (!d.empty()) return "layer 1: " + d;
+  if (x.model.sequences() != y.model.sequences()) return "model sequence counts differ";
+  return "";
+}
+
+TEST_CASE("fault injection: model_cache operations keep every layer unchanged when an allocation fails",
+          "[cache][model][fault]") {
+  using model_operation = std::function<void(model_world&)>;
+  const std::vector<std::pair<std::string, model_operation>> ops = {
+      {"create", [](model_world& w) { w.model.create(); }},
+      {"fork", [](model_world& w) { w.model.fork(w.a); }},
+      {"copy", [](model_world& w) { w.model.copy(w.c, w.b); }},
+      {"remove_suffix", [](model_world& w) { w.model.remove_suffix(w.a, 10); }},
+      {"keep", [](model_world& w) { w.model.keep(w.c); }},
+      {"free", [](model_world& w) { w.model.free(w.b); }},
+      {"clear", [](model_world& w) { w.model.clear(); }},
+  };
+  for (bool keep_failing : {false, true}) {
+    for (const auto& [name, op] : ops) {
+      model_world reference;
+      op(reference);
+      for (long n = 1;; ++n) {
+        model_world w, before;
+        bool threw = false;
+        fault::arm(n, keep_failing);
+        try {
+          op(w);
+        } catch (const std::bad_alloc&) {
+          threw = true;
+        } catch (const capacity_error&) {
+          threw = true;
+        }
+        const bool fired = fault::disarm();
+        INFO(name << ": allocation " << n << (keep_failing ? " and every later one" : "") << " failed");
+        if (!fired || !threw) {
+          REQUIRE(model_difference(w, reference) == "");
+          if (!fired) break;
+          continue;
+        }
+        REQUIRE(model_difference(w, before) == "");
+        op(w);
+        REQUIRE(model_difference(w, reference) == "");
+      }
+    }
+  }
 }
 
 TEST_CASE("fault injection: a read that runs out of memory throws, and the next read is exact", "[read][fault]") {

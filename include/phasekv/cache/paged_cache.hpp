@@ -57,6 +57,16 @@ namespace phasekv {
 
 using sequence_id = std::int64_t;
 
+namespace detail {
+// Every owner of sequence ids (a paged_cache, a model_cache) takes a tag for the top bits of its
+// ids from this one counter, so an id of another owner is rejected as unknown instead of naming
+// one of its sequences. Tags repeat after 2^22 owners; ids below the tag count to 2^40.
+inline sequence_id next_sequence_tag() noexcept {
+  static std::atomic<std::int64_t> owners{0};
+  return ((owners.fetch_add(1, std::memory_order_relaxed) % (std::int64_t{1} << 22)) + 1) << 40;
+}
+}  // namespace detail
+
 // The raw local window a sequence keeps next to its compressed entries (DESIGN.md §4).
 struct raw_window_config {
   std::int64_t tokens = 0;          // N_win; 0 keeps no window
@@ -284,10 +294,7 @@ class paged_cache {
       detail::fail<input_error>(config_.name + ".remove_suffix(p0)", p0,
                                 "must lie in [0, tokens = " + std::to_string(s.tokens) + "]");
     if (p0 == s.tokens) return;
-    bool ok = true;
-    for_each_stream([&](std::size_t k, const auto& c) { ok = ok && c.can_truncate(s.states[k], p0); });
-    const std::int64_t window_needed = std::max<std::int64_t>(0, p0 - config_.window.tokens);
-    if (!ok || (config_.window.tokens > 0 && window_needed < p0 && window_needed < s.window_first))
+    if (!can_roll_back(s, p0))
       detail::fail<input_error>(
           config_.name + ".remove_suffix(p0)", p0,
           "rolls back further than the kept history allows (tokens = " + std::to_string(s.tokens) +
@@ -301,6 +308,12 @@ class paged_cache {
     });
     s.tokens = p0;
     s.window_first = std::min(s.window_first, p0);  // rows from p0 on are rewritten before they are read
+  }
+
+  // Whether remove_suffix(id, p0) would succeed (a multi-layer cache checks every layer first).
+  bool can_remove_suffix(sequence_id id, std::int64_t p0) const {
+    const sequence& s = find(id, "can_remove_suffix");
+    return p0 >= 0 && p0 <= s.tokens && (p0 == s.tokens || can_roll_back(s, p0));
   }
 
   // Drops a sequence and its page references.
@@ -491,6 +504,14 @@ class paged_cache {
     table.insert(table.end(), plan.fresh.begin(), plan.fresh.end());
   }
 
+  // The pending compressor inputs and raw window rows a continuation from p0 needs are still kept.
+  bool can_roll_back(const sequence& s, std::int64_t p0) const {
+    bool ok = true;
+    for_each_stream([&](std::size_t k, const auto& c) { ok = ok && c.can_truncate(s.states[k], p0); });
+    const std::int64_t window_needed = std::max<std::int64_t>(0, p0 - config_.window.tokens);
+    return ok && !(config_.window.tokens > 0 && window_needed < p0 && window_needed < s.window_first);
+  }
+
   // Adds a holder to every page of `s`: all or nothing (retain fails only at the maximum count).
   void retain_pages(const sequence& s) {
     std::size_t k = 0, i = 0;
@@ -515,13 +536,6 @@ class paged_cache {
     slot->second = std::move(record);
     ++next_id_;
     return id;
-  }
-
-  // Ids of different caches differ in their top bits, so an id of another cache is rejected as
-  // unknown instead of naming one of this cache's sequences. Tags repeat after 2^22 caches.
-  static sequence_id next_tag() noexcept {
-    static std::atomic<std::int64_t> caches{0};
-    return ((caches.fetch_add(1, std::memory_order_relaxed) % (std::int64_t{1} << 22)) + 1) << 40;
   }
 
   void release_pages(sequence& s) {
@@ -623,7 +637,7 @@ class paged_cache {
   std::vector<page_pool> pools_;
   mutable std::mutex table_mutex_;
   std::unordered_map<sequence_id, std::unique_ptr<sequence>> sequences_;
-  sequence_id id_tag_ = next_tag();
+  sequence_id id_tag_ = detail::next_sequence_tag();
   sequence_id next_id_ = 0;
 };
 

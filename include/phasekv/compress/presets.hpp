@@ -52,8 +52,18 @@ inline stream_config deepseek_v4_csa_indexer() {
   return c;
 }
 
-// DeepSeek-V4 heavily compressed attention (HCA) layers: S = W = 128, no indexer.
+// DeepSeek-V4 heavily compressed attention (HCA) layers: S = W = 128 (one branch, no overlap),
+// the same gated pooling, RMSNorm and RoPE as CSA, tied 512-channel K/V, no indexer: a query
+// attends to every complete entry.
+using deepseek_v4_hca_policy = deepseek_v4_csa_policy;
+
 inline geometry deepseek_v4_hca_geometry() { return geometry{128, 128, 0, anchor_mode::block_start}; }
+
+inline stream_config deepseek_v4_hca_kv() {
+  stream_config c = deepseek_v4_csa_kv();
+  c.name = "hca.kv";
+  return c;
+}
 
 // DeepSeek-V4.1 CSA layers use S = 2; the window is our assumption (W = 2S, as in V4).
 inline geometry deepseek_v4_1_csa_geometry() { return geometry{2, 4, 0, anchor_mode::block_start}; }

@@ -1,0 +1,35 @@
+#pragma once
+// Reader configurations of published models, next to their compressor and cache presets.
+
+#include "phasekv/read/sparse_reader.hpp"
+
+namespace phasekv::presets {
+
+// DeepSeek-V4-Flash CSA layer: 64 query heads over one tied 512-channel K/V head (stream 0), the
+// lightning indexer's 64 heads on stream 1 choosing the top 512 entries, an attention sink per
+// head, and the output's RoPE channels rotated back by the query position.
+inline reader_config deepseek_v4_csa_reader() {
+  reader_config r;
+  r.name = "csa.reader";
+  r.query_heads = 64;
+  r.key_stream = 0;
+  r.value_stream = 0;
+  r.indexer_stream = 1;
+  r.top_k = 512;
+  r.indexer_heads = 64;
+  r.sink = true;
+  r.derotate_output = true;
+  return r;
+}
+
+// DeepSeek-V4-Flash HCA layer: the same heads, no indexer: every complete entry is read.
+inline reader_config deepseek_v4_hca_reader() {
+  reader_config r = deepseek_v4_csa_reader();
+  r.name = "hca.reader";
+  r.indexer_stream = no_stream;
+  r.top_k = 0;
+  r.indexer_heads = 0;
+  return r;
+}
+
+}  // namespace phasekv::presets
