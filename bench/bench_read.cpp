@@ -22,6 +22,18 @@
 //                                   (reader_config::precision); fp32_over_bf16: the fp32 step's
 //                                   time over this one's, paired in-run; its floor prices the
 //                                   indexer at the measured bf16 dot-product peak.
+//   BM_batched_decode               sparse_reader::read_batch over 32 sequences of 32K tokens in
+//                                   the same shape, 16 of them forked from one shared 16K prefix
+//                                   (batch_setup): of_roofline against the sum of the sequences'
+//                                   floors (a shared page counts once per sequence that reads it);
+//                                   singles_over_batch: 32 single reads' time over the batch's, paired.
+//   BM_batched_decode_threads/threads:2  the same batch through openmp_executor(2), wall time;
+//                                   speedup over one thread, paired in-run; of_two_core_roofline.
+//   BM_batch_of_one                 one 32K sequence through read_batch (view_of included);
+//                                   single_over_batch1: read(cache, seq)'s time over this, paired.
+//   BM_batch_overhead               32 sequences of 4K tokens: one read_batch against 32 single
+//                                   reads, paired; overhead_of_4k_read = batch / singles − 1, the
+//                                   batch API's cost per sequence as a fraction of a 4K read.
 //   BM_selection/ctx/page           indexer scores + top-k alone (see selection_replica);
 //                                   per_entry constant across contexts = selection linear in n;
 //                                   of_roofline against the indexer's own floor.
@@ -198,7 +210,7 @@ struct sparse_setup : sparse_workload {
   // and the sink (then de-rotated), and the replica's selection against the reader's.
   void check() {
     read_trace trace;
-    reader.read(seq, request(), out.data(), &trace);
+    reader.read(cache, seq, request(), out.data(), &trace);
     replica.score(cache, seq, indexer_queries.data(), indexer_weights.data(), candidates);
     replica.select();
     bool same = replica.selection.size() == trace.selected.size();
@@ -406,15 +418,15 @@ void BM_sparse_decode_threads(benchmark::State& state) {
   if (!s.error.empty()) return state.SkipWithError(s.error.c_str());
   openmp_executor pool(threads);
   if (pool.concurrency() < threads) return state.SkipWithError("built without OpenMP: the executor is serial");
-  sparse_reader<csa_cache> parallel(s.cache, decode_reader_config("bench_read"));
+  sparse_reader parallel(s.cache, decode_reader_config("bench_read"));
   parallel.set_executor(pool);
   std::vector<float> out(s.out.size());
   auto wall = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  const double speedup = paired_speedup(wall, [&] { s.step(); }, [&] { parallel.read(s.seq, s.request(), out.data()); });
+  const double speedup = paired_speedup(wall, [&] { s.step(); }, [&] { parallel.read(s.cache, s.seq, s.request(), out.data()); });
   if (std::memcmp(out.data(), s.out.data(), out.size() * sizeof(float)) != 0)
     return state.SkipWithError("the threaded read differs from the serial one");
   for (auto _ : state) {
-    parallel.read(s.seq, s.request(), out.data());
+    parallel.read(s.cache, s.seq, s.request(), out.data());
     benchmark::ClobberMemory();
   }
   state.counters["speedup"] = speedup;
@@ -435,8 +447,8 @@ void BM_sparse_decode_bf16_indexer(benchmark::State& state) {
     w->fill();
   }
   read_trace bf16_trace, fp32_trace;
-  w->reader.read(w->seq, w->request(), w->out.data(), &bf16_trace);
-  fp32.reader.read(fp32.seq, fp32.request(), fp32.out.data(), &fp32_trace);
+  w->reader.read(w->cache, w->seq, w->request(), w->out.data(), &bf16_trace);
+  fp32.reader.read(fp32.cache, fp32.seq, fp32.request(), fp32.out.data(), &fp32_trace);
   std::vector<std::int64_t> a = bf16_trace.selected, b = fp32_trace.selected, common;
   std::sort(a.begin(), a.end());
   std::sort(b.begin(), b.end());
@@ -450,6 +462,195 @@ void BM_sparse_decode_bf16_indexer(benchmark::State& state) {
   state.counters["fp32_over_bf16"] = speedup;
   state.counters["same_selection"] = static_cast<double>(common.size()) / static_cast<double>(b.size());
   sparse_roofline(fp32.candidates, true).report(state);
+}
+
+// ---- batched decode ----------------------------------------------------------------------------
+
+// `count` sequences of `context` tokens in one cache, the first `forked` of them forks of one shared
+// prefix of `prefix` tokens (built once, then each fork grown on its own), the rest grown from
+// empty; per sequence its own queries, indexer inputs and sinks, and a read at its last token.
+// step() takes every sequence's view (as an engine does each step) and reads them in one batch.
+struct batch_setup {
+  std::int64_t count, context;
+  csa_cache cache;
+  std::vector<sequence_id> seqs;
+  std::vector<std::vector<float>> queries, indexer_queries, indexer_weights, sinks;
+  std::vector<sequence_view> views;
+  std::vector<read_item> items;
+  std::vector<float> out, lse;
+  std::vector<std::int32_t> physical;
+  sparse_reader reader;
+  std::int64_t candidates = 0;
+  std::string error;
+
+  static cache_config config(std::int64_t count, std::int64_t context, std::int64_t forked, std::int64_t prefix) {
+    const std::int64_t pages_per_sequence = context / 4 / 64 + 1;
+    cache_config c = decode_cache_config("bench_read_batch", context, 64);
+    c.pages = count * pages_per_sequence - forked * (prefix / 4 / 64) + prefix / 4 / 64 + forked + 1;
+    return c;
+  }
+
+  batch_setup(std::int64_t n, std::int64_t tokens, std::int64_t forked, std::int64_t prefix)
+      : count(n),
+        context(tokens),
+        cache(csa_layer(), config(n, tokens, forked, prefix)),
+        reader(cache, decode_reader_config("bench_read_batch")) {
+    const double t0 = thread_seconds();
+    if (forked > 0) {
+      const sequence_id shared = cache.create();
+      append_random_tokens(cache, shared, prefix, 7);
+      for (std::int64_t s = 0; s < forked; ++s) {
+        seqs.push_back(cache.fork(shared));
+        append_random_tokens(cache, seqs.back(), tokens - prefix, static_cast<std::uint64_t>(100 + s));
+      }
+      cache.free(shared);  // the forks keep its pages
+    }
+    for (std::int64_t s = forked; s < n; ++s) {
+      seqs.push_back(cache.create());
+      append_random_tokens(cache, seqs.back(), tokens, static_cast<std::uint64_t>(100 + s));
+    }
+    for (std::int64_t s = 0; s < n; ++s) {
+      const auto seed = static_cast<std::uint64_t>(1000 * s);
+      queries.push_back(random_vector(kQueryHeads * kChannels, seed + 21));
+      indexer_queries.push_back(random_vector(kIndexerHeads * kIndexerChannels, seed + 22));
+      indexer_weights.push_back(random_vector(kIndexerHeads, seed + 23));
+      for (float& w : indexer_weights.back()) w = 0.5f * (w + 1.0f) / static_cast<float>(kIndexerHeads);
+      sinks.push_back(random_vector(kQueryHeads, seed + 24));
+    }
+    views.resize(static_cast<std::size_t>(n));
+    items.resize(static_cast<std::size_t>(n));
+    out.resize(static_cast<std::size_t>(n * kQueryHeads * kChannels));
+    lse.resize(static_cast<std::size_t>(n * kQueryHeads));
+    physical.resize(static_cast<std::size_t>(n * kTopK));
+    for (std::int64_t s = 0; s < n; ++s) {
+      read_item& it = items[static_cast<std::size_t>(s)];
+      it.view = &views[static_cast<std::size_t>(s)];
+      it.request = request(s);
+      it.out = out.data() + s * kQueryHeads * kChannels;
+      it.lse = lse.data() + s * kQueryHeads;
+      it.selected_physical = physical.data() + s * kTopK;
+    }
+    candidates = cache.compressors().geom().visible_entries(tokens - 1);
+    check();
+    std::fprintf(stderr, "bench_read: batch setup: %lld sequences of %lld tokens (%lld forked from a %lld-token prefix), %lld pages per stream, %.2f s\n",
+                 static_cast<long long>(n), static_cast<long long>(tokens), static_cast<long long>(forked),
+                 static_cast<long long>(prefix), static_cast<long long>(cache.pool(0).used_pages()), thread_seconds() - t0);
+  }
+
+  read_request request(std::int64_t s) const {
+    read_request r;
+    r.position = context - 1;
+    r.queries = span<const float>(queries[static_cast<std::size_t>(s)]);
+    r.indexer_queries = span<const float>(indexer_queries[static_cast<std::size_t>(s)]);
+    r.indexer_weights = span<const float>(indexer_weights[static_cast<std::size_t>(s)]);
+    r.sinks = span<const float>(sinks[static_cast<std::size_t>(s)]);
+    return r;
+  }
+
+  void step(sparse_reader& r) {
+    for (std::size_t s = 0; s < seqs.size(); ++s) views[s] = cache.view_of(seqs[s]);
+    r.read_batch(items);
+  }
+
+  // The batch against single reads of the same sequences, bit for bit.
+  void check() {
+    step(reader);
+    std::vector<float> single(static_cast<std::size_t>(kQueryHeads * kChannels));
+    for (std::int64_t s = 0; s < count; ++s) {
+      reader.read(cache, seqs[static_cast<std::size_t>(s)], request(s), single.data());
+      if (std::memcmp(single.data(), out.data() + s * kQueryHeads * kChannels, single.size() * sizeof(float)) != 0)
+        error = "the batched read of sequence " + std::to_string(s) + " differs from its single read";
+    }
+    for (float v : out)
+      if (!std::isfinite(v)) error = "batched output is not finite";
+  }
+
+  // The batch's floor: the sum of its sequences' (sparse_roofline): every sequence reads its own
+  // candidates' indexer keys, shared prefix pages included, and its own selection and window.
+  bench::roofline floor() const {
+    bench::roofline r = sparse_roofline(candidates);
+    r.bytes *= static_cast<double>(count);
+    r.flops *= static_cast<double>(count);
+    return r;
+  }
+};
+
+constexpr std::int64_t kBatch = 32, kBatchContext = 32768, kBatchPrefix = 16384;
+
+batch_setup& batched() {
+  static batch_setup b(kBatch, kBatchContext, kBatch / 2, kBatchPrefix);
+  return b;
+}
+
+double wall_seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+void BM_batched_decode(benchmark::State& state) {
+  batch_setup& b = batched();
+  if (!b.error.empty()) return state.SkipWithError(b.error.c_str());
+  // The same 32 sequences read one by one (read(cache, seq) each) against the batch, paired: what
+  // batching costs or saves, apart from how close either comes to the floor.
+  std::vector<float> single(static_cast<std::size_t>(kQueryHeads * kChannels));
+  auto singles = [&] {
+    for (std::int64_t s = 0; s < b.count; ++s) b.reader.read(b.cache, b.seqs[static_cast<std::size_t>(s)], b.request(s), single.data());
+  };
+  state.counters["singles_over_batch"] = paired_speedup(thread_seconds, singles, [&] { b.step(b.reader); });
+  run_steps(state, false, [&] { b.step(b.reader); });
+  benchmark::DoNotOptimize(b.out.data());
+  state.counters["sequences"] = static_cast<double>(b.count);
+  state.counters["entries"] = static_cast<double>(b.candidates);
+  b.floor().report(state);
+}
+
+void BM_batched_decode_threads(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  batch_setup& b = batched();
+  if (!b.error.empty()) return state.SkipWithError(b.error.c_str());
+  openmp_executor pool(threads);
+  if (pool.concurrency() < threads) return state.SkipWithError("built without OpenMP: the executor is serial");
+  sparse_reader parallel(b.cache, decode_reader_config("bench_read_batch"));
+  parallel.set_executor(pool);
+  b.step(b.reader);
+  const std::vector<float> serial_out = b.out;
+  const double speedup = paired_speedup(wall_seconds, [&] { b.step(b.reader); }, [&] { b.step(parallel); });
+  if (b.out != serial_out) return state.SkipWithError("the threaded batch differs from the serial one");
+  for (auto _ : state) {
+    b.step(parallel);
+    benchmark::ClobberMemory();
+  }
+  state.counters["speedup"] = speedup;
+  // The floor of `threads` cores: each core's share of the batch's floor.
+  state.counters["of_two_core_roofline"] = benchmark::Counter(b.floor().floor_seconds() / threads,
+                                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// One sequence through the batch API (its view taken, then read_batch with one item) against the
+// single read of the same sequence.
+void BM_batch_of_one(benchmark::State& state) {
+  batch_setup& b = batched();
+  if (!b.error.empty()) return state.SkipWithError(b.error.c_str());
+  const std::size_t s = 0;
+  std::vector<float> single(static_cast<std::size_t>(kQueryHeads * kChannels));
+  auto one = [&] {
+    b.views[s] = b.cache.view_of(b.seqs[s]);
+    b.reader.read_batch(span<const read_item>(&b.items[s], 1));
+  };
+  const double ratio = paired_speedup(thread_seconds, [&] { b.reader.read(b.cache, b.seqs[s], b.request(0), single.data()); }, one);
+  run_steps(state, false, one);
+  state.counters["single_over_batch1"] = ratio;
+}
+
+// 32 sequences of 4K tokens: one batch against 32 single reads (each through read(cache, seq)).
+void BM_batch_overhead(benchmark::State& state) {
+  static batch_setup b(kBatch, 4096, 0, 0);
+  if (!b.error.empty()) return state.SkipWithError(b.error.c_str());
+  std::vector<float> single(static_cast<std::size_t>(kQueryHeads * kChannels));
+  auto singles = [&] {
+    for (std::int64_t s = 0; s < b.count; ++s) b.reader.read(b.cache, b.seqs[static_cast<std::size_t>(s)], b.request(s), single.data());
+  };
+  const double singles_over_batch = paired_speedup(thread_seconds, singles, [&] { b.step(b.reader); });
+  run_steps(state, false, [&] { b.step(b.reader); });
+  state.counters["overhead_of_4k_read"] = 1.0 / singles_over_batch - 1.0;
+  b.floor().report(state);
 }
 
 void BM_selection(benchmark::State& state) {
@@ -498,6 +699,10 @@ BENCHMARK(BM_sparse_decode_threads)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_sparse_decode_bf16_indexer)->ArgName("ctx")->Arg(131072)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_batched_decode)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_batched_decode_threads)->ArgName("threads")->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_batch_of_one)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_batch_overhead)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_selection)
     ->ArgNames({"ctx", "page"})
     ->ArgsProduct({kContexts, {64, 256}})

@@ -104,6 +104,35 @@ inline phasekv::reader_config decode_reader_config(const std::string& name, bool
   return r;
 }
 
+// Appends `tokens` tokens to `seq` through both streams in blocks of kBlock. The K/V stream's
+// inputs are one random block appended cyclically: the content of the entries does not change the
+// timing. The indexer's are fresh for every block (from `seed`), so its scores are not periodic —
+// periodic scores would feed top-k an unrealistically tie-heavy input.
+inline void append_random_tokens(csa_cache& cache, phasekv::sequence_id seq, std::int64_t tokens, std::uint64_t seed) {
+  const csa_stream& kv_stream = cache.compressors().stream<0>();
+  const csa_stream& indexer_stream = cache.compressors().stream<1>();
+  const std::int64_t kv_payload = kv_stream.payload_floats_per_token(), kv_logits = kv_stream.logit_floats_per_token();
+  const std::int64_t ix_payload = indexer_stream.payload_floats_per_token();
+  const std::int64_t ix_logits = indexer_stream.logit_floats_per_token();
+  const std::vector<float> kv_in = random_vector(kBlock * kv_payload, 1), kv_gates = random_vector(kBlock * kv_logits, 2);
+  const std::vector<float> window_keys = random_vector(kBlock * kChannels, 3);
+  std::vector<float> ix_in(static_cast<std::size_t>(kBlock * ix_payload));
+  std::vector<float> ix_gates(static_cast<std::size_t>(kBlock * ix_logits));
+  fast_random rng(seed);
+  for (std::int64_t done = 0; done < tokens; done += kBlock) {
+    const std::int64_t n = std::min(kBlock, tokens - done);
+    rng.fill(ix_in);
+    rng.fill(ix_gates);
+    using phasekv::span;
+    const csa_cache::chunks chunks = {
+        phasekv::token_chunk{n, span<const float>(kv_in.data(), static_cast<std::size_t>(n * kv_payload)),
+                             span<const float>(kv_gates.data(), static_cast<std::size_t>(n * kv_logits))},
+        phasekv::token_chunk{n, span<const float>(ix_in.data(), static_cast<std::size_t>(n * ix_payload)),
+                             span<const float>(ix_gates.data(), static_cast<std::size_t>(n * ix_logits))}};
+    cache.append(seq, chunks, span<const float>(window_keys.data(), static_cast<std::size_t>(n * kChannels)));
+  }
+}
+
 // The read path's decode step at position tokens − 1: the cache, its reader, the request's inputs
 // (seeds 21–24) and the output. The constructor leaves the cache empty; fill() appends the tokens
 // (apart, so that a caller can time it).
@@ -111,7 +140,7 @@ struct sparse_workload {
   std::int64_t tokens, page_size;
   csa_cache cache;
   phasekv::sequence_id seq;
-  phasekv::sparse_reader<csa_cache> reader;
+  phasekv::sparse_reader reader;
   std::vector<float> queries = random_vector(kQueryHeads * kChannels, 21);
   std::vector<float> indexer_queries = random_vector(kIndexerHeads * kIndexerChannels, 22);
   std::vector<float> indexer_weights = random_vector(kIndexerHeads, 23);  // mapped to [0, 1/heads) below
@@ -131,34 +160,9 @@ struct sparse_workload {
   sparse_workload(const sparse_workload&) = delete;  // the reader points at this cache
   sparse_workload& operator=(const sparse_workload&) = delete;
 
-  // Appends `tokens` tokens through both streams in blocks of kBlock. The K/V stream's inputs are
-  // one random block appended cyclically: the content of the entries does not change the timing.
-  // The indexer's are fresh for every block, so its scores are not periodic — periodic scores
-  // would feed top-k an unrealistically tie-heavy input.
-  void fill() {
-    const csa_stream& kv_stream = cache.compressors().stream<0>();
-    const csa_stream& indexer_stream = cache.compressors().stream<1>();
-    const std::int64_t kv_payload = kv_stream.payload_floats_per_token(), kv_logits = kv_stream.logit_floats_per_token();
-    const std::int64_t ix_payload = indexer_stream.payload_floats_per_token();
-    const std::int64_t ix_logits = indexer_stream.logit_floats_per_token();
-    const std::vector<float> kv_in = random_vector(kBlock * kv_payload, 1), kv_gates = random_vector(kBlock * kv_logits, 2);
-    const std::vector<float> window_keys = random_vector(kBlock * kChannels, 3);
-    std::vector<float> ix_in(static_cast<std::size_t>(kBlock * ix_payload));
-    std::vector<float> ix_gates(static_cast<std::size_t>(kBlock * ix_logits));
-    fast_random rng(static_cast<std::uint64_t>(tokens * 1000 + page_size));
-    for (std::int64_t done = 0; done < tokens; done += kBlock) {
-      const std::int64_t n = std::min(kBlock, tokens - done);
-      rng.fill(ix_in);
-      rng.fill(ix_gates);
-      using phasekv::span;
-      const csa_cache::chunks chunks = {
-          phasekv::token_chunk{n, span<const float>(kv_in.data(), static_cast<std::size_t>(n * kv_payload)),
-                               span<const float>(kv_gates.data(), static_cast<std::size_t>(n * kv_logits))},
-          phasekv::token_chunk{n, span<const float>(ix_in.data(), static_cast<std::size_t>(n * ix_payload)),
-                               span<const float>(ix_gates.data(), static_cast<std::size_t>(n * ix_logits))}};
-      cache.append(seq, chunks, span<const float>(window_keys.data(), static_cast<std::size_t>(n * kChannels)));
-    }
-  }
+  // Appends `tokens` tokens through both streams (append_random_tokens, seeded by the context
+  // and the page size).
+  void fill() { append_random_tokens(cache, seq, tokens, static_cast<std::uint64_t>(tokens * 1000 + page_size)); }
 
   phasekv::read_request request() const {
     phasekv::read_request r;
@@ -169,7 +173,7 @@ struct sparse_workload {
     r.sinks = phasekv::span<const float>(sinks);
     return r;
   }
-  void step() { reader.read(seq, request(), out.data()); }
+  void step() { reader.read(cache, seq, request(), out.data()); }
 };
 
 // ---- the dense baseline ----------------------------------------------------------------------

@@ -60,7 +60,7 @@ int main(int argc, char** argv) try {
   rc.sink = true;
   rc.derotate_output = true;
   rc.precision = precision;
-  sparse_reader<paged_cache<csa, csa>> reader(cache, rc);
+  sparse_reader reader(cache, rc);
 
   // Stand-ins for the host's projections of one token.
   std::mt19937 rng(1);
@@ -94,7 +94,7 @@ int main(int argc, char** argv) try {
     const auto queries = random_vector(64 * 512), index_queries = random_vector(64 * 128);
     const auto index_weights = random_vector(64);
     const std::int64_t t = cache.tokens(seq) - 1;
-    reader.read(seq, read_request{t, queries, index_queries, index_weights, sinks}, out.data(), &trace);
+    reader.read(cache, seq, read_request{t, queries, index_queries, index_weights, sinks}, out.data(), &trace);
     if (step % 4 == 0)
       std::printf("step %2lld  t=%lld  candidates=%lld selected=%zu  mass: entries %.3f window %.3f sink %.3f\n",
                   static_cast<long long>(step), static_cast<long long>(t), static_cast<long long>(trace.candidates),

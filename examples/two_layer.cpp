@@ -84,8 +84,8 @@ int main(int argc, char** argv) try {
           csa_config},
       layer_spec<hca_cache>{hca_cache::layer(hca(hca_geom, presets::deepseek_v4_hca_kv())), hca_config});
 
-  sparse_reader<csa_cache> csa_reader(model.layer<0>(), presets::deepseek_v4_csa_reader());
-  sparse_reader<hca_cache> hca_reader(model.layer<1>(), presets::deepseek_v4_hca_reader());
+  sparse_reader csa_reader(model.layer<0>(), presets::deepseek_v4_csa_reader());
+  sparse_reader hca_reader(model.layer<1>(), presets::deepseek_v4_hca_reader());
 
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
@@ -125,10 +125,10 @@ int main(int argc, char** argv) try {
     for (sequence_id s : {seq, beam}) {
       append_tokens(s, 1);
       const std::int64_t t = model.layer<0>().tokens(model.layer_id(s, 0)) - 1;
-      csa_reader.read(model.layer_id(s, 0),
+      csa_reader.read(model.layer<0>(), model.layer_id(s, 0),
                       read_request{t, random_vector(64 * 512), random_vector(64 * 128), random_vector(64), sinks},
                       out.data(), &csa_trace);
-      hca_reader.read(model.layer_id(s, 1), read_request{t, random_vector(64 * 512), {}, {}, sinks}, out.data(),
+      hca_reader.read(model.layer<1>(), model.layer_id(s, 1), read_request{t, random_vector(64 * 512), {}, {}, sinks}, out.data(),
                       &hca_trace);
     }
     if (step % 4 == 0)

@@ -206,7 +206,7 @@ void check_dense_reads(Cache& cache, sequence_id seq, const dense_case& c, bool 
   rc.value_stream = tied ? 0 : 1;
   rc.sink = sink;
   rc.scale = c.logit_scale;
-  sparse_reader<Cache> reader(cache, rc);
+  sparse_reader reader(cache, rc);
   REQUIRE(reader.output_floats() == s.query_heads * s.value_channels);
   const double scale =
       c.logit_scale > 0.0f ? static_cast<double>(c.logit_scale) : 1.0 / std::sqrt(static_cast<double>(s.key_channels));
@@ -220,7 +220,7 @@ void check_dense_reads(Cache& cache, sequence_id seq, const dense_case& c, bool 
     rq.position = t;
     rq.queries = q;
     rq.sinks = sinks;
-    reader.read(seq, rq, out.data(), &trace);
+    reader.read(cache, seq, rq, out.data(), &trace);
     const auto want =
         phasekv_test::causal_attention(s, q.data(), keys, values, t, scale, sink ? sinks.data() : nullptr);
     INFO("position " << t);
@@ -767,7 +767,7 @@ TEST_CASE("sparse_reader: lightning indexer, top-k and the joint softmax against
     const i64 T = 41;
     const auto in = world.make_inputs(rng, T, v.palette);
     const reader_config rc = W::reader("csa", v.top_k, v.sink);
-    sparse_reader<selection_cache> reader(cache, rc);
+    sparse_reader reader(cache, rc);
     std::vector<float> out(sz(reader.output_floats())), plain(out.size());
     read_trace trace;
     i64 selecting_reads = 0, tied_reads = 0;
@@ -784,8 +784,8 @@ TEST_CASE("sparse_reader: lightning indexer, top-k and the joint softmax against
       rq.indexer_queries = iq;
       rq.indexer_weights = iw;
       rq.sinks = sinks;
-      reader.read(seq, rq, out.data(), &trace);
-      reader.read(seq, rq, plain.data());
+      reader.read(cache, seq, rq, out.data(), &trace);
+      reader.read(cache, seq, rq, plain.data());
       INFO("position " << t);
       CHECK(std::memcmp(out.data(), plain.data(), out.size() * sizeof(float)) == 0);  // the trace changes nothing
 
@@ -842,7 +842,7 @@ TEST_CASE("sparse_reader: a query that sees no key reads zeros", "[read]") {
     reader_config rc;
     rc.query_heads = 2;
     rc.sink = sink != 0;
-    sparse_reader<cache_t> reader(cache, rc);
+    sparse_reader reader(cache, rc);
     const auto q = uniform(rng, 8, -1.0f, 1.0f);
     const std::vector<float> sinks = sink ? std::vector<float>{0.5f, -0.5f} : std::vector<float>{};
     for (i64 t = 0; t < 6; ++t) {
@@ -852,7 +852,7 @@ TEST_CASE("sparse_reader: a query that sees no key reads zeros", "[read]") {
       rq.sinks = sinks;
       std::vector<float> out(8, 42.0f);
       read_trace trace;
-      reader.read(seq, rq, out.data(), &trace);
+      reader.read(cache, seq, rq, out.data(), &trace);
       INFO("position " << t << (sink ? ", sink" : ""));
       CHECK(trace.candidates == (t + 1) / 4);
       if (t < 3) {
@@ -915,7 +915,7 @@ TEST_CASE("sparse_reader: tied K/V de-rotates the output's RoPE channels at the 
     rc.query_heads = c.query_heads;
     rc.sink = true;
     rc.derotate_output = true;
-    sparse_reader<cache_t> reader(cache, rc);
+    sparse_reader reader(cache, rc);
     const attention_shape shape{c.query_heads, c.kv_heads, channels, channels};
     const i64 views = g.branches();
 
@@ -927,7 +927,7 @@ TEST_CASE("sparse_reader: tied K/V de-rotates the output's RoPE channels at the 
       rq.queries = q;
       rq.sinks = sinks;
       std::vector<float> out(sz(reader.output_floats()));
-      reader.read(seq, rq, out.data());
+      reader.read(cache, seq, rq, out.data());
       std::vector<std::vector<float>> ek, wk;
       for (i64 j = 0; j < g.visible_entries(t); ++j) ek.push_back(entry_of(cache, seq, 0, j, c.kv_heads * channels));
       for (i64 s = std::max<i64>(0, t - window + 1); s <= t; ++s)
@@ -1107,7 +1107,7 @@ bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Decodes token by token (append one token, read at t), checking each read against the oracle.
-std::vector<std::vector<float>> decode_all(const csa_world& w, csa_cache& cache, sparse_reader<csa_cache>& reader,
+std::vector<std::vector<float>> decode_all(const csa_world& w, csa_cache& cache, sparse_reader& reader,
                                            bool check_oracle) {
   const sequence_id seq = cache.create();
   std::vector<std::vector<float>> outs;
@@ -1116,7 +1116,7 @@ std::vector<std::vector<float>> decode_all(const csa_world& w, csa_cache& cache,
   for (i64 t = 0; t < w.s.tokens; ++t) {
     w.append(cache, seq, t, 1);
     std::vector<float> out(sz(reader.output_floats()));
-    reader.read(seq, w.request(t), out.data(), &trace);
+    reader.read(cache, seq, w.request(t), out.data(), &trace);
     if (check_oracle) {
       INFO("decode, position " << t);
       CHECK(w.check_against_oracle(cache, seq, t, out.data(), trace) == "");
@@ -1133,7 +1133,7 @@ TEST_CASE("sparse_reader, DeepSeek-V4 CSA (reduced channels): decoding equals re
   const csa_setup setup;  // 64 channels (16 RoPE), indexer 4 × 32, 8 query heads, top-k 8, window 16
   const csa_world w(setup, 51);
   csa_cache cache = w.make_cache();
-  sparse_reader<csa_cache> reader(cache, w.reader());
+  sparse_reader reader(cache, w.reader());
   const auto decoded = decode_all(w, cache, reader, true);
 
   // One prefill of t + 1 tokens, read at its last position t — for every t.
@@ -1142,7 +1142,7 @@ TEST_CASE("sparse_reader, DeepSeek-V4 CSA (reduced channels): decoding equals re
     const sequence_id seq = cache.create();
     w.append(cache, seq, 0, t + 1);
     std::vector<float> out(sz(reader.output_floats()));
-    reader.read(seq, w.request(t), out.data());
+    reader.read(cache, seq, w.request(t), out.data());
     INFO("prefill of " << t + 1 << " tokens, read at " << t);
     // Same entries (streaming invariant), same selection, same kernels on the same shapes.
     CHECK(bit_equal(out, decoded[sz(t)]));
@@ -1160,14 +1160,14 @@ TEST_CASE("sparse_reader: after one prefill with history >= T every position rea
   setup.history = setup.tokens;
   const csa_world w(setup, 52);
   csa_cache cache = w.make_cache();
-  sparse_reader<csa_cache> reader(cache, w.reader());
+  sparse_reader reader(cache, w.reader());
   const auto decoded = decode_all(w, cache, reader, false);
   const sequence_id seq = cache.create();
   w.append(cache, seq, 0, setup.tokens);
   for (i64 t = 0; t < setup.tokens; ++t) {
     INFO("one prefill of " << setup.tokens << " tokens (history " << setup.history << "), read at " << t);
     std::vector<float> out(sz(reader.output_floats()));
-    REQUIRE_NOTHROW(reader.read(seq, w.request(t), out.data()));
+    REQUIRE_NOTHROW(reader.read(cache, seq, w.request(t), out.data()));
     CHECK(bit_equal(out, decoded[sz(t)]));
   }
 }
@@ -1189,14 +1189,14 @@ TEST_CASE("sparse_reader, DeepSeek-V4 CSA with the true preset configs at a shor
   REQUIRE(w.kv_cfg.rope.channels == presets::deepseek_v4_csa_kv().rope.channels);
   REQUIRE(w.ix_cfg.channels == presets::deepseek_v4_csa_indexer().channels);
   csa_cache cache = w.make_cache();
-  sparse_reader<csa_cache> reader(cache, w.reader());
+  sparse_reader reader(cache, w.reader());
   const auto decoded = decode_all(w, cache, reader, true);
   // One prefill, read at every position (the window still holds all of them: T < N_win).
   const sequence_id seq = cache.create();
   w.append(cache, seq, 0, setup.tokens);
   for (i64 t = 0; t < setup.tokens; ++t) {
     std::vector<float> out(sz(reader.output_floats()));
-    reader.read(seq, w.request(t), out.data());
+    reader.read(cache, seq, w.request(t), out.data());
     INFO("one prefill, read at " << t);
     CHECK(bit_equal(out, decoded[sz(t)]));
   }
@@ -1218,7 +1218,7 @@ TEST_CASE("sparse_reader: bad requests throw input_error naming the field, and c
   cache.free(gone);
 
   const reader_config rc = W::reader("rd", 3, true);
-  sparse_reader<selection_cache> reader(cache, rc);
+  sparse_reader reader(cache, rc);
 
   const auto q = uniform(rng, sz(W::query_heads * W::key_channels), -1.0f, 1.0f);
   const auto iq = uniform(rng, sz(W::indexer_heads * W::indexer_channels), -1.0f, 1.0f);
@@ -1238,14 +1238,14 @@ TEST_CASE("sparse_reader: bad requests throw input_error naming the field, and c
   trace.candidates = -5;
   {
     std::vector<float> ok(out.size());
-    REQUIRE_NOTHROW(reader.read(seq, good(), ok.data()));
+    REQUIRE_NOTHROW(reader.read(cache, seq, good(), ok.data()));
   }
   const cache_snapshot<selection_cache> before(cache, seq);
 
   // Each message reads "<field> = <value>: <requirement>".
   auto expect = [&](sequence_id s, const read_request& rq, float* o, const std::string& field_and_value) {
     INFO("expecting " << field_and_value);
-    REQUIRE_THAT(message_of<input_error>([&] { reader.read(s, rq, o, &trace); }), Contains(field_and_value));
+    REQUIRE_THAT(message_of<input_error>([&] { reader.read(cache, s, rq, o, &trace); }), Contains(field_and_value));
   };
   read_request r = good();
   r.queries = span<const float>(q.data(), q.size() - 1);
@@ -1284,13 +1284,13 @@ TEST_CASE("sparse_reader: bad requests throw input_error naming the field, and c
   reader_config plain = rc;
   plain.sink = false;
   plain.top_k = 0;
-  sparse_reader<selection_cache> plain_reader(cache, plain);
-  REQUIRE_THAT(message_of<input_error>([&] { plain_reader.read(seq, good(), out.data()); }),
+  sparse_reader plain_reader(cache, plain);
+  REQUIRE_THAT(message_of<input_error>([&] { plain_reader.read(cache, seq, good(), out.data()); }),
                Contains("request.indexer_queries.size()"));
   r = good();
   r.indexer_queries = {};
   r.indexer_weights = {};
-  REQUIRE_THAT(message_of<input_error>([&] { plain_reader.read(seq, r, out.data()); }),
+  REQUIRE_THAT(message_of<input_error>([&] { plain_reader.read(cache, seq, r, out.data()); }),
                Contains("request.sinks.size()"));
 
   CHECK(cache_snapshot<selection_cache>(cache, seq) == before);
@@ -1304,11 +1304,11 @@ TEST_CASE("sparse_reader: bad configurations throw config_error naming the field
   const W world;
   selection_cache cache = world.make(storage_type::f32, 62);
   const reader_config base = W::reader("rd", 3, false);
-  REQUIRE_NOTHROW(sparse_reader<selection_cache>(cache, base));
+  REQUIRE_NOTHROW(sparse_reader(cache, base));
 
   auto expect = [&](const reader_config& rc, const std::string& field_and_value, const std::string& why) {
     INFO("expecting " << field_and_value);
-    REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader<selection_cache>(cache, rc); }),
+    REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader(cache, rc); }),
                  Contains(field_and_value) && Contains(why));
   };
   reader_config rc = base;
@@ -1345,7 +1345,7 @@ TEST_CASE("sparse_reader: bad configurations throw config_error naming the field
         world.make(storage_type::f32, 62, 0, 128, {storage_type::f32, storage_type::f32, storage_type::bf16});
     CHECK(bf16_indexer.pool(2).layout().storage == storage_type::bf16);
     CHECK(bf16_indexer.pool(0).layout().storage == storage_type::f32);
-    CHECK_NOTHROW(sparse_reader<selection_cache>(bf16_indexer, rc));
+    CHECK_NOTHROW(sparse_reader(bf16_indexer, rc));
     REQUIRE_THAT(message_of<config_error>([&] { (void)world.make(storage_type::f32, 62, 0, 128, {storage_type::bf16}); }),
                  Contains("cache.stream_storage.size() = 1") && Contains("number of streams, 3"));
   }
@@ -1369,22 +1369,22 @@ TEST_CASE("sparse_reader: bad configurations throw config_error naming the field
   };
   {
     selection_cache c = with_window(raw_window_config{5, W::kv_heads, W::key_channels + 1, W::value_channels});
-    REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader<selection_cache>(c, base); }),
+    REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader(c, base); }),
                  Contains("window.key_channels = 9"));
   }
   {
     selection_cache c = with_window(raw_window_config{5, W::kv_heads, W::key_channels, W::value_channels + 2});
-    REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader<selection_cache>(c, base); }),
+    REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader(c, base); }),
                  Contains("window value channels = 8"));
   }
   {
     selection_cache c = with_window(raw_window_config{5, 1, W::key_channels, W::value_channels});
-    REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader<selection_cache>(c, base); }),
+    REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader(c, base); }),
                  Contains("window.kv_heads = 1"));
   }
   {
     selection_cache c = with_window(raw_window_config{0, 1, 0, 0});  // no window: nothing to match
-    REQUIRE_NOTHROW(sparse_reader<selection_cache>(c, base));
+    REQUIRE_NOTHROW(sparse_reader(c, base));
   }
 
   // Keys and values with different KV heads; tied K/V de-rotation without RoPE channels.
@@ -1396,11 +1396,11 @@ TEST_CASE("sparse_reader: bad configurations throw config_error naming the field
   reader_config m;
   m.query_heads = 2;
   m.value_stream = 1;
-  REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader<two>(mixed, m); }),
+  REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader(mixed, m); }),
                Contains("value_stream kv_heads = 1"));
   m.value_stream = 0;
   m.derotate_output = true;
-  REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader<two>(mixed, m); }),
+  REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader(mixed, m); }),
                Contains("derotate_output = true") && Contains("stream 'k' rotates nothing"));
 }
 
@@ -1494,7 +1494,7 @@ TEST_CASE("sparse_reader: long contexts, chunked selection and in-place pages, o
     world.append(cache, seq, in, 0, T);  // one prefill; then two decoded tokens
     reader_config rc = W::reader("long", v.top_k, true);
     rc.precision = v.precision;
-    sparse_reader<selection_cache> serial(cache, rc), threaded(cache, rc);
+    sparse_reader serial(cache, rc), threaded(cache, rc);
     thread_executor pool(3, true);
     threaded.set_executor(pool);
     std::vector<float> out(sz(serial.output_floats())), out_threaded(out.size());
@@ -1514,8 +1514,8 @@ TEST_CASE("sparse_reader: long contexts, chunked selection and in-place pages, o
         rq.indexer_queries = iq;
         rq.indexer_weights = iw;
       }
-      serial.read(seq, rq, out.data(), &trace);
-      threaded.read(seq, rq, out_threaded.data(), &trace_threaded);
+      serial.read(cache, seq, rq, out.data(), &trace);
+      threaded.read(cache, seq, rq, out_threaded.data(), &trace_threaded);
       CHECK(std::memcmp(out.data(), out_threaded.data(), out.size() * sizeof(float)) == 0);
       CHECK(same_trace(trace, trace_threaded));
 

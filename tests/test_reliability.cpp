@@ -37,8 +37,8 @@ using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
 using rope_stream = stream_compressor<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>>;
 using mean_cache = paged_cache<mean_stream>;
 using rope_cache = paged_cache<rope_stream, mean_stream>;
-using mean_reader = sparse_reader<mean_cache>;
-using rope_reader = sparse_reader<rope_cache>;
+using mean_reader = sparse_reader;
+using rope_reader = sparse_reader;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -119,7 +119,7 @@ TEST_CASE("reliability: derotate_output on a stream whose policy applies no RoPE
   mean_reader reader(w.cache, rc);
   std::vector<float> out(2 * mean_world::channels);
   const auto q = ramp(2 * mean_world::channels, 0.1f);
-  REQUIRE_NOTHROW(reader.read(w.seq, read_request{8, q, {}, {}, {}}, out.data()));
+  REQUIRE_NOTHROW(reader.read(w.cache, w.seq, read_request{8, q, {}, {}, {}}, out.data()));
   for (float x : out) REQUIRE(std::isfinite(x));
 }
 
@@ -298,7 +298,7 @@ TEST_CASE("reliability: non-finite queries, indexer weights and sinks are input_
   std::vector<float> iq = ramp(rope_world::indexer_heads * rope_world::indexer_channels, 0.2f);
   std::vector<float> iw{1.0f, 0.5f}, sinks{0.3f, -0.2f};
   std::vector<float> out(q.size());
-  auto read = [&] { reader.read(w.seq, read_request{10, q, iq, iw, sinks}, out.data()); };
+  auto read = [&] { reader.read(w.cache, w.seq, read_request{10, q, iq, iw, sinks}, out.data()); };
   REQUIRE_NOTHROW(read());
 
   auto expect = [&](std::vector<float>& v, std::size_t i, float bad, const std::string& field) {
@@ -318,12 +318,12 @@ TEST_CASE("reliability: non-finite queries, indexer weights and sinks are input_
   // −inf: the sink takes no mass, exactly as if it were off.
   sinks = {-kInf, -kInf};
   read_trace trace;
-  reader.read(w.seq, read_request{10, q, iq, iw, sinks}, out.data(), &trace);
+  reader.read(w.cache, w.seq, read_request{10, q, iq, iw, sinks}, out.data(), &trace);
   reader_config no_sink = w.reader();
   no_sink.sink = false;
   rope_reader plain(w.cache, no_sink);
   std::vector<float> want(out.size());
-  plain.read(w.seq, read_request{10, q, iq, iw, {}}, want.data());
+  plain.read(w.cache, w.seq, read_request{10, q, iq, iw, {}}, want.data());
   REQUIRE(out == want);
   REQUIRE(trace.sink_mass == Approx(0.0f).margin(1e-6));
 }
@@ -347,7 +347,7 @@ TEST_CASE("reliability: a sequence id of another cache is rejected as unknown", 
   mean_reader reader(a.cache, rc);
   std::vector<float> out(mean_world::channels);
   const auto q = ramp(mean_world::channels);
-  REQUIRE_THAT(message_of<input_error>([&] { reader.read(b.seq, read_request{0, q, {}, {}, {}}, out.data()); }),
+  REQUIRE_THAT(message_of<input_error>([&] { reader.read(a.cache, b.seq, read_request{0, q, {}, {}, {}}, out.data()); }),
                Contains("is not a live sequence of this cache"));
 }
 

@@ -225,7 +225,7 @@ void dump_sparse(dump_writer& w, std::int64_t tokens, bool bf16_indexer = false)
   const sequence_id seq = d.seq;
   const read_request request = d.request();
   read_trace trace;
-  d.reader.read(seq, request, d.out.data(), &trace);
+  d.reader.read(cache, seq, request, d.out.data(), &trace);
 
   // What the cache holds, through its public accessors: entry j of a stream is page
   // page_table[j / page_size], slot j % page_size, converted to fp32 (read_entry does exactly that

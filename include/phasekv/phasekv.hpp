@@ -4,11 +4,13 @@
 // every include/phasekv/<part>/*.hpp, sorted, one block per part.
 
 // cache
+#include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/model_cache.hpp"
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/presets.hpp"
+#include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/cache/storage.hpp"
 
 // compress

@@ -119,7 +119,7 @@ using i64 = std::int64_t;
 using kv_stream = stream_compressor<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>>;
 using ix_stream = stream_compressor<compressor_policy<mean_pool>>;
 using world_cache = paged_cache<kv_stream, ix_stream>;
-using world_reader = sparse_reader<world_cache>;
+using world_reader = sparse_reader;
 
 constexpr i64 kStride = 2, kWindow = 4, kKvChannels = 8, kIxChannels = 4, kQueryHeads = 2;
 
@@ -184,7 +184,7 @@ read_result read_a(world& w, world_reader& reader) {
   const std::vector<float> q(kQueryHeads * kKvChannels, 0.25f), iq(2 * kIxChannels, 0.5f), iw{1.0f, -0.5f};
   read_result r;
   r.out.assign(kQueryHeads * kKvChannels, 0.0f);
-  reader.read(w.a, read_request{10, q, iq, iw, {}}, r.out.data(), &r.trace);
+  reader.read(w.cache, w.a, read_request{10, q, iq, iw, {}}, r.out.data(), &r.trace);
   return r;
 }
 

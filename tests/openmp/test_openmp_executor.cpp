@@ -62,7 +62,7 @@ TEST_CASE("openmp_executor: the reader on two OpenMP threads equals the serial r
     rc.indexer_heads = 8;
     rc.sink = true;
     rc.derotate_output = true;
-    sparse_reader<csa_cache> serial(cache, rc), parallel(cache, rc);
+    sparse_reader serial(cache, rc), parallel(cache, rc);
     parallel.set_executor(pool);
     const auto q = uniform(rng, rc.query_heads * kv.channels), iq = uniform(rng, rc.indexer_heads * ix.channels);
     const auto iw = uniform(rng, rc.indexer_heads), sinks = uniform(rng, rc.query_heads);
@@ -76,9 +76,9 @@ TEST_CASE("openmp_executor: the reader on two OpenMP threads equals the serial r
     }
     std::vector<float> a(static_cast<std::size_t>(serial.output_floats())), b(a.size());
     read_trace ta, tb;
-    serial.read(seq, rq, a.data(), &ta);
+    serial.read(cache, seq, rq, a.data(), &ta);
     for (int repeat = 0; repeat < 3; ++repeat) {
-      parallel.read(seq, rq, b.data(), &tb);
+      parallel.read(cache, seq, rq, b.data(), &tb);
       CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
       CHECK(ta.selected == tb.selected);
       CHECK(ta.entry_mass == tb.entry_mass);

@@ -46,7 +46,9 @@
 #include <utility>
 #include <vector>
 
+#include "phasekv/cache/layer_shape.hpp"  // raw_window_config
 #include "phasekv/cache/page_pool.hpp"
+#include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/cache/storage.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/core/error.hpp"
@@ -66,14 +68,6 @@ inline sequence_id next_sequence_tag() noexcept {
   return ((owners.fetch_add(1, std::memory_order_relaxed) % (std::int64_t{1} << 22)) + 1) << 40;
 }
 }  // namespace detail
-
-// The raw local window a sequence keeps next to its compressed entries (DESIGN.md §4).
-struct raw_window_config {
-  std::int64_t tokens = 0;          // N_win; 0 keeps no window
-  std::int64_t kv_heads = 1;
-  std::int64_t key_channels = 0;
-  std::int64_t value_channels = 0;  // 0: tied K/V, the keys are also the values
-};
 
 struct cache_config {
   std::string name = "cache";
@@ -139,10 +133,13 @@ struct sequence_memory {
 //   page = indices[indptr[b] + e / page_size], slot = e % page_size,
 //   address = base + page · layout.page_stride_bytes + slot · layout.entry_stride_bytes
 //             + head · layout.head_stride_bytes + channel · layout.element_bytes.
-// The view does not own anything; it is valid until the next call that writes the cache.
+// It is the batch of the rows' stream views (sequence_view.hpp, what the reader reads) with the
+// CSR arrays derived from them. The view does not own anything; it is valid until the next call
+// that writes the cache.
 struct paged_view {
   const std::byte* base = nullptr;
   page_layout layout;
+  std::vector<stream_view> rows;            // batch row b's stream view (its pages point into the cache)
   std::vector<std::int32_t> indptr;         // batch + 1
   std::vector<std::int32_t> indices;        // page ids, row after row
   std::vector<std::int32_t> last_page_len;  // entries in each row's last page (0 for no pages)
@@ -419,25 +416,81 @@ class paged_cache {
     return m;
   }
 
-  // CSR page tables of a batch of sequences for one stream (FlashInfer's convention).
+  // CSR page tables of a batch of sequences for one stream (FlashInfer's convention), built from
+  // the sequences' stream views.
   paged_view view(span<const sequence_id> batch, std::size_t stream) const {
     check_stream(stream, "view");
     paged_view v;
     v.base = pools_[stream].base();
     v.layout = pools_[stream].layout();
+    v.rows.reserve(batch.size());
+    for (sequence_id id : batch) v.rows.push_back(view_of(id, "view").streams[stream]);
     v.indptr.push_back(0);
-    for (sequence_id id : batch) {
-      const sequence& s = find(id, "view");
-      const std::int64_t n = s.states[stream].entries();
-      v.indices.insert(v.indices.end(), s.tables[stream].begin(), s.tables[stream].end());
+    for (const stream_view& row : v.rows) {
+      v.indices.insert(v.indices.end(), row.pages.begin(), row.pages.end());
       v.indptr.push_back(static_cast<std::int32_t>(v.indices.size()));
-      v.last_page_len.push_back(n == 0 ? 0 : static_cast<std::int32_t>((n - 1) % config_.page_size + 1));
-      v.entries.push_back(n);
+      v.last_page_len.push_back(row.entries == 0 ? 0 : static_cast<std::int32_t>((row.entries - 1) % config_.page_size + 1));
+      v.entries.push_back(row.entries);
     }
     return v;
   }
 
+  // The read-side shape of this layer (layer_shape.hpp): what sparse_reader is built from.
+  layer_shape shape() const {
+    layer_shape s;
+    s.geom = layer_.geom();
+    s.window = config_.window;
+    for_each_stream([&](std::size_t k, const auto& c) {
+      phasekv::stream_shape st;
+      st.name = c.config().name;
+      st.role = c.config().role;
+      st.kv_heads = c.config().kv_heads;
+      st.channels = c.config().channels;
+      st.storage = pools_[k].layout().storage;
+      st.applies_rope = layer_.applies_rope(k);
+      st.rope = c.config().rope;
+      s.streams.push_back(std::move(st));
+    });
+    return s;
+  }
+
+  // One sequence's pages and window as a sequence_view (sequence_view.hpp), taken under one lock
+  // of the sequence table. Valid until the next call that writes this sequence.
+  sequence_view view_of(sequence_id id) const { return view_of(id, "view_of"); }
+
  private:
+  static_assert(stream_count <= sequence_view::max_streams, "a sequence_view holds at most max_streams streams");
+
+  sequence_view view_of(sequence_id id, const char* operation) const {
+    sequence_view v;
+    std::lock_guard<std::mutex> lock(table_mutex_);
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) fail_unknown(id, operation);
+    const sequence& s = *it->second;
+    v.tokens = s.tokens;
+    v.stream_count = stream_count;
+    for (std::size_t k = 0; k < stream_count; ++k) {
+      stream_view& sv = v.streams[k];
+      sv.base = pools_[k].base();
+      sv.layout = pools_[k].layout();
+      sv.capacity = pools_[k].capacity();
+      sv.pages = span<const page_id>(s.tables[k].data(), s.tables[k].size());
+      sv.entries = s.states[k].entries();
+    }
+    if (config_.window.tokens > 0) {
+      window_view& w = v.window;
+      w.keys = s.window_keys.data();
+      w.values = tied_window() ? s.window_keys.data() : s.window_values.data();
+      w.rows = window_rows();
+      w.first = s.window_first;
+      w.tokens = s.tokens;
+      w.kv_heads = config_.window.kv_heads;
+      w.key_channels = config_.window.key_channels;
+      w.value_channels = tied_window() ? config_.window.key_channels : config_.window.value_channels;
+    }
+    return v;
+  }
+
   struct sequence {
     typename layer::states states;
     std::array<std::vector<page_id>, stream_count> tables;

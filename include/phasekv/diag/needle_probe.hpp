@@ -221,7 +221,7 @@ struct engine : engine_base {
   using cache_type = paged_cache<Comps...>;
   cache_type cache;
   reader_config reader_cfg;
-  std::unordered_map<std::int64_t, std::unique_ptr<sparse_reader<cache_type>>> readers;  // by query heads
+  std::unordered_map<std::int64_t, std::unique_ptr<sparse_reader>> readers;  // by query heads
   sequence_id seq = -1;
 
   engine(layer_compressor<Comps...> layer, cache_config cc, reader_config rc)
@@ -246,13 +246,13 @@ struct engine : engine_base {
     if (!reader) {
       reader_config rc = reader_cfg;
       rc.query_heads = query_heads;
-      reader = std::make_unique<sparse_reader<cache_type>>(cache, rc);
+      reader = std::make_unique<sparse_reader>(cache, rc);
     }
     read_request r;
     r.position = position;
     r.queries = span<const float>(queries, static_cast<std::size_t>(
                                                query_heads * cache.compressors().config(reader_cfg.key_stream).channels));
-    reader->read(seq, r, out);
+    reader->read(cache, seq, r, out);
   }
   std::int64_t streams() const override { return static_cast<std::int64_t>(cache_type::stream_count); }
 };

@@ -12,6 +12,12 @@
 // separately and merged. The empty set is m = −∞, d = 0, o = 0 and merges as the identity
 // (no exp(−∞ − (−∞)) is ever formed). An attention sink adds exp(sink − m) to the denominator
 // only: it takes probability mass without contributing a value.
+//
+// A finished read is the pair (out, lse): out = o / D, lse = ln D with D = d·e^m (+ e^sink), the
+// softmax's full denominator. It is again a state — m = lse, d = 1, o = out — since that state's
+// denominator d·e^m = D and numerator o·e^m = Σ exp(ℓ)·v are the read's own; so finished reads of
+// disjoint key sets (an engine's attention branches) merge exactly (assign_normalised, merge,
+// finish).
 
 #include <algorithm>
 #include <cmath>
@@ -69,6 +75,28 @@ class softmax_state {
     d_ = Eigen::Map<const Eigen::VectorXf>(d, heads);
     o_.resize(heads, channels);
     return o_.data();
+  }
+
+  // The state of a finished read: out (heads × channels, row-major) with its log-sum-exp per head
+  // (the log of its whole softmax denominator, sink included). lse = −∞ is the empty state.
+  void assign_normalised(std::int64_t heads, std::int64_t channels, const float* out, const float* lse) {
+    reset(heads, channels);
+    for (Eigen::Index h = 0; h < heads; ++h) {
+      if (lse[h] == -std::numeric_limits<float>::infinity()) continue;
+      m_[h] = lse[h];
+      d_[h] = 1.0f;
+      o_.row(h) = Eigen::Map<const Eigen::RowVectorXf>(out + h * channels, channels);
+    }
+  }
+
+  // ln of head h's whole softmax denominator, ln(d·e^m + e^sink): the log-sum-exp of its logits,
+  // with the sink's (if any). −∞ for a head with no keys and no sink.
+  float log_denominator(std::int64_t h, const float* sink_logits) const noexcept {
+    const float sink = sink_logits ? sink_logits[h] : -std::numeric_limits<float>::infinity();
+    if (d_[h] == 0.0f) return sink;
+    if (sink == -std::numeric_limits<float>::infinity()) return m_[h] + std::log(d_[h]);
+    const float m = std::max(m_[h], sink);
+    return m + std::log(d_[h] * std::exp(m_[h] - m) + std::exp(sink - m));
   }
 
   // This ← this ∪ other (same heads and channels).

@@ -1,5 +1,5 @@
 #pragma once
-// Sparse attention over a paged compressed cache (DESIGN.md §5), the way DeepSeek-V4's
+// Sparse attention over paged compressed KV memory (DESIGN.md §5), the way DeepSeek-V4's
 // compressed sparse attention reads:
 //
 //   1. candidates  — the complete entries a query at position t may see: j < floor((t+1+lead)/S)
@@ -14,17 +14,46 @@
 // Tied K/V (one stream read as both, DeepSeek-V4): the output's RoPE channels carry the entries'
 // rotations; `derotate_output` rotates them back by the query position, as DeepSeek-V4 does.
 //
+// What it reads: a sequence_view (cache/sequence_view.hpp) — per stream a page base, layout and
+// page table, and the raw window ring — never the cache object itself. The reader is built from
+// a layer_shape (cache/layer_shape.hpp): paged_cache::shape() for phasekv's own cache, or filled
+// by hand by a host that keeps its pages in its own arena and builds the views itself. A view
+// taken from a paged_cache and the cache read directly (read(cache, sequence, …)) give
+// bit-identical results.
+//
+// Outputs (read_item): the attention output; the log-sum-exp per query head,
+//
+//   lse_h = ln( Σ_{i ∈ entries read ∪ window tokens} exp(ℓ_hi) + exp(sink_h) )
+//
+// (the sink term only when reader_config::sink is on; ℓ = scale · q·k, the scaled logits the
+// softmax sees), so that (out, lse) is an exact softmax state: softmax_state::assign_normalised()
+// turns it back into one, and merging it with another branch's (out', lse') gives attention over
+// the union of both branches' keys. A host merging two branches turns the sink on in only one of
+// them (it belongs in the denominator once). A read that sees nothing (no entry, no window token,
+// no sink or a sink of −∞) gives lse = −∞ and a zero output, the identity of the merge.
+// And optionally the selected entries: logical entry ids in rank order, and physical indices
+// into the key stream's pages, page_id · page_size + slot (FlashMLA's sparse-decode indices),
+// −1 in the slots past the number selected.
+//
+// Batched decode: read_batch() reads B sequences, each with its own position, queries, indexer
+// inputs and top_k, as tasks on the executor: (sequence) preparation, (sequence × scoring chunk),
+// (sequence) selection, then attention — (sequence × KV head) tasks that run their pieces in key
+// order and merge as they go when there are enough of them to keep the executor busy, else
+// (sequence × KV head × piece) tasks merged afterwards. Both orders perform the same floating-point
+// operations in the same order, so a batched read is bit-identical to B single reads, on any
+// executor.
+//
 // Indexer scores come from a fused xsimd kernel over whole pages (indexer_kernel.hpp; in bf16,
-// indexer_bf16_kernel.hpp, when reader_config::precision asks for it); attention
-// runs a kernel with the query heads in SIMD lanes (attention_kernel.hpp) over row pointers: the
-// selected entries and the window tokens are read where they lie (fp32 storage), never gathered.
+// indexer_bf16_kernel.hpp, when reader_config::precision asks for it); attention runs a kernel
+// with the query heads in SIMD lanes (attention_kernel.hpp) over row pointers: the selected
+// entries and the window tokens are read where they lie (fp32 storage), never gathered.
 //
 // Parallelism (optional): with an executor (core/executor.hpp), scoring runs as chunks of pages
 // (each with its own top-k, merged after) and attention as pieces of keys per KV head, merged
 // through the online softmax in key order. The pieces have a fixed size, so results are
 // bit-identical on every executor; the default runs them in order.
-// A reader holds scratch space: use one reader per thread (or per executor). It keeps a pointer to
-// its cache, which must outlive it; a read of a sequence must not overlap a write of it.
+// A reader holds scratch space: use one reader per thread (or per executor). It keeps no pointer
+// to a cache: a view must stay valid, and its sequence unwritten, until the read returns.
 // Non-finite queries, indexer queries or weights, and sinks other than finite or −inf (no sink),
 // are input_errors (docs/RELIABILITY.md lists every promise).
 
@@ -32,14 +61,21 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
 
-#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/cache/layer_shape.hpp"
+#include "phasekv/cache/page_pool.hpp"
+#include "phasekv/cache/sequence_view.hpp"
+#include "phasekv/cache/storage.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
+#include "phasekv/core/limits.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/read/attention_kernel.hpp"
@@ -51,7 +87,9 @@
 
 namespace phasekv {
 
-// Streams of a cache: "none" for an absent indexer.
+using sequence_id = std::int64_t;
+
+// Streams of a layer: "none" for an absent indexer.
 inline constexpr std::size_t no_stream = static_cast<std::size_t>(-1);
 
 // What the lightning indexer multiplies: fp32 queries and keys (widened from the indexer
@@ -80,6 +118,10 @@ struct read_request {
   span<const float> indexer_queries;     // [indexer_heads][indexer channels] (top_k > 0)
   span<const float> indexer_weights;     // [indexer_heads] (top_k > 0)
   span<const float> sinks;               // [query_heads] (sink)
+  // Entries this read selects, in [0, reader_config::top_k]; −1 takes the config's top_k. With
+  // selection on, 0 reads the window (and sink) alone. Without selection (config top_k = 0), only
+  // −1 or 0.
+  std::int64_t top_k = -1;
 };
 
 // What one read looked at, for the diagnostics. Masses are means over query heads; for each
@@ -96,86 +138,64 @@ struct read_trace {
   float sink_mass = 0.0f;
 };
 
-template <class Cache>
+// One sequence of a batched read (read_batch). Outputs are the caller's memory; null optional
+// outputs are not written.
+struct read_item {
+  const sequence_view* view = nullptr;
+  read_request request;
+  float* out = nullptr;                        // [query_heads][value channels]
+  float* lse = nullptr;                        // optional, [query_heads]: see the header comment
+  std::int32_t* selected_logical = nullptr;    // optional, [top_k]: entry ids in rank order, −1 padded
+  std::int32_t* selected_physical = nullptr;   // optional, [top_k]: key-stream page · page_size + slot, −1 padded
+  read_trace* trace = nullptr;                 // optional
+};
+
 class sparse_reader {
   using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using attention_kernel = kernels::attention<>;
 
  public:
-  sparse_reader(const Cache& cache, reader_config config) : cache_(&cache), config_(std::move(config)) {
+  sparse_reader(layer_shape shape, reader_config config) : shape_(std::move(shape)), config_(std::move(config)) {
     validate();
-    const auto& key_cfg = stream_config_of(config_.key_stream);
-    if (config_.derotate_output) rope_ = rope_rotation(key_cfg.rope, key_cfg.channels);
+    const stream_shape& keys = shape_.streams[config_.key_stream];
+    if (config_.derotate_output) rope_ = rope_rotation(keys.rope, keys.channels);
     scale_ = config_.scale > 0.0f ? config_.scale : 1.0f / std::sqrt(static_cast<float>(key_channels_));
   }
+  // The reader of a cache's layer: sparse_reader(cache.shape(), config).
+  template <class Cache, class = decltype(std::declval<const Cache&>().shape())>
+  sparse_reader(const Cache& cache, reader_config config) : sparse_reader(cache.shape(), std::move(config)) {}
 
   const reader_config& config() const noexcept { return config_; }
+  const layer_shape& shape() const noexcept { return shape_; }
   std::int64_t output_floats() const noexcept { return config_.query_heads * value_channels_; }
 
-  // Where read() runs its parallel pieces (default: serially, on the calling thread). The
+  // Where reads run their parallel pieces (default: serially, on the calling thread). The
   // executor must outlive its use by this reader.
   void set_executor(executor& e) noexcept { executor_ = &e; }
 
   // Attention output of one query: out[query_heads][value channels].
-  void read(sequence_id seq, const read_request& request, float* out, read_trace* trace = nullptr) {
-    check(seq, request, out);
-    const geometry& geom = cache_->compressors().geom();
-    const std::int64_t t = request.position;
-    const std::int64_t candidates = geom.visible_entries(t);
-
-    // 1–2: candidates and selection.
-    selected_ = config_.top_k > 0;
-    if (selected_) select(seq, request, candidates);
-    const std::int64_t n_entries = selected_ ? static_cast<std::int64_t>(selection_.size()) : candidates;
-
-    // 3: attention over the keys [entries …, window tokens …], split into pieces of a fixed number
-    // of keys per KV head — selected entries, every candidate in order, or window tokens — each
-    // an online-softmax state, merged in key order.
-    const std::int64_t n_win_tokens = config_window_tokens();
-    const std::int64_t w_first = n_win_tokens > 0 ? std::max<std::int64_t>(0, t - n_win_tokens + 1) : t + 1;
-    const std::int64_t n_win = t + 1 - w_first;
-    find_window(seq, w_first, n_win);
-    plan_pieces(n_entries, n_win);
-    const std::int64_t group = config_.query_heads / kv_heads_;
-    queries_.resize(static_cast<std::size_t>(kv_heads_));
-    for (std::int64_t g = 0; g < kv_heads_; ++g)
-      attention_kernel::prepare(request.queries.data() + g * group * key_channels_, group, key_channels_, scale_,
-                                queries_[static_cast<std::size_t>(g)]);
-    tracing_ = trace != nullptr;
-    if (tracing_) {
-      entry_logits_.resize(config_.query_heads, n_entries);
-      window_logits_.resize(config_.query_heads, n_win);
-      final_max_.resize(config_.query_heads);
-      final_norm_.resize(config_.query_heads);
-    }
-    const std::int64_t n_pieces = static_cast<std::int64_t>(pieces_.size());
-    piece_states_.resize(static_cast<std::size_t>(kv_heads_ * n_pieces));
-    auto attend = [&](std::int64_t task) {
-      attend_piece(seq, task / n_pieces, pieces_[static_cast<std::size_t>(task % n_pieces)],
-                   piece_states_[static_cast<std::size_t>(task)]);
-    };
-    executor_->for_each(kv_heads_ * n_pieces, attend);
-    for (std::int64_t g = 0; g < kv_heads_; ++g) {
-      total_.reset(group, value_channels_);
-      for (std::int64_t i = 0; i < n_pieces; ++i) total_.merge(piece_states_[static_cast<std::size_t>(g * n_pieces + i)].state);
-      const float* sinks = config_.sink ? request.sinks.data() + g * group : nullptr;
-      total_.finish(out + g * group * value_channels_, sinks);
-      if (tracing_)
-        for (std::int64_t h = 0; h < group; ++h) {
-          final_max_[g * group + h] = total_.max_logit(h);
-          final_norm_[g * group + h] = total_.normaliser(h, sinks);
-        }
-    }
-    if (trace) write_trace(*trace, candidates, n_entries, w_first, n_win);
-
-    if (config_.derotate_output) {
-      std::vector<float>& c = rope_cos_;
-      c.resize(static_cast<std::size_t>(2 * rope_.pairs()));
-      rope_.angles(static_cast<double>(t), c.data(), c.data() + rope_.pairs());
-      for (std::int64_t h = 0; h < config_.query_heads; ++h)
-        rope_.apply(out + h * value_channels_, c.data(), c.data() + rope_.pairs(), -1.0f);
-    }
+  void read(const sequence_view& view, const read_request& request, float* out, read_trace* trace = nullptr) {
+    read_item item;
+    item.view = &view;
+    item.request = request;
+    item.out = out;
+    item.trace = trace;
+    run(span<const read_item>(&item, 1), true);
   }
+
+  // The same through a cache: its view of the sequence, taken under one lock, read as above.
+  template <class Cache>
+  void read(const Cache& cache, sequence_id seq, const read_request& request, float* out, read_trace* trace = nullptr) {
+    const sequence_view view = cache.view_of(seq);  // throws for an unknown sequence
+    if (view.tokens == 0)
+      detail::fail<input_error>(config_.name + ": sequence", seq, "is empty: append the query's token first");
+    read(view, request, out, trace);
+  }
+
+  // B sequences in one call; bit-identical to B single reads. Every item is checked before
+  // anything is written: a bad one throws input_error naming it ("items[3].request.position")
+  // and leaves every output as it was.
+  void read_batch(span<const read_item> items) { run(items, false); }
 
   // Sizes of the parallel pieces. Fixed (not derived from the executor) so that results never
   // depend on it: 4096 entries of indexer keys per scoring chunk (~2 MiB at 128 channels, one
@@ -187,206 +207,8 @@ class sparse_reader {
   static constexpr std::int64_t max_selectable_entries = (std::int64_t{1} << 32) - 1;
 
  private:
-  const stream_config& stream_config_of(std::size_t k) const { return cache_->compressors().config(k); }
-
-  std::int64_t config_window_tokens() const noexcept { return cache_->config().window.tokens; }
-
-  void validate() {
-    using detail::require;
-    const std::string& n = config_.name;
-    const std::size_t streams = Cache::stream_count;
-    require(config_.query_heads >= 1, n + ".query_heads", config_.query_heads, "must be at least 1");
-    require(config_.key_stream < streams, n + ".key_stream", config_.key_stream,
-            "must name a stream of the cache (it has " + std::to_string(streams) + ")");
-    require(config_.value_stream < streams, n + ".value_stream", config_.value_stream,
-            "must name a stream of the cache (it has " + std::to_string(streams) + ")");
-    require(std::isfinite(config_.scale) && config_.scale >= 0.0f, n + ".scale", config_.scale,
-            "must be finite and non-negative (0 = 1/sqrt(channels))");
-    require(config_.top_k >= 0, n + ".top_k", config_.top_k, "must be non-negative (0 = no selection)");
-    const stream_config& keys = stream_config_of(config_.key_stream);
-    const stream_config& values = stream_config_of(config_.value_stream);
-    kv_heads_ = keys.kv_heads;
-    key_channels_ = keys.channels;
-    value_channels_ = values.channels;
-    require(values.kv_heads == kv_heads_, n + ".value_stream kv_heads", values.kv_heads,
-            "must equal the key stream's kv_heads = " + std::to_string(kv_heads_));
-    require(config_.query_heads % kv_heads_ == 0, n + ".query_heads", config_.query_heads,
-            "must be a multiple of the key stream's kv_heads = " + std::to_string(kv_heads_));
-    const raw_window_config& w = cache_->config().window;
-    if (w.tokens > 0) {
-      require(w.kv_heads == kv_heads_, n + ": cache window.kv_heads", w.kv_heads,
-              "must equal the key stream's kv_heads = " + std::to_string(kv_heads_));
-      require(w.key_channels == key_channels_, n + ": cache window.key_channels", w.key_channels,
-              "must equal the key stream's channels = " + std::to_string(key_channels_));
-      const std::int64_t wv = w.value_channels == 0 ? w.key_channels : w.value_channels;
-      require(wv == value_channels_, n + ": cache window value channels", wv,
-              "must equal the value stream's channels = " + std::to_string(value_channels_));
-    }
-    if (config_.top_k > 0) {
-      require(config_.indexer_stream < streams, n + ".indexer_stream", static_cast<long long>(config_.indexer_stream),
-              "must name a stream of the cache when top_k > 0");
-      const stream_config& ix = stream_config_of(config_.indexer_stream);
-      require(ix.kv_heads == 1, n + ": indexer stream kv_heads", ix.kv_heads, "must be 1");
-      require(config_.indexer_heads >= 1, n + ".indexer_heads", config_.indexer_heads, "must be at least 1 when top_k > 0");
-      indexer_channels_ = ix.channels;
-      if (config_.precision == indexer_precision::bf16) {
-        const storage_type stored = cache_->pool(config_.indexer_stream).layout().storage;
-        require(stored == storage_type::bf16, n + ".precision", "bf16",
-                std::string("needs the indexer stream stored in bf16 (cache_config.stream_storage), not ") +
-                    to_string(stored));
-      }
-    }
-    if (config_.derotate_output) {
-      require(config_.key_stream == config_.value_stream, n + ".derotate_output", "true",
-              "applies to tied K/V only (key_stream == value_stream)");
-      // A stream's rope config means something only when its policy rotates the entries; the
-      // compressor validated it then (rope.channels ≤ channels), and ignores it otherwise.
-      require(cache_->compressors().applies_rope(config_.key_stream), n + ".derotate_output", "true",
-              "needs a key stream whose policy applies RoPE (stream '" + keys.name + "' rotates nothing)");
-      require(keys.rope.channels >= 2, n + ".derotate_output", "true",
-              "needs RoPE channels in the key stream's config (rope.channels = " + std::to_string(keys.rope.channels) + ")");
-    }
-  }
-
-  void check(sequence_id seq, const read_request& r, const float* out) const {
-    const std::string& n = config_.name;
-    auto require_span = [&](span<const float> s, std::int64_t expected, const char* what, const char* shape) {
-      if (s.data() == nullptr && s.size() != 0)
-        detail::fail<input_error>(n + ": request." + what + ".data()", "null", "must not be null when the size is not 0");
-      if (static_cast<std::int64_t>(s.size()) != expected)
-        detail::fail<input_error>(n + ": request." + what + ".size()", s.size(),
-                                  "must be " + std::to_string(expected) + " (" + shape + ")");
-    };
-    if (out == nullptr) detail::fail<input_error>(n + ": out", "null", "must point to query_heads × value channels floats");
-    require_span(r.queries, config_.query_heads * key_channels_, "queries", "query_heads × key channels");
-    require_span(r.indexer_queries, config_.top_k > 0 ? config_.indexer_heads * indexer_channels_ : 0, "indexer_queries",
-                 "indexer_heads × indexer channels, empty without top_k");
-    require_span(r.indexer_weights, config_.top_k > 0 ? config_.indexer_heads : 0, "indexer_weights",
-                 "indexer_heads, empty without top_k");
-    require_span(r.sinks, config_.sink ? config_.query_heads : 0, "sinks", "query_heads when the sink is on, else empty");
-    // Non-finite inputs would turn into a silently wrong selection (a NaN score ranks anywhere)
-    // or an all-NaN output, so they are rejected. A sink of −inf is allowed: it means "no sink".
-    require_finite(r.queries, "queries", false);
-    require_finite(r.indexer_queries, "indexer_queries", false);
-    require_finite(r.indexer_weights, "indexer_weights", false);
-    require_finite(r.sinks, "sinks", true);
-    const std::int64_t tokens = cache_->tokens(seq);  // throws for an unknown sequence
-    if (tokens == 0) detail::fail<input_error>(n + ": sequence", seq, "is empty: append the query's token first");
-    if (r.position < 0 || r.position >= tokens)
-      detail::fail<input_error>(n + ": request.position", r.position,
-                                "must lie in [0, tokens = " + std::to_string(tokens) +
-                                    "): the query's own token must be appended before it reads");
-    // Top-k ranks entries by 64-bit keys that hold a 32-bit index (top_k.hpp).
-    if (config_.top_k > 0 && cache_->compressors().geom().visible_entries(r.position) > max_selectable_entries)
-      detail::fail<input_error>(n + ": request.position", r.position,
-                                "sees more than 2^32 − 1 entries, the most top-k selection can rank");
-    if (config_window_tokens() > 0) {
-      const std::int64_t first = std::max<std::int64_t>(0, r.position - config_window_tokens() + 1);
-      const std::int64_t kept = cache_->window_first(seq);
-      if (first < kept)
-        detail::fail<input_error>(n + ": request.position", r.position,
-                                  "needs window tokens from " + std::to_string(first) +
-                                      ", but the cache keeps only tokens from " + std::to_string(kept));
-    }
-  }
-
-  // One vectorised pass that only looks further when something is not finite (the common case
-  // costs about a microsecond for DeepSeek-V4's 64 × 512 queries).
-  void require_finite(span<const float> values, const char* what, bool allow_minus_infinity) const {
-    if (kernels::all_finite(values.data(), static_cast<std::int64_t>(values.size()))) return;
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      const float v = values[i];
-      if (std::isfinite(v) || (allow_minus_infinity && v == -std::numeric_limits<float>::infinity())) continue;
-      detail::fail<input_error>(config_.name + ": request." + what + "[" + std::to_string(i) + "]", v,
-                                allow_minus_infinity ? "must be finite or −inf (no sink)" : "must be finite");
-    }
-  }
-
-  // Scoring and top-k, per chunk of whole pages (in parallel), then once more over the chunks'
-  // winners: I_j into scores_, the top k in rank order into selection_.
-  void select(sequence_id seq, const read_request& r, std::int64_t candidates) {
-    const page_pool& pool = cache_->pool(config_.indexer_stream);
-    const auto& table = cache_->page_table(seq, config_.indexer_stream);
-    const std::int64_t page_size = pool.layout().page_size;
-    const std::int64_t chunk = std::max<std::int64_t>(1, score_chunk_entries / page_size) * page_size;
-    const std::int64_t chunks = (candidates + chunk - 1) / chunk;
-    [[maybe_unused]] const bool bf16_dot = prepare_indexer(r);
-    scores_.resize(static_cast<std::size_t>(candidates));
-    score_tasks_.resize(static_cast<std::size_t>(chunks));
-    auto score = [&](std::int64_t c) {
-      score_task& task = score_tasks_[static_cast<std::size_t>(c)];
-      const std::int64_t first = c * chunk, last = std::min(candidates, first + chunk);
-      for (std::int64_t j = first; j < last; j += page_size) {
-        const std::int64_t count = std::min(page_size, last - j);
-        const page_id page = table[static_cast<std::size_t>(j / page_size)];
-#if PHASEKV_HAS_BF16_DOT
-        if (bf16_dot) {
-          const auto* keys = reinterpret_cast<const std::uint16_t*>(pool.base() + page * pool.layout().page_stride_bytes);
-          kernels::indexer_bf16::score(indexer_bf16_queries_, keys, pool.layout().entry_stride, count, scores_.data() + j);
-          continue;
-        }
-#endif
-        const float* keys = page_floats(pool, page, count, task.page);
-        kernels::indexer<>::score(indexer_queries_, keys, count, scores_.data() + j);
-      }
-      rank_keys(span<const float>(scores_.data() + first, static_cast<std::size_t>(last - first)), first, task.best);
-      keep_top_keys(task.best, config_.top_k, false);
-    };
-    executor_->for_each(chunks, score);
-    selection_.clear();
-    winners_.clear();
-    for (const score_task& task : score_tasks_) winners_.insert(winners_.end(), task.best.begin(), task.best.end());
-    keep_top_keys(winners_, config_.top_k, true);
-    selection_.resize(winners_.size());
-    for (std::size_t r = 0; r < winners_.size(); ++r) {
-      const std::int64_t j = rank_key_index(winners_[r]);
-      selection_[r] = {j, scores_[static_cast<std::size_t>(j)]};
-    }
-  }
-
-  // The indexer queries in the layout of the kernel that will score them; true when that is the
-  // bf16 dot-product kernel (bf16 precision, AVX512-BF16, an even channel count).
-  bool prepare_indexer(const read_request& r) {
-    const float* queries = r.indexer_queries.data();
-    if (config_.precision == indexer_precision::bf16) {
-#if PHASEKV_HAS_BF16_DOT
-      if (kernels::indexer_bf16::supports(indexer_channels_)) {
-        kernels::indexer_bf16::prepare(queries, r.indexer_weights.data(), config_.indexer_heads, indexer_channels_,
-                                       indexer_bf16_queries_);
-        return true;
-      }
-#endif
-      rounded_queries_.resize(r.indexer_queries.size());
-      kernels::round_to_bf16(queries, static_cast<std::int64_t>(r.indexer_queries.size()), rounded_queries_.data());
-      queries = rounded_queries_.data();
-    }
-    kernels::indexer<>::prepare(queries, r.indexer_weights.data(), config_.indexer_heads, indexer_channels_,
-                                indexer_queries_);
-    return false;
-  }
-
-  // A page's first `count` entries as fp32 rows: the page itself, or a converted copy in `scratch`.
-  static const float* page_floats(const page_pool& pool, page_id page, std::int64_t count, std::vector<float>& scratch) {
-    const page_layout& layout = pool.layout();
-    const std::byte* bytes = pool.base() + page * layout.page_stride_bytes;
-    if (layout.storage == storage_type::f32) return reinterpret_cast<const float*>(bytes);
-    scratch.resize(static_cast<std::size_t>(count * layout.entry_stride));
-    load_row(bytes, scratch.data(), count * layout.entry_stride, layout.storage);
-    return scratch.data();
-  }
-
-  // Where the window tokens [first, first + n) lie in the cache's ring (fp32 rows).
-  void find_window(sequence_id seq, std::int64_t first, std::int64_t n) {
-    window_keys_.resize(static_cast<std::size_t>(n));
-    window_values_.resize(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) {
-      window_keys_[static_cast<std::size_t>(i)] = cache_->window_key(seq, first + i);
-      window_values_[static_cast<std::size_t>(i)] = cache_->window_value(seq, first + i);
-    }
-  }
-
   struct score_task {
-    std::vector<float> page;         // a converted page (non-fp32 storage)
+    std::vector<float> page;          // a converted page (non-fp32 storage)
     std::vector<std::uint64_t> best;  // rank keys of this chunk's top k (top_k.hpp)
   };
   // A run of keys of one kind: ranks [first, first + count) of the selection, entries
@@ -404,25 +226,521 @@ class sparse_reader {
     std::vector<const float*> keys, values;    // the piece's rows, KV head g's channels
     std::vector<float> key_rows, value_rows;   // converted rows (non-fp32 storage)
   };
+  // What a (sequence × KV head) task needs while it runs its pieces in order.
+  struct attention_slot {
+    piece_state piece;
+    softmax_state total;
+  };
+
+  // One sequence of a read in flight: its plan and its scratch (kept across reads).
+  struct sequence_work {
+    const read_item* item = nullptr;
+    std::int64_t position = 0, candidates = 0, top_k = 0, n_entries = 0, w_first = 0, n_win = 0;
+    std::int64_t chunk = 0, chunks = 0;
+    bool tracing = false, bf16_dot = false;
+    kernels::indexer<>::prepared indexer_queries;
+#if PHASEKV_HAS_BF16_DOT
+    kernels::indexer_bf16::prepared indexer_bf16_queries;
+#endif
+    std::vector<float> rounded_queries;  // bf16 precision without the bf16 kernel
+    std::vector<float> scores, rope_cos;
+    std::vector<score_task> score_tasks;
+    std::vector<std::uint64_t> winners;
+    std::vector<scored_entry> selection;
+    std::vector<piece> pieces;
+    std::vector<attention_kernel::prepared> queries;           // per KV head
+    std::vector<const float*> window_keys, window_values;      // the read's window rows in the ring
+    matrix entry_logits, window_logits;                        // per query head, for the trace
+    Eigen::VectorXf final_max, final_norm;                     // per query head, for the trace
+  };
+
+  // ---- configuration -----------------------------------------------------------------------
+
+  void validate() {
+    using detail::require;
+    const std::string& n = config_.name;
+    const std::size_t streams = shape_.streams.size();
+    shape_.geom.validate();
+    require(streams >= 1 && streams <= sequence_view::max_streams, n + ": shape.streams.size()", streams,
+            "must lie in [1, " + std::to_string(sequence_view::max_streams) + "]");
+    for (std::size_t k = 0; k < streams; ++k) {
+      const stream_shape& st = shape_.streams[k];
+      const std::string f = n + ": shape.streams[" + std::to_string(k) + "]";
+      require(st.kv_heads >= 1 && st.kv_heads <= limits::max_heads, f + ".kv_heads", st.kv_heads, "must lie in [1, 2^16]");
+      require(st.channels >= 1 && st.channels <= limits::max_channels, f + ".channels", st.channels,
+              "must lie in [1, 2^20]");
+      require(is_valid(st.storage), f + ".storage", static_cast<int>(st.storage), "is not a storage_type");
+    }
+    require(config_.query_heads >= 1, n + ".query_heads", config_.query_heads, "must be at least 1");
+    require(config_.query_heads <= limits::max_heads, n + ".query_heads", config_.query_heads, "must be at most 2^16");
+    require(config_.key_stream < streams, n + ".key_stream", config_.key_stream,
+            "must name a stream of the cache (it has " + std::to_string(streams) + ")");
+    require(config_.value_stream < streams, n + ".value_stream", config_.value_stream,
+            "must name a stream of the cache (it has " + std::to_string(streams) + ")");
+    require(std::isfinite(config_.scale) && config_.scale >= 0.0f, n + ".scale", config_.scale,
+            "must be finite and non-negative (0 = 1/sqrt(channels))");
+    require(config_.top_k >= 0, n + ".top_k", config_.top_k, "must be non-negative (0 = no selection)");
+    require(config_.top_k <= std::numeric_limits<std::int32_t>::max(), n + ".top_k", config_.top_k,
+            "must be below 2^31 (selected entries are reported as 32-bit indices)");
+    const stream_shape& keys = shape_.streams[config_.key_stream];
+    const stream_shape& values = shape_.streams[config_.value_stream];
+    kv_heads_ = keys.kv_heads;
+    key_channels_ = keys.channels;
+    value_channels_ = values.channels;
+    require(values.kv_heads == kv_heads_, n + ".value_stream kv_heads", values.kv_heads,
+            "must equal the key stream's kv_heads = " + std::to_string(kv_heads_));
+    require(config_.query_heads % kv_heads_ == 0, n + ".query_heads", config_.query_heads,
+            "must be a multiple of the key stream's kv_heads = " + std::to_string(kv_heads_));
+    const raw_window_config& w = shape_.window;
+    require(w.tokens >= 0 && w.tokens <= (std::int64_t{1} << 32), n + ": shape.window.tokens", w.tokens,
+            "must lie in [0, 2^32]");
+    if (w.tokens > 0) {
+      require(w.kv_heads == kv_heads_, n + ": shape window.kv_heads", w.kv_heads,
+              "must equal the key stream's kv_heads = " + std::to_string(kv_heads_));
+      require(w.key_channels == key_channels_, n + ": shape window.key_channels", w.key_channels,
+              "must equal the key stream's channels = " + std::to_string(key_channels_));
+      const std::int64_t wv = w.value_channels == 0 ? w.key_channels : w.value_channels;
+      require(wv == value_channels_, n + ": shape window value channels", wv,
+              "must equal the value stream's channels = " + std::to_string(value_channels_));
+    }
+    if (config_.top_k > 0) {
+      require(config_.indexer_stream < streams, n + ".indexer_stream", static_cast<long long>(config_.indexer_stream),
+              "must name a stream of the cache when top_k > 0");
+      const stream_shape& ix = shape_.streams[config_.indexer_stream];
+      require(ix.kv_heads == 1, n + ": indexer stream kv_heads", ix.kv_heads, "must be 1");
+      require(config_.indexer_heads >= 1, n + ".indexer_heads", config_.indexer_heads, "must be at least 1 when top_k > 0");
+      require(config_.indexer_heads <= limits::max_heads, n + ".indexer_heads", config_.indexer_heads,
+              "must be at most 2^16");
+      indexer_channels_ = ix.channels;
+      if (config_.precision == indexer_precision::bf16)
+        require(ix.storage == storage_type::bf16, n + ".precision", "bf16",
+                std::string("needs the indexer stream stored in bf16 (cache_config.stream_storage), not ") +
+                    to_string(ix.storage));
+    }
+    if (config_.derotate_output) {
+      require(config_.key_stream == config_.value_stream, n + ".derotate_output", "true",
+              "applies to tied K/V only (key_stream == value_stream)");
+      // A stream's rope config means something only when its policy rotates the entries.
+      require(keys.applies_rope, n + ".derotate_output", "true",
+              "needs a key stream whose policy applies RoPE (stream '" + keys.name + "' rotates nothing)");
+      require(keys.rope.channels >= 2, n + ".derotate_output", "true",
+              "needs RoPE channels in the key stream's config (rope.channels = " + std::to_string(keys.rope.channels) + ")");
+      keys.rope.validate(n + ": shape.streams[" + std::to_string(config_.key_stream) + "].rope", keys.channels);
+    }
+  }
+
+  // ---- checks of a read ----------------------------------------------------------------------
+
+  // "<name>: request.queries" for a single read, "<name>: items[3].request.queries" in a batch.
+  std::string field(std::ptrdiff_t item, const std::string& what) const {
+    return config_.name + ": " + (item < 0 ? std::string() : "items[" + std::to_string(item) + "].") + what;
+  }
+
+  static std::int64_t effective_top_k(const reader_config& c, const read_request& r) noexcept {
+    return r.top_k < 0 ? c.top_k : r.top_k;
+  }
+
+  void check_item(const read_item& it, std::ptrdiff_t i) const {
+    const read_request& r = it.request;
+    auto require_span = [&](span<const float> s, std::int64_t expected, const char* what, const char* shape) {
+      if (s.data() == nullptr && s.size() != 0)
+        detail::fail<input_error>(field(i, std::string("request.") + what + ".data()"), "null",
+                                  "must not be null when the size is not 0");
+      if (static_cast<std::int64_t>(s.size()) != expected)
+        detail::fail<input_error>(field(i, std::string("request.") + what + ".size()"), s.size(),
+                                  "must be " + std::to_string(expected) + " (" + shape + ")");
+    };
+    if (it.out == nullptr) detail::fail<input_error>(field(i, "out"), "null", "must point to query_heads × value channels floats");
+    if (it.view == nullptr) detail::fail<input_error>(field(i, "view"), "null", "must point to the sequence's view");
+    require_span(r.queries, config_.query_heads * key_channels_, "queries", "query_heads × key channels");
+    require_span(r.indexer_queries, config_.top_k > 0 ? config_.indexer_heads * indexer_channels_ : 0, "indexer_queries",
+                 "indexer_heads × indexer channels, empty without top_k");
+    require_span(r.indexer_weights, config_.top_k > 0 ? config_.indexer_heads : 0, "indexer_weights",
+                 "indexer_heads, empty without top_k");
+    require_span(r.sinks, config_.sink ? config_.query_heads : 0, "sinks", "query_heads when the sink is on, else empty");
+    if (r.top_k < -1 || r.top_k > config_.top_k)
+      detail::fail<input_error>(field(i, "request.top_k"), r.top_k,
+                                "must lie in [0, reader top_k = " + std::to_string(config_.top_k) + "], or be -1 (the reader's)");
+    if ((it.selected_logical || it.selected_physical) && config_.top_k == 0)
+      detail::fail<input_error>(field(i, it.selected_logical ? "selected_logical" : "selected_physical"), "non-null",
+                                "needs a reader that selects (top_k > 0)");
+    // Non-finite inputs would turn into a silently wrong selection (a NaN score ranks anywhere)
+    // or an all-NaN output, so they are rejected. A sink of −inf is allowed: it means "no sink".
+    require_finite(r.queries, i, "queries", false);
+    require_finite(r.indexer_queries, i, "indexer_queries", false);
+    require_finite(r.indexer_weights, i, "indexer_weights", false);
+    require_finite(r.sinks, i, "sinks", true);
+    check_view(*it.view, it, i);
+  }
+
+  // One vectorised pass that only looks further when something is not finite (the common case
+  // costs about a microsecond for DeepSeek-V4's 64 × 512 queries).
+  void require_finite(span<const float> values, std::ptrdiff_t item, const char* what, bool allow_minus_infinity) const {
+    if (kernels::all_finite(values.data(), static_cast<std::int64_t>(values.size()))) return;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const float v = values[i];
+      if (std::isfinite(v) || (allow_minus_infinity && v == -std::numeric_limits<float>::infinity())) continue;
+      detail::fail<input_error>(field(item, std::string("request.") + what + "[" + std::to_string(i) + "]"), v,
+                                allow_minus_infinity ? "must be finite or −inf (no sink)" : "must be finite");
+    }
+  }
+
+  // The view holds what a read at the request's position touches, in the reader's shape.
+  void check_view(const sequence_view& v, const read_item& it, std::ptrdiff_t i) const {
+    const std::int64_t t = it.request.position;
+    if (v.tokens <= 0)
+      detail::fail<input_error>(field(i, "view.tokens"), v.tokens, "is empty: append the query's token first");
+    if (t < 0 || t >= v.tokens)
+      detail::fail<input_error>(field(i, "request.position"), t,
+                                "must lie in [0, tokens = " + std::to_string(v.tokens) +
+                                    "): the query's own token must be appended before it reads");
+    if (v.stream_count != shape_.streams.size())
+      detail::fail<input_error>(field(i, "view.stream_count"), v.stream_count,
+                                "must be the layer's stream count, " + std::to_string(shape_.streams.size()));
+    const std::int64_t candidates = shape_.geom.visible_entries(t);
+    // Top-k ranks entries by 64-bit keys that hold a 32-bit index (top_k.hpp).
+    if (config_.top_k > 0 && candidates > max_selectable_entries)
+      detail::fail<input_error>(field(i, "request.position"), t,
+                                "sees more than 2^32 − 1 entries, the most top-k selection can rank");
+    check_stream(v, config_.key_stream, candidates, it, i);
+    if (config_.value_stream != config_.key_stream) check_stream(v, config_.value_stream, candidates, it, i);
+    if (config_.top_k > 0 && effective_top_k(config_, it.request) > 0 && config_.indexer_stream != config_.key_stream &&
+        config_.indexer_stream != config_.value_stream)
+      check_stream(v, config_.indexer_stream, candidates, it, i);
+    if (it.selected_physical) {
+      const stream_view& keys = v.streams[config_.key_stream];
+      std::int64_t slots = 0;
+      if (!detail::product_within(keys.capacity, keys.layout.page_size, std::numeric_limits<std::int32_t>::max(), slots))
+        detail::fail<input_error>(field(i, "selected_physical"), "non-null",
+                                  "needs the key stream's capacity × page_size = " + std::to_string(keys.capacity) +
+                                      " × " + std::to_string(keys.layout.page_size) + " below 2^31 (32-bit indices)");
+    }
+    const raw_window_config& cfg = shape_.window;
+    if (cfg.tokens == 0) return;
+    const window_view& w = v.window;
+    auto bad = [&](const char* what, auto value, const std::string& why) {
+      detail::fail<input_error>(field(i, std::string("view.window.") + what), value, why);
+    };
+    const std::int64_t value_channels = cfg.value_channels == 0 ? cfg.key_channels : cfg.value_channels;
+    if (w.keys == nullptr) bad("keys", "null", "must point to the window ring's key rows");
+    if (w.values == nullptr) bad("values", "null", "must point to the window ring's value rows (the keys when tied)");
+    if (w.kv_heads != cfg.kv_heads) bad("kv_heads", w.kv_heads, "must be the layer's " + std::to_string(cfg.kv_heads));
+    if (w.key_channels != cfg.key_channels)
+      bad("key_channels", w.key_channels, "must be the layer's " + std::to_string(cfg.key_channels));
+    if (w.value_channels != value_channels)
+      bad("value_channels", w.value_channels, "must be the layer's " + std::to_string(value_channels));
+    if (w.rows < 1 || w.rows > limits::max_tokens) bad("rows", w.rows, "must lie in [1, 2^48]");
+    if (w.first < 0 || w.first > w.tokens || w.tokens - w.first > w.rows)
+      bad("first", w.first, "must lie in [max(0, tokens − rows), tokens] (tokens = " + std::to_string(w.tokens) +
+                                ", rows = " + std::to_string(w.rows) + ")");
+    if (w.tokens <= t) bad("tokens", w.tokens, "must exceed request.position = " + std::to_string(t));
+    const std::int64_t first = std::max<std::int64_t>(0, t - cfg.tokens + 1);
+    if (first < w.first)
+      detail::fail<input_error>(field(i, "request.position"), t,
+                                "needs window tokens from " + std::to_string(first) +
+                                    ", but the cache keeps only tokens from " + std::to_string(w.first));
+  }
+
+  // Stream k of the view: the reader's element shape in a packed NHD layout, and a page table
+  // whose first pages — those holding entries [0, candidates) — name pages of the arena.
+  void check_stream(const sequence_view& v, std::size_t k, std::int64_t candidates, const read_item&, std::ptrdiff_t i) const {
+    const stream_view& s = v.streams[k];
+    const stream_shape& st = shape_.streams[k];
+    const page_layout& l = s.layout;
+    const std::string f = "view.streams[" + std::to_string(k) + "]";
+    auto bad = [&](const std::string& what, auto value, const std::string& why) {
+      detail::fail<input_error>(field(i, f + "." + what), value, why);
+    };
+    if (l.storage != st.storage) bad("layout.storage", to_string(l.storage), std::string("must be the stream's ") + to_string(st.storage));
+    if (l.kv_heads != st.kv_heads) bad("layout.kv_heads", l.kv_heads, "must be the stream's " + std::to_string(st.kv_heads));
+    if (l.channels != st.channels) bad("layout.channels", l.channels, "must be the stream's " + std::to_string(st.channels));
+    const std::int64_t e = bytes_per_element(st.storage);
+    if (l.element_bytes != e) bad("layout.element_bytes", l.element_bytes, "must be " + std::to_string(e));
+    if (l.page_size < 1 || l.page_size > limits::max_tokens) bad("layout.page_size", l.page_size, "must lie in [1, 2^48]");
+    if (l.head_stride != l.channels || l.head_stride_bytes != l.channels * e)
+      bad("layout.head_stride", l.head_stride, "must be channels = " + std::to_string(l.channels) + " (packed heads)");
+    if (l.entry_stride != l.kv_heads * l.channels || l.entry_stride_bytes != l.entry_stride * e)
+      bad("layout.entry_stride", l.entry_stride,
+          "must be kv_heads × channels = " + std::to_string(l.kv_heads * l.channels) + " (packed entries)");
+    std::int64_t payload = 0;
+    if (!detail::product_within(l.page_size, l.entry_stride_bytes, limits::max_bytes, payload) ||
+        l.page_stride_bytes < payload || l.page_stride_bytes % e != 0 || l.page_stride * e != l.page_stride_bytes)
+      bad("layout.page_stride_bytes", l.page_stride_bytes,
+          "must hold page_size entries (" + std::to_string(payload) + " bytes), a whole number of elements, page_stride = bytes / element");
+    std::int64_t arena = 0;
+    if (s.capacity < 0 || !detail::product_within(s.capacity, l.page_stride_bytes, limits::max_bytes, arena))
+      bad("capacity", s.capacity, "must be non-negative and the arena at most 2^48 bytes");
+    if (s.entries < candidates)
+      bad("entries", s.entries, "must be at least the " + std::to_string(candidates) +
+                                    " entries a query at request.position may see (geometry.visible_entries)");
+    const std::int64_t pages = (candidates + l.page_size - 1) / l.page_size;
+    if (static_cast<std::int64_t>(s.pages.size()) < pages)
+      bad("pages.size()", s.pages.size(), "must cover the " + std::to_string(candidates) + " entries read (" +
+                                              std::to_string(pages) + " pages)");
+    if (pages == 0) return;
+    if (s.pages.data() == nullptr) bad("pages.data()", "null", "must not be null when pages are read");
+    if (s.base == nullptr) bad("base", "null", "must point to page 0 of the stream's arena");
+    if (reinterpret_cast<std::uintptr_t>(s.base) % static_cast<std::uintptr_t>(e) != 0)
+      bad("base", "misaligned", "must be aligned to the element size " + std::to_string(e));
+    for (std::int64_t p = 0; p < pages; ++p) {
+      const page_id id = s.pages[static_cast<std::size_t>(p)];
+      if (id < 0 || id >= s.capacity)
+        bad("pages[" + std::to_string(p) + "]", id, "must lie in [0, capacity = " + std::to_string(s.capacity) + ")");
+    }
+  }
+
+  // ---- the read ------------------------------------------------------------------------------
+
+  // Every item checked first (so a bad one changes nothing), then the batch in waves of a few
+  // sequences per thread the executor runs: each wave's scratch (prepared queries, scores,
+  // selections) is still in the caches when its later phases use it, where phases over the whole
+  // batch would have evicted it (measured: 9% per sequence at 4K). Waves change which sequences
+  // share a phase, never the arithmetic of one sequence.
+  void run(span<const read_item> items, bool single) {
+    const std::size_t count = items.size();
+    for (std::size_t i = 0; i < count; ++i) check_item(items[i], single ? -1 : static_cast<std::ptrdiff_t>(i));
+    const auto wave = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * executor_->concurrency()));
+    for (std::size_t first = 0; first < count; first += wave)
+      run_wave(items.subspan(first, std::min(wave, count - first)));
+  }
+
+  void run_wave(span<const read_item> items) {
+    const std::size_t count = items.size();
+    if (work_.size() < count) work_.resize(count);
+
+    // The plan of every sequence, and the scoring tasks (sequence × chunk of whole pages).
+    score_jobs_.clear();
+    for (std::size_t s = 0; s < count; ++s) {
+      sequence_work& w = work_[s];
+      const read_request& r = items[s].request;
+      w.item = &items[s];
+      w.position = r.position;
+      w.candidates = shape_.geom.visible_entries(r.position);
+      w.top_k = effective_top_k(config_, r);
+      const std::int64_t n_win_tokens = shape_.window.tokens;
+      w.w_first = n_win_tokens > 0 ? std::max<std::int64_t>(0, r.position - n_win_tokens + 1) : r.position + 1;
+      w.n_win = r.position + 1 - w.w_first;
+      w.tracing = items[s].trace != nullptr;
+      w.chunks = 0;
+      if (config_.top_k > 0 && w.top_k > 0) {
+        const std::int64_t page_size = items[s].view->streams[config_.indexer_stream].layout.page_size;
+        w.chunk = std::max<std::int64_t>(1, score_chunk_entries / page_size) * page_size;
+        w.chunks = (w.candidates + w.chunk - 1) / w.chunk;
+        for (std::int64_t c = 0; c < w.chunks; ++c) score_jobs_.push_back({static_cast<std::int64_t>(s), c});
+      }
+    }
+
+    auto prepare = [&](std::int64_t s) { prepare_sequence(work_[static_cast<std::size_t>(s)]); };
+    executor_->for_each(static_cast<std::int64_t>(count), prepare);
+    auto score = [&](std::int64_t job) {
+      const auto [s, c] = score_jobs_[static_cast<std::size_t>(job)];
+      score_chunk(work_[static_cast<std::size_t>(s)], c);
+    };
+    executor_->for_each(static_cast<std::int64_t>(score_jobs_.size()), score);
+    auto select = [&](std::int64_t s) { finish_selection(work_[static_cast<std::size_t>(s)]); };
+    executor_->for_each(static_cast<std::int64_t>(count), select);
+
+    // 3: attention over the keys [entries …, window tokens …] in pieces of a fixed number of keys
+    // per KV head, each an online-softmax state merged in key order. With at least as many
+    // (sequence × KV head) tasks as the executor runs at once, each task runs its pieces itself
+    // and merges as it goes (its scratch stays in the core's caches); with fewer, pieces are
+    // tasks of their own, merged afterwards. The merges are the same either way.
+    const std::int64_t groups = static_cast<std::int64_t>(count) * kv_heads_;
+    if (groups >= executor_->concurrency()) {
+      auto attend = [&](std::int64_t task) {
+        sequence_work& w = work_[static_cast<std::size_t>(task / kv_heads_)];
+        attend_group(w, task % kv_heads_);
+      };
+      executor_->for_each(groups, attend);
+    } else {
+      piece_jobs_.clear();
+      for (std::size_t s = 0; s < count; ++s)
+        for (std::int64_t g = 0; g < kv_heads_; ++g)
+          for (std::size_t p = 0; p < work_[s].pieces.size(); ++p)
+            piece_jobs_.push_back({static_cast<std::int64_t>(s), g, static_cast<std::int64_t>(p)});
+      if (piece_states_.size() < piece_jobs_.size()) piece_states_.resize(piece_jobs_.size());
+      auto attend = [&](std::int64_t task) {
+        const piece_job& j = piece_jobs_[static_cast<std::size_t>(task)];
+        sequence_work& w = work_[static_cast<std::size_t>(j.sequence)];
+        attend_piece(w, j.group, w.pieces[static_cast<std::size_t>(j.piece)], piece_states_[static_cast<std::size_t>(task)]);
+      };
+      executor_->for_each(static_cast<std::int64_t>(piece_jobs_.size()), attend);
+      std::size_t task = 0;
+      for (std::size_t s = 0; s < count; ++s)
+        for (std::int64_t g = 0; g < kv_heads_; ++g) {
+          total_.reset(config_.query_heads / kv_heads_, value_channels_);
+          for (std::size_t p = 0; p < work_[s].pieces.size(); ++p) total_.merge(piece_states_[task++].state);
+          finish_group(work_[s], g, total_);
+        }
+    }
+    for (std::size_t s = 0; s < count; ++s)
+      if (items[s].trace) write_trace(work_[s], *items[s].trace);
+  }
+
+  // Before scoring: the indexer queries in the kernel's layout, the attention queries per KV
+  // head, the window rows, the de-rotation angles.
+  void prepare_sequence(sequence_work& w) {
+    const read_item& it = *w.item;
+    const read_request& r = it.request;
+    if (w.chunks > 0) {
+      w.bf16_dot = prepare_indexer(w, r);
+      w.scores.resize(static_cast<std::size_t>(w.candidates));
+      w.score_tasks.resize(static_cast<std::size_t>(w.chunks));
+    }
+    const std::int64_t group = config_.query_heads / kv_heads_;
+    w.queries.resize(static_cast<std::size_t>(kv_heads_));
+    for (std::int64_t g = 0; g < kv_heads_; ++g)
+      attention_kernel::prepare(r.queries.data() + g * group * key_channels_, group, key_channels_, scale_,
+                                w.queries[static_cast<std::size_t>(g)]);
+    find_window(w, it.view->window);
+    if (config_.derotate_output) {
+      w.rope_cos.resize(static_cast<std::size_t>(2 * rope_.pairs()));
+      rope_.angles(static_cast<double>(w.position), w.rope_cos.data(), w.rope_cos.data() + rope_.pairs());
+    }
+  }
+
+  // The indexer queries in the layout of the kernel that will score them; true when that is the
+  // bf16 dot-product kernel (bf16 precision, AVX512-BF16, an even channel count).
+  bool prepare_indexer(sequence_work& w, const read_request& r) {
+    const float* queries = r.indexer_queries.data();
+    if (config_.precision == indexer_precision::bf16) {
+#if PHASEKV_HAS_BF16_DOT
+      if (kernels::indexer_bf16::supports(indexer_channels_)) {
+        kernels::indexer_bf16::prepare(queries, r.indexer_weights.data(), config_.indexer_heads, indexer_channels_,
+                                       w.indexer_bf16_queries);
+        return true;
+      }
+#endif
+      w.rounded_queries.resize(r.indexer_queries.size());
+      kernels::round_to_bf16(queries, static_cast<std::int64_t>(r.indexer_queries.size()), w.rounded_queries.data());
+      queries = w.rounded_queries.data();
+    }
+    kernels::indexer<>::prepare(queries, r.indexer_weights.data(), config_.indexer_heads, indexer_channels_,
+                                w.indexer_queries);
+    return false;
+  }
+
+  // Scores I_j of one chunk of whole pages into w.scores, and the chunk's top k.
+  void score_chunk(sequence_work& w, std::int64_t c) {
+    const stream_view& sv = w.item->view->streams[config_.indexer_stream];
+    const page_layout& layout = sv.layout;
+    const std::int64_t page_size = layout.page_size;
+    score_task& task = w.score_tasks[static_cast<std::size_t>(c)];
+    const std::int64_t first = c * w.chunk, last = std::min(w.candidates, first + w.chunk);
+    for (std::int64_t j = first; j < last; j += page_size) {
+      const std::int64_t count = std::min(page_size, last - j);
+      const std::byte* bytes = sv.base + sv.pages[static_cast<std::size_t>(j / page_size)] * layout.page_stride_bytes;
+#if PHASEKV_HAS_BF16_DOT
+      if (w.bf16_dot) {
+        kernels::indexer_bf16::score(w.indexer_bf16_queries, reinterpret_cast<const std::uint16_t*>(bytes),
+                                     layout.entry_stride, count, w.scores.data() + j);
+        continue;
+      }
+#endif
+      const float* keys = page_floats(layout, bytes, count, task.page);
+      kernels::indexer<>::score(w.indexer_queries, keys, count, w.scores.data() + j);
+    }
+    rank_keys(span<const float>(w.scores.data() + first, static_cast<std::size_t>(last - first)), first, task.best);
+    keep_top_keys(task.best, w.top_k, false);
+  }
+
+  // The chunks' winners merged into the top k in rank order; the selected-entry outputs; the
+  // attention pieces.
+  void finish_selection(sequence_work& w) {
+    const read_item& it = *w.item;
+    const bool selecting = config_.top_k > 0;
+    if (selecting) {
+      w.selection.clear();
+      w.winners.clear();
+      for (std::int64_t c = 0; c < w.chunks; ++c) {
+        const auto& best = w.score_tasks[static_cast<std::size_t>(c)].best;
+        w.winners.insert(w.winners.end(), best.begin(), best.end());
+      }
+      keep_top_keys(w.winners, w.top_k, true);
+      w.selection.resize(w.winners.size());
+      for (std::size_t r = 0; r < w.winners.size(); ++r) {
+        const std::int64_t j = rank_key_index(w.winners[r]);
+        w.selection[r] = {j, w.scores[static_cast<std::size_t>(j)]};
+      }
+      write_selected(w, it);
+    }
+    w.n_entries = selecting ? static_cast<std::int64_t>(w.selection.size()) : w.candidates;
+    plan_pieces(w);
+    if (w.tracing) {
+      w.entry_logits.resize(config_.query_heads, w.n_entries);
+      w.window_logits.resize(config_.query_heads, w.n_win);
+      w.final_max.resize(config_.query_heads);
+      w.final_norm.resize(config_.query_heads);
+    }
+  }
+
+  // Logical ids and physical indices (key stream: page · page_size + slot) in rank order, −1 after.
+  void write_selected(const sequence_work& w, const read_item& it) const {
+    const stream_view& keys = it.view->streams[config_.key_stream];
+    const std::int64_t page_size = keys.layout.page_size;
+    const std::size_t n = w.selection.size();
+    for (std::int64_t r = 0; r < w.top_k; ++r) {
+      const auto rank = static_cast<std::size_t>(r);
+      const std::int64_t j = rank < n ? w.selection[rank].index : -1;
+      if (it.selected_logical) it.selected_logical[r] = static_cast<std::int32_t>(j);
+      if (it.selected_physical)
+        it.selected_physical[r] =
+            j < 0 ? -1 : static_cast<std::int32_t>(keys.pages[static_cast<std::size_t>(j / page_size)] * page_size + j % page_size);
+    }
+  }
 
   // Pieces are never empty: a read without keys has no pieces, and its heads' states stay empty.
-  void plan_pieces(std::int64_t n_entries, std::int64_t n_win) {
-    pieces_.clear();
-    const key_source entries = selected_ ? key_source::selected : key_source::candidates;
-    for (std::int64_t i = 0; i < n_entries; i += attention_piece_keys)
-      pieces_.push_back({entries, i, std::min(attention_piece_keys, n_entries - i)});
-    for (std::int64_t i = 0; i < n_win; i += attention_piece_keys)
-      pieces_.push_back({key_source::window, i, std::min(attention_piece_keys, n_win - i)});
+  void plan_pieces(sequence_work& w) const {
+    w.pieces.clear();
+    const key_source entries = config_.top_k > 0 ? key_source::selected : key_source::candidates;
+    for (std::int64_t i = 0; i < w.n_entries; i += attention_piece_keys)
+      w.pieces.push_back({entries, i, std::min(attention_piece_keys, w.n_entries - i)});
+    for (std::int64_t i = 0; i < w.n_win; i += attention_piece_keys)
+      w.pieces.push_back({key_source::window, i, std::min(attention_piece_keys, w.n_win - i)});
+  }
+
+  // ---- attention -----------------------------------------------------------------------------
+
+  // The query heads of KV head g over all the read's pieces, in key order, merged as they come.
+  void attend_group(sequence_work& w, std::int64_t g) {
+    attention_slot* slot = take_slot();
+    struct give_back {
+      sparse_reader* reader;
+      attention_slot* slot;
+      ~give_back() { reader->return_slot(slot); }
+    } guard{this, slot};
+    slot->total.reset(config_.query_heads / kv_heads_, value_channels_);
+    for (const piece& pc : w.pieces) {
+      attend_piece(w, g, pc, slot->piece);
+      slot->total.merge(slot->piece.state);
+    }
+    finish_group(w, g, slot->total);
+  }
+
+  attention_slot* take_slot() {
+    std::lock_guard<std::mutex> lock(slots_->mutex);
+    if (slots_->free.empty()) {
+      slots_->all.push_back(std::make_unique<attention_slot>());
+      slots_->free.reserve(slots_->all.size());  // so that return_slot() never allocates
+      return slots_->all.back().get();
+    }
+    attention_slot* slot = slots_->free.back();
+    slots_->free.pop_back();
+    return slot;
+  }
+  void return_slot(attention_slot* slot) noexcept {
+    std::lock_guard<std::mutex> lock(slots_->mutex);
+    slots_->free.push_back(slot);
   }
 
   // The state of the query heads of KV head g over one piece's keys.
-  void attend_piece(sequence_id seq, std::int64_t g, const piece& pc, piece_state& ps) {
-    const attention_kernel::prepared& q = queries_[static_cast<std::size_t>(g)];
-    find_rows(seq, g, pc, ps);
+  void attend_piece(sequence_work& w, std::int64_t g, const piece& pc, piece_state& ps) const {
+    const attention_kernel::prepared& q = w.queries[static_cast<std::size_t>(g)];
+    find_rows(w, g, pc, ps);
     ps.logits.resize(static_cast<std::size_t>(pc.count * q.padded));
     attention_kernel::logits(q, ps.keys.data(), pc.count, ps.logits.data());
-    if (tracing_) {
-      matrix& kept = pc.source == key_source::window ? window_logits_ : entry_logits_;
+    if (w.tracing) {
+      matrix& kept = pc.source == key_source::window ? w.window_logits : w.entry_logits;
       for (std::int64_t k = 0; k < pc.count; ++k)
         for (std::int64_t h = 0; h < q.heads; ++h) kept(g * q.heads + h, pc.first + k) = ps.logits[k * q.padded + h];
     }
@@ -433,36 +751,78 @@ class sparse_reader {
     attention_kernel::output(ps.logits.data(), q.padded, q.heads, ps.values.data(), pc.count, value_channels_, out);
   }
 
+  // KV head g's heads from the merged state: output, log-sum-exp, trace factors, de-rotation.
+  void finish_group(sequence_work& w, std::int64_t g, const softmax_state& total) const {
+    const read_item& it = *w.item;
+    const std::int64_t group = config_.query_heads / kv_heads_;
+    const float* sinks = config_.sink ? it.request.sinks.data() + g * group : nullptr;
+    float* out = it.out + g * group * value_channels_;
+    total.finish(out, sinks);
+    if (it.lse)
+      for (std::int64_t h = 0; h < group; ++h) it.lse[g * group + h] = total.log_denominator(h, sinks);
+    if (w.tracing)
+      for (std::int64_t h = 0; h < group; ++h) {
+        w.final_max[g * group + h] = total.max_logit(h);
+        w.final_norm[g * group + h] = total.normaliser(h, sinks);
+      }
+    if (config_.derotate_output)
+      for (std::int64_t h = 0; h < group; ++h)
+        rope_.apply(out + h * value_channels_, w.rope_cos.data(), w.rope_cos.data() + rope_.pairs(), -1.0f);
+  }
+
+  // ---- rows ----------------------------------------------------------------------------------
+
+  // A page's first `count` entries as fp32 rows: the page itself, or a converted copy in `scratch`.
+  static const float* page_floats(const page_layout& layout, const std::byte* bytes, std::int64_t count,
+                                  std::vector<float>& scratch) {
+    if (layout.storage == storage_type::f32) return reinterpret_cast<const float*>(bytes);
+    scratch.resize(static_cast<std::size_t>(count * layout.entry_stride));
+    load_row(bytes, scratch.data(), count * layout.entry_stride, layout.storage);
+    return scratch.data();
+  }
+
+  // Where the window tokens [w_first, w_first + n_win) lie in the ring (fp32 rows).
+  void find_window(sequence_work& w, const window_view& ring) const {
+    const auto n = static_cast<std::size_t>(w.n_win);
+    w.window_keys.resize(n);
+    w.window_values.resize(n);
+    const std::int64_t key_floats = ring.kv_heads * ring.key_channels, value_floats = ring.kv_heads * ring.value_channels;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::int64_t row = (w.w_first + static_cast<std::int64_t>(i)) % ring.rows;
+      w.window_keys[i] = ring.keys + row * key_floats;
+      w.window_values[i] = ring.values + row * value_floats;
+    }
+  }
+
   // Row pointers to KV head g's keys and values of a piece.
-  void find_rows(sequence_id seq, std::int64_t g, const piece& pc, piece_state& ps) const {
+  void find_rows(const sequence_work& w, std::int64_t g, const piece& pc, piece_state& ps) const {
     const auto n = static_cast<std::size_t>(pc.count);
     ps.keys.resize(n);
     ps.values.resize(n);
     if (pc.source == key_source::window) {
       for (std::size_t i = 0; i < n; ++i) {
-        ps.keys[i] = window_keys_[static_cast<std::size_t>(pc.first) + i] + g * key_channels_;
-        ps.values[i] = window_values_[static_cast<std::size_t>(pc.first) + i] + g * value_channels_;
+        ps.keys[i] = w.window_keys[static_cast<std::size_t>(pc.first) + i] + g * key_channels_;
+        ps.values[i] = w.window_values[static_cast<std::size_t>(pc.first) + i] + g * value_channels_;
       }
       return;
     }
-    entry_rows(seq, config_.key_stream, g, key_channels_, pc, ps.key_rows, ps.keys);
+    const sequence_view& v = *w.item->view;
+    entry_rows(w, v.streams[config_.key_stream], g, key_channels_, pc, ps.key_rows, ps.keys);
     if (config_.key_stream == config_.value_stream) ps.values = ps.keys;
-    else entry_rows(seq, config_.value_stream, g, value_channels_, pc, ps.value_rows, ps.values);
+    else entry_rows(w, v.streams[config_.value_stream], g, value_channels_, pc, ps.value_rows, ps.values);
   }
 
   // KV head g's channels of the piece's entries in one stream: pointers into the pages (fp32
   // storage), or to rows converted into `converted`.
-  void entry_rows(sequence_id seq, std::size_t stream, std::int64_t g, std::int64_t channels, const piece& pc,
-                  std::vector<float>& converted, std::vector<const float*>& rows) const {
-    const page_pool& pool = cache_->pool(stream);
-    const page_layout& layout = pool.layout();
-    const auto& table = cache_->page_table(seq, stream);
+  static void entry_rows(const sequence_work& w, const stream_view& sv, std::int64_t g, std::int64_t channels,
+                         const piece& pc, std::vector<float>& converted, std::vector<const float*>& rows) {
+    const page_layout& layout = sv.layout;
     const bool f32 = layout.storage == storage_type::f32;
     if (!f32) converted.resize(static_cast<std::size_t>(pc.count * channels));
     for (std::int64_t i = 0; i < pc.count; ++i) {
       const std::int64_t j =
-          pc.source == key_source::selected ? selection_[static_cast<std::size_t>(pc.first + i)].index : pc.first + i;
-      const std::byte* src = pool.base() + table[static_cast<std::size_t>(j / layout.page_size)] * layout.page_stride_bytes +
+          pc.source == key_source::selected ? w.selection[static_cast<std::size_t>(pc.first + i)].index : pc.first + i;
+      const std::byte* src = sv.base + sv.pages[static_cast<std::size_t>(j / layout.page_size)] * layout.page_stride_bytes +
                              (j % layout.page_size) * layout.entry_stride_bytes + g * layout.head_stride_bytes;
       if (f32) {
         rows[static_cast<std::size_t>(i)] = reinterpret_cast<const float*>(src);
@@ -474,31 +834,34 @@ class sparse_reader {
     }
   }
 
+  // ---- trace ---------------------------------------------------------------------------------
+
   // The read's final probabilities, exp(ℓ − m) · normaliser per head, averaged over query heads.
-  void write_trace(read_trace& tr, std::int64_t candidates, std::int64_t n_entries, std::int64_t w_first,
-                   std::int64_t n_win) const {
-    tr.candidates = candidates;
+  void write_trace(const sequence_work& w, read_trace& tr) const {
+    const bool selecting = config_.top_k > 0;
+    const std::int64_t n_entries = w.n_entries, n_win = w.n_win;
+    tr.candidates = w.candidates;
     tr.selected.resize(static_cast<std::size_t>(n_entries));
     tr.scores.clear();
     for (std::int64_t i = 0; i < n_entries; ++i) {
-      tr.selected[static_cast<std::size_t>(i)] = selected_ ? selection_[static_cast<std::size_t>(i)].index : i;
-      if (selected_) tr.scores.push_back(selection_[static_cast<std::size_t>(i)].score);
+      tr.selected[static_cast<std::size_t>(i)] = selecting ? w.selection[static_cast<std::size_t>(i)].index : i;
+      if (selecting) tr.scores.push_back(w.selection[static_cast<std::size_t>(i)].score);
     }
     tr.entry_mass.assign(static_cast<std::size_t>(n_entries), 0.0f);
-    tr.window_first = w_first;
+    tr.window_first = w.w_first;
     tr.window_token_mass.assign(static_cast<std::size_t>(n_win), 0.0f);
     tr.window_mass = 0.0f;
     tr.sink_mass = 0.0f;
     for (std::int64_t h = 0; h < config_.query_heads; ++h) {
-      const float norm = final_norm_[h], m = final_max_[h];
+      const float norm = w.final_norm[h], m = w.final_max[h];
       float total = 0.0f;
       for (std::int64_t i = 0; i < n_entries; ++i) {
-        const float p = norm > 0.0f ? std::exp(entry_logits_(h, i) - m) * norm : 0.0f;
+        const float p = norm > 0.0f ? std::exp(w.entry_logits(h, i) - m) * norm : 0.0f;
         tr.entry_mass[static_cast<std::size_t>(i)] += p;
         total += p;
       }
       for (std::int64_t i = 0; i < n_win; ++i) {
-        const float p = norm > 0.0f ? std::exp(window_logits_(h, i) - m) * norm : 0.0f;
+        const float p = norm > 0.0f ? std::exp(w.window_logits(h, i) - m) * norm : 0.0f;
         tr.window_token_mass[static_cast<std::size_t>(i)] += p;
         tr.window_mass += p;
         total += p;
@@ -512,7 +875,14 @@ class sparse_reader {
     tr.sink_mass *= inv;
   }
 
-  const Cache* cache_;
+  struct score_job {
+    std::int64_t sequence, chunk;
+  };
+  struct piece_job {
+    std::int64_t sequence, group, piece;
+  };
+
+  layer_shape shape_;
   reader_config config_;
   rope_rotation rope_;
   float scale_ = 1.0f;
@@ -521,23 +891,19 @@ class sparse_reader {
   executor* executor_ = &default_executor();
 
   // Scratch, reused across reads.
-  bool selected_ = false, tracing_ = false;
-  std::vector<float> scores_, rope_cos_;
-  kernels::indexer<>::prepared indexer_queries_;
-#if PHASEKV_HAS_BF16_DOT
-  kernels::indexer_bf16::prepared indexer_bf16_queries_;
-#endif
-  std::vector<float> rounded_queries_;  // bf16 precision without the bf16 kernel
-  std::vector<scored_entry> selection_;
-  std::vector<score_task> score_tasks_;
-  std::vector<std::uint64_t> winners_;
-  std::vector<piece> pieces_;
-  std::vector<attention_kernel::prepared> queries_;  // per KV head
-  std::vector<piece_state> piece_states_;  // [KV head][piece]
+  std::vector<sequence_work> work_;
+  std::vector<score_job> score_jobs_;
+  std::vector<piece_job> piece_jobs_;
+  std::vector<piece_state> piece_states_;  // per piece task, when pieces are tasks of their own
   softmax_state total_;
-  std::vector<const float*> window_keys_, window_values_;  // the read's window rows in the ring
-  matrix entry_logits_, window_logits_;    // per query head, for the trace
-  Eigen::VectorXf final_max_, final_norm_;  // per query head, for the trace
+  // Scratch of the (sequence × KV head) tasks running at once, handed out under a mutex (behind a
+  // pointer, so the reader stays movable).
+  struct slot_pool {
+    std::mutex mutex;
+    std::vector<std::unique_ptr<attention_slot>> all;
+    std::vector<attention_slot*> free;
+  };
+  std::unique_ptr<slot_pool> slots_ = std::make_unique<slot_pool>();
 };
 
 }  // namespace phasekv

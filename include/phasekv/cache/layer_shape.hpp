@@ -1,0 +1,53 @@
+#pragma once
+// What a reader needs to know about a layer before it sees any sequence (DESIGN.md §5): the
+// geometry its entries were pooled with, per stream the shape of one entry and whether the
+// entries carry RoPE, and the raw window's shape. Data only: paged_cache::shape() fills it from
+// its compressors and pools, and a host that keeps its KV memory in its own arena fills it by
+// hand from its model config. A sequence's memory is described separately, per read
+// (sequence_view.hpp).
+//
+//   layer_shape shape;
+//   shape.geom = presets::deepseek_v4_csa_geometry();
+//   shape.streams = {{"kv", stream_role::key_value, 1, 512, storage_type::f32, true, kv_rope},
+//                    {"indexer", stream_role::indexer, 1, 128, storage_type::f32, false, {}}};
+//   shape.window = raw_window_config{128, 1, 512, 0};
+//   sparse_reader reader(shape, reader_config{...});
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "phasekv/cache/storage.hpp"
+#include "phasekv/compress/stream_config.hpp"
+#include "phasekv/core/geometry.hpp"
+#include "phasekv/core/rope.hpp"
+
+namespace phasekv {
+
+// The raw local window a sequence keeps next to its compressed entries (DESIGN.md §4).
+struct raw_window_config {
+  std::int64_t tokens = 0;          // N_win; 0 keeps no window
+  std::int64_t kv_heads = 1;
+  std::int64_t key_channels = 0;
+  std::int64_t value_channels = 0;  // 0: tied K/V, the keys are also the values
+};
+
+// One stream's entries: kv_heads × channels elements of `storage`, and whether the policy that
+// wrote them rotated them by RoPE (only then does `rope` mean anything).
+struct stream_shape {
+  std::string name = "stream";
+  stream_role role = stream_role::key_value;
+  std::int64_t kv_heads = 1;
+  std::int64_t channels = 0;
+  storage_type storage = storage_type::f32;
+  bool applies_rope = false;
+  rope_config rope;
+};
+
+struct layer_shape {
+  geometry geom;
+  std::vector<stream_shape> streams;
+  raw_window_config window;
+};
+
+}  // namespace phasekv

@@ -1,0 +1,75 @@
+#pragma once
+// A non-owning view of one sequence's KV memory, as the reader reads it (DESIGN.md §4–5): per
+// stream the pages (base, layout, page table, entry count), the raw window ring, the token count.
+// Data only, no engine code: paged_cache::view_of() fills one under a single lock, and a host
+// that owns its KV memory — its own arena, its own page tables — fills one by hand and reads it
+// through sparse_reader the same way. Engines build dozens per step, so a view holds its streams
+// in a fixed-capacity array and never allocates.
+//
+// Stream k's entry e (of entries [0, entries)) lives in page pages[e / page_size], slot
+// e % page_size; its head h, channel c at
+//
+//   base + pages[e / page_size] · page_stride_bytes + (e % page_size) · entry_stride_bytes
+//        + h · head_stride_bytes + c · element_bytes
+//
+// — FlashInfer's NHD paged layout with the page stride free, so a host may interleave other
+// data between its pages (a vLLM-style [pages][K|V][slots][heads][channels] arena is two stream
+// views with the same page table and bases 0 and slots·heads·channels elements apart). Within a
+// page, entries and heads are packed: head_stride = channels, entry_stride = kv_heads · channels
+// (the reader's kernels stream whole entries). page_layout::for_config() makes such a layout.
+// `capacity` is the number of pages from `base` the host's arena holds: the reader checks every
+// page id it will touch against it, so a bad page table is an input_error, never a stray read.
+//
+// Raw window: token t's key row (kv_heads × key_channels fp32, already RoPE'd at t) is row
+// t % rows of `keys`, its value row likewise in `values` (== keys for tied K/V). Tokens
+// [first, tokens) are valid. A read at position t needs window tokens
+// [max(0, t − N_win + 1), t] (N_win: the layer_shape's window.tokens).
+//
+// Coverage: a read at position t reads entries [0, geom.visible_entries(t)) of the streams it
+// uses (key, value, and the indexer's when it selects), so each such stream view must hold at
+// least that many (entries ≥ visible_entries(t), and pages cover them). A host view may hold more
+// than geom.completed_entries(tokens) — the reader never looks past what the position sees — but
+// not fewer. Validation names the field: "view.streams[1].entries = 7: ...".
+//
+// Lifetime: a view borrows. One from paged_cache stays valid until the next call that writes that
+// sequence (append, remove_suffix, copy onto it, free); reading it concurrently with appends to
+// other sequences is safe (their pages are different or immutable, see paged_cache.hpp).
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "phasekv/cache/page_pool.hpp"
+#include "phasekv/core/span.hpp"
+
+namespace phasekv {
+
+struct stream_view {
+  const std::byte* base = nullptr;  // page 0 of the stream's arena
+  page_layout layout;
+  std::int64_t capacity = 0;        // pages the arena holds from base: page ids lie in [0, capacity)
+  span<const page_id> pages;        // the sequence's page table
+  std::int64_t entries = 0;         // complete entries of the sequence in this stream
+};
+
+struct window_view {
+  const float* keys = nullptr;    // [rows][kv_heads][key_channels]
+  const float* values = nullptr;  // [rows][kv_heads][value_channels]; == keys for tied K/V
+  std::int64_t rows = 0;          // ring rows: token t in row t % rows
+  std::int64_t first = 0;         // valid tokens [first, tokens)
+  std::int64_t tokens = 0;
+  std::int64_t kv_heads = 0;
+  std::int64_t key_channels = 0;
+  std::int64_t value_channels = 0;
+};
+
+struct sequence_view {
+  static constexpr std::size_t max_streams = 8;
+
+  std::int64_t tokens = 0;  // tokens appended: a read's position lies in [0, tokens)
+  std::array<stream_view, max_streams> streams{};
+  std::size_t stream_count = 0;
+  window_view window;
+};
+
+}  // namespace phasekv
