@@ -23,6 +23,7 @@
 #include "phasekv/compress/stream_state.hpp"
 
 // core
+#include "phasekv/core/crc32c.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
 #include "phasekv/core/geometry.hpp"
