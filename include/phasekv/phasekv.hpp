@@ -9,6 +9,7 @@
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/presets.hpp"
+#include "phasekv/cache/snapshot.hpp"
 #include "phasekv/cache/storage.hpp"
 
 // compress

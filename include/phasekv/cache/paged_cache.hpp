@@ -437,6 +437,9 @@ class paged_cache {
     return v;
   }
 
+  // cache/snapshot.hpp saves a sequence's record and restores one as a new sequence.
+  friend struct detail::snapshot_access;
+
  private:
   struct sequence {
     typename layer::states states;
