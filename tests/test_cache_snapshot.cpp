@@ -185,6 +185,25 @@ TEST_CASE("crc32c: a buffer checksummed in pieces equals the whole", "[snapshot]
   }
 }
 
+TEST_CASE("crc32c: the merge algebra shifts a register over zero bytes", "[snapshot][crc32c]") {
+  // By definition the register update over n zero bytes multiplies the register by x^(8n) mod P;
+  // the chains are merged with exactly that multiplication (the bitwise one, or PCLMULQDQ).
+  namespace impl = detail::crc32c_impl;
+  std::mt19937 rng(3);
+  for (std::uint64_t n : {1u, 4u, 5u, 8u, 64u, 100u, 512u, 1024u, 4096u, 8192u}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      const auto r = static_cast<std::uint32_t>(rng());
+      std::uint32_t want = r;
+      for (std::uint64_t bit = 0; bit < 8 * n; ++bit) want = (want & 1u) ? (want >> 1) ^ 0x82F63B78u : want >> 1;
+      INFO(n << " zero bytes");
+      REQUIRE(impl::multiply(r, impl::x_power(8 * n)) == want);
+#if defined(__SSE4_2__)
+      if (8 * n >= 33) REQUIRE(impl::shift(r, impl::x_power(8 * n - 33), impl::x_power(8 * n)) == want);
+#endif
+    }
+  }
+}
+
 // ==================================================================================================
 // Shared machinery: inputs, appends, comparisons, dumps.
 
