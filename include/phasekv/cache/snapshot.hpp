@@ -56,7 +56,8 @@
 // the cache is as it was. Checking them in a pass of their own first would read every byte twice
 // (restore would fall to about half of memcpy's speed). So a corrupt entry section restored into
 // a full pool reports the capacity_error, not the corruption, and until restore returns other
-// threads may see those pages in use. std::bad_alloc also leaves the cache unchanged.
+// threads may see those pages in use. Memory that cannot be allocated (std::bad_alloc anywhere
+// inside) is a capacity_error too, with the cache unchanged, as for the cache's own calls.
 //
 // Every single-bit error is detected with certainty: each byte of a snapshot lies in exactly one
 // CRC-32C-protected range (preamble, header, one section), and a CRC detects every single-bit
@@ -126,7 +127,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <mutex>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -139,6 +140,7 @@
 #include "phasekv/core/crc32c.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
+#include "phasekv/core/limits.hpp"
 #include "phasekv/core/span.hpp"
 
 namespace phasekv {
@@ -576,7 +578,7 @@ inline void check_compatible(const fingerprint& s, const fingerprint& c) {
                         ", a lossy conversion (restore converts only to the same type or bf16/f16 to f32)");
   }
   // The source's history may differ (restore re-lays the rings); it only has to be a history.
-  if (s.history < 0 || s.history > (std::int64_t{1} << 40))
+  if (s.history < 0 || s.history > limits::max_history)
     fail<input_error>("snapshot: history", s.history, "must lie in [0, 2^40]");
 }
 
@@ -873,8 +875,21 @@ struct snapshot_access {
                   row_bytes);
   }
 
+  // restore(), with std::bad_alloc (at any point: nothing has changed then) as capacity_error,
+  // as the cache reports memory it cannot get.
   template <class... C>
   static sequence_id restore(paged_cache<C...>& cache, span<const std::byte> in) {
+    try {
+      return restore_unguarded(cache, in);
+    } catch (const std::bad_alloc&) {
+      throw capacity_error("snapshot: restoring into " + cache.config().name +
+                           ": memory for the sequence's compressor state, raw window or page tables could not be "
+                           "allocated (the cache is unchanged)");
+    }
+  }
+
+  template <class... C>
+  static sequence_id restore_unguarded(paged_cache<C...>& cache, span<const std::byte> in) {
     static_assert(snapshot_format::host_little_endian, "phasekv snapshots need a little-endian host");
     namespace format = snapshot_format;
     using cache_t = paged_cache<C...>;
@@ -887,12 +902,11 @@ struct snapshot_access {
     const cache_config& config = cache.config();
 
     // Token count and the lengths every section must have.
-    constexpr std::uint64_t max_tokens = std::uint64_t{1} << 60;
-    if (print.tokens > max_tokens)
-      fail<input_error>("snapshot: tokens", print.tokens, "must be at most 2^60");
+    if (print.tokens > static_cast<std::uint64_t>(limits::max_tokens))
+      fail<input_error>("snapshot: tokens", print.tokens, "must be at most 2^48");
     const auto tokens = static_cast<std::int64_t>(print.tokens);
     const std::int64_t entries = g.completed_entries(tokens);
-    const std::int64_t source_ring_rows = g.window + print.history;  // history in [0, 2^40] was checked
+    const std::int64_t source_ring_rows = g.window + print.history;  // history in [0, 2^40]: checked
     for (std::size_t k = 0; k < streams; ++k) {
       std::uint64_t expected = 0;
       const std::int64_t elements = print.streams[k].channels * print.streams[k].kv_heads;
@@ -1065,11 +1079,7 @@ struct snapshot_access {
                      in_parts.starts[k], bounce, in_parts, k);
         record->tables[k].assign(pages[k].begin(), pages[k].end());  // within the reserved capacity
       }
-      std::lock_guard<std::mutex> lock(cache.table_mutex_);
-      const sequence_id id = cache.next_id_;
-      cache.sequences_.emplace(id, std::move(record));
-      cache.next_id_ = id + 1;
-      return id;
+      return cache.insert(std::move(record));  // leaves the record with us if it throws
     } catch (...) {
       release_reversed(cache, pages, streams);
       throw;
@@ -1141,7 +1151,10 @@ std::size_t snapshot_into(const paged_cache<Compressors...>& cache, sequence_id 
 // the bytes; snapshot_into() a reused buffer avoids it.)
 template <class... Compressors>
 std::vector<std::byte> snapshot(const paged_cache<Compressors...>& cache, sequence_id id) {
-  std::vector<std::byte> out(snapshot_size(cache, id));
+  const std::size_t size = snapshot_size(cache, id);
+  std::vector<std::byte> out;
+  detail::allocate_or_fail([&] { out.resize(size); }, "snapshot: bytes of sequence", id,
+                           static_cast<std::int64_t>(size));
   snapshot_into(cache, id, span<std::byte>(out.data(), out.size()));
   return out;
 }
