@@ -856,12 +856,16 @@ struct snapshot_access {
                       snapshot_format::hex(t.crc) + ", computed " + snapshot_format::hex(crc) + ")");
   }
 
-  static void expect_bytes(const parsed& in, std::size_t i, std::uint64_t expected, bool fits, const std::string& why) {
+  // Section i must have `expected` bytes (`fits`: the product was representable); why() says
+  // what they hold (called only on failure).
+  template <class Why>
+  static void expect_bytes(const parsed& in, std::size_t i, std::uint64_t expected, bool fits, Why&& why) {
     const snapshot_format::section& t = in.table[i];
     if (!fits || t.bytes != expected)
       throw input_error("snapshot: " + snapshot_format::section_name(i, t.kind, t.stream) + " has " +
                         std::to_string(t.bytes) + " bytes, " +
-                        (fits ? "expected " + std::to_string(expected) : std::string("far fewer than")) + " (" + why + ")");
+                        (fits ? "expected " + std::to_string(expected) : std::string("far fewer than")) + " (" +
+                        why() + ")");
   }
 
   // Copies the rows of tokens [first, tokens) from a ring of `from_rows` rows to one of `to_rows`
@@ -914,9 +918,10 @@ struct snapshot_access {
                                          static_cast<std::uint64_t>(elements) *
                                              bytes_per_element(format::storage_of(print.streams[k].storage)),
                                          expected);
-      expect_bytes(in_parts, k, expected, fits,
-                   std::to_string(entries) + " entries of " + std::to_string(elements) + " " +
-                       format::storage_name(print.streams[k].storage) + " elements");
+      expect_bytes(in_parts, k, expected, fits, [&] {
+        return std::to_string(entries) + " entries of " + std::to_string(elements) + " " +
+               format::storage_name(print.streams[k].storage) + " elements";
+      });
     }
     std::array<std::int64_t, streams> payload_floats{}, logit_floats{};
     cache.for_each_stream([&](std::size_t k, const auto& c) {
@@ -927,9 +932,10 @@ struct snapshot_access {
       std::uint64_t ring = 0;
       const bool fits = format::multiply(static_cast<std::uint64_t>(source_ring_rows),
                                          static_cast<std::uint64_t>(payload_floats[k] + logit_floats[k]) * 4, ring);
-      expect_bytes(in_parts, streams + k, format::state_fields_bytes + ring, fits,
-                   std::to_string(source_ring_rows) + " ring rows of " +
-                       std::to_string(payload_floats[k] + logit_floats[k]) + " floats");
+      expect_bytes(in_parts, streams + k, format::state_fields_bytes + ring, fits, [&] {
+        return std::to_string(source_ring_rows) + " ring rows of " +
+               std::to_string(payload_floats[k] + logit_floats[k]) + " floats";
+      });
     }
     const std::int64_t window_key_floats = print.window_tokens > 0 ? print.window_kv_heads * print.window_key_channels : 0;
     const std::int64_t window_value_floats =
@@ -940,9 +946,10 @@ struct snapshot_access {
       const bool fits = format::multiply(static_cast<std::uint64_t>(source_window_rows),
                                          static_cast<std::uint64_t>(window_key_floats + window_value_floats) * 4,
                                          rows_bytes);
-      expect_bytes(in_parts, 2 * streams, format::window_fields_bytes + rows_bytes, fits,
-                   std::to_string(source_window_rows) + " window rows of " +
-                       std::to_string(window_key_floats + window_value_floats) + " floats");
+      expect_bytes(in_parts, 2 * streams, format::window_fields_bytes + rows_bytes, fits, [&] {
+        return std::to_string(source_window_rows) + " window rows of " +
+               std::to_string(window_key_floats + window_value_floats) + " floats";
+      });
     }
 
     // The small sections: verify, then check their counts fit together.
@@ -959,21 +966,21 @@ struct snapshot_access {
       f.entries = r.i64();
       f.ring_rows = r.i64();
       f.intact_from = r.i64();
-      const std::string where = "snapshot: stream " + std::to_string(k) + " compressor state: ";
+      const auto where = [k] { return "snapshot: stream " + std::to_string(k) + " compressor state: "; };
       if (f.tokens != tokens)
-        fail<input_error>(where + "tokens", f.tokens, "must equal the sequence's " + std::to_string(tokens));
+        fail<input_error>(where() + "tokens", f.tokens, "must equal the sequence's " + std::to_string(tokens));
       if (f.entries != entries)
-        fail<input_error>(where + "entries", f.entries,
+        fail<input_error>(where() + "entries", f.entries,
                           "must equal completed_entries(" + std::to_string(tokens) + ") = " + std::to_string(entries));
       if (f.ring_rows != source_ring_rows)
-        fail<input_error>(where + "ring_rows", f.ring_rows,
+        fail<input_error>(where() + "ring_rows", f.ring_rows,
                           "must be window + history = " + std::to_string(source_ring_rows));
       // The ring holds at most its rows' worth of tokens, and the next entry's inputs.
       const std::int64_t needed_from = std::max<std::int64_t>(0, g.window_start(entries));
       const std::int64_t lowest = std::max<std::int64_t>(0, tokens - f.ring_rows);
       const std::int64_t highest = needed_from >= tokens ? tokens : needed_from;
       if (f.intact_from < lowest || f.intact_from > highest)
-        fail<input_error>(where + "intact_from", f.intact_from,
+        fail<input_error>(where() + "intact_from", f.intact_from,
                           "must lie in [" + std::to_string(lowest) + ", " + std::to_string(highest) +
                               "] (within the ring, and before the inputs the next entry needs)");
     }
