@@ -225,11 +225,12 @@ inline std::uint32_t update_sse42(std::uint32_t r, const unsigned char* src, uns
 // The loop keeps 4 accumulators of 4 lanes (256 bytes per step, T = 2048), so four independent
 // multiply chains hide the multiply's latency; then folds them into one lane.
 
-// GCC 12 warns "__Y may be used uninitialized" inside its own AVX-512 intrinsics once they are
-// inlined (GCC bug 105593, fixed in GCC 13); see storage.hpp.
+// GCC 12 warns "__Y is (or may be) used uninitialized" inside its own AVX-512 intrinsics once
+// they are inlined (GCC bug 105593, fixed in GCC 13); see storage.hpp.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 // k_hi in the low qword, k_lo in the high qword: the constants that move a lane T bits on.
