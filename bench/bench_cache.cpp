@@ -8,12 +8,19 @@
 //                    flat fp32 array — what the paged cache adds is the difference
 //   fork/ctx/page    fork() + free() of a sequence of `ctx` tokens: O(pages), not O(tokens × channels)
 //   deep_copy/ctx    memcpy of that sequence's entries: what a fork that copied them would cost
+//   snapshot/ctx     snapshot_into() of a 128K-token sequence in the DeepSeek-V4 CSA decode shape
+//                    (decode_workload.hpp: K/V and indexer streams, 128-token window; fp32) into
+//                    a reused buffer
+//   restore/ctx      restore() of that snapshot into another cache (then freed, untimed)
 //
 // Counters: `vs_write_path` is the paged cache's token rate divided by the write path's. This
 // machine is shared, so the two are measured in pairs: every iteration also runs the write path
 // once with the benchmark's timer paused, both timed with steady_clock, and the counter is the
 // ratio of the accumulated times (same period, same cache state). For fork: `pages` in the
-// sequence, `per_page` = time per page, `entry_MiB` of entries shared instead of copied.
+// sequence, `per_page` = time per page, `entry_MiB` of entries shared instead of copied. For
+// snapshot and restore: `of_memcpy` = the time of a memcpy of the same byte count (buffer to
+// buffer, both already faulted in) divided by theirs, paired per iteration like vs_write_path,
+// with each thread's CPU time; `MiB` of snapshot.
 
 #include <benchmark/benchmark.h>
 
@@ -26,7 +33,11 @@
 #include <vector>
 
 #include <phasekv/cache/paged_cache.hpp>
+#include <phasekv/cache/snapshot.hpp>
 #include <phasekv/compress/presets.hpp>
+
+#include "decode_workload.hpp"
+#include "machine_limits.hpp"
 
 namespace {
 
@@ -206,6 +217,73 @@ void BM_deep_copy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(bytes));
 }
 
+// ---- snapshot and restore against memcpy ----------------------------------------------------------
+
+// The 128K-token sequence of bench_read's decode step, filled once.
+bench::sparse_workload& snapshot_workload() {
+  static const std::unique_ptr<bench::sparse_workload> w = [] {
+    auto p = std::make_unique<bench::sparse_workload>("snapshot", bench::kMaxContext, 64);
+    p->fill();
+    return p;
+  }();
+  return *w;
+}
+
+// A memcpy of `bytes.size()` bytes into `scratch`, timed with the thread's CPU time.
+double memcpy_seconds(const std::vector<std::byte>& bytes, std::vector<std::byte>& scratch) {
+  const double t0 = bench::thread_seconds();
+  std::memcpy(scratch.data(), bytes.data(), bytes.size());
+  benchmark::DoNotOptimize(scratch.data());
+  benchmark::ClobberMemory();
+  return bench::thread_seconds() - t0;
+}
+
+void report_of_memcpy(benchmark::State& state, std::size_t bytes, double seconds, double memcpy_total) {
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(bytes));
+  state.counters["MiB"] = static_cast<double>(bytes) / static_cast<double>(1 << 20);
+  state.counters["of_memcpy"] = seconds > 0.0 ? memcpy_total / seconds : 0.0;
+}
+
+void BM_snapshot(benchmark::State& state) {
+  bench::sparse_workload& w = snapshot_workload();
+  const std::size_t size = snapshot_size(w.cache, w.seq);
+  std::vector<std::byte> buffer(size), scratch(size);  // value-initialised: every page faulted in
+  snapshot_into(w.cache, w.seq, buffer);
+  double seconds = 0.0, baseline = 0.0;
+  for (auto _ : state) {
+    const double t0 = bench::thread_seconds();
+    snapshot_into(w.cache, w.seq, buffer);
+    benchmark::DoNotOptimize(buffer.data());
+    benchmark::ClobberMemory();
+    seconds += bench::thread_seconds() - t0;
+    state.PauseTiming();
+    baseline += memcpy_seconds(buffer, scratch);
+    state.ResumeTiming();
+  }
+  report_of_memcpy(state, size, seconds, baseline);
+}
+
+void BM_restore(benchmark::State& state) {
+  bench::sparse_workload& w = snapshot_workload();
+  const std::vector<std::byte> bytes = snapshot(w.cache, w.seq);
+  std::vector<std::byte> scratch(bytes.size());
+  bench::csa_cache destination(bench::csa_layer(), bench::decode_cache_config("restored", bench::kMaxContext, 64));
+  destination.free(restore(destination, bytes));
+  double seconds = 0.0, baseline = 0.0;
+  for (auto _ : state) {
+    const double t0 = bench::thread_seconds();
+    const sequence_id id = restore(destination, bytes);
+    benchmark::DoNotOptimize(destination.pool(0).base());
+    benchmark::ClobberMemory();
+    seconds += bench::thread_seconds() - t0;
+    state.PauseTiming();
+    destination.free(id);
+    baseline += memcpy_seconds(bytes, scratch);
+    state.ResumeTiming();
+  }
+  report_of_memcpy(state, bytes.size(), seconds, baseline);
+}
+
 }  // namespace
 
 BENCHMARK_CAPTURE(BM_write_path, prefill, false)->Unit(benchmark::kMicrosecond)->UseRealTime();
@@ -227,5 +305,8 @@ BENCHMARK(BM_deep_copy)
     ->Arg(131072)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+
+BENCHMARK(BM_snapshot)->ArgName("ctx")->Arg(bench::kMaxContext)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_restore)->ArgName("ctx")->Arg(bench::kMaxContext)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();

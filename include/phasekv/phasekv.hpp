@@ -11,6 +11,7 @@
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/presets.hpp"
 #include "phasekv/cache/sequence_view.hpp"
+#include "phasekv/cache/snapshot.hpp"
 #include "phasekv/cache/storage.hpp"
 
 // compress
@@ -25,6 +26,7 @@
 #include "phasekv/compress/stream_state.hpp"
 
 // core
+#include "phasekv/core/crc32c.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
 #include "phasekv/core/geometry.hpp"

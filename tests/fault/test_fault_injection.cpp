@@ -35,6 +35,12 @@
 
 // ---- the injector ------------------------------------------------------------------------------
 
+// The replaced operator new allocates with malloc and the replaced delete frees with free; GCC's
+// check for new/delete pairs cannot see that they match.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
 namespace fault {
 
 std::atomic<long> countdown{0};  // 0: off; n > 0: the n-th allocation from arming fails

@@ -458,6 +458,9 @@ class paged_cache {
   // of the sequence table. Valid until the next call that writes this sequence.
   sequence_view view_of(sequence_id id) const { return view_of(id, "view_of"); }
 
+  // cache/snapshot.hpp saves a sequence's record and restores one as a new sequence.
+  friend struct detail::snapshot_access;
+
  private:
   static_assert(stream_count <= sequence_view::max_streams, "a sequence_view holds at most max_streams streams");
 

@@ -14,6 +14,9 @@ namespace phasekv {
 
 template <class Policy, class Arch>
 class stream_compressor;
+namespace detail {
+struct snapshot_access;  // cache/snapshot.hpp
+}
 
 class stream_state {
  public:
@@ -38,6 +41,7 @@ class stream_state {
  private:
   template <class Policy, class Arch>
   friend class stream_compressor;
+  friend struct detail::snapshot_access;  // saves and restores the counts and rings
 
   std::int64_t tokens_ = 0;
   std::int64_t entries_ = 0;
