@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/diag/interventions.hpp"
 #include "phasekv/diag/read_attribution.hpp"
 

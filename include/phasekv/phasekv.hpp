@@ -16,6 +16,7 @@
 
 // compress
 #include "phasekv/compress/entry_buffer.hpp"
+#include "phasekv/compress/entry_view.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/policies.hpp"
 #include "phasekv/compress/pool_kernels.hpp"
@@ -50,6 +51,7 @@
 #include "phasekv/read/indexer_bf16_kernel.hpp"
 #include "phasekv/read/indexer_kernel.hpp"
 #include "phasekv/read/presets.hpp"
+#include "phasekv/read/read_types.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 #include "phasekv/read/top_k.hpp"

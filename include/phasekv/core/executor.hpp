@@ -46,11 +46,11 @@ class executor {
     run(
         tasks,
         [](void* p, std::int64_t i) noexcept {
-          auto& c = *static_cast<context*>(p);
+          auto& shared = *static_cast<context*>(p);
           try {
-            (*c.f)(i);
+            (*shared.f)(i);
           } catch (...) {
-            if (!c.failed.exchange(true)) c.error = std::current_exception();
+            if (!shared.failed.exchange(true)) shared.error = std::current_exception();
           }
         },
         &c);

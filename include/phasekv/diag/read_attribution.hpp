@@ -40,11 +40,11 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/compress/entry_view.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/span.hpp"
-#include "phasekv/read/sparse_reader.hpp"
+#include "phasekv/read/read_types.hpp"
 
 namespace phasekv {
 

@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/compress/entry_view.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 

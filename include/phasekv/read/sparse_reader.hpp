@@ -81,6 +81,7 @@
 #include "phasekv/read/attention_kernel.hpp"
 #include "phasekv/read/indexer_bf16_kernel.hpp"
 #include "phasekv/read/indexer_kernel.hpp"
+#include "phasekv/read/read_types.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/top_k.hpp"
 #include "phasekv/simd/finite.hpp"
@@ -88,67 +89,6 @@
 namespace phasekv {
 
 using sequence_id = std::int64_t;
-
-// Streams of a layer: "none" for an absent indexer.
-inline constexpr std::size_t no_stream = static_cast<std::size_t>(-1);
-
-// What the lightning indexer multiplies: fp32 queries and keys (widened from the indexer
-// stream's storage), or — bf16 — queries rounded to bf16 against keys stored in bf16
-// (indexer_bf16_kernel.hpp): products exact, sums in fp32, twice the throughput with AVX512-BF16
-// and half the key bytes. Attention itself always runs in fp32.
-enum class indexer_precision { f32, bf16 };
-
-struct reader_config {
-  std::string name = "reader";
-  std::int64_t query_heads = 1;
-  float scale = 0.0f;            // logit scale; 0 means 1/sqrt(key channels)
-  std::size_t key_stream = 0;
-  std::size_t value_stream = 0;  // = key_stream for tied K/V
-  std::size_t indexer_stream = no_stream;
-  std::int64_t top_k = 0;        // 0: attend to every candidate; > 0 needs an indexer stream
-  std::int64_t indexer_heads = 0;
-  indexer_precision precision = indexer_precision::f32;  // bf16: the indexer stream must be stored in bf16
-  bool sink = false;             // read_request.sinks holds one logit per query head
-  bool derotate_output = false;  // tied K/V with RoPE: rotate the output back by the query position
-};
-
-struct read_request {
-  std::int64_t position = 0;             // t: the query token, already appended
-  span<const float> queries;             // [query_heads][key channels], RoPE'd at t
-  span<const float> indexer_queries;     // [indexer_heads][indexer channels] (top_k > 0)
-  span<const float> indexer_weights;     // [indexer_heads] (top_k > 0)
-  span<const float> sinks;               // [query_heads] (sink)
-  // Entries this read selects, in [0, reader_config::top_k]; −1 takes the config's top_k. With
-  // selection on, 0 reads the window (and sink) alone. Without selection (config top_k = 0), only
-  // −1 or 0.
-  std::int64_t top_k = -1;
-};
-
-// What one read looked at, for the diagnostics. Masses are means over query heads; for each
-// head the entries, the window and the sink together hold probability 1 (0 for a query that sees
-// nothing — no entry, no window token, no sink — whose output is then all zeros).
-struct read_trace {
-  std::int64_t candidates = 0;
-  std::vector<std::int64_t> selected;  // entry ids in rank order (index order without an indexer)
-  std::vector<float> scores;           // their indexer scores (empty without an indexer)
-  std::vector<float> entry_mass;       // attention mass per selected entry
-  std::int64_t window_first = 0;       // window tokens read: [window_first, position]
-  std::vector<float> window_token_mass;
-  float window_mass = 0.0f;
-  float sink_mass = 0.0f;
-};
-
-// One sequence of a batched read (read_batch). Outputs are the caller's memory; null optional
-// outputs are not written.
-struct read_item {
-  const sequence_view* view = nullptr;
-  read_request request;
-  float* out = nullptr;                        // [query_heads][value channels]
-  float* lse = nullptr;                        // optional, [query_heads]: see the header comment
-  std::int32_t* selected_logical = nullptr;    // optional, [top_k]: entry ids in rank order, −1 padded
-  std::int32_t* selected_physical = nullptr;   // optional, [top_k]: key-stream page · page_size + slot, −1 padded
-  read_trace* trace = nullptr;                 // optional
-};
 
 class sparse_reader {
   using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
