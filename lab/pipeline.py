@@ -30,13 +30,13 @@ FULL_COMMON = dict(dim=64, layers=2, q_heads=4, kv_heads=1, head_dim=16, ffn=192
                    tokens=512, start_tokens=128, grow=0.5, records=16, queries=4, filler=16, keys=64, values=64,
                    steps=1500, batch=32, lr=3e-3, warmup=100, seed=1, eval_every=100, eval_sequences=128)
 FULL_MEASURE = dict(trials=64, knockout_trials=32, calibration=16, seed=1)
-FULL = [
-    dict(name="full_control", kind="full", stride=1, window=1, modulus=16),
+FULL = [  # in priority order: the study's W=8/S=8 comparison first, then the stride series
     dict(name="gated_S8_W8", kind="gated", stride=8, window=8),
     dict(name="mean_S8_W8", kind="mean", stride=8, window=8),
     dict(name="norope_S8_W8", kind="norope", stride=8, window=8),
-    dict(name="gated_S8_W16", kind="gated", stride=8, window=16),
+    dict(name="full_control", kind="full", stride=1, window=1, modulus=16),
     dict(name="gated_S4_W4", kind="gated", stride=4, window=4),
+    dict(name="gated_S8_W16", kind="gated", stride=8, window=16),
     dict(name="gated_S4_W8", kind="gated", stride=4, window=8),
     dict(name="gated_S6_W6", kind="gated", stride=6, window=6),
     dict(name="gated_S2_W2", kind="gated", stride=2, window=2),
@@ -136,14 +136,15 @@ def main():
         sw = me["sweep"]
         print(f"   sweep: mean {100 * sw['mean']:.1f}%, gap {sw['gap_points']:.1f} points, "
               f"p = {sw['homogeneity']['p_value']:.2g}; {time.time() - t:.0f} s for this variant", flush=True)
+        report(a, record, t0, only, done=False)  # a partial run still leaves an honest report
+    report(a, record, t0, only, done=True)
+
+
+def report(a, record, t0, only, done):
     record["seconds"] = round(time.time() - t0)
+    record["finished"] = done
     if only:
-        # Keep the record of variants run before (an --only run adds to them).
-        try:
-            with open(os.path.join(a.out, "runs.json")) as f:
-                record["seconds"] = f"{record['seconds']} (this invocation: {','.join(only)})"
-        except FileNotFoundError:
-            pass
+        record["seconds"] = f"{record['seconds']} (this invocation: {','.join(only)})"
     with open(os.path.join(a.out, "runs.json"), "w") as f:
         json.dump(record, f, indent=1)
     results = a.results or os.path.join(a.out, "RESULTS.md")
@@ -154,7 +155,7 @@ def main():
     if a.mode == "tiny":
         rargs += ["--title", "phasekv lab, tiny CI run (proves the pipeline; not a scientific result)"]
     run(rargs)
-    print(f"lab: report in {results} ({time.time() - t0:.0f} s)")
+    print(f"lab: report in {results} ({time.time() - t0:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

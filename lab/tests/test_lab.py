@@ -248,5 +248,29 @@ class HostErrors(unittest.TestCase):
             self.assertIn("ends inside tensor final_norm", r.stderr)
 
 
+class ScriptErrors(unittest.TestCase):
+    """The Python entry points and lab/run refuse bad options with status 2, naming the option."""
+
+    def check(self, args, option):
+        r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+        self.assertEqual(r.returncode, 2, (args, r.stderr))
+        self.assertIn(option, r.stderr)
+
+    def test_bad_options(self):
+        lab = os.path.join(ROOT, "lab")
+        with tempfile.TemporaryDirectory() as tmp:
+            self.check([sys.executable, os.path.join(lab, "train.py"), "--out", tmp, "--steps", "0"], "--steps")
+            self.check([sys.executable, os.path.join(lab, "train.py"), "--out", tmp, "--lr", "-1"], "--lr")
+            self.check([sys.executable, os.path.join(lab, "train.py"), "--out", tmp, "--records", "100"], "task.records")
+            self.check([sys.executable, os.path.join(lab, "train.py"), "--out", tmp, "--stride", "8", "--window", "4"],
+                       "window >= stride")
+            self.check([sys.executable, os.path.join(lab, "pipeline.py"), "--mode", "full", "--out", tmp, "--host", HOST,
+                        "--only", "gated_S9_W9"], "--only")
+            self.check([sys.executable, os.path.join(lab, "verify.py"), "--model", os.path.join(tmp, "none.pt"),
+                        "--export", tmp, "--host", HOST], "--model")
+            self.check([os.path.join(lab, "run"), "--frobnicate"], "--frobnicate")
+            self.check([os.path.join(lab, "run"), "--only"], "--only")
+
+
 if __name__ == "__main__":
     unittest.main()
