@@ -131,9 +131,11 @@ inline model_weights load_model(const std::string& dir) {
   if (blob.peek() != std::char_traits<char>::eof())
     throw std::runtime_error(dir + "/weights.bin: longer than the tensors model.txt lists");
 
+  std::map<std::string, bool> used;
   auto take = [&](const std::string& name, std::vector<std::int64_t> expected) -> std::vector<float>& {
     auto it = data.find(name);
     if (it == data.end()) throw std::runtime_error(dir + ": tensor " + name + " is missing");
+    used[name] = true;
     if (shapes[name] != expected) {
       std::string got, want;
       for (auto d : shapes[name]) got += " " + std::to_string(d);
@@ -176,8 +178,10 @@ inline model_weights load_model(const std::string& dir) {
     w.w_down = mat(p + "w_down", D, c.ffn);
     m.layers.push_back(std::move(w));
   }
-  if (static_cast<std::size_t>(shapes.size()) != data.size() || order.size() != shapes.size())
-    throw std::runtime_error(dir + "/model.txt: a tensor is listed twice");
+  if (order.size() != shapes.size()) throw std::runtime_error(dir + "/model.txt: a tensor is listed twice");
+  // A tensor this kind does not read means the file was written for another model: refuse it.
+  for (const std::string& name : order)
+    if (!used.count(name)) throw std::runtime_error(dir + ": tensor " + name + " is not part of a '" + c.kind + "' model");
   return m;
 }
 

@@ -237,6 +237,17 @@ class HostErrors(unittest.TestCase):
                 self.assertEqual(r.returncode, 2, (args, r.stderr))
                 self.assertIn(option, r.stderr)
 
+    def test_a_manifest_for_another_kind_is_refused(self):
+        # A gated export relabelled as mean: the gate tensors would be silently ignored.
+        with tempfile.TemporaryDirectory() as tmp:
+            export(make_model("gated", 4, 4, 8, 1), TASK.__dict__, tmp)
+            path = os.path.join(tmp, "model.txt")
+            text = open(path).read().replace("kind gated", "kind mean")
+            open(path, "w").write(text)
+            r = self.run_host("task", "--model", tmp, "--seed", "1")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("is not part of a 'mean' model", r.stderr)
+
     def test_truncated_weights_are_refused(self):
         with tempfile.TemporaryDirectory() as tmp:
             export(make_model("mean", 8, 8, 8, 1), TASK.__dict__, tmp)
