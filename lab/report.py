@@ -56,13 +56,24 @@ def period_text(sweep):
     return fmt(per.get("period"), 0)
 
 
-def last_layer_keys(measure):
-    """Static and per-window concentration of the last layer's key gates (head 0), and W."""
-    profiles = [p for p in measure.get("write_profiles", []) if p["stream"] == "keys"]
-    if not profiles:
-        return None, None
-    h = profiles[-1]["heads"][0]
-    return h["static_concentration"], h["window_concentration"]
+def concentration_text(measure, kind):
+    """Static / per-window concentration of every layer's key (K) and value (V) gates, KV head 0."""
+    if kind in ("full", "mean"):
+        return "uniform (W)" if kind == "mean" else "—"
+    parts = []
+    for p in measure.get("write_profiles", []):
+        h = p["heads"][0]
+        parts.append(f"L{p['layer']}{p['stream'][0].upper()} {h['static_concentration']:.2f}/{h['window_concentration']:.2f}")
+    return ", ".join(parts)
+
+
+def logits_text(ve):
+    if ve is None:
+        return "—"
+    t = f"{ve['max_abs_diff']:.1e}"
+    if "relative_diff" in ve:
+        t += f" ({ve['relative_diff']:.0e} rel.)"
+    return t
 
 
 def main():
@@ -99,8 +110,8 @@ def main():
              "intervals are in the per-variant tables.")
     L.append("")
     L.append("| variant | kind | S | W | trained held-out acc. % | sweep mean acc. % | gap (points) | χ² p | period | "
-             "static conc. (of W) | per-window conc. | logits max abs diff | study's gap |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+             "gate concentration, static/per-window (of W) | logits max abs diff vs torch | study's gap |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     details = []
     for v in runs["variants"]:
         name = v["name"]
@@ -108,23 +119,24 @@ def main():
         tr, ve, me = load(os.path.join(d, "train.json")), load(os.path.join(d, "verify.json")), \
             load(os.path.join(d, "measure", "measure.json"))
         if tr is None or me is None:
-            L.append(f"| {name} | {v['kind']} | {v['stride']} | {v['window']} | not run | | | | | | | | |")
+            study = STUDY.get((v["kind"], v["stride"], v["window"], 1), "")
+            L.append(f"| {name} | {v['kind']} | {v['stride']} | {v['window']} | not run | | | | | | | {study} |")
             continue
         sw = me["sweep"]
-        cs, cw = last_layer_keys(me)
         m = tr["model"]
         study = STUDY.get((m["kind"], m["stride"], m["window"], m["kv_heads"]), "")
-        conc = f"{fmt(cs, 2)} / {m['window']}" if cs else "—"
         L.append(f"| {name} | {m['kind']} | {m['stride']} | {m['window']} | {fmt(tr['final_heldout_last'], 1, True)} | "
                  f"{fmt(sw['mean'], 1, True)} | {fmt(sw['gap_points'])} | {fmt_p(sw['homogeneity']['p_value'])} | "
-                 f"{period_text(sw)} | {conc} | {fmt(cw, 2) if cw else '—'} | "
-                 f"{ve['max_abs_diff']:.1e} | {study} |" if ve else "| — |")
+                 f"{period_text(sw)} | {concentration_text(me, m['kind'])} | {logits_text(ve)} | {study} |")
         details.append((name, v, tr, ve, me, d))
 
     L.append("")
-    L.append("Concentration: the last layer's key gates, KV head 0, `exp(H(E[α]))` (static) and "
-             "`E[exp(H(α))]` (per window), from 1 (one slot) to W (uniform); phasekv::write_profile "
-             "over the calibration sequences. Mean pooling is W by construction.")
+    L.append("Gate concentration: per layer (L0, L1) and stream (K keys, V values), KV head 0, "
+             "`exp(H(E[α]))` (static) / `E[exp(H(α))]` (per window), from 1 (one slot) to W (uniform); "
+             "phasekv::write_profile over the calibration sequences, α being the channel-mean slot weight. "
+             "Logits: max |torch − phasekv| over 4 held-out sequences at every position; the check passes at "
+             "≤ 1e-4 · max(1, max |logit|). Period: phasekv's dominant period of the residue profile, "
+             "reported only when the χ² homogeneity test rejects a flat profile (p < 0.05).")
     L.append("")
     L.append("## Training runs (seeds and budgets)")
     L.append("")
@@ -158,7 +170,11 @@ def main():
         L.append("| accuracy % | " + " | ".join(fmt(r["estimate"], 0, True) for r in sw["residues"]) + " |")
         L.append("| 95% CI | " + " | ".join(f"{fmt(r['ci_low'], 0, True)}–{fmt(r['ci_high'], 0, True)}"
                                           for r in sw["residues"]) + " |")
-        L.append("")
+        if ve and "torch_fp32_vs_fp64" in ve:
+            L.append(f"Logits: max |torch − phasekv| = {ve['max_abs_diff']:.1e} (max |logit| {ve['max_abs_logit']:.1f}); "
+                     f"against the same model in float64, torch fp32 is off by {ve['torch_fp32_vs_fp64']:.1e} and "
+                     f"phasekv by {ve['phasekv_fp32_vs_fp64']:.1e}.")
+            L.append("")
         if plots_rel:
             for kind in ("sweep", "knockout"):
                 src = os.path.join(d, "measure", f"{kind}.svg")
@@ -176,7 +192,9 @@ def main():
         if ko:
             L.append("")
             L.append(f"Head knockout (mean ablation, {ko['trials_per_residue']} trials per residue; baseline mean "
-                     f"{fmt(ko['baseline_mean'], 1, True)}%): change in accuracy, points, by residue")
+                     f"{fmt(ko['baseline_mean'], 1, True)}% — its own plan, whose fewer rounds put the targets at fewer "
+                     f"distinct distances than the main sweep's, so its baseline differs from the sweep's mean): "
+                     f"change in accuracy, points, by residue")
             L.append("")
             L.append("| head | " + " | ".join(str(r) for r in range(len(ko['rows'][0]['delta']))) + " | mean |")
             L.append("|---|" + "---|" * (len(ko['rows'][0]['delta']) + 1))
