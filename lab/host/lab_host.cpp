@@ -167,7 +167,12 @@ int run_task(const arguments& a) {
 
 std::string num(double x) { return phasekv::detail::json_number(x); }
 
-std::string profile_json(const phasekv::write_profile& p, std::int64_t heads) {
+// `sequences`: how many calibration sequences fed the profile. write_profile indexes tokens by
+// absolute position, so N sequences add up at every position: the per-phase weights are divided
+// by N (the mean weight a token of that phase receives, and the spread of that mean over
+// positions). The concentrations average over windows and need no correction.
+std::string profile_json(const phasekv::write_profile& p, std::int64_t heads, std::int64_t sequences) {
+  const double n = static_cast<double>(sequences);
   std::ostringstream o;
   o << "[";
   for (std::int64_t h = 0; h < heads; ++h) {
@@ -179,8 +184,8 @@ std::string profile_json(const phasekv::write_profile& p, std::int64_t heads) {
     o << "],\"by_phase\":[";
     const auto phases = p.by_phase(h);
     for (std::size_t i = 0; i < phases.size(); ++i)
-      o << (i ? "," : "") << "{\"phase\":" << phases[i].phase << ",\"mean_weight\":" << num(phases[i].mean_weight)
-        << ",\"stddev_weight\":" << num(phases[i].stddev_weight) << ",\"coverage\":" << num(phases[i].coverage) << "}";
+      o << (i ? "," : "") << "{\"phase\":" << phases[i].phase << ",\"mean_weight\":" << num(phases[i].mean_weight / n)
+        << ",\"stddev_weight\":" << num(phases[i].stddev_weight / n) << ",\"coverage\":" << num(phases[i].coverage) << "}";
     o << "]}";
   }
   o << "]";
@@ -373,7 +378,7 @@ int run_measure(const arguments& a) {
     for (std::int64_t l = 0; l < cfg.layers; ++l)
       for (int k = 0; k < 2; ++k)
         j << (l + k ? "," : "") << "{\"layer\":" << l << ",\"stream\":\"" << (k ? "values" : "keys")
-          << "\",\"heads\":" << profile_json(profiles[2 * l + k], cfg.kv_heads) << "}";
+          << "\",\"heads\":" << profile_json(profiles[2 * l + k], cfg.kv_heads, calibration) << "}";
   j << "]";
   if (ko_trials > 0) {
     j << ",\"knockout\":{\"trials_per_residue\":" << ko_trials << ",\"heads\":" << heads << ",\"baseline_mean\":"
