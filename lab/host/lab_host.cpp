@@ -338,6 +338,7 @@ int run_measure(const arguments& a) {
     ax.x_min = 0;
     ax.x_max = double(modulus - 1);
     if (ax.x_max <= ax.x_min) ax.x_max = ax.x_min + 1;
+    for (std::int64_t r = 0; r < modulus; ++r) ax.x_ticks.push_back({double(r), std::to_string(r)});
     std::vector<phasekv::plot::plot_series> s{series_of(sweep, "baseline")};
     if (cycle) {
       s.push_back(series_of(cycled, "biases cycled by " + std::to_string(delta)));
