@@ -1,0 +1,418 @@
+#pragma once
+// The lab model's forward pass in C++: every attention layer runs through phasekv — the
+// layer's key and value compressors (stream_compressor via layer_compressor), its paged_cache
+// (with the raw local window) and a sparse_reader with top_k = 0 — and Eigen does the rest
+// (RMSNorm, projections, RoPE of queries and window keys through phasekv::rope_rotation,
+// SwiGLU, the tied output head). The maths is lab/model.py's; its docstring states it.
+//
+//   kind     key stream policy                          value stream policy      geometry  window
+//   full     mean_pool, rope_after_pool (S=W=1: the     mean_pool, no_rope       S=W=1     none
+//            dense control, RoPE at its own position)
+//   mean     mean_pool, rope_after_pool                 mean_pool, no_rope       S, W      N_win
+//   gated    vector_gated_pool, rope_after_pool         vector_gated_pool        S, W      N_win
+//   norope   vector_gated_pool, no_rope                 vector_gated_pool        S, W      N_win
+//
+// The weights come from the export format of lab/export.py (lab/README.md): model.txt names
+// the configuration and the tensors, weights.bin holds them as float32, row-major.
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include <phasekv/phasekv.hpp>
+
+#include "lab_task.hpp"
+
+namespace lab {
+
+using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using vector = Eigen::VectorXf;
+
+struct model_config {
+  std::string kind;
+  std::int64_t vocab = 0, dim = 0, layers = 0, q_heads = 0, kv_heads = 0, head_dim = 0, ffn = 0;
+  std::int64_t stride = 1, window = 1, win_tokens = 0;
+  double rope_base = 10000.0, norm_eps = 1e-6;
+  task_config task;
+
+  bool gated() const { return kind == "gated" || kind == "norope"; }
+  bool rope() const { return kind != "norope"; }
+  std::int64_t branches() const { return (window + stride - 1) / stride; }
+};
+
+struct layer_weights {
+  vector attn_norm, ffn_norm;
+  matrix wq, wk, wv, wo, ck, cv, zk, zv, w_gate, w_up, w_down;  // [out][in], as torch.nn.Linear
+  std::vector<float> bias_k, bias_v;                              // [kv_heads][window][head_dim]
+};
+
+struct model_weights {
+  model_config config;
+  matrix embed;  // [vocab][dim], also the output head
+  vector final_norm;
+  std::vector<layer_weights> layers;
+};
+
+// ---- loading ------------------------------------------------------------------------------------
+
+inline model_weights load_model(const std::string& dir) {
+  std::ifstream manifest(dir + "/model.txt");
+  if (!manifest) throw std::runtime_error("cannot open " + dir + "/model.txt");
+  std::ifstream blob(dir + "/weights.bin", std::ios::binary);
+  if (!blob) throw std::runtime_error("cannot open " + dir + "/weights.bin");
+  std::string line;
+  std::getline(manifest, line);
+  if (line != "phasekv-lab-model 1")
+    throw std::runtime_error(dir + "/model.txt: first line is '" + line + "', expected 'phasekv-lab-model 1'");
+  model_weights m;
+  model_config& c = m.config;
+  std::map<std::string, std::int64_t*> ints = {
+      {"vocab", &c.vocab},           {"dim", &c.dim},
+      {"layers", &c.layers},         {"q_heads", &c.q_heads},
+      {"kv_heads", &c.kv_heads},     {"head_dim", &c.head_dim},
+      {"ffn", &c.ffn},               {"stride", &c.stride},
+      {"window", &c.window},         {"win_tokens", &c.win_tokens},
+      {"task_filler", &c.task.filler}, {"task_keys", &c.task.keys},
+      {"task_values", &c.task.values}, {"task_tokens", &c.task.tokens},
+      {"task_records", &c.task.records}, {"task_queries", &c.task.queries}};
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  std::vector<std::string> order;
+  bool ended = false;
+  while (std::getline(manifest, line)) {
+    std::istringstream in(line);
+    std::string key;
+    in >> key;
+    if (key.empty()) continue;
+    if (key == "end") {
+      ended = true;
+      break;
+    }
+    if (key == "tensor") {
+      std::string name;
+      in >> name;
+      std::vector<std::int64_t> shape;
+      std::int64_t d;
+      while (in >> d) shape.push_back(d);
+      shapes[name] = shape;
+      order.push_back(name);
+    } else if (key == "kind") {
+      in >> c.kind;
+    } else if (key == "rope_base") {
+      in >> c.rope_base;
+    } else if (key == "norm_eps") {
+      in >> c.norm_eps;
+    } else if (ints.count(key)) {
+      in >> *ints[key];
+    } else {
+      throw std::runtime_error(dir + "/model.txt: unknown key '" + key + "'");
+    }
+  }
+  if (!ended) throw std::runtime_error(dir + "/model.txt: no 'end' line (truncated?)");
+  if (c.kind != "full" && c.kind != "mean" && c.kind != "gated" && c.kind != "norope")
+    throw std::runtime_error(dir + "/model.txt: kind '" + c.kind + "' is not full, mean, gated or norope");
+
+  std::map<std::string, std::vector<float>> data;
+  for (const std::string& name : order) {
+    std::int64_t n = 1;
+    for (std::int64_t d : shapes[name]) n *= d;
+    std::vector<float> v(static_cast<std::size_t>(n));
+    blob.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(float)));
+    if (!blob) throw std::runtime_error(dir + "/weights.bin: ends inside tensor " + name);
+    data[name] = std::move(v);
+  }
+  if (blob.peek() != std::char_traits<char>::eof())
+    throw std::runtime_error(dir + "/weights.bin: longer than the tensors model.txt lists");
+
+  std::map<std::string, bool> used;
+  auto take = [&](const std::string& name, std::vector<std::int64_t> expected) -> std::vector<float>& {
+    auto it = data.find(name);
+    if (it == data.end()) throw std::runtime_error(dir + ": tensor " + name + " is missing");
+    used[name] = true;
+    if (shapes[name] != expected) {
+      std::string got, want;
+      for (auto d : shapes[name]) got += " " + std::to_string(d);
+      for (auto d : expected) want += " " + std::to_string(d);
+      throw std::runtime_error(dir + ": tensor " + name + " has shape" + got + ", expected" + want);
+    }
+    return it->second;
+  };
+  auto mat = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
+    return matrix(Eigen::Map<matrix>(take(name, {rows, cols}).data(), rows, cols));
+  };
+  auto vec = [&](const std::string& name, std::int64_t n) {
+    return vector(Eigen::Map<vector>(take(name, {n}).data(), n));
+  };
+  const std::int64_t D = c.dim, qd = c.q_heads * c.head_dim, kd = c.kv_heads * c.head_dim;
+  const std::int64_t cd = c.kv_heads * c.branches() * c.head_dim;
+  m.embed = mat("embed", c.vocab, D);
+  m.final_norm = vec("final_norm", D);
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    layer_weights w;
+    w.attn_norm = vec(p + "attn_norm", D);
+    w.wq = mat(p + "wq", qd, D);
+    if (c.kind != "full") {
+      w.wk = mat(p + "wk", kd, D);
+      w.wv = mat(p + "wv", kd, D);
+    }
+    w.ck = mat(p + "ck", cd, D);
+    w.cv = mat(p + "cv", cd, D);
+    if (c.gated()) {
+      w.zk = mat(p + "zk", cd, D);
+      w.zv = mat(p + "zv", cd, D);
+      w.bias_k = take(p + "bias_k", {c.kv_heads, c.window, c.head_dim});
+      w.bias_v = take(p + "bias_v", {c.kv_heads, c.window, c.head_dim});
+    }
+    w.wo = mat(p + "wo", D, qd);
+    w.ffn_norm = vec(p + "ffn_norm", D);
+    w.w_gate = mat(p + "w_gate", c.ffn, D);
+    w.w_up = mat(p + "w_up", c.ffn, D);
+    w.w_down = mat(p + "w_down", D, c.ffn);
+    m.layers.push_back(std::move(w));
+  }
+  if (order.size() != shapes.size()) throw std::runtime_error(dir + "/model.txt: a tensor is listed twice");
+  // A tensor this kind does not read means the file was written for another model: refuse it.
+  for (const std::string& name : order)
+    if (!used.count(name)) throw std::runtime_error(dir + ": tensor " + name + " is not part of a '" + c.kind + "' model");
+  return m;
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+
+// What a forward pass may do besides computing logits.
+struct forward_options {
+  // Knock out query head `knock_head` of layer `knock_layer`: its attention output (before Wo)
+  // is replaced by head_means[layer][head] at every position (a mean ablation).
+  std::int64_t knock_layer = -1, knock_head = -1;
+  const std::vector<std::vector<vector>>* head_means = nullptr;
+  // Accumulate every layer's per-head attention output over every position read (calibration).
+  std::vector<std::vector<vector>>* head_sums = nullptr;  // [layer][head]
+  std::vector<std::int64_t>* head_counts = nullptr;      // [layer]: positions summed
+  // Write profiles: one per layer and stream (key, value), fed the entries of this sequence
+  // with their slot weights (run through a fresh compressor state, so the cache is untouched).
+  std::vector<phasekv::write_profile>* profiles = nullptr;
+};
+
+class engine {
+ public:
+  virtual ~engine() = default;
+  // Logits [positions][vocab] at the given positions of `tokens` (the last layer reads only
+  // there, as lab/model.py does).
+  virtual matrix forward(const std::vector<std::int32_t>& tokens, const std::vector<std::int64_t>& positions,
+                         const forward_options& options = {}) = 0;
+  virtual const model_config& config() const = 0;
+};
+
+namespace detail {
+
+inline void rms_norm_rows(const matrix& x, const vector& w, double eps, matrix& out) {
+  out.resize(x.rows(), x.cols());
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
+    const float ms = x.row(r).squaredNorm() / static_cast<float>(x.cols());
+    const float inv = 1.0f / std::sqrt(ms + static_cast<float>(eps));
+    out.row(r) = (x.row(r) * inv).cwiseProduct(w.transpose());
+  }
+}
+
+template <class KeyPolicy, class ValuePolicy>
+class policy_engine final : public engine {
+  using key_stream = phasekv::stream_compressor<KeyPolicy>;
+  using value_stream = phasekv::stream_compressor<ValuePolicy>;
+  using cache_type = phasekv::paged_cache<key_stream, value_stream>;
+  using reader_type = phasekv::sparse_reader;
+
+ public:
+  policy_engine(model_weights weights, std::int64_t max_tokens) : w_(std::move(weights)), max_tokens_(max_tokens) {
+    const model_config& c = w_.config;
+    geom_ = phasekv::geometry{c.stride, c.window, 0, phasekv::anchor_mode::block_start};
+    rope_.channels = c.head_dim;
+    rope_.base = c.rope_base;
+    rope_.layout = phasekv::rope_layout::half_split;
+    rotation_ = phasekv::rope_rotation(rope_, c.head_dim);
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      const layer_weights& lw = w_.layers[static_cast<std::size_t>(l)];
+      phasekv::stream_config ks, vs;
+      ks.name = "layer" + std::to_string(l) + ".keys";
+      ks.role = phasekv::stream_role::key;
+      ks.channels = c.head_dim;
+      ks.kv_heads = c.kv_heads;
+      ks.inputs = phasekv::input_layout::per_branch;
+      if (phasekv::has_rope_v<KeyPolicy>) ks.rope = rope_;
+      vs = ks;
+      vs.name = "layer" + std::to_string(l) + ".values";
+      vs.role = phasekv::stream_role::value;
+      vs.rope = phasekv::rope_config{};
+      phasekv::stream_params kp, vp;
+      if constexpr (phasekv::is_gated_v<typename KeyPolicy::pooling>) kp.slot_bias = lw.bias_k;
+      if constexpr (phasekv::is_gated_v<typename ValuePolicy::pooling>) vp.slot_bias = lw.bias_v;
+      phasekv::cache_config cc;
+      cc.name = "layer" + std::to_string(l) + ".cache";
+      cc.page_size = 64;
+      cc.pages = (max_tokens_ / c.stride + cc.page_size - 1) / cc.page_size + 1;
+      cc.history = max_tokens_;  // keep every window row: reads at any position after one prefill
+      cc.window.tokens = c.win_tokens;
+      cc.window.kv_heads = c.kv_heads;
+      cc.window.key_channels = c.head_dim;
+      cc.window.value_channels = c.head_dim;
+      caches_.push_back(std::make_unique<cache_type>(
+          phasekv::layer_compressor<key_stream, value_stream>(key_stream(geom_, ks, kp), value_stream(geom_, vs, vp)),
+          cc));
+      phasekv::reader_config rc;
+      rc.name = "layer" + std::to_string(l) + ".reader";
+      rc.query_heads = c.q_heads;
+      rc.key_stream = 0;
+      rc.value_stream = 1;
+      rc.top_k = 0;  // every complete entry, plus the raw window, one softmax
+      readers_.push_back(std::make_unique<reader_type>(*caches_.back(), rc));
+    }
+  }
+
+  const model_config& config() const override { return w_.config; }
+
+  matrix forward(const std::vector<std::int32_t>& tokens, const std::vector<std::int64_t>& positions,
+                 const forward_options& o) override {
+    const model_config& c = w_.config;
+    const auto T = static_cast<std::int64_t>(tokens.size());
+    if (T < 1 || T > max_tokens_)
+      throw std::invalid_argument("sequence of " + std::to_string(T) + " tokens; this engine takes 1 to " +
+                                  std::to_string(max_tokens_));
+    for (std::int64_t p : positions)
+      if (p < 0 || p >= T) throw std::invalid_argument("position " + std::to_string(p) + " outside the sequence");
+    const std::int64_t dh = c.head_dim, hq = c.q_heads, hkv = c.kv_heads;
+    matrix x(T, c.dim);
+    for (std::int64_t t = 0; t < T; ++t) {
+      if (tokens[t] < 0 || tokens[t] >= c.vocab) throw std::invalid_argument("token id outside the vocabulary");
+      x.row(t) = w_.embed.row(tokens[t]);
+    }
+    std::vector<float> cs(static_cast<std::size_t>(dh));  // cos | sin of one position
+    matrix n, q, kw, vw, pk, pv, lk, lv, a;
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      const layer_weights& lw = w_.layers[static_cast<std::size_t>(l)];
+      const bool last = l + 1 == c.layers;
+      rms_norm_rows(x, lw.attn_norm, c.norm_eps, n);
+      // Queries only where this layer reads: every position, or the requested ones in the last layer.
+      std::vector<std::int64_t> reads;
+      if (last) reads = positions;
+      else for (std::int64_t t = 0; t < T; ++t) reads.push_back(t);
+      const auto R = static_cast<std::int64_t>(reads.size());
+      q.resize(R, hq * dh);
+      for (std::int64_t i = 0; i < R; ++i) q.row(i).noalias() = n.row(reads[i]) * lw.wq.transpose();
+      if (c.rope())
+        for (std::int64_t i = 0; i < R; ++i) rotate_heads(q.row(i).data(), hq, reads[i], cs);
+      if (c.win_tokens > 0) {
+        kw.noalias() = n * lw.wk.transpose();
+        vw.noalias() = n * lw.wv.transpose();
+        if (c.rope())
+          for (std::int64_t t = 0; t < T; ++t) rotate_heads(kw.row(t).data(), hkv, t, cs);
+      }
+      // Compressor inputs, laid out [token][kv_heads][branches][head_dim] as phasekv reads them.
+      pk.noalias() = n * lw.ck.transpose();
+      pv.noalias() = n * lw.cv.transpose();
+      phasekv::token_chunk kc, vc;
+      kc.tokens = vc.tokens = T;
+      kc.payload = {pk.data(), static_cast<std::size_t>(pk.size())};
+      vc.payload = {pv.data(), static_cast<std::size_t>(pv.size())};
+      if (c.gated()) {
+        lk.noalias() = n * lw.zk.transpose();
+        lv.noalias() = n * lw.zv.transpose();
+        kc.logits = {lk.data(), static_cast<std::size_t>(lk.size())};
+        vc.logits = {lv.data(), static_cast<std::size_t>(lv.size())};
+      }
+      cache_type& cache = *caches_[static_cast<std::size_t>(l)];
+      const phasekv::sequence_id seq = cache.create();
+      try {
+        phasekv::span<const float> wk_span, wv_span;
+        if (c.win_tokens > 0) {
+          wk_span = {kw.data(), static_cast<std::size_t>(kw.size())};
+          wv_span = {vw.data(), static_cast<std::size_t>(vw.size())};
+        }
+        cache.append(seq, {kc, vc}, wk_span, wv_span);
+        a.resize(R, hq * dh);
+        reader_type& reader = *readers_[static_cast<std::size_t>(l)];
+        for (std::int64_t i = 0; i < R; ++i) {
+          phasekv::read_request req;
+          req.position = reads[i];
+          req.queries = {q.row(i).data(), static_cast<std::size_t>(hq * dh)};
+          reader.read(cache, seq, req, a.row(i).data());
+        }
+      } catch (...) {
+        cache.free(seq);
+        throw;
+      }
+      cache.free(seq);
+      if (o.profiles) profile(l, kc, vc, *o.profiles);
+      if (o.head_sums) {
+        for (std::int64_t i = 0; i < R; ++i)
+          for (std::int64_t h = 0; h < hq; ++h)
+            (*o.head_sums)[l][h] += a.row(i).segment(h * dh, dh).transpose();
+        if (o.head_counts) (*o.head_counts)[l] += R;
+      }
+      if (o.knock_layer == l) a.middleCols(o.knock_head * dh, dh).rowwise() = (*o.head_means)[l][o.knock_head].transpose();
+      if (last) {
+        matrix kept(R, c.dim);
+        for (std::int64_t i = 0; i < R; ++i) kept.row(i) = x.row(reads[i]);
+        x = std::move(kept);
+      }
+      x.noalias() += a * lw.wo.transpose();
+      rms_norm_rows(x, lw.ffn_norm, c.norm_eps, n);
+      matrix gate = n * lw.w_gate.transpose(), up = n * lw.w_up.transpose();
+      gate = gate.array() / (1.0f + (-gate.array()).exp());  // silu
+      gate.array() *= up.array();
+      x.noalias() += gate * lw.w_down.transpose();
+    }
+    rms_norm_rows(x, w_.final_norm, c.norm_eps, n);
+    return n * w_.embed.transpose();
+  }
+
+ private:
+  void rotate_heads(float* row, std::int64_t heads, std::int64_t position, std::vector<float>& cs) const {
+    const std::int64_t half = w_.config.head_dim / 2;
+    rotation_.angles(static_cast<double>(position), cs.data(), cs.data() + half);
+    for (std::int64_t h = 0; h < heads; ++h) rotation_.apply(row + h * w_.config.head_dim, cs.data(), cs.data() + half);
+  }
+
+  // Entries of this sequence with their slot weights, into profiles[2·layer + stream].
+  void profile(std::int64_t l, const phasekv::token_chunk& kc, const phasekv::token_chunk& vc,
+               std::vector<phasekv::write_profile>& profiles) const {
+    const auto& layer = caches_[static_cast<std::size_t>(l)]->compressors();
+    phasekv::append_options opt;
+    opt.slot_weights = true;
+    auto ks = layer.template stream<0>().make_state();
+    layer.template stream<0>().append(ks, kc, [&](const phasekv::entry_view& e) { profiles[2 * l](e); }, opt);
+    auto vs = layer.template stream<1>().make_state();
+    layer.template stream<1>().append(vs, vc, [&](const phasekv::entry_view& e) { profiles[2 * l + 1](e); }, opt);
+  }
+
+  model_weights w_;
+  std::int64_t max_tokens_;
+  phasekv::geometry geom_;
+  phasekv::rope_config rope_;
+  phasekv::rope_rotation rotation_;
+  std::vector<std::unique_ptr<cache_type>> caches_;
+  std::vector<std::unique_ptr<reader_type>> readers_;
+};
+
+}  // namespace detail
+
+// The engine for a model's kind (see the table at the top).
+inline std::unique_ptr<engine> make_engine(model_weights w, std::int64_t max_tokens) {
+  using namespace phasekv;
+  using mean_keys = compressor_policy<mean_pool, rope_after_pool>;
+  using mean_values = compressor_policy<mean_pool>;
+  using gated_keys = compressor_policy<vector_gated_pool, rope_after_pool>;
+  using gated_values = compressor_policy<vector_gated_pool>;
+  const std::string kind = w.config.kind;
+  if (kind == "full" || kind == "mean") return std::make_unique<detail::policy_engine<mean_keys, mean_values>>(std::move(w), max_tokens);
+  if (kind == "gated") return std::make_unique<detail::policy_engine<gated_keys, gated_values>>(std::move(w), max_tokens);
+  return std::make_unique<detail::policy_engine<gated_values, gated_values>>(std::move(w), max_tokens);
+}
+
+}  // namespace lab
