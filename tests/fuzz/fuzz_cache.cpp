@@ -80,7 +80,7 @@ using i64 = std::int64_t;
 // after every append, and compares every entry of every live sequence after every operation.
 constexpr i64 kMaxTokens = 48;  // per sequence (several laps of every ring); appends beyond it are shortened
 constexpr std::size_t kMaxLive = 6;
-constexpr int kMaxOperations = 32;  // bugs planted for the harness to find need fewer than 10
+constexpr int kMaxOperations = 24;  // the bugs planted by scripts/fuzz --plant need fewer than 10
 constexpr double kReadTolerance = 1e-5;  // as tests/test_read.cpp: relative to the value scale
 constexpr sequence_id no_sequence = std::numeric_limits<sequence_id>::max();
 
@@ -103,9 +103,10 @@ bool tracing() {
   return on;
 }
 
-// How often each outcome was reached, printed at exit when PHASEKV_FUZZ_STATS is set: the
-// evidence that a run exercises what it is meant to (copy on write, capacity_error, rollbacks
-// refused beyond the history, top-k reads …).
+// How often each outcome was reached, per stream combination: the evidence that a run exercises
+// what it is meant to (copy on write, capacity_error, rollbacks refused beyond the history, top-k
+// reads …). PHASEKV_FUZZ_STATS=1 prints the totals at exit; PHASEKV_FUZZ_STATS=each also prints
+// one line per input (what scripts/fuzz --seeds selects the seed corpus by).
 enum outcome {
   appended, appended_copy_on_write, append_capacity_error, append_malformed, created, forked, copied,
   removed_suffix, remove_suffix_refused, freed, kept, cleared, read_plain, read_top_k, read_refused,
@@ -115,16 +116,35 @@ const char* const outcome_names[] = {
     "append", "append with copy on write", "append -> capacity_error", "malformed append -> input_error",
     "create", "fork", "copy", "remove_suffix", "remove_suffix -> input_error", "free", "keep", "clear",
     "read without top-k", "read with top-k", "read -> input_error", "unknown sequence -> input_error"};
-std::uint64_t outcomes[outcome_count] = {};
+constexpr int kCombinations = 3;
+std::uint64_t outcomes[kCombinations][outcome_count] = {};
+std::uint64_t input_outcomes[outcome_count] = {};
+int g_combination = 0;
 
-void count(outcome o) { ++outcomes[o]; }
-
-void print_outcomes() {
-  for (int o = 0; o < outcome_count; ++o) std::fprintf(stderr, "phasekv fuzz: %-34s %llu\n", outcome_names[o],
-                                                       static_cast<unsigned long long>(outcomes[o]));
+void count(outcome o) {
+  ++outcomes[g_combination][o];
+  ++input_outcomes[o];
 }
 
-const bool stats_registered = std::getenv("PHASEKV_FUZZ_STATS") != nullptr && std::atexit(print_outcomes) == 0;
+void print_outcomes() {
+  std::fprintf(stderr, "phasekv fuzz: %-34s %12s %12s %12s\n", "outcome", "separate K/V", "tied+indexer",
+               "K, V, indexer");
+  for (int o = 0; o < outcome_count; ++o)
+    std::fprintf(stderr, "phasekv fuzz: %-34s %12llu %12llu %12llu\n", outcome_names[o],
+                 static_cast<unsigned long long>(outcomes[0][o]), static_cast<unsigned long long>(outcomes[1][o]),
+                 static_cast<unsigned long long>(outcomes[2][o]));
+}
+
+const char* const stats_mode = std::getenv("PHASEKV_FUZZ_STATS");
+const bool stats_registered = stats_mode != nullptr && std::atexit(print_outcomes) == 0;
+
+// PHASEKV_FUZZ_STATS=each: "phasekv fuzz: input <combination> <count per outcome …>".
+void print_input_outcomes() {
+  if (stats_mode == nullptr || std::strcmp(stats_mode, "each") != 0) return;
+  std::fprintf(stderr, "phasekv fuzz: input %d", g_combination);
+  for (std::uint64_t n : input_outcomes) std::fprintf(stderr, " %llu", static_cast<unsigned long long>(n));
+  std::fprintf(stderr, "\n");
+}
 
 std::string describe_operation() {
   std::ostringstream out;
@@ -240,8 +260,6 @@ struct kv_indexer {
   static constexpr std::array<stream_role, 3> roles{stream_role::key, stream_role::value, stream_role::indexer};
   static constexpr std::size_t key_stream = 0, value_stream = 1, indexer_stream = 2;
 };
-constexpr int kCombinations = 3;
-
 struct setup {
   int combination = 0;
   geometry geom;
@@ -1312,11 +1330,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   g_context = context{};
   g_context.describe_setup = describe_setup;
   g_context.setup = &s;
+  g_combination = s.combination;
+  std::fill(std::begin(input_outcomes), std::end(input_outcomes), 0);
   switch (s.combination) {
     case 0: harness<separate_kv>(s).run(in); break;
     case 1: harness<tied_kv_indexer>(s).run(in); break;
     default: harness<kv_indexer>(s).run(in); break;
   }
+  print_input_outcomes();
   g_context = context{};
   return 0;
 }
