@@ -757,25 +757,24 @@ class harness {
 
   // The CSR view of all live sequences names the same pages as their tables. One stream per
   // operation, in turn: a view is a pure function of the tables, and building one allocates.
-  void check_view(std::size_t stream) const {
+  void check_view(std::size_t k) const {
     std::vector<sequence_id> batch;
     for (const auto& [id, m] : model_) batch.push_back(id);
-    for (std::size_t k = stream; k == stream; ++k) {
-      const paged_view v = cache_.view(span<const sequence_id>(batch.data(), batch.size()), k);
-      if (v.base != cache_.pool(k).base() || v.indptr.size() != batch.size() + 1 || v.indptr[0] != 0 ||
-          v.entries.size() != batch.size() || v.last_page_len.size() != batch.size())
-        fail(str("stream ", k, ": malformed view"));
-      for (std::size_t b = 0; b < batch.size(); ++b) {
-        const auto& table = cache_.page_table(batch[b], k);
-        const i64 n = geom_.completed_entries(model_.at(batch[b]).inputs.tokens);
-        const i64 last = n == 0 ? 0 : (n - 1) % s_.page_size + 1;
-        if (v.indptr[b + 1] - v.indptr[b] != static_cast<std::int32_t>(table.size()) ||
-            !std::equal(table.begin(), table.end(), v.indices.begin() + v.indptr[b]) || v.entries[b] != n ||
-            v.last_page_len[b] != last)
-          fail(str("stream ", k, ": view row ", b, " (sequence ", batch[b], ") differs from its page table"));
-      }
+    const paged_view v = cache_.view(span<const sequence_id>(batch.data(), batch.size()), k);
+    if (v.base != cache_.pool(k).base() || v.indptr.size() != batch.size() + 1 || v.indptr[0] != 0 ||
+        v.entries.size() != batch.size() || v.last_page_len.size() != batch.size())
+      fail(str("stream ", k, ": malformed view"));
+    for (std::size_t b = 0; b < batch.size(); ++b) {
+      const auto& table = cache_.page_table(batch[b], k);
+      const i64 n = geom_.completed_entries(model_.at(batch[b]).inputs.tokens);
+      const i64 last = n == 0 ? 0 : (n - 1) % s_.page_size + 1;
+      if (v.indptr[b + 1] - v.indptr[b] != static_cast<std::int32_t>(table.size()) ||
+          !std::equal(table.begin(), table.end(), v.indices.begin() + v.indptr[b]) || v.entries[b] != n ||
+          v.last_page_len[b] != last)
+        fail(str("stream ", k, ": view row ", b, " (sequence ", batch[b], ") differs from its page table"));
     }
   }
+
 
   // ---- the strong guarantee ----
 
