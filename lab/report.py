@@ -164,13 +164,15 @@ def main():
         L.append("")
         L.append(f"Sweep: stride {sw['stride']}, modulus {sw['modulus']}, {sw['trials_per_residue']} trials per residue, "
                  f"query at {sw['query_position']}, targets in [{sw['first_target']}, {sw['last_target']}], "
-                 f"sweep seed {me['seed']}; {fmt(me['sequence_ms'], 1)} ms per sequence through phasekv.")
+                 f"sweep seed {me['seed']}; {fmt(me['sequence_ms'], 1)} ms of wall time per sequence through phasekv "
+                 f"(on the shared machine).")
         L.append("")
         L.append("| residue | " + " | ".join(str(r["residue"]) for r in sw["residues"]) + " |")
         L.append("|---|" + "---|" * len(sw["residues"]))
         L.append("| accuracy % | " + " | ".join(fmt(r["estimate"], 0, True) for r in sw["residues"]) + " |")
         L.append("| 95% CI | " + " | ".join(f"{fmt(r['ci_low'], 0, True)}–{fmt(r['ci_high'], 0, True)}"
                                           for r in sw["residues"]) + " |")
+        L.append("")
         if ve and "torch_fp32_vs_fp64" in ve:
             L.append(f"Logits: max |torch − phasekv| = {ve['max_abs_diff']:.1e} (max |logit| {ve['max_abs_logit']:.1f}); "
                      f"against the same model in float64, torch fp32 is off by {ve['torch_fp32_vs_fp64']:.1e} and "
