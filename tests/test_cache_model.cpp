@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
+#include "oracle/message_of.hpp"
 #include "phasekv/cache/model_cache.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 
@@ -84,17 +85,7 @@ model_dump dump(const model& m) {
   return d;
 }
 
-template <class Error, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<wrong exception type: ") + e.what() + ">";
-  }
-  return "<no exception>";
-}
+using phasekv_test::message_of;
 
 TEST_CASE("model_cache: sequence operations act on every layer", "[cache][model]") {
   model m = make_model();

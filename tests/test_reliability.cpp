@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
+#include "oracle/message_of.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
@@ -43,17 +44,7 @@ using rope_reader = sparse_reader;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-template <class Error, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<wrong exception type: ") + e.what() + ">";
-  }
-  return "<no exception>";
-}
+using phasekv_test::message_of;
 
 stream_config config(const std::string& name, i64 channels, i64 kv_heads = 1) {
   stream_config c;
