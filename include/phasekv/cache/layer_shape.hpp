@@ -1,5 +1,5 @@
 #pragma once
-// What a reader needs to know about a layer before it sees any sequence (DESIGN.md §5): the
+// What a reader needs to know about a layer before it sees any sequence: the
 // geometry its entries were pooled with, per stream the shape of one entry and whether the
 // entries carry RoPE, and the raw window's shape. Data only: paged_cache::shape() fills it from
 // its compressors and pools, and a host that keeps its KV memory in its own arena fills it by
@@ -24,7 +24,7 @@
 
 namespace phasekv {
 
-// The raw local window a sequence keeps next to its compressed entries (DESIGN.md §4).
+// The raw local window a sequence keeps next to its compressed entries.
 struct raw_window_config {
   std::int64_t tokens = 0;          // N_win; 0 keeps no window
   std::int64_t kv_heads = 1;

@@ -1,6 +1,6 @@
 #pragma once
 // The page pool: one allocation holding `capacity` fixed-size pages of compressed entries, a free
-// list and a reference count per page (DESIGN.md §4; vLLM's block pool). Sequences hold page
+// list and a reference count per page (vLLM's block pool). Sequences hold page
 // tables of page ids; the pool owns the memory.
 //
 // Page layout — entry-major, "NHD" (FlashInfer's paged_kv_t convention, see page_layout):

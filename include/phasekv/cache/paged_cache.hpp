@@ -1,5 +1,5 @@
 #pragma once
-// The paged compressed cache of one layer (DESIGN.md §4): a page pool per stream, and per
+// The paged compressed cache of one layer: a page pool per stream, and per
 // sequence a page table per stream, the compressors' pending state and the raw local window.
 //
 //   paged_cache<K, V> cache(layer_compressor<K, V>(keys, values), config);

@@ -1,5 +1,5 @@
 #pragma once
-// A non-owning view of one sequence's KV memory, as the reader reads it (DESIGN.md §4–5): per
+// A non-owning view of one sequence's KV memory, as the reader reads it: per
 // stream the pages (base, layout, page table, entry count), the raw window ring, the token count.
 // Data only, no engine code: paged_cache::view_of() fills one under a single lock, and a host
 // that owns its KV memory — its own arena, its own page tables — fills one by hand and reads it

@@ -1,5 +1,5 @@
 #pragma once
-// Storage types of the compressed cache (DESIGN.md §4) and the conversions between them and the
+// Storage types of the compressed cache and the conversions between them and the
 // fp32 the compressor and the reader compute in.
 //
 //   f32   IEEE binary32, stored as is.

@@ -1,5 +1,5 @@
 #pragma once
-// Several compressed streams over one geometry, appended in step (DESIGN.md §3, "Streams"):
+// Several compressed streams over one geometry, appended in step:
 // keys and values with separate gates, tied K/V, an indexer stream with its own channels.
 // The streams may use different policies; each gets its own chunk and its own state.
 //

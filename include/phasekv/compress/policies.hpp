@@ -1,5 +1,5 @@
 #pragma once
-// Compile-time compressor policies (DESIGN.md §3). Three orthogonal axes — how a window is
+// Compile-time compressor policies. Three orthogonal axes — how a window is
 // pooled, where RoPE is applied, whether the pooled entry is RMS-normalised — composed as
 // compressor_policy<Pooling, Rope, Norm>. Each choice is a tag; the writer selects code with
 // `if constexpr`, so an unused option costs nothing in the hot loop.

@@ -45,7 +45,7 @@ struct pool {
   static constexpr std::int64_t lanes = static_cast<std::int64_t>(batch::size);
 
   // out[c] = Σ_i w[i] · x[i][c], c ∈ [0, channels). Four named accumulators hide FMA latency
-  // (GCC spills an array of batches to the stack, see DESIGN.md §8).
+  // (GCC spills an array of batches to the stack).
   static void weighted_sum(const float* const* x, const float* w, std::int64_t slots, std::int64_t channels,
                            float* out, const float* const* ahead = nullptr, std::int64_t ahead_rows = 0) noexcept {
     std::int64_t c = 0;

@@ -1,5 +1,5 @@
 #pragma once
-// Configurations of published models, for orientation and tests (DESIGN.md §3).
+// Configurations of published models, for orientation and tests.
 // Learned parameters (gate biases, norm weights) are the model's; these give shapes and maths.
 
 #include "phasekv/compress/policies.hpp"

@@ -1,5 +1,5 @@
 #pragma once
-// An optional helper for hosts without projections of their own (DESIGN.md §3): applies the
+// An optional helper for hosts without projections of their own: applies the
 // payload maps C_v and gate maps Z_v of every head and view to a batch of hidden states with
 // one GEMM each, producing a token_chunk's buffers in the layout stream_config.hpp describes.
 //

@@ -1,5 +1,5 @@
 #pragma once
-// The streaming write path of one compressed stream (DESIGN.md §3).
+// The streaming write path of one compressed stream.
 //
 // A stream_compressor holds what is fixed for a layer — geometry, shape, policy and learned
 // parameters — and is immutable after construction, so many sequences (and threads) can share

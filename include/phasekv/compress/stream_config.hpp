@@ -1,5 +1,5 @@
 #pragma once
-// What one compressed stream looks like (DESIGN.md §3): its shape, how the host hands over its
+// What one compressed stream looks like: its shape, how the host hands over its
 // inputs, and the learned or static parameters of its pooling. The pooling/RoPE/norm choices
 // themselves are compile-time policies (policies.hpp); this is everything that is a number.
 //

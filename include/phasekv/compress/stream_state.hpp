@@ -1,7 +1,7 @@
 #pragma once
 // The per-sequence state of one compressed stream between two appends: how many tokens and
 // entries it has seen, and the inputs of the tokens a future entry still needs — at most the
-// last W − 1 (DESIGN.md §3: "the last W − S tokens plus the current block").
+// last W − 1.
 //
 // Tokens live in a ring of W + history rows, token t in row t mod rows, so appending one token
 // writes one row and never shifts the others (history > 0 lets the state roll back). A state is

@@ -1,5 +1,5 @@
 #pragma once
-// Stride, window and phase (DESIGN.md §2), in one place.
+// Stride, window and phase, in one place.
 //
 // All positions are absolute token indices t = 0, 1, 2, … of one sequence. A new entry starts
 // every `stride` tokens; entry j pools the `window` tokens that end with block j. The host may
@@ -25,7 +25,7 @@
 
 namespace phasekv {
 
-// Where an entry's post-pool RoPE places it (DESIGN.md §2, "anchor position").
+// Where an entry's post-pool RoPE places it.
 enum class anchor_mode {
   block_start,    // first token of the entry's own block (DeepSeek-V4)
   block_end,      // last token of the entry's own block

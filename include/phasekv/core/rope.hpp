@@ -1,5 +1,5 @@
 #pragma once
-// Rotary position embedding on the last R channels of a vector (DESIGN.md §3).
+// Rotary position embedding on the last R channels of a vector.
 //
 //   θ_k = base^(−2k/R),  k ∈ [0, R/2)                       (optionally YaRN-scaled, below)
 //   pair k = (a, b) is rotated by the angle p·θ_k:  a' = a·cos − b·sin,  b' = a·sin + b·cos

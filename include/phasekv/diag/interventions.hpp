@@ -1,5 +1,5 @@
 #pragma once
-// Interventions (DESIGN.md §6): causal probes of where phase effects come from.
+// Interventions: causal probes of where phase effects come from.
 //
 //   head_knockout_map    accuracy change by residue when each head is knocked out in turn
 //                        (the phase specialisation map)

@@ -2,7 +2,7 @@
 // A synthetic needle-in-a-haystack probe (issue 5): a fixed-seed retrieval task that runs
 // through the real write path (layer_compressor → paged_cache) and the real reader
 // (sparse_reader), so a phase sweep of it shows what chunked compression does to retrieval by
-// phase — the study's effect (DESIGN.md §1) without a model.
+// phase — the study's effect without a model.
 //
 // The task. A context of positions [0, query_position) holds `records` key→value records — a
 // key token directly followed by its value token — among filler tokens; the query token sits at
@@ -121,7 +121,7 @@ struct needle_config {
   std::uint64_t seed = 1;
   // Interventions (diag/interventions.hpp) on the probe's own write path; the defaults leave it
   // as described above.
-  //   origin: chunk origin of the geometry (blocks start at t ≡ origin mod S, DESIGN.md §2), as
+  //   origin: chunk origin of the geometry (blocks start at t ≡ origin mod S), as
   //     staggered_origins sets it; mean_pool, concentrated_gates and rope_after_pool only.
   //   key_slot_bias, value_slot_bias: concentrated_gates only, the per-slot gate biases laid out
   //     [heads][W] (G = 1 scalar gate channel), e.g. concentrated_slot_bias() cycled by
@@ -625,7 +625,7 @@ class needle_probe {
 
 enum class needle_outcome { success, probability };
 
-// A phase sweep of the probe (DESIGN.md §6) with one build per context rather than per trial.
+// A phase sweep of the probe with one build per context rather than per trial.
 // plan_sweep places targets at consecutive positions and repeats a position within a round, so
 // the placements are spread over several haystacks: in plan order (which is shuffled), each
 // placement goes to the first context holding no target at its position or next to it

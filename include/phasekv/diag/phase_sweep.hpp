@@ -1,5 +1,5 @@
 #pragma once
-// The phase sweep harness (DESIGN.md §6): run a host-supplied trial with the target placed at
+// The phase sweep harness: run a host-supplied trial with the target placed at
 // every residue r = t mod M (M a multiple of the stride S, default 2S) and report accuracy by
 // residue, the gap, a homogeneity test, the dominant period — as a table, CSV and JSON.
 //

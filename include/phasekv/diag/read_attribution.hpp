@@ -1,5 +1,5 @@
 #pragma once
-// Read attribution (DESIGN.md §6): where the attention mass of one read went, token by token
+// Read attribution: where the attention mass of one read went, token by token
 // and phase by phase, and whether a target token was reachable through the indexer.
 //
 //   slot_weight_log  a sink-compatible recorder of each entry's per-slot weights

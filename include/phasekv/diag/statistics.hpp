@@ -1,5 +1,5 @@
 #pragma once
-// The statistics a phase sweep reports (DESIGN.md §6, "phase sweep harness"): per-residue
+// The statistics a phase sweep reports: per-residue
 // accuracy with a Wilson interval, a test that accuracy is the same at every residue, the
 // dominant period of the per-residue profile, and its best/worst/mean summary.
 //

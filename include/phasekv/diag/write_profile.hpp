@@ -1,5 +1,5 @@
 #pragma once
-// What the write path gives each phase (DESIGN.md §6, "write profile"): the total gate weight a
+// What the write path gives each phase: the total gate weight a
 // token receives — the mean over channels of α, summed over every entry that covers it — and
 // its coverage, aggregated by phase φ = (t − origin) mod S; plus the realised per-slot profile.
 //
@@ -7,7 +7,7 @@
 // Only tokens whose covering entries have all been seen are counted, so a partial last window
 // does not bias the tail phases.
 //
-// Gate concentration (DESIGN.md §6), the study's two effective numbers of offsets, each from 1
+// Gate concentration, the study's two effective numbers of offsets, each from 1
 // (one-hot) to W (uniform), with H(p) = −Σ_i p_i ln p_i (0 ln 0 = 0):
 //   static      exp(H(E[α]))   — entropy of the mean slot profile: low when every window
 //                                 weights the same offsets

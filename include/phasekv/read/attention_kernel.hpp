@@ -1,5 +1,5 @@
 #pragma once
-// Attention of the query heads of one KV head over one piece of keys (DESIGN.md §5), shaped
+// Attention of the query heads of one KV head over one piece of keys, shaped
 // for decode — dozens of query heads sharing each key (MQA/GQA), hundreds of keys per piece:
 //
 //   logits   ℓ[k][h] = Σ_c q'[h][c] · key_k[c]          q' = scale · q

@@ -1,5 +1,5 @@
 #pragma once
-// The lightning indexer's scores for a run of entries (DESIGN.md §5):
+// The lightning indexer's scores for a run of entries:
 //
 //   I_j = Σ_h w_h · ReLU(q_h · k_j)
 //

@@ -1,5 +1,5 @@
 #pragma once
-// The online-softmax partial state of a group of query heads (DESIGN.md §5). For one head and a
+// The online-softmax partial state of a group of query heads. For one head and a
 // set of keys with logits ℓ_i and values v_i:
 //
 //   m = max_i ℓ_i,   d = Σ_i exp(ℓ_i − m),   o = Σ_i exp(ℓ_i − m) · v_i

@@ -1,5 +1,5 @@
 #pragma once
-// Sparse attention over paged compressed KV memory (DESIGN.md §5), the way DeepSeek-V4's
+// Sparse attention over paged compressed KV memory, the way DeepSeek-V4's
 // compressed sparse attention reads:
 //
 //   1. candidates  — the complete entries a query at position t may see: j < floor((t+1+lead)/S)

@@ -1,5 +1,5 @@
 #pragma once
-// Top-k selection in O(n) (DESIGN.md §5): the k highest scores, ties broken by the lower index,
+// Top-k selection in O(n): the k highest scores, ties broken by the lower index,
 // returned in rank order. std::nth_element (introselect) partitions in linear time; only the
 // k winners are then sorted, O(k log k), which does not grow with the context.
 //
