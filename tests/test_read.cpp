@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/scalar_attention.hpp"
 #include "phasekv/cache/paged_cache.hpp"
@@ -135,18 +136,7 @@ std::string mass_mismatch(const std::vector<float>& got, const std::vector<doubl
   return "";
 }
 
-// The message of the Error that f() throws, or a description of what happened instead.
-template <class Error, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<wrong exception type: ") + e.what() + ">";
-  }
-  return "<no exception>";
-}
+using phasekv_test::message_of;
 
 std::vector<float> row(const float* p, i64 n) { return std::vector<float>(p, p + n); }
 

@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/scalar_attention.hpp"
 #include "phasekv/cache/layer_shape.hpp"
@@ -73,17 +74,7 @@ bool same_trace(const read_trace& a, const read_trace& b) {
          a.window_token_mass == b.window_token_mass && a.window_mass == b.window_mass && a.sink_mass == b.sink_mass;
 }
 
-template <class Error, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<wrong exception type: ") + e.what() + ">";
-  }
-  return "<no exception>";
-}
+using phasekv_test::message_of;
 
 // A host's thread pool: `threads` std::threads per run(), tasks from a shared counter, last first.
 class thread_executor final : public executor {
