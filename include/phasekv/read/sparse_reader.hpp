@@ -578,7 +578,16 @@ class sparse_reader {
       }
 #endif
       const float* keys = page_floats(layout, bytes, count, task.page);
-      kernels::indexer<>::score(w.indexer_queries, keys, count, w.scores.data() + j);
+      // The next page's keys, prefetched while this page's last entries are scored (fp32 pages
+      // only: other storage is converted into scratch first).
+      const float* next = nullptr;
+      std::int64_t next_count = 0;
+      if (layout.storage == storage_type::f32 && j + page_size < last) {
+        next = reinterpret_cast<const float*>(sv.base + sv.pages[static_cast<std::size_t>((j + page_size) / page_size)] *
+                                                            layout.page_stride_bytes);
+        next_count = std::min(page_size, last - j - page_size);
+      }
+      kernels::indexer<>::score(w.indexer_queries, keys, count, w.scores.data() + j, next, next_count);
     }
     rank_keys(span<const float>(w.scores.data() + first, static_cast<std::size_t>(last - first)), first, task.best);
     keep_top_keys(task.best, w.top_k, false);
