@@ -2,15 +2,18 @@
 // W = 8, tied 512-channel K/V plus a 128-channel lightning-indexer stream, top-512 selection) and
 // an HCA layer (S = W = 128, tied K/V, every complete entry read). A prefill, a fork (a second
 // beam sharing every page of both layers), then decode steps in which each layer appends its new
-// token and reads — layer by layer, as a forward pass runs — and a rollback of the beam.
+// token and reads — layer by layer, as a forward pass runs — and a rollback of the beam. Both
+// layers' K/V entries (one head of 512 channels) come from one shared page pool by default, the
+// CSA layer's indexer keys from a pool of its own.
 //
-//   two_layer [--prompt N] [--steps N] [--storage f32|bf16]
+//   two_layer [--prompt N] [--steps N] [--storage f32|bf16] [--pools shared|separate]
 //
 // The host's model would supply the projections, queries and sinks; random ones stand in here.
 // Per token and layer the host writes each stream's payload[heads][views][C] and gate logits of
 // the same shape (compress/stream_config.hpp) and the raw window key, already RoPE'd.
 
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -41,10 +44,12 @@ int main(int argc, char** argv) try {
   using namespace phasekv;
   std::int64_t prompt = 4096, steps = 8;
   storage_type storage = storage_type::bf16;
+  bool shared_pools = true;
   for (int k = 1; k < argc; ++k) {
     const std::string flag = argv[k];
     if (flag == "--help") {
-      std::printf("usage: two_layer [--prompt N (4096)] [--steps N (8)] [--storage f32|bf16 (bf16)]\n");
+      std::printf("usage: two_layer [--prompt N (4096)] [--steps N (8)] [--storage f32|bf16 (bf16)]"
+                  " [--pools shared|separate (shared)]\n");
       return 0;
     }
     if (k + 1 >= argc) {
@@ -58,6 +63,8 @@ int main(int argc, char** argv) try {
       if (!parse_count("--steps", value, 0, steps)) return 2;
     } else if (flag == "--storage" && (std::string(value) == "f32" || std::string(value) == "bf16")) {
       storage = std::string(value) == "bf16" ? storage_type::bf16 : storage_type::f32;
+    } else if (flag == "--pools" && (std::string(value) == "shared" || std::string(value) == "separate")) {
+      shared_pools = std::string(value) == "shared";
     } else {
       std::fprintf(stderr, "two_layer: unknown option or value: %s %s (see --help)\n", flag.c_str(), value);
       return 2;
@@ -78,6 +85,19 @@ int main(int argc, char** argv) try {
   csa_config.name = "csa";
   hca_config.name = "hca";
   csa_config.storage = hca_config.storage = storage;
+  if (shared_pools) {
+    // One budget for every layer's K/V pages, as the sum of what the layers would reserve apart.
+    page_pool_config kv;
+    kv.name = "kv";
+    kv.page_size = csa_config.page_size;
+    kv.kv_heads = 1;
+    kv.channels = 512;
+    kv.storage = storage;
+    kv.capacity = csa_config.pages + hca_config.pages;
+    auto kv_pool = std::make_shared<page_pool>(kv);
+    csa_config.shared_pools = {kv_pool, nullptr};
+    hca_config.shared_pools = {kv_pool};
+  }
   model_cache<csa_cache, hca_cache> model(
       layer_spec<csa_cache>{
           csa_cache::layer(csa(csa_geom, presets::deepseek_v4_csa_kv()), csa(csa_geom, presets::deepseek_v4_csa_indexer())),
@@ -142,12 +162,18 @@ int main(int argc, char** argv) try {
   const auto pools = model.pool_usage();
   const char* names[] = {"CSA", "HCA"};
   for (std::size_t l = 0; l < 2; ++l)
-    std::printf("%s layer: %lld entries, %.1f KiB of entries, %lld pages (%lld shared with the beam); pools %.1f MiB "
-                "in use, %.1f MiB touched of %.1f MiB reserved\n",
+    std::printf("%s layer: %lld entries, %.1f KiB of entries, %lld pages (%lld shared with the beam); its sequences "
+                "hold %.1f MiB of pages\n",
                 names[l], static_cast<long long>(memory.layers[l].entries), memory.layers[l].entry_bytes / 1024.0,
                 static_cast<long long>(memory.layers[l].pages), static_cast<long long>(memory.layers[l].shared_pages),
-                pools.layers[l].bytes_used / 1048576.0, pools.layers[l].bytes_touched / 1048576.0,
-                pools.layers[l].bytes_reserved / 1048576.0);
+                pools.layers[l].bytes_held / 1048576.0);
+  for (const auto& pool : pools.pools) {
+    std::string layers;
+    for (std::size_t l : pool.layers) layers += std::string(layers.empty() ? "" : "+") + names[l];
+    std::printf("pool %s (%s): %.1f MiB in use, %.1f MiB touched of %.1f MiB reserved\n", pool.name.c_str(),
+                layers.c_str(), pool.bytes_used / 1048576.0, pool.bytes_touched / 1048576.0,
+                pool.bytes_reserved / 1048576.0);
+  }
   std::printf("model: %.1f KiB of entries for %lld tokens in both layers (%.2fx smaller than uncompressed)\n",
               memory.total.entry_bytes / 1024.0, static_cast<long long>(memory.total.tokens),
               memory.total.compression_ratio());

@@ -274,35 +274,51 @@ TEST_CASE("fault injection: every mutating call keeps the strong guarantee when 
   for (const auto& [name, op] : operations()) check_strong_guarantee(name, op, true);
 }
 
-// ---- the same for a two-layer model cache ----------------------------------------------------------
+// ---- the same for a model cache: one layer of the first kind, two of a second -------------------
+// The two second-kind layers have pools of their own, or share one (`shared`).
 
 using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
 using second_cache = paged_cache<mean_stream>;
-using two_layers = model_cache<world_cache, second_cache>;
+using two_kinds = model_cache<world_cache, second_cache>;
 
 struct model_world {
-  two_layers model;
+  two_kinds model;
   sequence_id a = -1, b = -1, c = -1;
 
-  static two_layers make() {
+  static two_kinds make(bool shared) {
     cache_config second;
-    second.name = "second";
     second.page_size = 1;
     second.pages = 24;
+    if (shared) {
+      page_pool_config p;
+      p.name = "shared";
+      p.page_size = 1;
+      p.kv_heads = 1;
+      p.channels = 3;
+      p.capacity = 24;
+      second.shared_pools = {std::make_shared<page_pool>(p)};
+    }
     stream_config hkv;
     hkv.name = "hkv";
     hkv.channels = 3;
+    std::vector<layer_spec<second_cache>> seconds;
+    for (int i = 0; i < 2; ++i) {
+      second.name = "second" + std::to_string(i);
+      seconds.push_back({second_cache::layer(mean_stream(geometry{4, 4}, hkv)), second});
+    }
     world_cache first = make_cache();  // (only its configuration is reused)
-    return two_layers(layer_spec<world_cache>{first.compressors(), first.config()},
-                      layer_spec<second_cache>{second_cache::layer(mean_stream(geometry{4, 4}, hkv)), second});
+    return two_kinds(layer_spec<world_cache>{first.compressors(), first.config()}, std::move(seconds));
   }
   void forward(sequence_id s, i64 n, unsigned seed) {
     append_tokens(model.layer<0>(), model.layer_id(s, 0), n, seed);
-    const auto& hkv = model.layer<1>().compressors().stream<0>();
-    std::vector<float> x(static_cast<std::size_t>(n * hkv.payload_floats_per_token()), 0.25f * static_cast<float>(seed));
-    model.append<1>(s, {token_chunk{n, x, {}}});
+    for (std::size_t i = 0; i < 2; ++i) {
+      const auto& hkv = model.layer<1>(i).compressors().stream<0>();
+      std::vector<float> x(static_cast<std::size_t>(n * hkv.payload_floats_per_token()),
+                           0.25f * static_cast<float>(seed + i));
+      model.append<1>(s, i, {token_chunk{n, x, {}}});
+    }
   }
-  model_world() : model(make()) {
+  explicit model_world(bool shared) : model(make(shared)) {
     a = model.create();
     forward(a, 11, 1);
     b = model.fork(a);
@@ -314,8 +330,10 @@ struct model_world {
 std::string model_difference(const model_world& x, const model_world& y) {
   std::string d = phasekv_test::first_difference(phasekv_test::dump(x.model.layer<0>()), phasekv_test::dump(y.model.layer<0>()));
   if (!d.empty()) return "layer 0: " + d;
-  d = phasekv_test::first_difference(phasekv_test::dump(x.model.layer<1>()), phasekv_test::dump(y.model.layer<1>()));
-  if (!d.empty()) return "layer 1: " + d;
+  for (std::size_t i = 0; i < 2; ++i) {
+    d = phasekv_test::first_difference(phasekv_test::dump(x.model.layer<1>(i)), phasekv_test::dump(y.model.layer<1>(i)));
+    if (!d.empty()) return "second-kind layer " + std::to_string(i) + ": " + d;
+  }
   if (x.model.sequences() != y.model.sequences()) return "model sequence counts differ";
   return "";
 }
@@ -332,31 +350,34 @@ TEST_CASE("fault injection: model_cache operations keep every layer unchanged wh
       {"free", [](model_world& w) { w.model.free(w.b); }},
       {"clear", [](model_world& w) { w.model.clear(); }},
   };
-  for (bool keep_failing : {false, true}) {
-    for (const auto& [name, op] : ops) {
-      model_world reference;
-      op(reference);
-      for (long n = 1;; ++n) {
-        model_world w, before;
-        bool threw = false;
-        fault::arm(n, keep_failing);
-        try {
+  for (bool shared : {false, true}) {
+    for (bool keep_failing : {false, true}) {
+      for (const auto& [name, op] : ops) {
+        model_world reference(shared);
+        op(reference);
+        for (long n = 1;; ++n) {
+          model_world w(shared), before(shared);
+          bool threw = false;
+          fault::arm(n, keep_failing);
+          try {
+            op(w);
+          } catch (const std::bad_alloc&) {
+            threw = true;
+          } catch (const capacity_error&) {
+            threw = true;
+          }
+          const bool fired = fault::disarm();
+          INFO(name << (shared ? " (shared pool)" : "") << ": allocation " << n
+                    << (keep_failing ? " and every later one" : "") << " failed");
+          if (!fired || !threw) {
+            REQUIRE(model_difference(w, reference) == "");
+            if (!fired) break;
+            continue;
+          }
+          REQUIRE(model_difference(w, before) == "");
           op(w);
-        } catch (const std::bad_alloc&) {
-          threw = true;
-        } catch (const capacity_error&) {
-          threw = true;
-        }
-        const bool fired = fault::disarm();
-        INFO(name << ": allocation " << n << (keep_failing ? " and every later one" : "") << " failed");
-        if (!fired || !threw) {
           REQUIRE(model_difference(w, reference) == "");
-          if (!fired) break;
-          continue;
         }
-        REQUIRE(model_difference(w, before) == "");
-        op(w);
-        REQUIRE(model_difference(w, reference) == "");
       }
     }
   }

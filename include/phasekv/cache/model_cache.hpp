@@ -1,37 +1,52 @@
 #pragma once
 // The compressed caches of a whole model: one paged_cache per layer (each with its own
-// compressors, geometry, page pools and storage — a DeepSeek-V4 model mixes CSA layers, S = 4
-// with an indexer, and HCA layers, S = W = 128), behind one sequence table. A model sequence id
-// names the sequence in every layer at once, and the sequence operations act on every layer:
+// compressors, geometry and storage — a DeepSeek-V4 model mixes CSA layers, S = 4 with an
+// indexer, and HCA layers, S = W = 128), behind one sequence table. A model sequence id names the
+// sequence in every layer at once, and the sequence operations act on every layer:
 //
-//   model_cache<csa_cache, hca_cache> model(layer_spec<csa_cache>{csa_layer, csa_config},
-//                                           layer_spec<hca_cache>{hca_layer, hca_config});
-//   sequence_id s = model.create();                  // in every layer
-//   model.append<0>(s, {kv_chunk, indexer_chunk}, window_keys);   // layer by layer, as the
-//   model.append<1>(s, {hca_chunk}, hca_window_keys);            // forward pass runs
-//   sequence_id beam = model.fork(s);                // every layer shares s's pages
-//   model.remove_suffix(beam, p0);                   // every layer rolls back, or none does
+//   model_cache<csa_cache, hca_cache> model(csa_layers, hca_layers);  // layer kinds, each a group
+//   sequence_id s = model.create();                      // in every layer
+//   model.append<0>(s, i, {kv_chunk, indexer_chunk}, window_keys);   // layer by layer, as the
+//   model.append<1>(s, j, {hca_chunk}, hca_window_keys);             // forward pass runs
+//   sequence_id beam = model.fork(s);                    // every layer shares s's pages
+//   model.remove_suffix(beam, p0);                       // every layer rolls back, or none does
+//
+// Layers: each template argument is a layer kind (a paged_cache type) and each constructor
+// argument the group of layers of that kind, a layer_spec (one layer) or a vector of them (any
+// number: a model's 30 CSA layers differ in weights, not type). Layer i of kind K is layer<K>(i);
+// the model numbers its layers kind after kind, in the order given (layer_index<K>(i)), and the
+// host keeps its own mapping to the model's interleaving.
+//
+// Pools: each layer's cache_config says, per stream, whether the stream has a pool of its own or
+// draws from a pool shared with other layers (cache_config::shared_pools) — as vLLM's layers
+// share one block pool. Every DeepSeek-V4 layer's K/V entries have the same page layout (one
+// head of 512 channels), so one pool can hold them all under one budget; a pool shared with
+// another layer is still only ever written, retained and released by the layer that allocated a
+// page. pool_usage() reports each distinct pool once, and per layer the pages it holds.
 //
 // Strong guarantee across layers: create, fork, copy, remove_suffix, keep, free and clear either
 // take effect in every layer or throw with every layer exactly as it was (std::bad_alloc
 // included). create/fork make the layers' sequences one by one and drop them again if a later
 // layer fails; copy forks the source in every layer before it retires the destination's old
-// sequences; remove_suffix checks every layer before it changes one. Appends go to one layer at a
-// time (a forward pass produces one layer's inputs at a time), each with paged_cache's guarantee.
+// sequences; remove_suffix checks every layer before it changes one. None of them allocates a
+// page (forks share pages; a rollback only drops them), so layers sharing a pool cannot run out
+// of pages part-way. Appends go to one layer at a time (a forward pass produces one layer's inputs
+// at a time), each with paged_cache's guarantee.
 //
-// Reading: layer<I>() is layer I's paged_cache and layer_id(s, I) the sequence's id in it.
+// Reading: layer<K>(i) is the layer's paged_cache and layer_id(s, l) the sequence's id in model
+// layer l (layer_id<K>(s, i) by kind) — what that layer's sparse_reader reads.
 //
 // Thread safety is paged_cache's: calls on different model sequences may run concurrently, each
 // sequence has one writer at a time. The table of model ids has its own mutex.
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -48,47 +63,80 @@ struct layer_spec {
   cache_config config;
 };
 
-// What one model sequence occupies, per layer and in total.
-template <std::size_t Layers>
-struct model_memory {
-  std::array<sequence_memory, Layers> layers;
-  sequence_memory total;  // sums of the layers' figures
+// Every layer of one kind, in order: one layer_spec, or a vector of them.
+template <class Cache>
+struct layer_group {
+  std::vector<layer_spec<Cache>> layers;
+  layer_group(layer_spec<Cache> one) { layers.push_back(std::move(one)); }  // NOLINT: one layer converts
+  layer_group(std::vector<layer_spec<Cache>> many) : layers(std::move(many)) {}  // NOLINT
 };
 
-// What the layers' pools hold, per layer (summed over its streams) and in total.
-template <std::size_t Layers>
+// What one model sequence occupies, per model layer and in total.
+struct model_memory {
+  std::vector<sequence_memory> layers;
+  sequence_memory total;  // sums of the layers' figures (tokens: the most of any layer)
+};
+
+// What the model's pools hold.
 struct model_pool_usage {
-  struct usage {
+  // The pages a layer's sequences hold, summed over its streams (a shared page counted once).
+  struct layer_usage {
+    std::int64_t pages_held = 0;
+    std::int64_t bytes_held = 0;
+  };
+  struct pool_usage {
+    std::string name;
+    std::vector<std::size_t> layers;  // the model layers drawing from it
     std::int64_t pages_used = 0;
     std::int64_t bytes_used = 0;      // pages in use × page bytes
     std::int64_t bytes_touched = 0;   // pages ever handed out × page bytes (at most resident)
     std::int64_t bytes_reserved = 0;  // capacity × page bytes
   };
-  std::array<usage, Layers> layers;
-  usage total;
+  std::vector<layer_usage> layers;  // by model layer
+  std::vector<pool_usage> pools;    // each distinct pool once, in order of first use
+  pool_usage total;                 // sums over the distinct pools
 };
 
-template <class... Layers>
+template <class... Kinds>
 class model_cache {
  public:
-  static constexpr std::size_t layer_count = sizeof...(Layers);
-  static_assert(layer_count >= 1, "a model needs at least one layer");
-  using layer_ids = std::array<sequence_id, layer_count>;
+  static constexpr std::size_t kind_count = sizeof...(Kinds);
+  static_assert(kind_count >= 1, "a model needs at least one layer kind");
+  template <std::size_t K>
+  using kind = std::tuple_element_t<K, std::tuple<Kinds...>>;
 
-  explicit model_cache(layer_spec<Layers>... specs, std::string name = "model")
-      : name_(std::move(name)),
-        layers_(std::make_unique<Layers>(std::move(specs.compressors), std::move(specs.config))...) {}
+  explicit model_cache(layer_group<Kinds>... groups, std::string name = "model") : name_(std::move(name)) {
+    std::size_t k = 0;
+    const auto check = [&](const auto& group) {
+      detail::require(!group.layers.empty(), name_ + ".layers of kind " + std::to_string(k), 0,
+                      "every layer kind needs at least one layer");
+      ++k;
+    };
+    (check(groups), ...);
+    build(std::index_sequence_for<Kinds...>{}, groups...);
+  }
 
   model_cache(const model_cache&) = delete;
   model_cache& operator=(const model_cache&) = delete;
 
-  template <std::size_t I>
-  auto& layer() noexcept {
-    return *std::get<I>(layers_);
+  // Layer i of kind K.
+  template <std::size_t K>
+  kind<K>& layer(std::size_t i = 0) {
+    return *std::get<K>(layers_)[check_layer<K>(i, "layer")];
   }
-  template <std::size_t I>
-  const auto& layer() const noexcept {
-    return *std::get<I>(layers_);
+  template <std::size_t K>
+  const kind<K>& layer(std::size_t i = 0) const {
+    return *std::get<K>(layers_)[check_layer<K>(i, "layer")];
+  }
+  // How many layers of kind K; all layers; the model index of layer i of kind K.
+  template <std::size_t K>
+  std::size_t layers_of() const noexcept {
+    return std::get<K>(layers_).size();
+  }
+  std::size_t layer_count() const noexcept { return count_; }
+  template <std::size_t K>
+  std::size_t layer_index(std::size_t i) const {
+    return offsets_[K] + check_layer<K>(i, "layer_index");
   }
   const std::string& name() const noexcept { return name_; }
 
@@ -110,11 +158,11 @@ class model_cache {
     if (source == destination)
       detail::fail<input_error>(name_ + ".copy(destination)", destination, "must differ from source");
     const layer_ids from = ids(source, "copy");
-    const layer_ids old = ids(destination, "copy");
-    const layer_ids forks = make_all([&](auto& cache, std::size_t l) { return cache.fork(from[l]); });
+    layer_ids old = ids(destination, "copy");
+    layer_ids forks = make_all([&](auto& cache, std::size_t l) { return cache.fork(from[l]); });
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      table_.find(destination)->second = forks;  // checked above; one writer per sequence
+      table_.find(destination)->second.swap(forks);  // checked above; one writer per sequence
     }
     for_each_layer([&](auto& cache, std::size_t l) { cache.free(old[l]); });
   }
@@ -140,7 +188,7 @@ class model_cache {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = table_.find(id);
       if (it == table_.end()) fail_unknown(id, "free");
-      in = it->second;
+      in.swap(it->second);
       table_.erase(it);
     }
     for_each_layer([&](auto& cache, std::size_t l) { cache.free(in[l]); });
@@ -158,7 +206,7 @@ class model_cache {
           ++it;
           continue;
         }
-        dropped.push_back(it->second);
+        dropped.push_back(std::move(it->second));  // a move: cannot throw
         it = table_.erase(it);
       }
     }
@@ -175,12 +223,18 @@ class model_cache {
     for_each_layer([&](auto& cache, std::size_t) { cache.clear(); });
   }
 
-  // Appends one layer's new tokens (see paged_cache::append).
-  template <std::size_t I>
-  std::int64_t append(sequence_id id, const typename std::tuple_element_t<I, std::tuple<Layers...>>::chunks& in,
+  // Appends new tokens to layer i of kind K (see paged_cache::append); without i, to layer 0.
+  template <std::size_t K>
+  std::int64_t append(sequence_id id, std::size_t i, const typename kind<K>::chunks& in,
                       span<const float> window_keys = {}, span<const float> window_values = {},
                       const append_options& options = {}) {
-    return layer<I>().append(ids(id, "append")[I], in, window_keys, window_values, options);
+    const std::size_t l = layer_index<K>(i);
+    return layer<K>(i).append(ids(id, "append")[l], in, window_keys, window_values, options);
+  }
+  template <std::size_t K>
+  std::int64_t append(sequence_id id, const typename kind<K>::chunks& in, span<const float> window_keys = {},
+                      span<const float> window_values = {}, const append_options& options = {}) {
+    return append<K>(id, 0, in, window_keys, window_values, options);
   }
 
   // ---- queries ---------------------------------------------------------------------------
@@ -201,16 +255,22 @@ class model_cache {
     std::sort(out.begin(), out.end());
     return out;
   }
-  // The sequence's id in layer `l` (for that layer's paged_cache and reader).
+  // The sequence's id in model layer `l` (for that layer's paged_cache and reader).
   sequence_id layer_id(sequence_id id, std::size_t l) const {
-    if (l >= layer_count)
-      detail::fail<input_error>(name_ + ".layer_id(layer)", l, "must be below the layer count " + std::to_string(layer_count));
+    if (l >= count_)
+      detail::fail<input_error>(name_ + ".layer_id(layer)", l, "must be below the layer count " + std::to_string(count_));
     return ids(id, "layer_id")[l];
   }
+  // The sequence's id in layer i of kind K.
+  template <std::size_t K>
+  sequence_id layer_id(sequence_id id, std::size_t i) const {
+    return ids(id, "layer_id")[layer_index<K>(i)];
+  }
 
-  model_memory<layer_count> memory(sequence_id id) const {
+  model_memory memory(sequence_id id) const {
     const layer_ids in = ids(id, "memory");
-    model_memory<layer_count> m;
+    model_memory m;
+    m.layers.resize(count_);
     for_each_layer([&](const auto& cache, std::size_t l) {
       const sequence_memory s = cache.memory(in[l]);
       m.layers[l] = s;
@@ -226,31 +286,77 @@ class model_cache {
     return m;
   }
 
-  model_pool_usage<layer_count> pool_usage() const {
-    model_pool_usage<layer_count> u;
+  // Per layer the pages it holds; each distinct pool once; totals over the distinct pools. While
+  // only this model draws from its pools, the layers' pages_held sum to total.pages_used.
+  model_pool_usage pool_usage() const {
+    model_pool_usage u;
+    u.total.name = name_;
+    u.layers.resize(count_);
+    std::vector<const page_pool*> seen;
     for_each_layer([&](const auto& cache, std::size_t l) {
-      auto& layer = u.layers[l];
       for (std::size_t k = 0; k < std::decay_t<decltype(cache)>::stream_count; ++k) {
         const page_pool& pool = cache.pool(k);
-        layer.pages_used += pool.used_pages();
-        layer.bytes_used += pool.bytes_used();
-        layer.bytes_touched += pool.pages_touched() * pool.bytes_per_page();
-        layer.bytes_reserved += pool.bytes_reserved();
+        const std::int64_t held = cache.pages_held(k);
+        u.layers[l].pages_held += held;
+        u.layers[l].bytes_held += held * pool.bytes_per_page();
+        const auto at = std::find(seen.begin(), seen.end(), &pool);
+        if (at != seen.end()) {
+          auto& layers = u.pools[static_cast<std::size_t>(at - seen.begin())].layers;
+          if (layers.back() != l) layers.push_back(l);
+          continue;
+        }
+        seen.push_back(&pool);
+        model_pool_usage::pool_usage p;
+        p.name = pool.name();
+        p.layers.push_back(l);
+        p.pages_used = pool.used_pages();
+        p.bytes_used = pool.bytes_used();
+        p.bytes_touched = pool.pages_touched() * pool.bytes_per_page();
+        p.bytes_reserved = pool.bytes_reserved();
+        u.total.pages_used += p.pages_used;
+        u.total.bytes_used += p.bytes_used;
+        u.total.bytes_touched += p.bytes_touched;
+        u.total.bytes_reserved += p.bytes_reserved;
+        u.pools.push_back(std::move(p));
       }
-      u.total.pages_used += layer.pages_used;
-      u.total.bytes_used += layer.bytes_used;
-      u.total.bytes_touched += layer.bytes_touched;
-      u.total.bytes_reserved += layer.bytes_reserved;
     });
+    for (std::size_t l = 0; l < count_; ++l) u.total.layers.push_back(l);
     return u;
   }
 
  private:
+  using layer_ids = std::vector<sequence_id>;  // by model layer
+
+  template <std::size_t... K>
+  void build(std::index_sequence<K...>, layer_group<Kinds>&... groups) {
+    std::size_t offset = 0;
+    const auto place = [&](auto& layers, auto& group, std::size_t kind_index) {
+      offsets_[kind_index] = offset;
+      layers.reserve(group.layers.size());
+      for (auto& spec : group.layers) {
+        using cache = typename std::decay_t<decltype(layers)>::value_type::element_type;
+        layers.push_back(std::make_unique<cache>(std::move(spec.compressors), std::move(spec.config)));
+      }
+      offset += group.layers.size();
+    };
+    (place(std::get<K>(layers_), groups, K), ...);
+    count_ = offset;
+  }
+
+  template <std::size_t K>
+  std::size_t check_layer(std::size_t i, const char* operation) const {
+    if (i >= std::get<K>(layers_).size())
+      detail::fail<input_error>(name_ + "." + operation + "<" + std::to_string(K) + ">(layer)", i,
+                                "must be below the number of layers of that kind, " +
+                                    std::to_string(std::get<K>(layers_).size()));
+    return i;
+  }
+
   // Makes one sequence per layer with `make(cache, l)`; if a layer fails, the sequences made in
   // the layers before it are freed again and the failure propagates.
   template <class Make>
   layer_ids make_all(Make&& make) {
-    layer_ids made;
+    layer_ids made(count_);  // allocated before any layer changes
     std::size_t done = 0;
     try {
       for_each_layer([&](auto& cache, std::size_t l) {
@@ -274,7 +380,7 @@ class model_cache {
     try {
       std::lock_guard<std::mutex> lock(mutex_);
       const sequence_id id = tag_ | next_;
-      table_.emplace(id, made);
+      table_.emplace(id, made);  // a copy: `made` stays whole if the table cannot grow
       ++next_;
       return id;
     } catch (...) {
@@ -294,25 +400,33 @@ class model_cache {
     detail::fail<input_error>(name_ + "." + operation + "(sequence)", id, "is not a live sequence of this model cache");
   }
 
+  // f(cache, model layer index) for every layer, kind after kind.
   template <class F>
   void for_each_layer(F&& f) {
-    for_each_impl(f, std::index_sequence_for<Layers...>{});
+    for_each_impl(*this, f, std::index_sequence_for<Kinds...>{});
   }
   template <class F>
   void for_each_layer(F&& f) const {
-    for_each_impl(f, std::index_sequence_for<Layers...>{});
+    for_each_impl(*this, f, std::index_sequence_for<Kinds...>{});
   }
-  template <class F, std::size_t... I>
-  void for_each_impl(F& f, std::index_sequence<I...>) {
-    (f(*std::get<I>(layers_), I), ...);
-  }
-  template <class F, std::size_t... I>
-  void for_each_impl(F& f, std::index_sequence<I...>) const {
-    (f(static_cast<const std::tuple_element_t<I, std::tuple<Layers...>>&>(*std::get<I>(layers_)), I), ...);
+  template <class Self, class F, std::size_t... K>
+  static void for_each_impl(Self& self, F& f, std::index_sequence<K...>) {
+    const auto kind_layers = [&](auto& layers, std::size_t offset) {
+      for (std::size_t i = 0; i < layers.size(); ++i) {
+        auto& cache = *layers[i];
+        if constexpr (std::is_const_v<Self>)
+          f(static_cast<const std::decay_t<decltype(cache)>&>(cache), offset + i);
+        else
+          f(cache, offset + i);
+      }
+    };
+    (kind_layers(std::get<K>(self.layers_), self.offsets_[K]), ...);
   }
 
   std::string name_;
-  std::tuple<std::unique_ptr<Layers>...> layers_;
+  std::tuple<std::vector<std::unique_ptr<Kinds>>...> layers_;
+  std::array<std::size_t, kind_count> offsets_{};  // model index of each kind's first layer
+  std::size_t count_ = 0;
   mutable std::mutex mutex_;
   std::unordered_map<sequence_id, layer_ids> table_;
   sequence_id tag_ = detail::next_sequence_tag();  // distinct from every layer's tag

@@ -82,6 +82,13 @@ struct cache_config {
   // Where the pools' pages live (an arena, pinned or huge-page memory; page_memory.hpp);
   // null = system_page_memory(), committed by the OS as pages are first written.
   page_memory* memory = nullptr;
+  // Per stream, a pool shared with other caches — the other layers of a model draw their pages
+  // from one budget, as vLLM's layers share one block pool (model_cache.hpp). Empty, or a null
+  // element, gives the stream a pool of its own (`pages` pages from `memory`). A shared pool's
+  // page_size, kv_heads, channels and storage must be the stream's; its capacity and memory are
+  // its own. Pages never move between caches: each cache holds, retains and releases only the
+  // pages it allocated, so sharing changes which budget a page comes from, nothing else.
+  std::vector<std::shared_ptr<page_pool>> shared_pools;
 
   void validate() const {
     using detail::require;
@@ -158,6 +165,9 @@ class paged_cache {
     detail::require(config_.stream_storage.empty() || config_.stream_storage.size() == stream_count,
                     config_.name + ".stream_storage.size()", config_.stream_storage.size(),
                     "must be 0 or the number of streams, " + std::to_string(stream_count));
+    detail::require(config_.shared_pools.empty() || config_.shared_pools.size() == stream_count,
+                    config_.name + ".shared_pools.size()", config_.shared_pools.size(),
+                    "must be 0 or the number of streams, " + std::to_string(stream_count));
     pools_.reserve(stream_count);
     for (std::size_t k = 0; k < stream_count; ++k) {
       page_pool_config p;
@@ -168,7 +178,13 @@ class paged_cache {
       p.storage = config_.stream_storage.empty() ? config_.storage : config_.stream_storage[k];
       p.capacity = config_.pages;
       p.memory = config_.memory;
-      pools_.emplace_back(std::move(p));
+      const bool shared = !config_.shared_pools.empty() && config_.shared_pools[k] != nullptr;
+      if (shared) {
+        require_layout(k, p, config_.shared_pools[k]->config());
+        pools_.push_back(config_.shared_pools[k]);
+      } else {
+        pools_.push_back(std::make_shared<page_pool>(std::move(p)));
+      }
     }
     // The pending inputs of every stream: caught here, not on the first create().
     for_each_stream([&](std::size_t, const auto& c) {
@@ -181,7 +197,27 @@ class paged_cache {
 
   const layer& compressors() const noexcept { return layer_; }
   const cache_config& config() const noexcept { return config_; }
-  const page_pool& pool(std::size_t stream) const { return pools_[check_stream(stream, "pool")]; }
+  const page_pool& pool(std::size_t stream) const { return *pools_[check_stream(stream, "pool")]; }
+  // The stream's pool as a shared handle: to share it with another cache (cache_config::shared_pools).
+  const std::shared_ptr<page_pool>& shared_pool(std::size_t stream) const { return pools_[check_stream(stream, "shared_pool")]; }
+  bool owns_pool(std::size_t stream) const {
+    check_stream(stream, "owns_pool");
+    return config_.shared_pools.empty() || config_.shared_pools[stream] == nullptr;
+  }
+
+  // The pages of a stream's pool this cache's sequences hold, each counted once however many of
+  // them share it: the layer's part of a shared pool (with a pool of its own, its used_pages()).
+  std::int64_t pages_held(std::size_t stream) const {
+    check_stream(stream, "pages_held");
+    std::vector<page_id> held;
+    std::lock_guard<std::mutex> lock(table_mutex_);
+    for (const auto& entry : sequences_) {
+      const auto& table = entry.second->tables[stream];
+      held.insert(held.end(), table.begin(), table.end());
+    }
+    std::sort(held.begin(), held.end());
+    return static_cast<std::int64_t>(std::unique(held.begin(), held.end()) - held.begin());
+  }
   std::int64_t window_rows() const noexcept { return config_.window.tokens > 0 ? config_.window.tokens + config_.history : 0; }
   bool tied_window() const noexcept { return config_.window.value_channels == 0; }
 
@@ -245,7 +281,7 @@ class paged_cache {
     }
     try {
       layer_.append(s.states, in, [&](std::size_t k, const entry_view& e) {
-        pools_[k].write_entry(plans[k].page_for(s.tables[k], e.index, config_.page_size), e.index % config_.page_size,
+        pools_[k]->write_entry(plans[k].page_for(s.tables[k], e.index, config_.page_size), e.index % config_.page_size,
                               e.values);
       }, options);
     } catch (...) {
@@ -300,7 +336,7 @@ class paged_cache {
     const std::int64_t kept_pages = (kept_entries + config_.page_size - 1) / config_.page_size;
     for_each_stream([&](std::size_t k, const auto& c) {
       c.truncate(s.states[k], p0);
-      for (std::size_t i = static_cast<std::size_t>(kept_pages); i < s.tables[k].size(); ++i) pools_[k].release(s.tables[k][i]);
+      for (std::size_t i = static_cast<std::size_t>(kept_pages); i < s.tables[k].size(); ++i) pools_[k]->release(s.tables[k][i]);
       s.tables[k].resize(static_cast<std::size_t>(kept_pages));
     });
     s.tokens = p0;
@@ -375,7 +411,7 @@ class paged_cache {
     if (j < 0 || j >= n)
       detail::fail<input_error>(config_.name + ".read_entry(entry)", j,
                                 "must lie in [0, entries = " + std::to_string(n) + ")");
-    pools_[stream].read_entry(s.tables[stream][static_cast<std::size_t>(j / config_.page_size)], j % config_.page_size,
+    pools_[stream]->read_entry(s.tables[stream][static_cast<std::size_t>(j / config_.page_size)], j % config_.page_size,
                               out);
   }
 
@@ -402,7 +438,7 @@ class paged_cache {
     sequence_memory m;
     m.tokens = s.tokens;
     for (std::size_t k = 0; k < stream_count; ++k) {
-      const page_pool& pool = pools_[k];
+      const page_pool& pool = *pools_[k];
       const std::int64_t entry_bytes = pool.layout().entry_stride_bytes;
       m.entries += s.states[k].entries();
       m.pages += static_cast<std::int64_t>(s.tables[k].size());
@@ -421,8 +457,8 @@ class paged_cache {
   paged_view view(span<const sequence_id> batch, std::size_t stream) const {
     check_stream(stream, "view");
     paged_view v;
-    v.base = pools_[stream].base();
-    v.layout = pools_[stream].layout();
+    v.base = pools_[stream]->base();
+    v.layout = pools_[stream]->layout();
     v.rows.reserve(batch.size());
     for (sequence_id id : batch) v.rows.push_back(view_of(id, "view").streams[stream]);
     v.indptr.push_back(0);
@@ -446,7 +482,7 @@ class paged_cache {
       st.role = c.config().role;
       st.kv_heads = c.config().kv_heads;
       st.channels = c.config().channels;
-      st.storage = pools_[k].layout().storage;
+      st.storage = pools_[k]->layout().storage;
       st.applies_rope = layer_.applies_rope(k);
       st.rope = c.config().rope;
       s.streams.push_back(std::move(st));
@@ -474,9 +510,9 @@ class paged_cache {
     v.stream_count = stream_count;
     for (std::size_t k = 0; k < stream_count; ++k) {
       stream_view& sv = v.streams[k];
-      sv.base = pools_[k].base();
-      sv.layout = pools_[k].layout();
-      sv.capacity = pools_[k].capacity();
+      sv.base = pools_[k]->base();
+      sv.layout = pools_[k]->layout();
+      sv.capacity = pools_[k]->capacity();
       sv.pages = span<const page_id>(s.tables[k].data(), s.tables[k].size());
       sv.entries = s.states[k].entries();
     }
@@ -524,15 +560,15 @@ class paged_cache {
     const std::int64_t pages_after = (after + config_.page_size - 1) / config_.page_size;
     const auto& table = s.tables[k];
     const bool writes_last_page = before % config_.page_size != 0;  // the last page is partial
-    const bool copy = writes_last_page && pools_[k].refcount(table.back()) > 1;
+    const bool copy = writes_last_page && pools_[k]->refcount(table.back()) > 1;
     // One all-or-nothing allocation for the copy and the fresh pages, so nothing leaks if it throws.
     std::vector<page_id> pages(static_cast<std::size_t>(pages_after - static_cast<std::int64_t>(table.size())) +
                                (copy ? 1 : 0));
-    pools_[k].allocate(static_cast<std::int64_t>(pages.size()), pages.data());
+    pools_[k]->allocate(static_cast<std::int64_t>(pages.size()), pages.data());
     if (copy) {
       plan.copy = pages.back();
       pages.pop_back();
-      pools_[k].copy_entries(table.back(), plan.copy, before % config_.page_size);
+      pools_[k]->copy_entries(table.back(), plan.copy, before % config_.page_size);
     }
     plan.fresh = std::move(pages);
     return plan;
@@ -544,8 +580,8 @@ class paged_cache {
   void drop_plan(std::size_t k, page_plan& plan) noexcept {
     // Pages of a plan are held by nobody else: releasing them cannot throw in practice.
     try {
-      if (plan.copy >= 0) pools_[k].release(plan.copy);
-      for (auto p = plan.fresh.rbegin(); p != plan.fresh.rend(); ++p) pools_[k].release(*p);
+      if (plan.copy >= 0) pools_[k]->release(plan.copy);
+      for (auto p = plan.fresh.rbegin(); p != plan.fresh.rend(); ++p) pools_[k]->release(*p);
     } catch (...) {
     }
     plan = page_plan{};
@@ -554,7 +590,7 @@ class paged_cache {
   void adopt_plan(sequence& s, std::size_t k, page_plan& plan) {
     auto& table = s.tables[k];
     if (plan.copy >= 0) {
-      pools_[k].release(table.back());
+      pools_[k]->release(table.back());
       table.back() = plan.copy;
     }
     table.insert(table.end(), plan.fresh.begin(), plan.fresh.end());
@@ -573,11 +609,11 @@ class paged_cache {
     std::size_t k = 0, i = 0;
     try {
       for (k = 0; k < stream_count; ++k)
-        for (i = 0; i < s.tables[k].size(); ++i) pools_[k].retain(s.tables[k][i]);
+        for (i = 0; i < s.tables[k].size(); ++i) pools_[k]->retain(s.tables[k][i]);
     } catch (...) {
       for (std::size_t undo = 0; undo <= k && undo < stream_count; ++undo) {
         const std::size_t n = undo < k ? s.tables[undo].size() : i;
-        for (std::size_t r = 0; r < n; ++r) pools_[undo].release(s.tables[undo][r]);
+        for (std::size_t r = 0; r < n; ++r) pools_[undo]->release(s.tables[undo][r]);
       }
       throw;
     }
@@ -596,7 +632,7 @@ class paged_cache {
 
   void release_pages(sequence& s) {
     for (std::size_t k = 0; k < stream_count; ++k) {
-      for (page_id p : s.tables[k]) pools_[k].release(p);
+      for (page_id p : s.tables[k]) pools_[k]->release(p);
       s.tables[k].clear();
     }
   }
@@ -648,6 +684,24 @@ class paged_cache {
     return t % window_rows();
   }
 
+  // A shared pool must hold the stream's pages exactly as a pool of its own would.
+  void require_layout(std::size_t k, const page_pool_config& want, const page_pool_config& have) const {
+    const std::string field = config_.name + ".shared_pools[" + std::to_string(k) + "]";
+    const auto check = [&](const char* what, std::int64_t pool_value, std::int64_t stream_value) {
+      if (pool_value != stream_value)
+        detail::fail<config_error>(field, have.name,
+                                  std::string("has ") + what + " = " + std::to_string(pool_value) + ", the stream needs " +
+                                      std::to_string(stream_value));
+    };
+    check("page_size", have.page_size, want.page_size);
+    check("kv_heads", have.kv_heads, want.kv_heads);
+    check("channels", have.channels, want.channels);
+    if (have.storage != want.storage)
+      detail::fail<config_error>(field, have.name,
+                                std::string("stores ") + to_string(have.storage) + ", the stream stores " +
+                                    to_string(want.storage));
+  }
+
   std::pair<std::int64_t, std::int64_t> stream_shape(std::size_t k) const {
     std::pair<std::int64_t, std::int64_t> shape;
     for_each_stream([&](std::size_t i, const auto& c) {
@@ -690,7 +744,7 @@ class paged_cache {
 
   layer layer_;
   cache_config config_;
-  std::vector<page_pool> pools_;
+  std::vector<std::shared_ptr<page_pool>> pools_;  // per stream; shared with other caches or its own
   mutable std::mutex table_mutex_;
   std::unordered_map<sequence_id, std::unique_ptr<sequence>> sequences_;
   sequence_id id_tag_ = detail::next_sequence_tag();

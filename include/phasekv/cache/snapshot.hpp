@@ -613,7 +613,7 @@ struct snapshot_access {
     bytes.reserve(2 * streams + 1);
     for (std::size_t k = 0; k < streams; ++k)
       bytes.push_back(static_cast<std::uint64_t>(s.states[k].entries()) *
-                      static_cast<std::uint64_t>(cache.pools_[k].layout().entry_stride_bytes));
+                      static_cast<std::uint64_t>(cache.pools_[k]->layout().entry_stride_bytes));
     for (std::size_t k = 0; k < streams; ++k)
       bytes.push_back(snapshot_format::state_fields_bytes +
                       (s.states[k].payload_ring_.size() + s.states[k].logit_ring_.size()) * sizeof(float));
@@ -650,7 +650,7 @@ struct snapshot_access {
     }
     f.streams.resize(sizeof...(C));
     cache.for_each_stream([&](std::size_t k, const auto& c) {
-      f.streams[k] = snapshot_format::stream_fingerprint_of(c, cache.pools_[k].layout().storage);
+      f.streams[k] = snapshot_format::stream_fingerprint_of(c, cache.pools_[k]->layout().storage);
     });
     return f;
   }
@@ -678,7 +678,7 @@ struct snapshot_access {
     unsigned char* at = base + header;
 
     for (std::size_t k = 0; k < streams; ++k) {  // entries, page after page
-      const page_pool& pool = cache.pools_[k];
+      const page_pool& pool = *cache.pools_[k];
       const std::int64_t page_size = pool.layout().page_size, entries = s.states[k].entries();
       std::uint32_t crc = 0;
       for (std::int64_t first = 0, page = 0; first < entries; first += page_size, ++page) {
@@ -1055,18 +1055,18 @@ struct snapshot_access {
     std::array<std::vector<page_id>, streams> pages;
     std::vector<std::uint16_t> bounce;  // a page of 16-bit entries, for unaligned conversions
     for (std::size_t k = 0; k < streams; ++k) {
-      const std::int64_t page_size = cache.pools_[k].layout().page_size;
+      const std::int64_t page_size = cache.pools_[k]->layout().page_size;
       pages[k].resize(static_cast<std::size_t>((entries + page_size - 1) / page_size));
       record->tables[k].reserve(pages[k].size());
-      if (format::storage_of(print.streams[k].storage) != cache.pools_[k].layout().storage)
-        bounce.resize(std::max(bounce.size(), static_cast<std::size_t>(page_size * cache.pools_[k].layout().entry_stride)));
+      if (format::storage_of(print.streams[k].storage) != cache.pools_[k]->layout().storage)
+        bounce.resize(std::max(bounce.size(), static_cast<std::size_t>(page_size * cache.pools_[k]->layout().entry_stride)));
     }
 
     // All pages, all-or-nothing across the streams.
     std::size_t allocated = 0;
     try {
       for (; allocated < streams; ++allocated) {
-        page_pool& pool = cache.pools_[allocated];
+        page_pool& pool = *cache.pools_[allocated];
         try {
           pool.allocate(static_cast<std::int64_t>(pages[allocated].size()), pages[allocated].data());
         } catch (const capacity_error& e) {
@@ -1082,7 +1082,7 @@ struct snapshot_access {
 
     try {
       for (std::size_t k = 0; k < streams; ++k) {
-        copy_entries(cache.pools_[k], pages[k], entries, format::storage_of(print.streams[k].storage),
+        copy_entries(*cache.pools_[k], pages[k], entries, format::storage_of(print.streams[k].storage),
                      in_parts.starts[k], bounce, in_parts, k);
         record->tables[k].assign(pages[k].begin(), pages[k].end());  // within the reserved capacity
       }
@@ -1129,7 +1129,7 @@ struct snapshot_access {
                                std::size_t streams) noexcept {
     for (std::size_t k = streams; k-- > 0;) {
       try {
-        for (std::size_t i = pages[k].size(); i-- > 0;) cache.pools_[k].release(pages[k][i]);
+        for (std::size_t i = pages[k].size(); i-- > 0;) cache.pools_[k]->release(pages[k][i]);
       } catch (...) {  // the pages were just allocated to nobody else: release cannot fail
       }
     }
