@@ -24,9 +24,13 @@ class openmp_executor final : public executor {
   // threads = 0: OpenMP's default team size (OMP_NUM_THREADS, else the number of cores).
   explicit openmp_executor(int threads = 0) noexcept : threads_(threads) {}
 
+  // The team size asked for (0 = OpenMP's default). Kept with or without OpenMP, so the class
+  // has one layout whatever the flags of the file that includes it.
+  int requested_threads() const noexcept { return threads_; }
+
   std::int64_t concurrency() const noexcept override {
 #ifdef _OPENMP
-    return threads_ > 0 ? threads_ : omp_get_max_threads();
+    return requested_threads() > 0 ? requested_threads() : omp_get_max_threads();
 #else
     return 1;
 #endif

@@ -29,10 +29,17 @@
 
 namespace phasekv::kernels {
 
+// The queries of one KV head's group in the kernel's layout: q_t[channel][padded heads].
+// Independent of the ISA (only `padded`, a value, depends on the vector width).
+struct attention_queries {
+  std::int64_t heads = 0, padded = 0, channels = 0;
+  simd::aligned_vector<float> q_t;
+};
+
 template <class Arch = simd::default_arch>
 struct attention {
   using batch = xsimd::batch<float, Arch>;
-  using aligned_floats = std::vector<float, xsimd::aligned_allocator<float>>;
+  using aligned_floats = simd::aligned_vector<float>;
   static constexpr std::int64_t lanes = static_cast<std::int64_t>(batch::size);
   // Tile shapes: 24 accumulators plus the loaded batches fit AVX-512's 32 registers; with 16
   // (AVX2, SSE) the tiles shrink to 8 and 12 accumulators rather than spill.
@@ -42,11 +49,7 @@ struct attention {
   static constexpr std::int64_t tile_heads = 6;               // heads per output tile
   static constexpr std::int64_t channel_batches = wide ? 4 : 2;  // batches of channels per output tile
 
-  // The queries of one KV head's group in the kernel's layout: q_t[channel][padded heads].
-  struct prepared {
-    std::int64_t heads = 0, padded = 0, channels = 0;
-    aligned_floats q_t;
-  };
+  using prepared = attention_queries;
 
   static std::int64_t padded_heads(std::int64_t heads) noexcept { return (heads + lanes - 1) / lanes * lanes; }
 

@@ -37,6 +37,16 @@ inline void round_to_bf16(const float* in, std::int64_t n, float* out) noexcept 
   for (std::int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(float_to_bf16(in[i]));
 }
 
+// The bf16 kernel's queries: q_t[block][pair][64 heads], each 32-bit lane holding a head's
+// channels 2p (low half) and 2p + 1 (high half) in bf16 — the order of two consecutive bf16 keys
+// in memory. Defined in every build (empty unless the kernel runs), so the reader that holds one
+// has one layout whatever the flags.
+struct indexer_bf16_queries {
+  std::int64_t channels = 0, pairs = 0, blocks = 0;
+  simd::aligned_vector<std::uint32_t> q_t;
+  simd::aligned_vector<float> w;
+};
+
 #if PHASEKV_HAS_BF16_DOT
 
 struct indexer_bf16 {
@@ -44,13 +54,7 @@ struct indexer_bf16 {
   static constexpr std::int64_t block = 4 * lanes;  // heads per register block
   static constexpr std::int64_t tile_entries = 6;
 
-  // q_t[block][pair][64 heads]: each 32-bit lane holds a head's channels 2p (low half) and 2p + 1
-  // (high half) in bf16 — the order of two consecutive bf16 keys in memory.
-  struct prepared {
-    std::int64_t channels = 0, pairs = 0, blocks = 0;
-    std::vector<std::uint32_t, xsimd::aligned_allocator<std::uint32_t>> q_t;
-    std::vector<float, xsimd::aligned_allocator<float>> w;
-  };
+  using prepared = indexer_bf16_queries;
 
   static bool supports(std::int64_t channels) noexcept { return channels % 2 == 0; }
 

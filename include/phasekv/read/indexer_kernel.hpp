@@ -18,18 +18,21 @@
 
 namespace phasekv::kernels {
 
+// Queries [heads][channels] and weights [heads] in the kernel's layout:
+// q_t[block][channel][block heads] and w[padded heads]. Independent of the ISA (a member of the
+// reader, whose layout must not depend on compile flags).
+struct indexer_queries {
+  std::int64_t channels = 0, blocks = 0;
+  simd::aligned_vector<float> q_t, w;
+};
+
 template <class Arch = simd::default_arch>
 struct indexer {
   using batch = xsimd::batch<float, Arch>;
   static constexpr std::int64_t lanes = static_cast<std::int64_t>(batch::size);
   static constexpr std::int64_t block = 4 * lanes;  // heads per register block
 
-  // Queries [heads][channels] and weights [heads] in the kernel's layout:
-  // q_t[block][channel][4·lanes heads] and w[padded heads].
-  struct prepared {
-    std::int64_t channels = 0, blocks = 0;
-    std::vector<float, xsimd::aligned_allocator<float>> q_t, w;
-  };
+  using prepared = indexer_queries;  // blocks of 4·lanes heads
 
   static void prepare(const float* queries, const float* weights, std::int64_t heads, std::int64_t channels,
                       prepared& p) {

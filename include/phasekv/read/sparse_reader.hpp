@@ -88,6 +88,10 @@
 
 namespace phasekv {
 
+namespace detail {
+struct layout_access;  // tests/layout: reads the sizes of the reader's private scratch types
+}  // namespace detail
+
 using sequence_id = std::int64_t;
 
 class sparse_reader {
@@ -147,6 +151,7 @@ class sparse_reader {
   static constexpr std::int64_t max_selectable_entries = (std::int64_t{1} << 32) - 1;
 
  private:
+  friend struct detail::layout_access;
   struct score_task {
     std::vector<float> page;          // a converted page (non-fp32 storage)
     std::vector<std::uint64_t> best;  // rank keys of this chunk's top k (top_k.hpp)
@@ -178,10 +183,8 @@ class sparse_reader {
     std::int64_t position = 0, candidates = 0, top_k = 0, n_entries = 0, w_first = 0, n_win = 0;
     std::int64_t chunk = 0, chunks = 0;
     bool tracing = false, bf16_dot = false;
-    kernels::indexer<>::prepared indexer_queries;
-#if PHASEKV_HAS_BF16_DOT
-    kernels::indexer_bf16::prepared indexer_bf16_queries;
-#endif
+    kernels::indexer_queries indexer_queries;
+    kernels::indexer_bf16_queries indexer_bf16_queries;  // used only where the bf16 kernel is built
     std::vector<float> rounded_queries;  // bf16 precision without the bf16 kernel
     std::vector<float> scores, rope_cos;
     std::vector<score_task> score_tasks;

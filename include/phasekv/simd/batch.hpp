@@ -3,11 +3,21 @@
 // xsimd architecture (default: the best the compiler enables), so a header-only build compiles
 // for whatever the host's flags allow.
 
+#include <cstddef>
+#include <vector>
+
 #include <xsimd/xsimd.hpp>
 
 namespace phasekv::simd {
 
 using default_arch = xsimd::default_arch;
+
+// Scratch that kernels load with aligned loads. The alignment is fixed at 64 bytes (the widest
+// vector, AVX-512) rather than xsimd's default for the enabled ISA, so a type that holds one has
+// the same layout and type in every file, whatever flags each was compiled with.
+inline constexpr std::size_t vector_alignment = 64;
+template <class T>
+using aligned_vector = std::vector<T, xsimd::aligned_allocator<T, vector_alignment>>;
 
 template <class Arch>
 using float_batch = xsimd::batch<float, Arch>;
