@@ -18,3 +18,12 @@ install(FILES
   ${PROJECT_BINARY_DIR}/phasekvConfigVersion.cmake
   cmake/phasekvDependencies.cmake
   DESTINATION ${PHASEKV_CMAKE_DIR})
+
+# pkg-config, for builds without CMake: `pkg-config --cflags phasekv`. Header-only and
+# architecture-independent, so it goes to share/pkgconfig; the prefix is found from the file's
+# own place (${pcfiledir}), so `cmake --install --prefix` anywhere gives a working file.
+file(RELATIVE_PATH PHASEKV_PC_TO_PREFIX
+  ${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_DATADIR}/pkgconfig ${CMAKE_INSTALL_PREFIX})
+string(REGEX REPLACE "/$" "" PHASEKV_PC_TO_PREFIX "${PHASEKV_PC_TO_PREFIX}")
+configure_file(cmake/phasekv.pc.in ${PROJECT_BINARY_DIR}/phasekv.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/phasekv.pc DESTINATION ${CMAKE_INSTALL_DATADIR}/pkgconfig)

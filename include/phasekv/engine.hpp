@@ -1,0 +1,62 @@
+#pragma once
+// The engine: what an inference engine embeds to compress its KV cache in chunks and read it
+// back — geometry and errors (core), the compressors (compress), the paged caches (cache), the
+// sparse reader (read) and the SIMD helpers they share (simd). Nothing here depends on the
+// diagnostics (diagnostics.hpp). Each header also stands alone.
+//
+// Keep this list complete (scripts/test checks it): every include/phasekv/<part>/*.hpp of these
+// parts, sorted, one block per part. Namespaces phasekv::kernels and phasekv::detail hold
+// internals: used by the headers, not an API (they may change in any release).
+
+#include "phasekv/version.hpp"
+
+// core
+#include "phasekv/core/crc32c.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/core/executor.hpp"
+#include "phasekv/core/geometry.hpp"
+#include "phasekv/core/limits.hpp"
+#include "phasekv/core/openmp_executor.hpp"
+#include "phasekv/core/rope.hpp"
+#include "phasekv/core/span.hpp"
+#include "phasekv/core/text.hpp"
+
+// compress
+#include "phasekv/compress/entry_buffer.hpp"
+#include "phasekv/compress/entry_view.hpp"
+#include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/compress/policies.hpp"
+#include "phasekv/compress/pool_kernels.hpp"
+#include "phasekv/compress/presets.hpp"
+#include "phasekv/compress/projection.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/compress/stream_config.hpp"
+#include "phasekv/compress/stream_state.hpp"
+
+// cache
+#include "phasekv/cache/layer_shape.hpp"
+#include "phasekv/cache/model_cache.hpp"
+#include "phasekv/cache/page_memory.hpp"
+#include "phasekv/cache/page_pool.hpp"
+#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/cache/presets.hpp"
+#include "phasekv/cache/sequence_view.hpp"
+#include "phasekv/cache/snapshot.hpp"
+#include "phasekv/cache/storage.hpp"
+
+// read
+#include "phasekv/read/attention_kernel.hpp"
+#include "phasekv/read/indexer_bf16_kernel.hpp"
+#include "phasekv/read/indexer_kernel.hpp"
+#include "phasekv/read/presets.hpp"
+#include "phasekv/read/read_types.hpp"
+#include "phasekv/read/softmax_state.hpp"
+#include "phasekv/read/sparse_reader.hpp"
+#include "phasekv/read/top_k.hpp"
+
+// simd
+#include "phasekv/simd/batch.hpp"
+#include "phasekv/simd/exp.hpp"
+#include "phasekv/simd/finite.hpp"
+#include "phasekv/simd/prefetch.hpp"
+#include "phasekv/simd/unroll.hpp"
