@@ -12,7 +12,7 @@
 //                     so far in the run: the most this core has shown it can read.
 //   fma_peak()        fp32 FMA peak of one core, FLOP/s: twelve independent FMA chains (two FMA
 //                     pipes × four cycles of latency need at least eight), each a named variable
-//                     so GCC keeps them in registers (DESIGN.md §8).
+//                     so GCC keeps them in registers (docs/DESIGN.md §8).
 //   bf16_dot_peak()   bf16 dot-product peak of one core, FLOP/s (a multiply-add counts two), as
 //                     fma_peak but with vdpbf16ps (two products per fp32 lane); fma_peak() in
 //                     builds without AVX512-BF16, where bf16 work runs as fp32 FMAs.

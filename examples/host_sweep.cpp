@@ -19,7 +19,7 @@
 namespace {
 
 // A stand-in for a host's model: retrieval succeeds with a probability that dips at the last
-// phase of every 4-token chunk, like a chunked-compression model (DESIGN.md §1).
+// phase of every 4-token chunk, like a chunked-compression model (docs/DESIGN.md §1).
 class toy_model {
  public:
   explicit toy_model(std::uint64_t seed) : seed_(seed) {}

@@ -9,9 +9,9 @@
 // (bit-exact) and in bf16/f16 (the storage conversion of the fp32 entry). After every step every
 // page's reference count must equal the number of page-table slots naming it.
 //
-// Which rollbacks are legal is decided by simulating the rings the way DESIGN.md §3/§4 describe
-// them: token t's inputs sit in row t mod rows until a later token overwrites that row. A
-// rollback to p0 is legal exactly when every input the continuation needs is still there.
+// Which rollbacks are legal is decided by simulating the rings the way docs/DESIGN.md §3/§4
+// describe them: token t's inputs sit in row t mod rows until a later token overwrites that row.
+// A rollback to p0 is legal exactly when every input the continuation needs is still there.
 //
 // Then targeted tests (sharing, copy on write, the strong guarantee on pool exhaustion, error
 // messages, memory accounting, the view of a batch) and a multi-threaded test that is meant to be

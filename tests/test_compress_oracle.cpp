@@ -1,5 +1,6 @@
 // Checks the compressor's scalar twin (tests/oracle/scalar_compressor.hpp) on cases small
-// enough to work out by hand, so the oracle the kernel is held to is itself held to DESIGN.md.
+// enough to work out by hand, so the oracle the kernel is held to is itself held to the maths of
+// docs/DESIGN.md §2–§3.
 
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-// The streaming invariant (DESIGN.md §3): appending one sequence token by token, in random
+// The streaming invariant (docs/DESIGN.md §3): appending one sequence token by token, in random
 // chunks, or as one prefill gives bit-identical entries; states after the same total input
 // compare equal; and entries_after() predicts how many entries an append emits.
 

@@ -1,6 +1,6 @@
 // write_profile (diag/write_profile.hpp): the per-phase weight, per-slot profile and gate
 // concentration, against a brute-force recomputation from the emitted entries (written from
-// DESIGN.md §2 and §6, not from the header), closed forms for mean and one-hot pooling, and
+// docs/DESIGN.md §2 and §6, not from the header), closed forms for mean and one-hot pooling, and
 // hand-built entries for the concentration measures.
 
 #include <catch2/catch.hpp>
@@ -27,7 +27,7 @@ struct recorded_entry {
   std::vector<float> weights;  // [head][slot]
 };
 
-// --- DESIGN.md §2, spelled out independently of geometry.hpp ------------------------------------
+// --- docs/DESIGN.md §2, spelled out independently of geometry.hpp -------------------------------
 // lead = (S − origin) mod S virtual tokens precede token 0; slot i of entry j holds token
 // (j+1)·S − W − lead + i, padding when negative; φ(t) = (t − origin) mod S.
 std::int64_t lead_of(const geometry& g) { return (g.stride - g.origin) % g.stride; }
@@ -128,7 +128,7 @@ struct concentration {
   std::vector<double> mean_profile;
 };
 
-// DESIGN.md §6 over the unpadded entries: static exp(H(E[α])), per window E[exp(H(α))].
+// docs/DESIGN.md §6 over the unpadded entries: static exp(H(E[α])), per window E[exp(H(α))].
 concentration brute_force_concentration(const geometry& g, std::int64_t head, const std::vector<recorded_entry>& entries) {
   const std::int64_t W = g.window;
   concentration c;

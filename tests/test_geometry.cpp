@@ -1,12 +1,13 @@
-// Tests of phasekv::geometry (DESIGN.md §2).
+// Tests of phasekv::geometry (docs/DESIGN.md §2).
 //
 // Oracle: an explicit, enumerated model built from the WORDS of the definitions, not from the
 // header's closed forms. Blocks come from walking the token axis and opening a new block at every
 // token t ≡ origin (mod S) (block 0 is the one holding token 0, so with origin > 0 it is short);
 // windows are the W consecutive positions ending with the last token of block j; coverage,
 // completion and visibility are counted by enumerating entries. For origin = 0 a second model
-// transcribes DESIGN §2 literally ([(j+1)S − W, (j+1)S), j < floor((t+1)/S), …) and both models
-// must agree with each other and with the header, for every S in 1..12, W in S..12 and origin.
+// transcribes docs/DESIGN.md §2 literally ([(j+1)S − W, (j+1)S), j < floor((t+1)/S), …) and both
+// models must agree with each other and with the header, for every S in 1..12, W in S..12 and
+// origin.
 
 #include <catch2/catch.hpp>
 
@@ -123,9 +124,9 @@ TEST_CASE("geometry: the grid of test geometries is valid", "[geometry]") {
   }
 }
 
-TEST_CASE("geometry: with origin 0 the walked model is DESIGN §2 verbatim", "[geometry]") {
+TEST_CASE("geometry: with origin 0 the walked model is docs/DESIGN.md §2 verbatim", "[geometry]") {
   // Guards the oracle itself: for origin 0 the walked blocks and windows must be exactly the
-  // ranges DESIGN §2 writes down.
+  // ranges docs/DESIGN.md §2 writes down.
   for (const auto& g : all_geometries()) {
     if (g.origin != 0) continue;
     INFO(describe(g));
@@ -247,7 +248,7 @@ TEST_CASE("geometry: phase, boundary phase and residue", "[geometry]") {
     CHECK(g.boundary_phase() == g.stride - 1);
     for (i64 t = 0; t <= last_token; ++t) {
       INFO("t=" << t);
-      // DESIGN: φ(t) = (t − origin) mod S …
+      // docs/DESIGN.md §2: φ(t) = (t − origin) mod S …
       REQUIRE(g.phase_of(t) == mod_by_stepping(t - g.origin, g.stride));
       // … which is the token's place in its block counted from the block's first position.
       REQUIRE(g.phase_of(t) == m.phase_of(t));
@@ -307,10 +308,11 @@ TEST_CASE("geometry: branch of a slot counts whole blocks back to the entry's ow
       std::set<i64> blocks_touched;
       for (i64 i = 0; i < g.window; ++i) {
         INFO("j=" << j << " slot=" << i);
-        const i64 design_branch = (g.window - 1 - i) / g.stride;  // DESIGN: floor((W−1−i)/S), W−1−i ≥ 0
+        // docs/DESIGN.md §2: floor((W−1−i)/S), W−1−i ≥ 0
+        const i64 design_branch = (g.window - 1 - i) / g.stride;
         const i64 t = window[static_cast<std::size_t>(i)];
-        // DESIGN's claim: the number of whole blocks between the slot's token and block j
-        // (virtual blocks for padding positions).
+        // docs/DESIGN.md §2's claim: the number of whole blocks between the slot's token and
+        // block j (virtual blocks for padding positions).
         REQUIRE(j - m.block_of(t) == design_branch);
         REQUIRE(g.branch_of_slot(i) == design_branch);
         branches_seen.insert(design_branch);
@@ -354,7 +356,7 @@ TEST_CASE("geometry: completion and visibility", "[geometry]") {
     for (i64 j = 0; j <= last_entry; ++j) {
       INFO("j=" << j);
       REQUIRE(g.completion_token(j) == m.last_of_block(j));
-      if (g.origin == 0) REQUIRE(g.completion_token(j) == (j + 1) * g.stride - 1);  // DESIGN
+      if (g.origin == 0) REQUIRE(g.completion_token(j) == (j + 1) * g.stride - 1);  // docs/DESIGN.md §2
       // The completing token is the last slot of the entry's window: nothing later is pooled.
       REQUIRE(g.completion_token(j) == m.window_of(j).back());
     }
@@ -371,7 +373,7 @@ TEST_CASE("geometry: completion and visibility", "[geometry]") {
       const i64 visible = std::count_if(completion.begin(), completion.end(), [&](i64 c) { return c <= t; });
       REQUIRE(g.visible_entries(t) == visible);
       if (g.origin == 0) {
-        // DESIGN: exactly j < floor((t+1)/S).
+        // docs/DESIGN.md §2: exactly j < floor((t+1)/S).
         i64 design_visible = 0;
         while ((design_visible + 1) * g.stride <= t + 1) ++design_visible;
         REQUIRE(g.visible_entries(t) == design_visible);

@@ -1,7 +1,7 @@
 // The sparse-attention reader (include/phasekv/read/*): softmax_state, select_top_k and
 // sparse_reader, held to the double-precision twin in oracle/scalar_attention.hpp.
 //
-//   - the dense control (DESIGN.md §5): S = W = 1, mean pooling, no RoPE, no selection, no
+//   - the dense control (docs/DESIGN.md §5): S = W = 1, mean pooling, no RoPE, no selection, no
 //     window reproduces plain causal attention over the raw tokens, with GQA/MQA, separate and
 //     tied K/V, with and without a sink — the library's master oracle;
 //   - softmax_state: any split merged in any order equals no split; empty parts; sinks; huge logits;

@@ -1,10 +1,10 @@
-// kernels::attention (include/phasekv/read/attention_kernel.hpp) against the maths of DESIGN.md §5
-// in double: logits scale·q·k, their max and exp-sum per head, and Σ p·v. Shapes cover every
-// path of the kernel: heads that fill no, one and several head blocks (padding, the 4-batch
-// block and a partial one), key counts around the 6-key tile, channel counts around the
-// 4-batch output tile, the one-batch tile and the scalar tail, and rows scattered in memory (as
-// selected entries lie in their pages). Runs for the compiler's best architecture and, when it
-// differs, AVX2.
+// kernels::attention (include/phasekv/read/attention_kernel.hpp) against the maths of
+// docs/DESIGN.md §5 in double: logits scale·q·k, their max and exp-sum per head, and Σ p·v.
+// Shapes cover every path of the kernel: heads that fill no, one and several head blocks
+// (padding, the 4-batch block and a partial one), key counts around the 6-key tile, channel counts
+// around the 4-batch output tile, the one-batch tile and the scalar tail, and rows scattered in
+// memory (as selected entries lie in their pages). Runs for the compiler's best architecture and,
+// when it differs, AVX2.
 
 #include <catch2/catch.hpp>
 

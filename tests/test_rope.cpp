@@ -1,4 +1,4 @@
-// Tests of phasekv::rope_config / rope_rotation (DESIGN.md §3).
+// Tests of phasekv::rope_config / rope_rotation (docs/DESIGN.md §3).
 //
 // Oracle: a double-precision twin written from the maths — θ_k = base^(−2k/R), optionally YaRN
 // as in DeepSeek's reference code (find_correction_dim, a linear ramp clamped to [0, 1] between

@@ -121,7 +121,8 @@ def load(directory):
 # ---- the maths ---------------------------------------------------------------------------------
 
 def rope_inv_freq(p):
-    """theta_k = base^(-2k/R), k < R/2, YaRN-scaled as DESIGN.md §3 and core/rope.hpp define it."""
+    """theta_k = base^(-2k/R), k < R/2, YaRN-scaled as docs/DESIGN.md §3 and core/rope.hpp
+    define it."""
     r = p["rope_channels"]
     k = torch.arange(r // 2, dtype=torch.float64)
     theta = p["rope_base"] ** (-2.0 * k / r)

@@ -443,7 +443,7 @@ class harness {
   };
   struct sequence_model {
     token_list inputs;
-    // Which token each ring row last received (DESIGN.md §3/§4: token t in row t mod rows); −1
+    // Which token each ring row last received (docs/DESIGN.md §3/§4: token t in row t mod rows); −1
     // for none. Decides which rollbacks are legal and where the raw window starts.
     std::vector<i64> input_ring, window_ring;
     std::array<std::vector<float>, N> expected;         // the stored entries, widened back to fp32

@@ -1,7 +1,7 @@
 #pragma once
-// The scalar twin of phasekv's sparse-attention reader: DESIGN.md §5 written out as plain loops
-// in double precision, for the tests to hold the reader to. It uses nothing from the library
-// (the RoPE twin comes from scalar_compressor.hpp, itself written from §3).
+// The scalar twin of phasekv's sparse-attention reader: docs/DESIGN.md §5 written out as plain
+// loops in double precision, for the tests to hold the reader to. It uses nothing from the
+// library (the RoPE twin comes from scalar_compressor.hpp, itself written from §3).
 //
 //   candidates      entries j < floor((t + 1 + lead) / S)                           (§2)
 //   indexer         I_j = Σ_h w_h · max(0, q^I_h · k^I_j)

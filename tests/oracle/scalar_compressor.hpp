@@ -1,5 +1,5 @@
 #pragma once
-// The scalar twin of phasekv::stream_compressor: DESIGN.md §2 (geometry) and §3 (compression)
+// The scalar twin of phasekv::stream_compressor: docs/DESIGN.md §2 (geometry) and §3 (compression)
 // written out as plain loops in double precision, for the tests to hold the kernel to.
 //
 // It deliberately uses nothing from the library but the configuration structs and the policy
