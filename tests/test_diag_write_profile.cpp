@@ -396,7 +396,8 @@ TEST_CASE("write_profile: rejects bad entries and leaves itself unchanged", "[di
   bad[6] = -0.5f;
   CHECK_THROWS_WITH(profile(hand_entry(3, 2, 4, bad)), Catch::Contains("= -0.5"));
   CHECK_THROWS_WITH(profile(hand_entry(-1, 2, 4, good)), Catch::Contains("entry.index = -1"));
-  CHECK_THROWS_AS(profile(hand_entry(3, 1, 4, good)), input_error);
+  CHECK_THROWS_WITH(profile(hand_entry(3, 1, 4, good)), Catch::Contains("entry.kv_heads = 1") && Catch::Contains("kv_heads = 2"));
+  CHECK_THROWS_WITH(profile(hand_entry(3, 2, 2, good)), Catch::Contains("entry.window = 2") && Catch::Contains("window = 4"));
   entry_view no_weights = hand_entry(3, 2, 4, good);
   no_weights.slot_weights = nullptr;
   CHECK_THROWS_AS(profile(no_weights), input_error);

@@ -59,8 +59,10 @@ class write_profile {
   void operator()(const entry_view& e) {
     detail::require<input_error>(e.slot_weights != nullptr, "write_profile: entry.slot_weights", "null",
                                  "emit entries with append_options::slot_weights = true");
-    detail::require<input_error>(e.kv_heads == heads_ && e.window == geom_.window, "write_profile: entry.kv_heads",
-                                 e.kv_heads, "must match the profile's kv_heads and window");
+    detail::require<input_error>(e.kv_heads == heads_, "write_profile: entry.kv_heads", e.kv_heads,
+                                 "must match the profile's kv_heads = " + std::to_string(heads_));
+    detail::require<input_error>(e.window == geom_.window, "write_profile: entry.window", e.window,
+                                 "must match the profile's window = " + std::to_string(geom_.window));
     detail::require<input_error>(e.index >= 0, "write_profile: entry.index", e.index, "must be non-negative");
     const std::int64_t W = geom_.window;
     const std::int64_t first_real = geom_.first_real_slot(e.index);
