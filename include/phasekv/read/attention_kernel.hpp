@@ -148,6 +148,10 @@ struct attention {
     });
   }
 
+  // Keys ahead whose value slices the output pass prefetches: the rows lie anywhere (selected
+  // entries), so no hardware prefetcher predicts them.
+  static constexpr std::int64_t output_ahead = 8;
+
   template <std::int64_t NC>
   static void output_tiles(const float* p, std::int64_t padded, std::int64_t heads, const float* const* values,
                            std::int64_t count, std::int64_t c, std::int64_t channels, float* o) noexcept {
@@ -172,6 +176,7 @@ struct attention {
     simd::unroll<NH>([&](auto h) { simd::unroll<NC>([&](auto n) { acc[h][n] = batch(0.0f); }); });
     const float* pk = p + h0;
     for (std::int64_t k = 0; k < count; ++k, pk += padded) {
+      if (k + output_ahead < count) simd::prefetch(values[k + output_ahead] + c, NC * lanes);
       const float* v = values[k] + c;
       batch vb[NC];
       simd::unroll<NC>([&](auto n) { vb[n] = batch::load_unaligned(v + n * lanes); });
