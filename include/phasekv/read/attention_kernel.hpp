@@ -118,7 +118,20 @@ struct attention {
       const float* const* ahead = k + 2 * tile_keys <= count ? keys + k + tile_keys : nullptr;
       logit_tile<NB, tile_keys>(p, h0, keys + k, ahead, out + k * p.padded);
     }
-    for (; k < count; ++k) logit_tile<NB, 1>(p, h0, keys + k, nullptr, out + k * p.padded);
+    // The last count mod tile_keys keys in one narrower tile (each query batch loaded once for
+    // them all, not once per key).
+    if constexpr (!wide) {
+      for (; k < count; ++k) logit_tile<NB, 1>(p, h0, keys + k, nullptr, out + k * p.padded);
+      return;
+    }
+    switch (count - k) {
+      case 5: logit_tile<NB, 5>(p, h0, keys + k, nullptr, out + k * p.padded); break;
+      case 4: logit_tile<NB, 4>(p, h0, keys + k, nullptr, out + k * p.padded); break;
+      case 3: logit_tile<NB, 3>(p, h0, keys + k, nullptr, out + k * p.padded); break;
+      case 2: logit_tile<NB, 2>(p, h0, keys + k, nullptr, out + k * p.padded); break;
+      case 1: logit_tile<NB, 1>(p, h0, keys + k, nullptr, out + k * p.padded); break;
+      default: break;
+    }
   }
 
   // NB batches of heads from h0 against NK keys: NB·NK accumulators, each query batch loaded
