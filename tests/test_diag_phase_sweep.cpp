@@ -1,6 +1,6 @@
 // The phase sweep harness (diag/phase_sweep.hpp): the plan's balance properties, checked by
 // brute force over many configs; detection of a synthetic periodic weak spot and
-// non-detection of a flat one (deterministic hash-based Bernoulli trials); failed trials; bad
+// non-detection of a flat one (deterministic hash-based Bernoulli trials); errored trials; bad
 // configs; CSV and JSON output.
 
 #include <catch2/catch.hpp>
@@ -230,7 +230,7 @@ TEST_CASE("phase sweep: a boundary-phase weak spot is found with period S", "[di
   REQUIRE(result.valid);
   CHECK(result.kind == outcome_kind::binary);
   CHECK(seen.size() == 8u * 200u);  // every planned trial ran once
-  CHECK(result.failed_trials == 0);
+  CHECK(result.errored_trials == 0);
   CHECK(result.period.period == Approx(4.0));
   CHECK(result.period.frequency == 2);
   // One dip every S = 4 residues of M = 8 puts 2/3 of the power at frequency 2 (period 4) and
@@ -303,12 +303,12 @@ TEST_CASE("phase sweep: probabilities use ANOVA and a normal interval of the mea
 }
 
 // ---------------------------------------------------------------------------------------------
-// Failed trials
+// Errored trials
 // ---------------------------------------------------------------------------------------------
 
-TEST_CASE("phase sweep: throwing and NaN trials are failed, counted and excluded", "[diag][sweep]") {
+TEST_CASE("phase sweep: throwing and NaN trials are errored, counted and excluded", "[diag][sweep]") {
   const auto config = make_config(4, 8, 32);
-  SECTION("a few failures: still valid, message kept, not counted as success or failure") {
+  SECTION("a few errors: still valid, message kept, not counted as success or wrong answer") {
     const auto result = run_sweep(config, [](const placement& p) -> double {
       if (p.residue == 2 && p.trial == 0) throw std::runtime_error("engine said \"out of memory\"");
       if (p.residue == 3 && p.trial < 2) return std::numeric_limits<double>::quiet_NaN();
@@ -317,13 +317,13 @@ TEST_CASE("phase sweep: throwing and NaN trials are failed, counted and excluded
     });
     INFO(result.to_table());
     CHECK(result.valid);
-    CHECK(result.failed_trials == 4);
-    CHECK(result.residues[2].failed == 1);
+    CHECK(result.errored_trials == 4);
+    CHECK(result.residues[2].errored == 1);
     CHECK(result.residues[2].valid == 31);
-    CHECK(result.residues[3].failed == 2);
-    CHECK(result.residues[4].failed == 1);
-    CHECK(result.residues[0].failed == 0);
-    // Every valid trial returned 1: a failure counted as 0 would show as an estimate below 1.
+    CHECK(result.residues[3].errored == 2);
+    CHECK(result.residues[4].errored == 1);
+    CHECK(result.residues[0].errored == 0);
+    // Every valid trial returned 1: an error counted as 0 would show as an estimate below 1.
     for (const auto& r : result.residues) CHECK(r.estimate == 1.0);
     CHECK(result.gap_points == 0.0);
     const bool known = result.first_error.find("out of memory") != std::string::npos ||
@@ -331,28 +331,28 @@ TEST_CASE("phase sweep: throwing and NaN trials are failed, counted and excluded
                        result.first_error.find("1.5") != std::string::npos;
     CHECK(known);
     CHECK(result.first_error.find("residue") != std::string::npos);
-    CHECK(result.to_table().find("failed trials: 4") != std::string::npos);
+    CHECK(result.to_table().find("errored trials: 4") != std::string::npos);
   }
   SECTION("the message survives and is escaped in JSON") {
     const auto result = run_sweep(config, [](const placement& p) -> bool {
       if (p.residue == 1 && p.trial == 3) throw std::runtime_error("bad \"quote\" \\ and\nnewline");
       return p.trial % 2 == 0;
     });
-    CHECK(result.failed_trials == 1);
+    CHECK(result.errored_trials == 1);
     CHECK(result.first_error.find("bad \"quote\"") != std::string::npos);
     const std::string json = result.to_json();
     CHECK(json.find("bad \\\"quote\\\" \\\\ and\\nnewline") != std::string::npos);
     CHECK(json.find('\n') == std::string::npos);
     CHECK(result.to_csv().find("# first_error,") != std::string::npos);
-    CHECK(result.residues[1].successes == 16);  // trial 3 (odd) failed: 16 of 31 valid succeeded
+    CHECK(result.residues[1].successes == 16);  // trial 3 (odd) errored: 16 of 31 valid succeeded
     CHECK(result.residues[1].valid == 31);
   }
-  SECTION("a non-std exception is a failure too") {
+  SECTION("a non-std exception is an error too") {
     const auto result = run_sweep(config, [](const placement& p) -> bool {
       if (p.residue == 0 && p.trial == 0) throw 42;
       return true;
     });
-    CHECK(result.failed_trials == 1);
+    CHECK(result.errored_trials == 1);
     CHECK(result.first_error.find("non-std::exception") != std::string::npos);
   }
   SECTION("too few valid trials at one residue: invalid, loudly, no numbers") {
@@ -361,7 +361,7 @@ TEST_CASE("phase sweep: throwing and NaN trials are failed, counted and excluded
       return p.residue != 3;
     });
     CHECK_FALSE(result.valid);
-    CHECK(result.failed_trials == 25);
+    CHECK(result.errored_trials == 25);
     CHECK(result.residues[5].valid == 7);
     CHECK(result.invalid_reason.find("residue 5 has 7 valid trials") != std::string::npos);
     CHECK(std::isnan(result.gap_points));
@@ -379,10 +379,10 @@ TEST_CASE("phase sweep: throwing and NaN trials are failed, counted and excluded
     CHECK(json.find("\"p_value\":null") != std::string::npos);
     CHECK(result.to_csv().find("# valid,false") != std::string::npos);
   }
-  SECTION("every trial fails: invalid, estimates NaN") {
+  SECTION("every trial errors: invalid, estimates NaN") {
     const auto result = run_sweep(config, [](const placement&) -> double { throw std::runtime_error("down"); });
     CHECK_FALSE(result.valid);
-    CHECK(result.failed_trials == 8 * 32);
+    CHECK(result.errored_trials == 8 * 32);
     CHECK(std::isnan(result.residues[0].estimate));
     CHECK(result.to_json().find("\"estimate\":null") != std::string::npos);
   }
@@ -403,7 +403,7 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
     (line[0] == '#' ? comments : rows).push_back(line);
   }
   REQUIRE(rows.size() == 1 + 8);
-  CHECK(rows[0] == "residue,phase,planned,valid,failed,successes,estimate,ci_low,ci_high");
+  CHECK(rows[0] == "residue,phase,planned,valid,errored,successes,estimate,ci_low,ci_high");
   for (std::size_t i = 1; i < rows.size(); ++i) {
     const auto fields = split(rows[i], ',');
     REQUIRE(fields.size() == 9);
@@ -411,6 +411,7 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
     CHECK(std::stoll(fields[0]) == r.residue);
     CHECK(std::stoll(fields[1]) == r.residue % 4);
     CHECK(std::stoll(fields[3]) == r.valid);
+    CHECK(std::stoll(fields[4]) == r.errored);
     CHECK(std::stoll(fields[5]) == r.successes);
     CHECK(std::stod(fields[6]) == Approx(r.estimate).epsilon(1e-9));
     CHECK(std::stod(fields[7]) == Approx(r.ci_low).epsilon(1e-9));
@@ -428,7 +429,7 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
   const std::string json = result.to_json();
   for (const char* key : {"\"kind\":\"binary\"", "\"valid\":true", "\"stride\":4", "\"modulus\":8", "\"gap_points\":",
                           "\"homogeneity\":{\"test\":\"chi_square\"", "\"p_value\":", "\"dominant_period\":{\"period\":",
-                          "\"power_fraction\":", "\"failed_trials\":0", "\"first_error\":\"\"", "\"residues\":[",
+                          "\"power_fraction\":", "\"errored_trials\":0", "\"first_error\":\"\"", "\"residues\":[",
                           "\"best_residue\":", "\"worst_residue\":", "\"mean\":"}) {
     INFO(key);
     CHECK(json.find(key) != std::string::npos);

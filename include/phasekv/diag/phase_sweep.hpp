@@ -37,9 +37,10 @@
 // i.e. at least min_distance tokens before the query and at most min_distance + span.
 //
 // Outcomes. `trial(const placement&)` returns bool (success) or a floating-point probability in
-// [0, 1]. A trial that throws, or returns NaN or a probability outside [0, 1], is a FAILED trial:
-// counted (per residue and in total), excluded from every statistic, and the first failure's
-// message is kept. It is never counted as a success or a failure. If any residue is left with
+// [0, 1]. A trial that throws, or returns NaN or a probability outside [0, 1], is an ERRORED trial:
+// counted (per residue and in total, as `errored`), excluded from every statistic, and the first
+// error's message is kept. It is never counted as a success or as a wrong answer (the outputs name
+// it "errored", not "failed", so it cannot be read as one). If any residue is left with
 // fewer than sweep_config::minimum_trials valid trials the result is INVALID: its gap, mean,
 // p-value and period are NaN (null in JSON) and the table says so in its first line.
 //
@@ -207,8 +208,8 @@ struct residue_outcome {
   std::int64_t residue = 0;
   std::int64_t planned = 0;
   std::int64_t valid = 0;       // trials that returned a usable outcome
-  std::int64_t failed = 0;      // threw / NaN / out of range
-  std::int64_t successes = 0;   // binary only
+  std::int64_t errored = 0;     // threw / NaN / out of range: no outcome, not a wrong answer
+  std::int64_t successes = 0;   // binary only; wrong answers are valid − successes
   double estimate = 0.0;        // accuracy or mean probability (NaN with no valid trial)
   double ci_low = 0.0;          // 95%: Wilson (binary) or normal approximation of the mean
   double ci_high = 0.0;
@@ -269,8 +270,8 @@ struct sweep_result {
   sweep_config config;                      // as given, with modulus resolved
   outcome_kind kind = outcome_kind::binary;
   std::vector<residue_outcome> residues;    // M rows, residue order
-  std::int64_t failed_trials = 0;
-  std::string first_error;                  // message of the first failed trial ("" if none)
+  std::int64_t errored_trials = 0;
+  std::string first_error;                  // message of the first errored trial ("" if none)
   bool valid = true;
   std::string invalid_reason;
   // Summary (NaN / −1 when invalid).
@@ -291,12 +292,12 @@ struct sweep_result {
         << config.first_target() << ", " << config.last_target() << "]\n";
     using detail::fixed;
     using detail::right;
-    out << right("residue", 8) << ' ' << right("phase", 6) << ' ' << right("valid", 7) << ' ' << right("failed", 7)
+    out << right("residue", 8) << ' ' << right("phase", 6) << ' ' << right("valid", 7) << ' ' << right("errored", 7)
         << ' ' << right(binary ? "accuracy%" : "mean_p%", 10) << ' ' << right("95% CI", 19) << '\n';
     for (const auto& r : residues) {
       const char* mark = (valid && r.residue == best_residue) ? " best" : (valid && r.residue == worst_residue) ? " worst" : "";
       out << right(std::to_string(r.residue), 8) << ' ' << right(std::to_string(r.residue % config.stride), 6) << ' '
-          << right(std::to_string(r.valid), 7) << ' ' << right(std::to_string(r.failed), 7) << ' '
+          << right(std::to_string(r.valid), 7) << ' ' << right(std::to_string(r.errored), 7) << ' '
           << right(fixed(100.0 * r.estimate, 2), 10) << "   [" << right(fixed(100.0 * r.ci_low, 2), 6) << ", "
           << right(fixed(100.0 * r.ci_high, 2), 6) << ']' << mark << '\n';
     }
@@ -318,21 +319,22 @@ struct sweep_result {
             << (homogeneity.p_value >= 0.05 ? "; no significant phase effect, so no period to speak of" : "")
             << ")\n";
     }
-    if (failed_trials > 0)
-      out << "failed trials: " << failed_trials << " (excluded); first error: " << first_error << "\n";
+    if (errored_trials > 0)
+      out << "errored trials: " << errored_trials << " (excluded; no outcome, not wrong answers); first error: "
+          << first_error << "\n";
     return out.str();
   }
 
   // One row per residue after a header:
-  //   residue,phase,planned,valid,failed,successes,estimate,ci_low,ci_high
+  //   residue,phase,planned,valid,errored,successes,estimate,ci_low,ci_high
   // (successes empty for probability sweeps; estimate/CI as fractions; NaN as "nan"), then the
   // summary as comment lines "# key,value" — read with pandas.read_csv(path, comment='#').
   std::string to_csv() const {
     detail::classic_stream out;
     const bool binary = kind == outcome_kind::binary;
-    out << "residue,phase,planned,valid,failed,successes,estimate,ci_low,ci_high\n";
+    out << "residue,phase,planned,valid,errored,successes,estimate,ci_low,ci_high\n";
     for (const auto& r : residues) {
-      out << r.residue << ',' << r.residue % config.stride << ',' << r.planned << ',' << r.valid << ',' << r.failed
+      out << r.residue << ',' << r.residue % config.stride << ',' << r.planned << ',' << r.valid << ',' << r.errored
           << ',' << (binary ? std::to_string(r.successes) : std::string()) << ',' << detail::format_number(r.estimate)
           << ',' << detail::format_number(r.ci_low) << ',' << detail::format_number(r.ci_high) << '\n';
     }
@@ -351,7 +353,7 @@ struct sweep_result {
         << "# p_value," << detail::format_number(homogeneity.p_value) << '\n'
         << "# dominant_period," << detail::format_number(period.period) << '\n'
         << "# power_fraction," << detail::format_number(period.power_fraction) << '\n'
-        << "# failed_trials," << failed_trials << '\n'
+        << "# errored_trials," << errored_trials << '\n'
         << "# first_error," << detail::csv_comment_text(first_error) << '\n';
     return out.str();
   }
@@ -375,12 +377,12 @@ struct sweep_result {
         << ",\"dominant_period\":{\"period\":" << json_number(period.period) << ",\"frequency\":" << period.frequency
         << ",\"power_fraction\":" << json_number(period.power_fraction)
         << ",\"flat\":" << (period.flat ? "true" : "false") << "}"
-        << ",\"failed_trials\":" << failed_trials << ",\"first_error\":" << json_string(first_error)
+        << ",\"errored_trials\":" << errored_trials << ",\"first_error\":" << json_string(first_error)
         << ",\"residues\":[";
     for (std::size_t i = 0; i < residues.size(); ++i) {
       const auto& r = residues[i];
       out << (i ? "," : "") << "{\"residue\":" << r.residue << ",\"phase\":" << r.residue % config.stride
-          << ",\"planned\":" << r.planned << ",\"valid\":" << r.valid << ",\"failed\":" << r.failed
+          << ",\"planned\":" << r.planned << ",\"valid\":" << r.valid << ",\"errored\":" << r.errored
           << ",\"successes\":" << (kind == outcome_kind::binary ? std::to_string(r.successes) : "null")
           << ",\"estimate\":" << json_number(r.estimate) << ",\"ci_low\":" << json_number(r.ci_low)
           << ",\"ci_high\":" << json_number(r.ci_high) << "}";
@@ -407,7 +409,7 @@ inline void invalidate_summary(sweep_result& result, std::string reason) {
 
 // Runs `trial` on every placement of plan_sweep(config), in the plan's shuffled order, and
 // summarises. `trial(const placement&)` returns bool or a floating-point probability.
-// Throws config_error for a bad config (before any trial runs); trial failures never throw.
+// Throws config_error for a bad config (before any trial runs); errored trials never throw.
 template <class Trial>
 sweep_result run_sweep(const sweep_config& config, Trial&& trial) {
   using returned = std::decay_t<std::invoke_result_t<Trial&, const placement&>>;
@@ -447,8 +449,8 @@ sweep_result run_sweep(const sweep_config& config, Trial&& trial) {
       failure = "threw a non-std::exception";
     }
     if (!failure.empty()) {
-      ++row.failed;
-      ++result.failed_trials;
+      ++row.errored;
+      ++result.errored_trials;
       if (result.first_error.empty())
         result.first_error = "trial " + std::to_string(p.trial) + " of residue " + std::to_string(p.residue) +
                              " (target " + std::to_string(p.target_position) + ") " + failure;
@@ -492,8 +494,8 @@ sweep_result run_sweep(const sweep_config& config, Trial&& trial) {
   if (short_residue >= 0) {
     const auto& row = result.residues[static_cast<std::size_t>(short_residue)];
     detail::invalidate_summary(result, "residue " + std::to_string(short_residue) + " has " +
-                                           std::to_string(row.valid) + " valid trials (" + std::to_string(row.failed) +
-                                           " failed); at least " + std::to_string(sweep_config::minimum_trials) +
+                                           std::to_string(row.valid) + " valid trials (" + std::to_string(row.errored) +
+                                           " errored); at least " + std::to_string(sweep_config::minimum_trials) +
                                            " are needed");
     result.homogeneity.test = binary ? "chi_square" : "anova";
     return result;
