@@ -343,13 +343,14 @@ int run(const options& o) {
 
   write_file(out_dir / "phase_sweep.svg", sweep_plot(jobs, results, o));
 
-  // The period only means something where the residues differ: "-" where homogeneity holds at 5%.
+  // The period only means something where the residues differ (sweep_result::has_period, the
+  // rule the JSON follows too): "-" where homogeneity holds at 5%.
   std::printf("%-34s %8s %8s %10s %8s\n", "configuration", "mean%", "gap", "p-value", "period");
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     const auto& r = results[i];
-    const std::string period = r.period.flat                      ? "flat"
-                               : !(r.homogeneity.p_value < 0.05) ? "-"
-                                                                 : phasekv::detail::format_number(r.period.period, 4);
+    const std::string period = r.period.flat      ? "flat"
+                               : !r.has_period() ? "-"
+                                                 : phasekv::detail::format_number(r.period.period, 4);
     std::printf("%-34s %8.2f %8.2f %10.3g %8s\n", jobs[i].label.c_str(), 100.0 * r.mean, r.gap_points,
                 r.homogeneity.p_value, period.c_str());
   }

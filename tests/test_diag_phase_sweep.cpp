@@ -451,3 +451,33 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
   CHECK(probabilities.to_json().find("\"successes\":null") != std::string::npos);
   CHECK(probabilities.to_json().find("\"test\":\"anova\"") != std::string::npos);
 }
+
+TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][sweep]") {
+  const auto config = make_config(4, 8, 40);
+  SECTION("a constant profile (flat)") {
+    const auto result = run_sweep(config, [](const placement&) { return true; });
+    REQUIRE(result.valid);
+    REQUIRE(result.period.flat);
+    CHECK(result.to_json().find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
+                                "\"flat\":true}") != std::string::npos);
+    CHECK(result.to_table().find("dominant period: none") != std::string::npos);
+    CHECK(result.to_csv().find("\n# dominant_period,\n# frequency,\n# power_fraction,\n# flat,true\n") !=
+          std::string::npos);
+  }
+  SECTION("a profile that varies only by chance (homogeneity p ≥ 0.05)") {
+    const auto result = run_sweep(config, [](const placement& p) { return coin(2, p) < 0.7; });
+    REQUIRE(result.valid);
+    REQUIRE_FALSE(result.period.flat);
+    REQUIRE(result.homogeneity.p_value >= 0.05);
+    CHECK(result.to_json().find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
+                                "\"flat\":false}") != std::string::npos);
+    CHECK(result.to_table().find("dominant period: none") != std::string::npos);
+    CHECK(result.to_csv().find("\n# dominant_period,\n") != std::string::npos);
+  }
+  SECTION("a phase effect: the period is a number") {
+    const auto result =
+        run_sweep(config, [](const placement& p) { return coin(1, p) < (p.residue % 4 == 3 ? 0.2 : 0.9); });
+    REQUIRE(result.homogeneity.p_value < 0.05);
+    CHECK(result.to_json().find("\"dominant_period\":{\"period\":4,\"frequency\":2,") != std::string::npos);
+  }
+}

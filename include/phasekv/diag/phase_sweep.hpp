@@ -51,7 +51,10 @@
 // Both: best/worst/mean/gap via summarize_residues, dominant period via dominant_period on the
 // M-residue accuracy profile with per-residue standard errors (binary: the binomial se at the
 // pooled rate; probabilities: the standard error of each residue's mean), so the period is the
-// smallest divisor of M whose fold fits the profile within its noise (χ², p ≥ 0.05).
+// smallest divisor of M whose fold fits the profile within its noise (χ², p ≥ 0.05). The period
+// is REPORTED only with a phase effect to have one (sweep_result::has_period: valid, not flat,
+// homogeneity p < 0.05); otherwise the fit only says which fold the noise happens to suit, and
+// the table says "none" and JSON and the summary CSV leave the period empty (null).
 //
 // Why minimum_trials = 10: the χ² approximation wants expected cells of at least 5, and the
 // smaller expected cell of a residue, min(n·p, n·(1 − p)), is at most n/2 — below 10 trials per
@@ -280,7 +283,16 @@ struct sweep_result {
   std::int64_t best_residue = -1;
   std::int64_t worst_residue = -1;
   homogeneity_result homogeneity;
-  stats::periodicity period;                // of the per-residue estimate profile
+  stats::periodicity period;                // of the per-residue estimate profile (fitted; see has_period)
+
+  // Below this homogeneity p-value the residues differ: a phase effect, whose period is reported.
+  static constexpr double phase_effect_alpha = 0.05;
+
+  // Whether `period` means anything: a valid sweep, a profile that is not flat, and a phase effect
+  // (homogeneity p < phase_effect_alpha). Without an effect dominant_period still fits a fold
+  // (the smallest divisor that suits the noise), which would read as a finding. The writers
+  // report the period only when this holds.
+  bool has_period() const { return valid && !period.flat && homogeneity.p_value < phase_effect_alpha; }
 
   // A fixed-width table for a terminal or a log. An invalid sweep starts with "INVALID SWEEP".
   std::string to_table() const {
@@ -313,11 +325,11 @@ struct sweep_result {
           << (homogeneity.approximate ? " (approximate: an expected cell count is below 5)" : "") << "\n";
       if (period.flat)
         out << "dominant period: none (flat profile)\n";
+      else if (!has_period())
+        out << "dominant period: none (no significant phase effect)\n";
       else
         out << "dominant period: " << detail::format_number(period.period, 6) << " (frequency " << period.frequency
-            << ", " << detail::format_number(100.0 * period.power_fraction, 4) << "% of the variation"
-            << (homogeneity.p_value >= 0.05 ? "; no significant phase effect, so no period to speak of" : "")
-            << ")\n";
+            << ", " << detail::format_number(100.0 * period.power_fraction, 4) << "% of the variation)\n";
     }
     if (errored_trials > 0)
       out << "errored trials: " << errored_trials << " (excluded; no outcome, not wrong answers); first error: "
@@ -331,7 +343,7 @@ struct sweep_result {
   // summary as comment lines "# key,value" — read with pandas.read_csv(path, comment='#').
   std::string to_csv() const {
     detail::classic_stream out;
-    const bool binary = kind == outcome_kind::binary;
+    const bool binary = kind == outcome_kind::binary, reported = has_period();
     out << "residue,phase,planned,valid,errored,successes,estimate,ci_low,ci_high\n";
     for (const auto& r : residues) {
       out << r.residue << ',' << r.residue % config.stride << ',' << r.planned << ',' << r.valid << ',' << r.errored
@@ -351,17 +363,20 @@ struct sweep_result {
         << "# test," << homogeneity.test << '\n'
         << "# statistic," << detail::format_number(homogeneity.statistic) << '\n'
         << "# p_value," << detail::format_number(homogeneity.p_value) << '\n'
-        << "# dominant_period," << detail::format_number(period.period) << '\n'
-        << "# power_fraction," << detail::format_number(period.power_fraction) << '\n'
+        << "# dominant_period," << (reported ? detail::format_number(period.period) : "") << '\n'
+        << "# frequency," << (reported ? std::to_string(period.frequency) : "") << '\n'
+        << "# power_fraction," << (reported ? detail::format_number(period.power_fraction) : "") << '\n'
+        << "# flat," << (period.flat ? "true" : "false") << '\n'
         << "# errored_trials," << errored_trials << '\n'
         << "# first_error," << detail::csv_comment_text(first_error) << '\n';
     return out.str();
   }
 
-  // A JSON object; non-finite numbers are null.
+  // A JSON object; non-finite numbers are null, and so are the period's fields unless has_period().
   std::string to_json() const {
     using detail::json_number;
     using detail::json_string;
+    const bool reported = has_period();
     detail::classic_stream out;
     out << "{\"kind\":" << json_string(kind == outcome_kind::binary ? "binary" : "probability")
         << ",\"valid\":" << (valid ? "true" : "false") << ",\"invalid_reason\":" << json_string(invalid_reason)
@@ -374,8 +389,9 @@ struct sweep_result {
         << ",\"statistic\":" << json_number(homogeneity.statistic) << ",\"dof\":" << homogeneity.dof
         << ",\"dof_within\":" << homogeneity.dof_within << ",\"p_value\":" << json_number(homogeneity.p_value)
         << ",\"approximate\":" << (homogeneity.approximate ? "true" : "false") << "}"
-        << ",\"dominant_period\":{\"period\":" << json_number(period.period) << ",\"frequency\":" << period.frequency
-        << ",\"power_fraction\":" << json_number(period.power_fraction)
+        << ",\"dominant_period\":{\"period\":" << (reported ? json_number(period.period) : "null")
+        << ",\"frequency\":" << (reported ? std::to_string(period.frequency) : "null")
+        << ",\"power_fraction\":" << (reported ? json_number(period.power_fraction) : "null")
         << ",\"flat\":" << (period.flat ? "true" : "false") << "}"
         << ",\"errored_trials\":" << errored_trials << ",\"first_error\":" << json_string(first_error)
         << ",\"residues\":[";
