@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   try {
     const phasekv::sweep_result result = phasekv::run_sweep(config, trial);
     std::fputs(result.to_table().c_str(), stdout);
-    // result.to_csv() and result.to_json() give the same numbers for plotting.
+    // result.to_csv() (per residue), to_summary_csv() and to_json() give the same numbers as files.
     return 0;
   } catch (const phasekv::error& e) {  // a bad config: the message names the field
     std::fprintf(stderr, "host_sweep: %s\n", e.what());

@@ -17,8 +17,9 @@
 // stride ("dsv4" only at its own S=4, W=8), "control" adds one full-attention run. --quiet drops
 // the progress line. Bad options exit with status 2 and say which option was wrong.
 //
-// Outputs in DIR: <name>.csv and <name>.json per configuration (name e.g. mean_S4_W4, control),
-// phase_sweep.svg. The plot's x axis is residue / (M/2) with M the sweep modulus, i.e. the
+// Outputs in DIR, per configuration (name e.g. mean_S4_W4, control): <name>.csv (one row per
+// residue), <name>.summary.csv (key,value: gap, p-value, period, the probe's settings) and
+// <name>.json (all of it); and phase_sweep.svg. The plot's x axis is residue / (M/2) with M the sweep modulus, i.e. the
 // target's position within two strides measured in strides (0 … 2; a chunk boundary at every
 // whole number), so strides 2, 4 and 8 share one axis; the control uses M = 2·(largest stride).
 
@@ -323,14 +324,15 @@ int run(const options& o) {
                 static_cast<long long>(j.probe.window), seconds, result.to_table().c_str());
     std::fflush(stdout);
 
-    // The harness's CSV/JSON describe the sweep; add what the probe was, so a file stands alone.
+    // The harness's summary and JSON describe the sweep; add what the probe was, so a file stands
+    // alone. The per-residue CSV stays one plain table.
     char extra[512];
-    std::snprintf(extra, sizeof extra,
-                  "# policy,%s\n# window,%lld\n# tokens,%lld\n# records,%lld\n# seed,%llu\n",
+    std::snprintf(extra, sizeof extra, "policy,%s\nwindow,%lld\ntokens,%lld\nrecords,%lld\nseed,%llu\n",
                   phasekv::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.window),
                   static_cast<long long>(o.tokens), static_cast<long long>(o.records),
                   static_cast<unsigned long long>(o.seed));
-    write_file(out_dir / (j.name + ".csv"), result.to_csv() + extra);
+    write_file(out_dir / (j.name + ".csv"), result.to_csv());
+    write_file(out_dir / (j.name + ".summary.csv"), result.to_summary_csv() + extra);
     std::snprintf(extra, sizeof extra,
                   "{\"name\":\"%s\",\"policy\":\"%s\",\"window\":%lld,\"tokens\":%lld,\"records\":%lld,\"seed\":%llu,"
                   "\"sweep\":",
@@ -355,7 +357,7 @@ int run(const options& o) {
                 r.homogeneity.p_value, period.c_str());
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("wrote %s/{<configuration>.csv,.json,phase_sweep.svg} in %.1f s\n", o.out.c_str(), total);
+  std::printf("wrote %s/{<configuration>.csv,.summary.csv,.json,phase_sweep.svg} in %.1f s\n", o.out.c_str(), total);
   return 0;
 }
 

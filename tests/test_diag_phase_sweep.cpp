@@ -343,7 +343,7 @@ TEST_CASE("phase sweep: throwing and NaN trials are errored, counted and exclude
     const std::string json = result.to_json();
     CHECK(json.find("bad \\\"quote\\\" \\\\ and\\nnewline") != std::string::npos);
     CHECK(json.find('\n') == std::string::npos);
-    CHECK(result.to_csv().find("# first_error,") != std::string::npos);
+    CHECK(result.to_summary_csv().find("\nfirst_error,") != std::string::npos);
     CHECK(result.residues[1].successes == 16);  // trial 3 (odd) errored: 16 of 31 valid succeeded
     CHECK(result.residues[1].valid == 31);
   }
@@ -377,7 +377,7 @@ TEST_CASE("phase sweep: throwing and NaN trials are errored, counted and exclude
     CHECK(json.find("\"valid\":false") != std::string::npos);
     CHECK(json.find("\"gap_points\":null") != std::string::npos);
     CHECK(json.find("\"p_value\":null") != std::string::npos);
-    CHECK(result.to_csv().find("# valid,false") != std::string::npos);
+    CHECK(result.to_summary_csv().find("\nvalid,false\n") != std::string::npos);
   }
   SECTION("every trial errors: invalid, estimates NaN") {
     const auto result = run_sweep(config, [](const placement&) -> double { throw std::runtime_error("down"); });
@@ -396,15 +396,11 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
   const auto config = make_config(4, 8, 40);
   const auto result = run_sweep(config, [](const placement& p) { return coin(5, p) < (p.residue % 4 == 3 ? 0.4 : 0.8); });
   REQUIRE(result.valid);
-  const std::string csv = result.to_csv();
-  std::vector<std::string> rows, comments;
-  for (const auto& line : split(csv, '\n')) {
-    if (line.empty()) continue;
-    (line[0] == '#' ? comments : rows).push_back(line);
-  }
-  REQUIRE(rows.size() == 1 + 8);
+  const auto rows = split(result.to_csv(), '\n');
+  REQUIRE(rows.size() == 1 + 8 + 1);  // header, residues, the empty piece after the last newline
+  CHECK(rows.back().empty());
   CHECK(rows[0] == "residue,phase,planned,valid,errored,successes,estimate,ci_low,ci_high");
-  for (std::size_t i = 1; i < rows.size(); ++i) {
+  for (std::size_t i = 1; i < 1 + 8; ++i) {
     const auto fields = split(rows[i], ',');
     REQUIRE(fields.size() == 9);
     const auto& r = result.residues[i - 1];
@@ -417,14 +413,21 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
     CHECK(std::stod(fields[7]) == Approx(r.ci_low).epsilon(1e-9));
     CHECK(std::stod(fields[8]) == Approx(r.ci_high).epsilon(1e-9));
   }
-  bool has_p = false;
-  for (const auto& c : comments) {
-    if (c.rfind("# p_value,", 0) == 0) {
-      has_p = true;
-      CHECK(std::stod(c.substr(10)) == Approx(result.homogeneity.p_value).epsilon(1e-9));
-    }
+  // The summary is a table of its own: key,value.
+  std::map<std::string, std::string> summary;
+  const auto lines = split(result.to_summary_csv(), '\n');
+  CHECK(lines[0] == "key,value");
+  for (std::size_t i = 1; i + 1 < lines.size(); ++i) {
+    const auto fields = split(lines[i], ',');
+    REQUIRE(fields.size() == 2);
+    summary[fields[0]] = fields[1];
   }
-  CHECK(has_p);
+  REQUIRE(summary.count("p_value") == 1);
+  CHECK(std::stod(summary["p_value"]) == Approx(result.homogeneity.p_value).epsilon(1e-9));
+  CHECK(summary["dominant_period"] == "4");
+  CHECK(summary["frequency"] == "2");
+  CHECK(summary["errored_trials"] == "0");
+  CHECK(summary["kind"] == "binary");
 
   const std::string json = result.to_json();
   for (const char* key : {"\"kind\":\"binary\"", "\"valid\":true", "\"stride\":4", "\"modulus\":8", "\"gap_points\":",
@@ -452,6 +455,85 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
   CHECK(probabilities.to_json().find("\"test\":\"anova\"") != std::string::npos);
 }
 
+namespace {
+
+// A strict reader of one CSV table (RFC 4180): every record ends with "\n", fields are separated
+// by commas, a field holding a comma, quote or line break is quoted ("" inside is one quote), and
+// every record has as many fields as the header. This is what Python's csv module or a
+// spreadsheet needs to see the file as one table; a comment line ("# key,value") breaks it.
+std::vector<std::vector<std::string>> read_csv_strictly(const std::string& text) {
+  REQUIRE(!text.empty());
+  REQUIRE(text.back() == '\n');
+  std::vector<std::vector<std::string>> records(1);
+  std::string field;
+  bool quoted = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c != '"') field += c;
+      else if (i + 1 < text.size() && text[i + 1] == '"') field += text[++i];
+      else {
+        quoted = false;  // a closing quote ends the field
+        REQUIRE((i + 1 < text.size() && (text[i + 1] == ',' || text[i + 1] == '\n')));
+      }
+    } else if (c == '"') {
+      REQUIRE(field.empty());  // a quote opens a field or is not allowed
+      quoted = true;
+    } else if (c == ',' || c == '\n') {
+      records.back().push_back(field);
+      field.clear();
+      if (c == '\n') records.emplace_back();
+    } else {
+      field += c;
+    }
+  }
+  REQUIRE_FALSE(quoted);
+  records.pop_back();  // the empty record after the last "\n"
+  REQUIRE(records.size() >= 2);
+  for (std::size_t r = 0; r < records.size(); ++r) {
+    INFO("record " << r << " starts with '" << records[r][0] << "'");
+    CHECK(records[r].size() == records[0].size());
+  }
+  return records;
+}
+
+}  // namespace
+
+TEST_CASE("phase sweep: the CSV is one plain table a strict reader accepts", "[diag][sweep]") {
+  const auto config = make_config(4, 8, 12);
+  SECTION("binary, with an errored trial whose message holds commas and quotes") {
+    const auto result = run_sweep(config, [](const placement& p) -> bool {
+      if (p.residue == 1 && p.trial == 0) throw std::runtime_error("engine: \"a, b\",\nc");
+      return coin(8, p) < 0.7;
+    });
+    const auto records = read_csv_strictly(result.to_csv());
+    REQUIRE(records.size() == 1 + 8);
+    CHECK(records[0] == std::vector<std::string>{"residue", "phase", "planned", "valid", "errored", "successes",
+                                                 "estimate", "ci_low", "ci_high"});
+    for (std::size_t i = 1; i < records.size(); ++i) CHECK(std::stoll(records[i][0]) == static_cast<long long>(i - 1));
+    // The errored trial is a column of its own: not in `valid`, not a wrong answer.
+    CHECK(records[2][3] == "11");
+    CHECK(records[2][4] == "1");
+    // The summary is a table of its own; free text is quoted, not allowed to add fields or lines.
+    const auto summary = read_csv_strictly(result.to_summary_csv());
+    CHECK(summary[0] == std::vector<std::string>{"key", "value"});
+    bool has_error = false;
+    for (const auto& record : summary) {
+      if (record[0] != "first_error") continue;
+      has_error = true;
+      CHECK(record[1].find("threw: engine: \"a, b\", c") != std::string::npos);
+    }
+    CHECK(has_error);
+  }
+  SECTION("invalid probability sweep") {
+    const auto result = run_sweep(config, [](const placement&) -> double { throw std::runtime_error("down, again"); });
+    REQUIRE_FALSE(result.valid);
+    const auto records = read_csv_strictly(result.to_csv());
+    CHECK(records.size() == 1 + 8);
+    read_csv_strictly(result.to_summary_csv());
+  }
+}
+
 TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][sweep]") {
   const auto config = make_config(4, 8, 40);
   SECTION("a constant profile (flat)") {
@@ -461,7 +543,7 @@ TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][s
     CHECK(result.to_json().find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
                                 "\"flat\":true}") != std::string::npos);
     CHECK(result.to_table().find("dominant period: none") != std::string::npos);
-    CHECK(result.to_csv().find("\n# dominant_period,\n# frequency,\n# power_fraction,\n# flat,true\n") !=
+    CHECK(result.to_summary_csv().find("\ndominant_period,\nfrequency,\npower_fraction,\nflat,true\n") !=
           std::string::npos);
   }
   SECTION("a profile that varies only by chance (homogeneity p ≥ 0.05)") {
@@ -472,7 +554,7 @@ TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][s
     CHECK(result.to_json().find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
                                 "\"flat\":false}") != std::string::npos);
     CHECK(result.to_table().find("dominant period: none") != std::string::npos);
-    CHECK(result.to_csv().find("\n# dominant_period,\n") != std::string::npos);
+    CHECK(result.to_summary_csv().find("\ndominant_period,\n") != std::string::npos);
   }
   SECTION("a phase effect: the period is a number") {
     const auto result =

@@ -260,11 +260,18 @@ inline std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-// Free text in a CSV comment line: one line, so a line-based reader cannot be derailed.
-inline std::string csv_comment_text(const std::string& s) {
+// Free text as one CSV field (RFC 4180): quoted when it holds a comma or a quote, with quotes
+// doubled; line breaks become spaces so a line-based reader cannot be derailed either.
+inline std::string csv_field(const std::string& s) {
   std::string out;
-  for (char c : s) out += (c == '\n' || c == '\r') ? ' ' : c;
-  return out;
+  bool quote = false;
+  for (char c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+    if (c == ',' || c == '"') quote = true;
+    out += c;
+    if (c == '"') out += '"';
+  }
+  return quote ? '"' + out + '"' : out;
 }
 
 }  // namespace detail
@@ -337,38 +344,51 @@ struct sweep_result {
     return out.str();
   }
 
-  // One row per residue after a header:
+  // One plain table (one header row, then one row per residue, nothing else), so any CSV reader
+  // takes it as is:
   //   residue,phase,planned,valid,errored,successes,estimate,ci_low,ci_high
-  // (successes empty for probability sweeps; estimate/CI as fractions; NaN as "nan"), then the
-  // summary as comment lines "# key,value" — read with pandas.read_csv(path, comment='#').
+  // (successes empty for probability sweeps; estimate/CI as fractions; NaN as "nan"). The summary
+  // is to_summary_csv() or to_json().
   std::string to_csv() const {
     detail::classic_stream out;
-    const bool binary = kind == outcome_kind::binary, reported = has_period();
+    const bool binary = kind == outcome_kind::binary;
     out << "residue,phase,planned,valid,errored,successes,estimate,ci_low,ci_high\n";
     for (const auto& r : residues) {
       out << r.residue << ',' << r.residue % config.stride << ',' << r.planned << ',' << r.valid << ',' << r.errored
           << ',' << (binary ? std::to_string(r.successes) : std::string()) << ',' << detail::format_number(r.estimate)
           << ',' << detail::format_number(r.ci_low) << ',' << detail::format_number(r.ci_high) << '\n';
     }
-    out << "# kind," << (binary ? "binary" : "probability") << '\n'
-        << "# valid," << (valid ? "true" : "false") << '\n'
-        << "# invalid_reason," << detail::csv_comment_text(invalid_reason) << '\n'
-        << "# stride," << config.stride << '\n'
-        << "# modulus," << config.modulus << '\n'
-        << "# query_position," << config.query_position << '\n'
-        << "# mean," << detail::format_number(mean) << '\n'
-        << "# gap_points," << detail::format_number(gap_points) << '\n'
-        << "# best_residue," << best_residue << '\n'
-        << "# worst_residue," << worst_residue << '\n'
-        << "# test," << homogeneity.test << '\n'
-        << "# statistic," << detail::format_number(homogeneity.statistic) << '\n'
-        << "# p_value," << detail::format_number(homogeneity.p_value) << '\n'
-        << "# dominant_period," << (reported ? detail::format_number(period.period) : "") << '\n'
-        << "# frequency," << (reported ? std::to_string(period.frequency) : "") << '\n'
-        << "# power_fraction," << (reported ? detail::format_number(period.power_fraction) : "") << '\n'
-        << "# flat," << (period.flat ? "true" : "false") << '\n'
-        << "# errored_trials," << errored_trials << '\n'
-        << "# first_error," << detail::csv_comment_text(first_error) << '\n';
+    return out.str();
+  }
+
+  // The summary as a two-column table with header "key,value", for a file of its own next to
+  // to_csv()'s. Not-a-number values are "nan"; the period's fields are empty unless has_period().
+  std::string to_summary_csv() const {
+    using detail::csv_field;
+    using detail::format_number;
+    const bool reported = has_period();
+    detail::classic_stream out;
+    out << "key,value\n"
+        << "kind," << (kind == outcome_kind::binary ? "binary" : "probability") << '\n'
+        << "valid," << (valid ? "true" : "false") << '\n'
+        << "invalid_reason," << csv_field(invalid_reason) << '\n'
+        << "stride," << config.stride << '\n'
+        << "modulus," << config.modulus << '\n'
+        << "trials_per_residue," << config.trials_per_residue << '\n'
+        << "query_position," << config.query_position << '\n'
+        << "mean," << format_number(mean) << '\n'
+        << "gap_points," << format_number(gap_points) << '\n'
+        << "best_residue," << best_residue << '\n'
+        << "worst_residue," << worst_residue << '\n'
+        << "test," << homogeneity.test << '\n'
+        << "statistic," << format_number(homogeneity.statistic) << '\n'
+        << "p_value," << format_number(homogeneity.p_value) << '\n'
+        << "dominant_period," << (reported ? format_number(period.period) : "") << '\n'
+        << "frequency," << (reported ? std::to_string(period.frequency) : "") << '\n'
+        << "power_fraction," << (reported ? format_number(period.power_fraction) : "") << '\n'
+        << "flat," << (period.flat ? "true" : "false") << '\n'
+        << "errored_trials," << errored_trials << '\n'
+        << "first_error," << csv_field(first_error) << '\n';
     return out.str();
   }
 
