@@ -19,9 +19,10 @@
 //
 // Outputs in DIR, per configuration (name e.g. mean_S4_W4, control): <name>.csv (one row per
 // residue), <name>.summary.csv (key,value: gap, p-value, period, the probe's settings) and
-// <name>.json (all of it); and phase_sweep.svg. The plot's x axis is residue / (M/2) with M the sweep modulus, i.e. the
-// target's position within two strides measured in strides (0 … 2; a chunk boundary at every
-// whole number), so strides 2, 4 and 8 share one axis; the control uses M = 2·(largest stride).
+// <name>.json (all of it); and phase_sweep.svg. The plot's x axis is (residue + 1) / S
+// (plot::phase_sweep_series), the target's place within two chunks in strides: chunk boundaries
+// at 0, 1 and 2 (drawn as lines), and every stride's boundary phase S − 1 on 1 and 2, so strides
+// 2, 4 and 8 share one axis and line up at the boundary; the control uses the largest stride.
 
 #include <unistd.h>
 
@@ -222,27 +223,24 @@ std::string sweep_plot(const std::vector<job>& jobs, const std::vector<phasekv::
   std::vector<phasekv::plot::plot_series> series;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     const auto& r = results[i];
-    phasekv::plot::plot_series one;
     char summary[96];
     if (r.valid)
       std::snprintf(summary, sizeof summary, "  gap %.1f pts, p=%.2g", r.gap_points, r.homogeneity.p_value);
     else
       std::snprintf(summary, sizeof summary, "  INVALID");
-    one.label = jobs[i].label + summary;
+    // x = (residue + 1) / S: every stride's boundary phase S − 1 on the chunk boundaries 1 and 2.
+    phasekv::plot::plot_series one = phasekv::plot::phase_sweep_series(r, jobs[i].label + summary);
     one.dashed = jobs[i].probe.policy == needle_policy::full_attention;
-    const double half_modulus = static_cast<double>(r.config.modulus) / 2.0;
-    for (const auto& row : r.residues)
-      one.points.push_back({static_cast<double>(row.residue) / half_modulus, 100.0 * row.estimate, 100.0 * row.ci_low,
-                            100.0 * row.ci_high});
     series.push_back(std::move(one));
   }
   phasekv::plot::plot_axes axes;
   axes.title = "Needle accuracy by residue (" + std::to_string(o.tokens) + " tokens, " + std::to_string(o.records) +
                " records, " + std::to_string(o.trials) + " trials/residue, 95% Wilson bars)";
-  axes.x_label = "target position mod 2S, in strides (residue / S; chunks start at 0, 1, 2)";
+  axes.x_label = "(t mod 2S + 1) / S: the target's place in two chunks, in strides (chunks end at 1 and 2)";
   axes.y_label = "accuracy (%)";
-  axes.x_min = -0.05;
-  axes.x_max = 2.0;
+  axes.x_min = -0.05;  // a margin, so the boundary lines at 0 and 2 stand clear of the frame
+  axes.x_max = 2.05;
+  axes.x_boundaries = {0, 1, 2};
   axes.x_ticks = {{0, "0"}, {0.25, "0.25"}, {0.5, "0.5"}, {0.75, "0.75"}, {1, "1"},
                   {1.25, "1.25"}, {1.5, "1.5"}, {1.75, "1.75"}, {2, "2"}};
   axes.width = 1100;
