@@ -7,6 +7,7 @@
 // so the gated rows show what an untrained gate does. The DeepSeek-V4 CSA row uses the preset's
 // own shape (S=4, W=8, 512 channels) whatever the options say.
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -77,7 +78,9 @@ void run(const char* label, const Compressor& compressor, const phasekv::row_mat
               static_cast<long long>(state.tokens()), static_cast<long long>(state.entries()), raw / 1024,
               packed / 1024, raw / packed);
   std::printf("    entry 0, first channels:");
-  for (std::int64_t c = 0; c < 4; ++c) std::printf(" %+.4f", first_entry[c]);
+  // Fewer tokens than one block leave no entry, and --channels may be below 4.
+  if (first_entry.empty()) std::printf(" none (no complete entry)");
+  for (std::size_t c = 0; c < std::min<std::size_t>(4, first_entry.size()); ++c) std::printf(" %+.4f", first_entry[c]);
   std::printf("\n    weight received by phase:");
   for (const auto& p : profile.by_phase(0)) std::printf(" %lld:%.3f", static_cast<long long>(p.phase), p.mean_weight);
   std::printf("\n    coverage by phase:       ");
