@@ -39,6 +39,8 @@
 #include <phasekv/diag/svg_plot.hpp>
 #include <phasekv/phasekv.hpp>
 
+#include "cli.hpp"
+
 namespace {
 
 using phasekv::probe::needle_policy;
@@ -56,77 +58,49 @@ struct options {
   bool quiet = false;
 };
 
-constexpr const char* usage =
-    "usage: phase_sweep [--tokens N] [--records N] [--channels C] [--stride S[,S...]] [--window W|double]\n"
-    "                   [--policy mean|gates|rope|dsv4|control[,...]] [--trials N] [--seed K]\n"
-    "                   [--out DIR] [--quiet]\n";
-
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> parts;
-  std::size_t begin = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', begin);
-    parts.push_back(text.substr(begin, comma - begin));
-    if (comma == std::string::npos) return parts;
-    begin = comma + 1;
-  }
-}
-
-std::int64_t parse_integer(const std::string& flag, const std::string& text, std::int64_t minimum) {
-  std::size_t used = 0;
-  long long value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size())
-    throw phasekv::input_error(phasekv::detail::field_message(flag, "'" + text + "'", "must be an integer"));
-  phasekv::detail::require<phasekv::input_error>(value >= minimum, flag, value,
-                                                 "must be at least " + std::to_string(minimum));
-  return value;
-}
+const std::vector<std::pair<std::string, needle_policy>> policy_names = {
+    {"mean", needle_policy::mean_pool},
+    {"gates", needle_policy::concentrated_gates},
+    {"rope", needle_policy::rope_after_pool},
+    {"dsv4", needle_policy::deepseek_v4_csa},
+    {"control", needle_policy::full_attention}};
 
 needle_policy policy_of(const std::string& name) {
-  if (name == "mean") return needle_policy::mean_pool;
-  if (name == "gates") return needle_policy::concentrated_gates;
-  if (name == "rope") return needle_policy::rope_after_pool;
-  if (name == "dsv4") return needle_policy::deepseek_v4_csa;
-  if (name == "control") return needle_policy::full_attention;
-  throw phasekv::input_error(phasekv::detail::field_message(
-      "--policy", "'" + name + "'", "must be one of mean, gates, rope, dsv4, control"));
+  for (const auto& [known, policy] : policy_names)
+    if (name == known) return policy;
+  throw cli::bad_value("must be one of mean, gates, rope, dsv4, control");
 }
 
 options parse(int argc, char** argv) {
   options o;
-  for (int k = 1; k < argc; ++k) {
-    const std::string flag = argv[k];
-    if (flag == "--help" || flag == "-h") {
-      std::fputs(usage, stdout);
-      std::exit(0);
-    }
-    if (flag == "--quiet") {
-      o.quiet = true;
-      continue;
-    }
-    if (k + 1 >= argc) throw phasekv::input_error(flag + ": needs a value (see --help)");
-    const std::string value = argv[++k];
-    if (flag == "--tokens") o.tokens = parse_integer(flag, value, 64);
-    else if (flag == "--records") o.records = parse_integer(flag, value, 1);
-    else if (flag == "--channels") o.channels = parse_integer(flag, value, 2);
-    else if (flag == "--trials") o.trials = parse_integer(flag, value, phasekv::sweep_config::minimum_trials);
-    else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(parse_integer(flag, value, 0));
-    else if (flag == "--out") o.out = value;
-    else if (flag == "--window") o.window = value == "double" ? -1 : parse_integer(flag, value, 1);
-    else if (flag == "--stride")
-      for (const std::string& s : split_commas(value)) o.strides.push_back(parse_integer(flag, s, 1));
-    else if (flag == "--policy")
-      for (const std::string& p : split_commas(value)) {
-        policy_of(p);  // validates the name
-        o.policies.push_back(p);
-      }
-    else throw phasekv::input_error("unknown option " + flag + " (see --help)");
-  }
+  cli::parser args("phase_sweep",
+                   "The needle test by residue t mod 2S for each pooling policy and stride: a table per\n"
+                   "configuration, <name>.csv, .summary.csv and .json, and phase_sweep.svg in --out.");
+  args.integer("--tokens", "N", "context length; the query is at N - 1", o.tokens, 64);
+  args.option("--records", "N", "key-value records in the context, at least 1", "16000 per 131072 tokens",
+              [&o](const std::string& text) { o.records = cli::integer(text, std::int64_t{1}); });
+  args.integer("--channels", "C", "embedding size of the synthetic tokens", o.channels, 2);
+  args.option("--stride", "S[,S...]", "strides to sweep, each at least 1; may repeat", "2,4,8",
+              [&o](const std::string& text) {
+                cli::each_item(text,
+                               [&o](const std::string& s) { o.strides.push_back(cli::integer(s, std::int64_t{1})); });
+              });
+  args.option("--window", "W|double", "pooling window: at least 1, or double for 2S", "the stride",
+              [&o](const std::string& text) {
+                o.window = text == "double" ? -1 : cli::integer(text, std::int64_t{1});
+              });
+  args.option("--policy", "P[,P...]", "mean, gates, rope, dsv4 (S=4, W=8) or control; may repeat", "mean,control",
+              [&o](const std::string& text) {
+                cli::each_item(text, [&o](const std::string& p) {
+                  policy_of(p);  // validates the name
+                  o.policies.push_back(p);
+                });
+              });
+  args.integer("--trials", "N", "trials per residue", o.trials, phasekv::sweep_config::minimum_trials);
+  args.integer("--seed", "K", "seed of the contexts and of the run order", o.seed, 0);
+  args.option("--out", "DIR", "output folder", o.out, [&o](const std::string& text) { o.out = text; });
+  args.flag("--quiet", "no progress line on stderr", o.quiet);
+  args.parse(argc, argv);
   if (o.strides.empty()) o.strides = {2, 4, 8};
   if (o.records == 0) o.records = std::max<std::int64_t>(1, o.tokens * 16000 / 131072);
   if (o.policies.empty()) o.policies = {"mean", "control"};
@@ -362,12 +336,10 @@ int run(const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  options o;
   try {
-    o = parse(argc, argv);
-    return run(o);
-  } catch (const phasekv::error& e) {
-    std::fprintf(stderr, "phase_sweep: %s\n%s", e.what(), usage);
+    return run(parse(argc, argv));
+  } catch (const phasekv::error& e) {  // a configuration the options produced, or --out
+    std::fprintf(stderr, "phase_sweep: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "phase_sweep: %s\n", e.what());
