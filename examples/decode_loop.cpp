@@ -13,29 +13,29 @@
 // the host writes per token per stream is the stream_config.hpp layout: payload[heads][views][C]
 // and gate logits of the same shape, and per token the raw window key (already RoPE'd).
 
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
+#include <exception>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <phasekv/phasekv.hpp>
 
+#include "cli.hpp"
+
 int main(int argc, char** argv) try {
   using namespace phasekv;
   std::int64_t prompt = 2048, steps = 16;
   indexer_precision precision = indexer_precision::f32;
-  for (int k = 1; k + 1 < argc; k += 2) {
-    const std::string flag = argv[k], value = argv[k + 1];
-    if (flag == "--prompt") prompt = std::atoll(value.c_str());
-    else if (flag == "--steps") steps = std::atoll(value.c_str());
-    else if (flag == "--indexer" && (value == "f32" || value == "bf16"))
-      precision = value == "bf16" ? indexer_precision::bf16 : indexer_precision::f32;
-    else {
-      std::fprintf(stderr, "usage: decode_loop [--prompt N] [--steps N] [--indexer f32|bf16]\n");
-      return 2;
-    }
-  }
+  cli::parser args("decode_loop", "One DeepSeek-V4-style CSA layer over a paged cache: a prefill, then decode steps\n"
+                                  "that each append a token and read with top-k sparse attention.");
+  // At most 128K prompt tokens: the prefill builds every token's inputs at once (about 12 KB each).
+  args.integer("--prompt", "N", "tokens prefilled before decoding", prompt, 1, 1 << 17);
+  args.integer("--steps", "N", "decode steps after the prefill", steps, 0, 1 << 16);
+  args.choice("--indexer", "precision of the indexer's scores; the cache stores bf16 either way", precision,
+              {{"f32", indexer_precision::f32}, {"bf16", indexer_precision::bf16}});
+  args.parse(argc, argv);
 
   // The layer: two streams over one geometry, appended in step.
   using csa = stream_compressor<presets::deepseek_v4_csa_policy>;
@@ -108,4 +108,7 @@ int main(int argc, char** argv) try {
 } catch (const phasekv::error& e) {
   std::fprintf(stderr, "decode_loop: %s\n", e.what());
   return 2;
+} catch (const std::exception& e) {  // e.g. std::bad_alloc: a message, not an abort
+  std::fprintf(stderr, "decode_loop: %s\n", e.what());
+  return 1;
 }

@@ -7,14 +7,17 @@
 // so the gated rows show what an untrained gate does. The DeepSeek-V4 CSA row uses the preset's
 // own shape (S=4, W=8, 512 channels) whatever the options say.
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <exception>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <phasekv/phasekv.hpp>
+
+#include "cli.hpp"
 
 namespace {
 
@@ -27,22 +30,22 @@ struct options {
   unsigned seed = 7;
 };
 
+// Ranges keep one run within a few GB and minutes (at most 256K tokens of at most 1024 channels);
+// the compressors check the rest (e.g. a window below the stride) and name what is wrong.
 options parse(int argc, char** argv) {
   options o;
-  for (int k = 1; k < argc; ++k) {
-    const std::string flag = argv[k];
-    if (flag == "--help" || flag == "-h") {
-      std::printf("usage: demo [--tokens N] [--stride S] [--window W] [--channels C] [--seed K]\n");
-      std::exit(0);
-    }
-    if (k + 1 >= argc) throw phasekv::input_error("demo: " + flag + " needs a value");
-    const long long v = std::atoll(argv[++k]);
-    if (flag == "--tokens") o.tokens = v;
-    else if (flag == "--stride") o.stride = v;
-    else if (flag == "--window") o.window = v;
-    else if (flag == "--channels") o.channels = v;
-    else if (flag == "--seed") o.seed = static_cast<unsigned>(v);
-    else throw phasekv::input_error("demo: unknown option " + flag);
+  cli::parser args("demo", "Compresses one random sequence with each pooling policy and shows the entries, the\n"
+                           "bytes saved and the gate weight each phase receives.");
+  args.integer("--tokens", "N", "tokens in the sequence", o.tokens, 1, 1 << 18);
+  args.integer("--stride", "S", "a new entry every S tokens", o.stride, 1, 1024);
+  args.integer("--window", "W", "tokens pooled into each entry", o.window, 1, 4096);
+  args.integer("--channels", "C", "channels of each entry", o.channels, 2, 1024);
+  args.integer("--seed", "K", "seed of the random tokens and weights", o.seed, 0, ~0u);
+  args.parse(argc, argv);
+  try {  // before any row is printed, so a bad pair fails as a usage error, not half-way
+    phasekv::geometry{o.stride, o.window}.validate();
+  } catch (const phasekv::error& e) {
+    args.fail(e.what());
   }
   return o;
 }
@@ -77,7 +80,9 @@ void run(const char* label, const Compressor& compressor, const phasekv::row_mat
               static_cast<long long>(state.tokens()), static_cast<long long>(state.entries()), raw / 1024,
               packed / 1024, raw / packed);
   std::printf("    entry 0, first channels:");
-  for (std::int64_t c = 0; c < 4; ++c) std::printf(" %+.4f", first_entry[c]);
+  // Fewer tokens than one block leave no entry, and --channels may be below 4.
+  if (first_entry.empty()) std::printf(" none (no complete entry)");
+  for (std::size_t c = 0; c < std::min<std::size_t>(4, first_entry.size()); ++c) std::printf(" %+.4f", first_entry[c]);
   std::printf("\n    weight received by phase:");
   for (const auto& p : profile.by_phase(0)) std::printf(" %lld:%.3f", static_cast<long long>(p.phase), p.mean_weight);
   std::printf("\n    coverage by phase:       ");
@@ -133,4 +138,7 @@ int main(int argc, char** argv) try {
 } catch (const phasekv::error& e) {
   std::fprintf(stderr, "demo: %s\n", e.what());
   return 2;
+} catch (const std::exception& e) {  // e.g. std::bad_alloc: a message, not an abort
+  std::fprintf(stderr, "demo: %s\n", e.what());
+  return 1;
 }

@@ -11,10 +11,12 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
+#include <exception>
 #include <string>
 
 #include <phasekv/diag/phase_sweep.hpp>
+
+#include "cli.hpp"
 
 namespace {
 
@@ -43,12 +45,13 @@ class toy_model {
 int main(int argc, char** argv) {
   std::int64_t stride = 4, trials = 64;
   std::uint64_t seed = 1;
-  for (int k = 1; k + 1 < argc; k += 2) {
-    const std::string flag = argv[k];
-    if (flag == "--stride") stride = std::atoll(argv[k + 1]);
-    else if (flag == "--trials") trials = std::atoll(argv[k + 1]);
-    else if (flag == "--seed") seed = std::strtoull(argv[k + 1], nullptr, 10);
-  }
+  cli::parser args("host_sweep", "A phase sweep of a stand-in model whose accuracy dips at the last phase of every\n"
+                                 "4-token chunk: how a host measures its own model by phase.");
+  // The sweep itself checks what depends on the prompt (e.g. 6·S must fit its 32000-token span).
+  args.integer("--stride", "S", "compression stride; residues are t mod 2S", stride, 1, 4096);
+  args.integer("--trials", "N", "trials per residue", trials, phasekv::sweep_config::minimum_trials, 1 << 16);
+  args.integer("--seed", "K", "seed of the model's luck and of the run order", seed, 0);
+  args.parse(argc, argv);
 
   toy_model model(seed);
 
@@ -77,10 +80,13 @@ int main(int argc, char** argv) {
   try {
     const phasekv::sweep_result result = phasekv::run_sweep(config, trial);
     std::fputs(result.to_table().c_str(), stdout);
-    // result.to_csv() and result.to_json() give the same numbers for plotting.
+    // result.to_csv() (per residue), to_summary_csv() and to_json() give the same numbers as files.
     return 0;
   } catch (const phasekv::error& e) {  // a bad config: the message names the field
     std::fprintf(stderr, "host_sweep: %s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc for a huge plan: a message, not an abort
+    std::fprintf(stderr, "host_sweep: %s\n", e.what());
+    return 1;
   }
 }

@@ -17,10 +17,12 @@
 // stride ("dsv4" only at its own S=4, W=8), "control" adds one full-attention run. --quiet drops
 // the progress line. Bad options exit with status 2 and say which option was wrong.
 //
-// Outputs in DIR: <name>.csv and <name>.json per configuration (name e.g. mean_S4_W4, control),
-// phase_sweep.svg. The plot's x axis is residue / (M/2) with M the sweep modulus, i.e. the
-// target's position within two strides measured in strides (0 … 2; a chunk boundary at every
-// whole number), so strides 2, 4 and 8 share one axis; the control uses M = 2·(largest stride).
+// Outputs in DIR, per configuration (name e.g. mean_S4_W4, control): <name>.csv (one row per
+// residue), <name>.summary.csv (key,value: gap, p-value, period, the probe's settings) and
+// <name>.json (all of it); and phase_sweep.svg. The plot's x axis is (residue + 1) / S
+// (plot::phase_sweep_series), the target's place within two chunks in strides: chunk boundaries
+// at 0, 1 and 2 (drawn as lines), and every stride's boundary phase S − 1 on 1 and 2, so strides
+// 2, 4 and 8 share one axis and line up at the boundary; the control uses the largest stride.
 
 #include <unistd.h>
 
@@ -36,6 +38,8 @@
 #include <phasekv/diag/needle_probe.hpp>
 #include <phasekv/diag/svg_plot.hpp>
 #include <phasekv/phasekv.hpp>
+
+#include "cli.hpp"
 
 namespace {
 
@@ -54,77 +58,49 @@ struct options {
   bool quiet = false;
 };
 
-constexpr const char* usage =
-    "usage: phase_sweep [--tokens N] [--records N] [--channels C] [--stride S[,S...]] [--window W|double]\n"
-    "                   [--policy mean|gates|rope|dsv4|control[,...]] [--trials N] [--seed K]\n"
-    "                   [--out DIR] [--quiet]\n";
-
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> parts;
-  std::size_t begin = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', begin);
-    parts.push_back(text.substr(begin, comma - begin));
-    if (comma == std::string::npos) return parts;
-    begin = comma + 1;
-  }
-}
-
-std::int64_t parse_integer(const std::string& flag, const std::string& text, std::int64_t minimum) {
-  std::size_t used = 0;
-  long long value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size())
-    throw phasekv::input_error(phasekv::detail::field_message(flag, "'" + text + "'", "must be an integer"));
-  phasekv::detail::require<phasekv::input_error>(value >= minimum, flag, value,
-                                                 "must be at least " + std::to_string(minimum));
-  return value;
-}
+const std::vector<std::pair<std::string, needle_policy>> policy_names = {
+    {"mean", needle_policy::mean_pool},
+    {"gates", needle_policy::concentrated_gates},
+    {"rope", needle_policy::rope_after_pool},
+    {"dsv4", needle_policy::deepseek_v4_csa},
+    {"control", needle_policy::full_attention}};
 
 needle_policy policy_of(const std::string& name) {
-  if (name == "mean") return needle_policy::mean_pool;
-  if (name == "gates") return needle_policy::concentrated_gates;
-  if (name == "rope") return needle_policy::rope_after_pool;
-  if (name == "dsv4") return needle_policy::deepseek_v4_csa;
-  if (name == "control") return needle_policy::full_attention;
-  throw phasekv::input_error(phasekv::detail::field_message(
-      "--policy", "'" + name + "'", "must be one of mean, gates, rope, dsv4, control"));
+  for (const auto& [known, policy] : policy_names)
+    if (name == known) return policy;
+  throw cli::bad_value("must be one of mean, gates, rope, dsv4, control");
 }
 
 options parse(int argc, char** argv) {
   options o;
-  for (int k = 1; k < argc; ++k) {
-    const std::string flag = argv[k];
-    if (flag == "--help" || flag == "-h") {
-      std::fputs(usage, stdout);
-      std::exit(0);
-    }
-    if (flag == "--quiet") {
-      o.quiet = true;
-      continue;
-    }
-    if (k + 1 >= argc) throw phasekv::input_error(flag + ": needs a value (see --help)");
-    const std::string value = argv[++k];
-    if (flag == "--tokens") o.tokens = parse_integer(flag, value, 64);
-    else if (flag == "--records") o.records = parse_integer(flag, value, 1);
-    else if (flag == "--channels") o.channels = parse_integer(flag, value, 2);
-    else if (flag == "--trials") o.trials = parse_integer(flag, value, phasekv::sweep_config::minimum_trials);
-    else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(parse_integer(flag, value, 0));
-    else if (flag == "--out") o.out = value;
-    else if (flag == "--window") o.window = value == "double" ? -1 : parse_integer(flag, value, 1);
-    else if (flag == "--stride")
-      for (const std::string& s : split_commas(value)) o.strides.push_back(parse_integer(flag, s, 1));
-    else if (flag == "--policy")
-      for (const std::string& p : split_commas(value)) {
-        policy_of(p);  // validates the name
-        o.policies.push_back(p);
-      }
-    else throw phasekv::input_error("unknown option " + flag + " (see --help)");
-  }
+  cli::parser args("phase_sweep",
+                   "The needle test by residue t mod 2S for each pooling policy and stride: a table per\n"
+                   "configuration, <name>.csv, .summary.csv and .json, and phase_sweep.svg in --out.");
+  args.integer("--tokens", "N", "context length; the query is at N - 1", o.tokens, 64);
+  args.option("--records", "N", "key-value records in the context, at least 1", "16000 per 131072 tokens",
+              [&o](const std::string& text) { o.records = cli::integer(text, std::int64_t{1}); });
+  args.integer("--channels", "C", "embedding size of the synthetic tokens", o.channels, 2);
+  args.option("--stride", "S[,S...]", "strides to sweep, each at least 1; may repeat", "2,4,8",
+              [&o](const std::string& text) {
+                cli::each_item(text,
+                               [&o](const std::string& s) { o.strides.push_back(cli::integer(s, std::int64_t{1})); });
+              });
+  args.option("--window", "W|double", "pooling window: at least 1, or double for 2S", "the stride",
+              [&o](const std::string& text) {
+                o.window = text == "double" ? -1 : cli::integer(text, std::int64_t{1});
+              });
+  args.option("--policy", "P[,P...]", "mean, gates, rope, dsv4 (S=4, W=8) or control; may repeat", "mean,control",
+              [&o](const std::string& text) {
+                cli::each_item(text, [&o](const std::string& p) {
+                  policy_of(p);  // validates the name
+                  o.policies.push_back(p);
+                });
+              });
+  args.integer("--trials", "N", "trials per residue", o.trials, phasekv::sweep_config::minimum_trials);
+  args.integer("--seed", "K", "seed of the contexts and of the run order", o.seed, 0);
+  args.option("--out", "DIR", "output folder", o.out, [&o](const std::string& text) { o.out = text; });
+  args.flag("--quiet", "no progress line on stderr", o.quiet);
+  args.parse(argc, argv);
   if (o.strides.empty()) o.strides = {2, 4, 8};
   if (o.records == 0) o.records = std::max<std::int64_t>(1, o.tokens * 16000 / 131072);
   if (o.policies.empty()) o.policies = {"mean", "control"};
@@ -221,27 +197,24 @@ std::string sweep_plot(const std::vector<job>& jobs, const std::vector<phasekv::
   std::vector<phasekv::plot::plot_series> series;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     const auto& r = results[i];
-    phasekv::plot::plot_series one;
     char summary[96];
     if (r.valid)
       std::snprintf(summary, sizeof summary, "  gap %.1f pts, p=%.2g", r.gap_points, r.homogeneity.p_value);
     else
       std::snprintf(summary, sizeof summary, "  INVALID");
-    one.label = jobs[i].label + summary;
+    // x = (residue + 1) / S: every stride's boundary phase S − 1 on the chunk boundaries 1 and 2.
+    phasekv::plot::plot_series one = phasekv::plot::phase_sweep_series(r, jobs[i].label + summary);
     one.dashed = jobs[i].probe.policy == needle_policy::full_attention;
-    const double half_modulus = static_cast<double>(r.config.modulus) / 2.0;
-    for (const auto& row : r.residues)
-      one.points.push_back({static_cast<double>(row.residue) / half_modulus, 100.0 * row.estimate, 100.0 * row.ci_low,
-                            100.0 * row.ci_high});
     series.push_back(std::move(one));
   }
   phasekv::plot::plot_axes axes;
   axes.title = "Needle accuracy by residue (" + std::to_string(o.tokens) + " tokens, " + std::to_string(o.records) +
                " records, " + std::to_string(o.trials) + " trials/residue, 95% Wilson bars)";
-  axes.x_label = "target position mod 2S, in strides (residue / S; chunks start at 0, 1, 2)";
+  axes.x_label = "(t mod 2S + 1) / S: the target's place in two chunks, in strides (chunks end at 1 and 2)";
   axes.y_label = "accuracy (%)";
-  axes.x_min = -0.05;
-  axes.x_max = 2.0;
+  axes.x_min = -0.05;  // a margin, so the boundary lines at 0 and 2 stand clear of the frame
+  axes.x_max = 2.05;
+  axes.x_boundaries = {0, 1, 2};
   axes.x_ticks = {{0, "0"}, {0.25, "0.25"}, {0.5, "0.5"}, {0.75, "0.75"}, {1, "1"},
                   {1.25, "1.25"}, {1.5, "1.5"}, {1.75, "1.75"}, {2, "2"}};
   axes.width = 1100;
@@ -323,14 +296,15 @@ int run(const options& o) {
                 static_cast<long long>(j.probe.window), seconds, result.to_table().c_str());
     std::fflush(stdout);
 
-    // The harness's CSV/JSON describe the sweep; add what the probe was, so a file stands alone.
+    // The harness's summary and JSON describe the sweep; add what the probe was, so a file stands
+    // alone. The per-residue CSV stays one plain table.
     char extra[512];
-    std::snprintf(extra, sizeof extra,
-                  "# policy,%s\n# window,%lld\n# tokens,%lld\n# records,%lld\n# seed,%llu\n",
+    std::snprintf(extra, sizeof extra, "policy,%s\nwindow,%lld\ntokens,%lld\nrecords,%lld\nseed,%llu\n",
                   phasekv::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.window),
                   static_cast<long long>(o.tokens), static_cast<long long>(o.records),
                   static_cast<unsigned long long>(o.seed));
-    write_file(out_dir / (j.name + ".csv"), result.to_csv() + extra);
+    write_file(out_dir / (j.name + ".csv"), result.to_csv());
+    write_file(out_dir / (j.name + ".summary.csv"), result.to_summary_csv() + extra);
     std::snprintf(extra, sizeof extra,
                   "{\"name\":\"%s\",\"policy\":\"%s\",\"window\":%lld,\"tokens\":%lld,\"records\":%lld,\"seed\":%llu,"
                   "\"sweep\":",
@@ -343,30 +317,29 @@ int run(const options& o) {
 
   write_file(out_dir / "phase_sweep.svg", sweep_plot(jobs, results, o));
 
-  // The period only means something where the residues differ: "-" where homogeneity holds at 5%.
+  // The period only means something where the residues differ (sweep_result::has_period, the
+  // rule the JSON follows too): "-" where homogeneity holds at 5%.
   std::printf("%-34s %8s %8s %10s %8s\n", "configuration", "mean%", "gap", "p-value", "period");
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     const auto& r = results[i];
-    const std::string period = r.period.flat                      ? "flat"
-                               : !(r.homogeneity.p_value < 0.05) ? "-"
-                                                                 : phasekv::detail::format_number(r.period.period, 4);
+    const std::string period = r.period.flat      ? "flat"
+                               : !r.has_period() ? "-"
+                                                 : phasekv::detail::format_number(r.period.period, 4);
     std::printf("%-34s %8.2f %8.2f %10.3g %8s\n", jobs[i].label.c_str(), 100.0 * r.mean, r.gap_points,
                 r.homogeneity.p_value, period.c_str());
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("wrote %s/{<configuration>.csv,.json,phase_sweep.svg} in %.1f s\n", o.out.c_str(), total);
+  std::printf("wrote %s/{<configuration>.csv,.summary.csv,.json,phase_sweep.svg} in %.1f s\n", o.out.c_str(), total);
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  options o;
   try {
-    o = parse(argc, argv);
-    return run(o);
-  } catch (const phasekv::error& e) {
-    std::fprintf(stderr, "phase_sweep: %s\n%s", e.what(), usage);
+    return run(parse(argc, argv));
+  } catch (const phasekv::error& e) {  // a configuration the options produced, or --out
+    std::fprintf(stderr, "phase_sweep: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "phase_sweep: %s\n", e.what());

@@ -14,7 +14,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -22,6 +21,8 @@
 #include <vector>
 
 #include <phasekv/phasekv.hpp>
+
+#include "cli.hpp"
 
 namespace {
 
@@ -102,30 +103,35 @@ void decode(csa_cache& cache, sequence_id seq, std::int64_t steps) {
               static_cast<long long>(cache.tokens(seq)), entries, static_cast<long long>(steps), outputs);
 }
 
-int usage() {
-  std::fprintf(stderr,
-               "usage: snapshot_handoff prefill FILE [--prompt N] | decode FILE [--steps N] | "
-               "local [--prompt N] [--steps N]\n");
-  return 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
-  if (argc < 2) return usage();
-  const std::string mode = argv[1];
-  const bool has_file = mode == "prefill" || mode == "decode";
-  if (!has_file && mode != "local") return usage();
-  if (has_file && argc < 3) return usage();
-  const std::string file = has_file ? argv[2] : "";
+  std::string mode, file;
   std::int64_t prompt = 2050, steps = 16;  // 2050 = 512 blocks of 4 and 2 pending tokens
-  for (int k = has_file ? 3 : 2; k < argc; k += 2) {
-    const std::string flag = argv[k];
-    if (k + 1 >= argc) return usage();
-    if (flag == "--prompt") prompt = std::atoll(argv[k + 1]);
-    else if (flag == "--steps") steps = std::atoll(argv[k + 1]);
-    else return usage();
-  }
+  bool prompt_given = false, steps_given = false;
+  cli::parser args("snapshot_handoff",
+                   "Prefill in one process, snapshot the sequence to FILE, restore it in another and\n"
+                   "decode; 'local' never moves it. decode and local print the same CRC line.");
+  args.positional("MODE", "prefill (writes FILE), decode (reads FILE) or local (no FILE)", mode);
+  args.positional("FILE", "the snapshot", file, false);
+  // At most 128K prompt tokens: the prefill builds every token's inputs at once (about 12 KB each).
+  args.option("--prompt", "N", "tokens prefilled (prefill, local), 0 to 131072", std::to_string(prompt),
+              [&](const std::string& text) {
+                prompt = cli::integer(text, std::int64_t{0}, std::int64_t{1} << 17);
+                prompt_given = true;
+              });
+  args.option("--steps", "N", "decode steps (decode, local), 0 to 65536", std::to_string(steps),
+              [&](const std::string& text) {
+                steps = cli::integer(text, std::int64_t{0}, std::int64_t{1} << 16);
+                steps_given = true;
+              });
+  args.parse(argc, argv);
+  const bool has_file = mode == "prefill" || mode == "decode";
+  if (!has_file && mode != "local") args.fail("MODE '" + mode + "' must be one of prefill, decode, local");
+  if (has_file == file.empty()) args.fail(has_file ? mode + " needs a FILE" : "local takes no FILE");
+  // An option the mode ignores is a mistake worth naming (e.g. --steps on the prefill node).
+  if (mode == "prefill" && steps_given) args.fail("--steps is for decode and local; prefill does not decode");
+  if (mode == "decode" && prompt_given) args.fail("--prompt is for prefill and local; decode's prompt is in FILE");
 
   if (mode == "local") {
     csa_cache cache = make_cache(64, prompt + steps);

@@ -12,7 +12,9 @@
 // Per token and layer the host writes each stream's payload[heads][views][C] and gate logits of
 // the same shape (compress/stream_config.hpp) and the raw window key, already RoPE'd.
 
+#include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <random>
 #include <string>
@@ -20,56 +22,23 @@
 
 #include <phasekv/phasekv.hpp>
 
-namespace {
-
-// The value of a numeric option, or exit status 2 with a message naming it.
-bool parse_count(const char* flag, const char* text, std::int64_t minimum, std::int64_t& out) {
-  try {
-    std::size_t used = 0;
-    const long long value = std::stoll(text, &used);
-    if (used == std::string(text).size() && value >= minimum) {
-      out = value;
-      return true;
-    }
-  } catch (const std::exception&) {
-  }
-  std::fprintf(stderr, "two_layer: %s %s: expected an integer of at least %lld\n", flag, text,
-               static_cast<long long>(minimum));
-  return false;
-}
-
-}  // namespace
+#include "cli.hpp"
 
 int main(int argc, char** argv) try {
   using namespace phasekv;
   std::int64_t prompt = 4096, steps = 8;
   storage_type storage = storage_type::bf16;
   bool shared_pools = true;
-  for (int k = 1; k < argc; ++k) {
-    const std::string flag = argv[k];
-    if (flag == "--help") {
-      std::printf("usage: two_layer [--prompt N (4096)] [--steps N (8)] [--storage f32|bf16 (bf16)]"
-                  " [--pools shared|separate (shared)]\n");
-      return 0;
-    }
-    if (k + 1 >= argc) {
-      std::fprintf(stderr, "two_layer: %s needs a value (see --help)\n", flag.c_str());
-      return 2;
-    }
-    const char* value = argv[++k];
-    if (flag == "--prompt") {
-      if (!parse_count("--prompt", value, 1, prompt)) return 2;
-    } else if (flag == "--steps") {
-      if (!parse_count("--steps", value, 0, steps)) return 2;
-    } else if (flag == "--storage" && (std::string(value) == "f32" || std::string(value) == "bf16")) {
-      storage = std::string(value) == "bf16" ? storage_type::bf16 : storage_type::f32;
-    } else if (flag == "--pools" && (std::string(value) == "shared" || std::string(value) == "separate")) {
-      shared_pools = std::string(value) == "shared";
-    } else {
-      std::fprintf(stderr, "two_layer: unknown option or value: %s %s (see --help)\n", flag.c_str(), value);
-      return 2;
-    }
-  }
+  cli::parser args("two_layer", "A CSA and an HCA layer of DeepSeek-V4 behind one sequence table: prefill, fork a\n"
+                                "beam, decode layer by layer, roll the beam back.");
+  // At most 128K prompt tokens: the prefill builds every token's inputs at once (about 12 KB each).
+  args.integer("--prompt", "N", "tokens prefilled", prompt, 1, 1 << 17);
+  args.integer("--steps", "N", "decode steps of each beam", steps, 0, 1 << 16);
+  args.choice("--storage", "element type of every stored entry", storage,
+              {{"f32", storage_type::f32}, {"bf16", storage_type::bf16}});
+  args.choice("--pools", "the layers' K/V entries in one page pool or one each", shared_pools,
+              {{"shared", true}, {"separate", false}});
+  args.parse(argc, argv);
 
   using csa = stream_compressor<presets::deepseek_v4_csa_policy>;
   using hca = stream_compressor<presets::deepseek_v4_hca_policy>;
@@ -181,4 +150,7 @@ int main(int argc, char** argv) try {
 } catch (const phasekv::error& e) {
   std::fprintf(stderr, "two_layer: %s\n", e.what());
   return 2;
+} catch (const std::exception& e) {  // e.g. std::bad_alloc: a message, not an abort
+  std::fprintf(stderr, "two_layer: %s\n", e.what());
+  return 1;
 }

@@ -73,7 +73,8 @@ std::string everything_written() {
   } catch (const config_error& e) {
     message = e.what();
   }
-  return result.to_table() + result.to_csv() + result.to_json() + plot::svg_line_plot({series}, axes) + message;
+  return result.to_table() + result.to_csv() + result.to_summary_csv() + result.to_json() +
+         plot::svg_line_plot({series}, axes) + message;
 }
 
 // A comma-decimal C locale, if one is installed (or compiled into $LOCPATH).

@@ -207,5 +207,5 @@ TEST_CASE("needle probe: RoPE after pooling and the DeepSeek-V4 preset run", "[n
   const auto csa = probe_sweep(small_config(needle_policy::deepseek_v4_csa, 4, 4), 24);
   show("deepseek_v4_csa", csa);
   CHECK(csa.valid);
-  CHECK(csa.failed_trials == 0);
+  CHECK(csa.errored_trials == 0);
 }

@@ -1,6 +1,6 @@
 // The phase sweep harness (diag/phase_sweep.hpp): the plan's balance properties, checked by
 // brute force over many configs; detection of a synthetic periodic weak spot and
-// non-detection of a flat one (deterministic hash-based Bernoulli trials); failed trials; bad
+// non-detection of a flat one (deterministic hash-based Bernoulli trials); errored trials; bad
 // configs; CSV and JSON output.
 
 #include <catch2/catch.hpp>
@@ -230,7 +230,7 @@ TEST_CASE("phase sweep: a boundary-phase weak spot is found with period S", "[di
   REQUIRE(result.valid);
   CHECK(result.kind == outcome_kind::binary);
   CHECK(seen.size() == 8u * 200u);  // every planned trial ran once
-  CHECK(result.failed_trials == 0);
+  CHECK(result.errored_trials == 0);
   CHECK(result.period.period == Approx(4.0));
   CHECK(result.period.frequency == 2);
   // One dip every S = 4 residues of M = 8 puts 2/3 of the power at frequency 2 (period 4) and
@@ -303,12 +303,12 @@ TEST_CASE("phase sweep: probabilities use ANOVA and a normal interval of the mea
 }
 
 // ---------------------------------------------------------------------------------------------
-// Failed trials
+// Errored trials
 // ---------------------------------------------------------------------------------------------
 
-TEST_CASE("phase sweep: throwing and NaN trials are failed, counted and excluded", "[diag][sweep]") {
+TEST_CASE("phase sweep: throwing and NaN trials are errored, counted and excluded", "[diag][sweep]") {
   const auto config = make_config(4, 8, 32);
-  SECTION("a few failures: still valid, message kept, not counted as success or failure") {
+  SECTION("a few errors: still valid, message kept, not counted as success or wrong answer") {
     const auto result = run_sweep(config, [](const placement& p) -> double {
       if (p.residue == 2 && p.trial == 0) throw std::runtime_error("engine said \"out of memory\"");
       if (p.residue == 3 && p.trial < 2) return std::numeric_limits<double>::quiet_NaN();
@@ -317,13 +317,13 @@ TEST_CASE("phase sweep: throwing and NaN trials are failed, counted and excluded
     });
     INFO(result.to_table());
     CHECK(result.valid);
-    CHECK(result.failed_trials == 4);
-    CHECK(result.residues[2].failed == 1);
+    CHECK(result.errored_trials == 4);
+    CHECK(result.residues[2].errored == 1);
     CHECK(result.residues[2].valid == 31);
-    CHECK(result.residues[3].failed == 2);
-    CHECK(result.residues[4].failed == 1);
-    CHECK(result.residues[0].failed == 0);
-    // Every valid trial returned 1: a failure counted as 0 would show as an estimate below 1.
+    CHECK(result.residues[3].errored == 2);
+    CHECK(result.residues[4].errored == 1);
+    CHECK(result.residues[0].errored == 0);
+    // Every valid trial returned 1: an error counted as 0 would show as an estimate below 1.
     for (const auto& r : result.residues) CHECK(r.estimate == 1.0);
     CHECK(result.gap_points == 0.0);
     const bool known = result.first_error.find("out of memory") != std::string::npos ||
@@ -331,28 +331,28 @@ TEST_CASE("phase sweep: throwing and NaN trials are failed, counted and excluded
                        result.first_error.find("1.5") != std::string::npos;
     CHECK(known);
     CHECK(result.first_error.find("residue") != std::string::npos);
-    CHECK(result.to_table().find("failed trials: 4") != std::string::npos);
+    CHECK(result.to_table().find("errored trials: 4") != std::string::npos);
   }
   SECTION("the message survives and is escaped in JSON") {
     const auto result = run_sweep(config, [](const placement& p) -> bool {
       if (p.residue == 1 && p.trial == 3) throw std::runtime_error("bad \"quote\" \\ and\nnewline");
       return p.trial % 2 == 0;
     });
-    CHECK(result.failed_trials == 1);
+    CHECK(result.errored_trials == 1);
     CHECK(result.first_error.find("bad \"quote\"") != std::string::npos);
     const std::string json = result.to_json();
     CHECK(json.find("bad \\\"quote\\\" \\\\ and\\nnewline") != std::string::npos);
     CHECK(json.find('\n') == std::string::npos);
-    CHECK(result.to_csv().find("# first_error,") != std::string::npos);
-    CHECK(result.residues[1].successes == 16);  // trial 3 (odd) failed: 16 of 31 valid succeeded
+    CHECK(result.to_summary_csv().find("\nfirst_error,") != std::string::npos);
+    CHECK(result.residues[1].successes == 16);  // trial 3 (odd) errored: 16 of 31 valid succeeded
     CHECK(result.residues[1].valid == 31);
   }
-  SECTION("a non-std exception is a failure too") {
+  SECTION("a non-std exception is an error too") {
     const auto result = run_sweep(config, [](const placement& p) -> bool {
       if (p.residue == 0 && p.trial == 0) throw 42;
       return true;
     });
-    CHECK(result.failed_trials == 1);
+    CHECK(result.errored_trials == 1);
     CHECK(result.first_error.find("non-std::exception") != std::string::npos);
   }
   SECTION("too few valid trials at one residue: invalid, loudly, no numbers") {
@@ -361,7 +361,7 @@ TEST_CASE("phase sweep: throwing and NaN trials are failed, counted and excluded
       return p.residue != 3;
     });
     CHECK_FALSE(result.valid);
-    CHECK(result.failed_trials == 25);
+    CHECK(result.errored_trials == 25);
     CHECK(result.residues[5].valid == 7);
     CHECK(result.invalid_reason.find("residue 5 has 7 valid trials") != std::string::npos);
     CHECK(std::isnan(result.gap_points));
@@ -377,12 +377,12 @@ TEST_CASE("phase sweep: throwing and NaN trials are failed, counted and excluded
     CHECK(json.find("\"valid\":false") != std::string::npos);
     CHECK(json.find("\"gap_points\":null") != std::string::npos);
     CHECK(json.find("\"p_value\":null") != std::string::npos);
-    CHECK(result.to_csv().find("# valid,false") != std::string::npos);
+    CHECK(result.to_summary_csv().find("\nvalid,false\n") != std::string::npos);
   }
-  SECTION("every trial fails: invalid, estimates NaN") {
+  SECTION("every trial errors: invalid, estimates NaN") {
     const auto result = run_sweep(config, [](const placement&) -> double { throw std::runtime_error("down"); });
     CHECK_FALSE(result.valid);
-    CHECK(result.failed_trials == 8 * 32);
+    CHECK(result.errored_trials == 8 * 32);
     CHECK(std::isnan(result.residues[0].estimate));
     CHECK(result.to_json().find("\"estimate\":null") != std::string::npos);
   }
@@ -396,39 +396,43 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
   const auto config = make_config(4, 8, 40);
   const auto result = run_sweep(config, [](const placement& p) { return coin(5, p) < (p.residue % 4 == 3 ? 0.4 : 0.8); });
   REQUIRE(result.valid);
-  const std::string csv = result.to_csv();
-  std::vector<std::string> rows, comments;
-  for (const auto& line : split(csv, '\n')) {
-    if (line.empty()) continue;
-    (line[0] == '#' ? comments : rows).push_back(line);
-  }
-  REQUIRE(rows.size() == 1 + 8);
-  CHECK(rows[0] == "residue,phase,planned,valid,failed,successes,estimate,ci_low,ci_high");
-  for (std::size_t i = 1; i < rows.size(); ++i) {
+  const auto rows = split(result.to_csv(), '\n');
+  REQUIRE(rows.size() == 1 + 8 + 1);  // header, residues, the empty piece after the last newline
+  CHECK(rows.back().empty());
+  CHECK(rows[0] == "residue,phase,planned,valid,errored,successes,estimate,ci_low,ci_high");
+  for (std::size_t i = 1; i < 1 + 8; ++i) {
     const auto fields = split(rows[i], ',');
     REQUIRE(fields.size() == 9);
     const auto& r = result.residues[i - 1];
     CHECK(std::stoll(fields[0]) == r.residue);
     CHECK(std::stoll(fields[1]) == r.residue % 4);
     CHECK(std::stoll(fields[3]) == r.valid);
+    CHECK(std::stoll(fields[4]) == r.errored);
     CHECK(std::stoll(fields[5]) == r.successes);
     CHECK(std::stod(fields[6]) == Approx(r.estimate).epsilon(1e-9));
     CHECK(std::stod(fields[7]) == Approx(r.ci_low).epsilon(1e-9));
     CHECK(std::stod(fields[8]) == Approx(r.ci_high).epsilon(1e-9));
   }
-  bool has_p = false;
-  for (const auto& c : comments) {
-    if (c.rfind("# p_value,", 0) == 0) {
-      has_p = true;
-      CHECK(std::stod(c.substr(10)) == Approx(result.homogeneity.p_value).epsilon(1e-9));
-    }
+  // The summary is a table of its own: key,value.
+  std::map<std::string, std::string> summary;
+  const auto lines = split(result.to_summary_csv(), '\n');
+  CHECK(lines[0] == "key,value");
+  for (std::size_t i = 1; i + 1 < lines.size(); ++i) {
+    const auto fields = split(lines[i], ',');
+    REQUIRE(fields.size() == 2);
+    summary[fields[0]] = fields[1];
   }
-  CHECK(has_p);
+  REQUIRE(summary.count("p_value") == 1);
+  CHECK(std::stod(summary["p_value"]) == Approx(result.homogeneity.p_value).epsilon(1e-9));
+  CHECK(summary["dominant_period"] == "4");
+  CHECK(summary["frequency"] == "2");
+  CHECK(summary["errored_trials"] == "0");
+  CHECK(summary["kind"] == "binary");
 
   const std::string json = result.to_json();
   for (const char* key : {"\"kind\":\"binary\"", "\"valid\":true", "\"stride\":4", "\"modulus\":8", "\"gap_points\":",
                           "\"homogeneity\":{\"test\":\"chi_square\"", "\"p_value\":", "\"dominant_period\":{\"period\":",
-                          "\"power_fraction\":", "\"failed_trials\":0", "\"first_error\":\"\"", "\"residues\":[",
+                          "\"power_fraction\":", "\"errored_trials\":0", "\"first_error\":\"\"", "\"residues\":[",
                           "\"best_residue\":", "\"worst_residue\":", "\"mean\":"}) {
     INFO(key);
     CHECK(json.find(key) != std::string::npos);
@@ -449,4 +453,113 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
   CHECK(prow[5].empty());
   CHECK(probabilities.to_json().find("\"successes\":null") != std::string::npos);
   CHECK(probabilities.to_json().find("\"test\":\"anova\"") != std::string::npos);
+}
+
+namespace {
+
+// A strict reader of one CSV table (RFC 4180): every record ends with "\n", fields are separated
+// by commas, a field holding a comma, quote or line break is quoted ("" inside is one quote), and
+// every record has as many fields as the header. This is what Python's csv module or a
+// spreadsheet needs to see the file as one table; a comment line ("# key,value") breaks it.
+std::vector<std::vector<std::string>> read_csv_strictly(const std::string& text) {
+  REQUIRE(!text.empty());
+  REQUIRE(text.back() == '\n');
+  std::vector<std::vector<std::string>> records(1);
+  std::string field;
+  bool quoted = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c != '"') field += c;
+      else if (i + 1 < text.size() && text[i + 1] == '"') field += text[++i];
+      else {
+        quoted = false;  // a closing quote ends the field
+        REQUIRE((i + 1 < text.size() && (text[i + 1] == ',' || text[i + 1] == '\n')));
+      }
+    } else if (c == '"') {
+      REQUIRE(field.empty());  // a quote opens a field or is not allowed
+      quoted = true;
+    } else if (c == ',' || c == '\n') {
+      records.back().push_back(field);
+      field.clear();
+      if (c == '\n') records.emplace_back();
+    } else {
+      field += c;
+    }
+  }
+  REQUIRE_FALSE(quoted);
+  records.pop_back();  // the empty record after the last "\n"
+  REQUIRE(records.size() >= 2);
+  for (std::size_t r = 0; r < records.size(); ++r) {
+    INFO("record " << r << " starts with '" << records[r][0] << "'");
+    CHECK(records[r].size() == records[0].size());
+  }
+  return records;
+}
+
+}  // namespace
+
+TEST_CASE("phase sweep: the CSV is one plain table a strict reader accepts", "[diag][sweep]") {
+  const auto config = make_config(4, 8, 12);
+  SECTION("binary, with an errored trial whose message holds commas and quotes") {
+    const auto result = run_sweep(config, [](const placement& p) -> bool {
+      if (p.residue == 1 && p.trial == 0) throw std::runtime_error("engine: \"a, b\",\nc");
+      return coin(8, p) < 0.7;
+    });
+    const auto records = read_csv_strictly(result.to_csv());
+    REQUIRE(records.size() == 1 + 8);
+    CHECK(records[0] == std::vector<std::string>{"residue", "phase", "planned", "valid", "errored", "successes",
+                                                 "estimate", "ci_low", "ci_high"});
+    for (std::size_t i = 1; i < records.size(); ++i) CHECK(std::stoll(records[i][0]) == static_cast<long long>(i - 1));
+    // The errored trial is a column of its own: not in `valid`, not a wrong answer.
+    CHECK(records[2][3] == "11");
+    CHECK(records[2][4] == "1");
+    // The summary is a table of its own; free text is quoted, not allowed to add fields or lines.
+    const auto summary = read_csv_strictly(result.to_summary_csv());
+    CHECK(summary[0] == std::vector<std::string>{"key", "value"});
+    bool has_error = false;
+    for (const auto& record : summary) {
+      if (record[0] != "first_error") continue;
+      has_error = true;
+      CHECK(record[1].find("threw: engine: \"a, b\", c") != std::string::npos);
+    }
+    CHECK(has_error);
+  }
+  SECTION("invalid probability sweep") {
+    const auto result = run_sweep(config, [](const placement&) -> double { throw std::runtime_error("down, again"); });
+    REQUIRE_FALSE(result.valid);
+    const auto records = read_csv_strictly(result.to_csv());
+    CHECK(records.size() == 1 + 8);
+    read_csv_strictly(result.to_summary_csv());
+  }
+}
+
+TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][sweep]") {
+  const auto config = make_config(4, 8, 40);
+  SECTION("a constant profile (flat)") {
+    const auto result = run_sweep(config, [](const placement&) { return true; });
+    REQUIRE(result.valid);
+    REQUIRE(result.period.flat);
+    CHECK(result.to_json().find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
+                                "\"flat\":true}") != std::string::npos);
+    CHECK(result.to_table().find("dominant period: none") != std::string::npos);
+    CHECK(result.to_summary_csv().find("\ndominant_period,\nfrequency,\npower_fraction,\nflat,true\n") !=
+          std::string::npos);
+  }
+  SECTION("a profile that varies only by chance (homogeneity p ≥ 0.05)") {
+    const auto result = run_sweep(config, [](const placement& p) { return coin(2, p) < 0.7; });
+    REQUIRE(result.valid);
+    REQUIRE_FALSE(result.period.flat);
+    REQUIRE(result.homogeneity.p_value >= 0.05);
+    CHECK(result.to_json().find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
+                                "\"flat\":false}") != std::string::npos);
+    CHECK(result.to_table().find("dominant period: none") != std::string::npos);
+    CHECK(result.to_summary_csv().find("\ndominant_period,\n") != std::string::npos);
+  }
+  SECTION("a phase effect: the period is a number") {
+    const auto result =
+        run_sweep(config, [](const placement& p) { return coin(1, p) < (p.residue % 4 == 3 ? 0.2 : 0.9); });
+    REQUIRE(result.homogeneity.p_value < 0.05);
+    CHECK(result.to_json().find("\"dominant_period\":{\"period\":4,\"frequency\":2,") != std::string::npos);
+  }
 }

@@ -1,14 +1,17 @@
 // svg_plot: the document is well-formed enough for a browser (one root, balanced elements, one
-// polyline per series, escaped text), points land where the linear map says, and bad axes throw.
+// polyline per series, escaped text), points land where the linear map says, and bad axes throw;
+// boundary lines cross the plot area, and a phase sweep's series lines strides up at the boundary.
 
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/diag/svg_plot.hpp"
 
 namespace {
@@ -116,4 +119,53 @@ TEST_CASE("svg_line_plot rejects empty ranges and tiny pictures", "[diag][svg_pl
   axes.width = 10;
   CHECK_THROWS_WITH(svg_line_plot({}, axes), Catch::Contains("width"));
   CHECK_NOTHROW(svg_line_plot({}, plot_axes{}));
+}
+
+TEST_CASE("svg_line_plot draws boundary lines across the plot area", "[diag][svg_plot]") {
+  using namespace phasekv::plot;
+  plot_axes axes;  // the default picture: plot area x in [80, 960 − 60], y in [50, 540 − 70]
+  axes.x_min = -0.5;
+  axes.x_max = 2.5;
+  axes.x_boundaries = {0, 1, 2, 3, std::numeric_limits<double>::quiet_NaN()};  // 3 and NaN: outside
+  const std::string svg = svg_line_plot({}, axes);
+  CHECK(tags_balance(svg));
+  REQUIRE(count(svg, "<line class=\"boundary\"") == 3);
+  std::size_t at = 0;
+  for (int k = 0; k < 3; ++k) {
+    at = svg.find("<line class=\"boundary\"", at + 1);
+    double x1, y1, x2, y2;
+    const char* format = "<line class=\"boundary\" x1=\"%lf\" y1=\"%lf\" x2=\"%lf\" y2=\"%lf\"";
+    REQUIRE(std::sscanf(svg.c_str() + at, format, &x1, &y1, &x2, &y2) == 4);
+    CHECK(x1 == Approx(80.0 + (k + 0.5) / 3.0 * (960.0 - 80.0 - 60.0)).margin(0.01));
+    CHECK(x2 == x1);
+    CHECK(y1 == Approx(50.0));   // top of the plot area
+    CHECK(y2 == Approx(470.0));  // bottom
+  }
+  CHECK(count(svg_line_plot({}, plot_axes{}), "class=\"boundary\"") == 0);  // none unless asked for
+}
+
+TEST_CASE("phase_sweep_series puts every stride's boundary phase on the chunk boundaries", "[diag][svg_plot]") {
+  using namespace phasekv;
+  for (const std::int64_t stride : {2, 4, 8}) {
+    sweep_config config;
+    config.stride = stride;  // modulus 2S
+    config.trials_per_residue = 10;
+    config.span = 1024;
+    config.query_position = 2048;
+    const sweep_result result = run_sweep(config, [](const placement& p) { return p.trial % 2 == 0; });
+    const plot::plot_series series = plot::phase_sweep_series(result, "S=" + std::to_string(stride));
+    CHECK(series.label == "S=" + std::to_string(stride));
+    REQUIRE(series.points.size() == static_cast<std::size_t>(2 * stride));
+    for (std::size_t r = 0; r < series.points.size(); ++r) {
+      INFO("stride " << stride << ", residue " << r);
+      const plot::plot_point& point = series.points[r];
+      // Phase S − 1 completes a chunk: x is exactly 1 or 2 for every stride; the chunk's first
+      // token (phase 0) is 1/S past the boundary before it.
+      if (r % stride == static_cast<std::size_t>(stride - 1)) CHECK((point.x == 1.0 || point.x == 2.0));
+      if (r % stride == 0) CHECK(point.x == Approx(static_cast<double>(r / stride) + 1.0 / stride));
+      CHECK(point.y == Approx(100.0 * result.residues[r].estimate));
+      CHECK(point.low == Approx(100.0 * result.residues[r].ci_low));
+      CHECK(point.high == Approx(100.0 * result.residues[r].ci_high));
+    }
+  }
 }

@@ -13,7 +13,7 @@
 //       concentration of every compressed stream (phasekv::write_profile), the head knockout map
 //       (phasekv::head_knockout_map, mean ablation) and, for gated W = S models, the gate-cycling
 //       prediction (phasekv::cycle_slot_profile on every slot bias, then a sweep compared with
-//       phasekv::predicted_shift). Writes DIR/measure.json, DIR/sweep.{csv,json}, DIR/*.svg.
+//       phasekv::predicted_shift). Writes DIR/measure.json, DIR/sweep.{csv,summary.csv,json}, DIR/*.svg.
 //
 // A trial (sweep placement p): the task's sequence with seed 2^63 + 2^62 + (K << 32) + p.trial,
 // its last question asking for the record whose key is at p.target_position (so trial i of every
@@ -268,6 +268,7 @@ int run_measure(const arguments& a) {
   const double sweep_seconds = std::chrono::duration<double>(clock::now() - t_sweep).count();
   progress("sweep done");
   write_file(out / "sweep.csv", sweep.to_csv());
+  write_file(out / "sweep.summary.csv", sweep.to_summary_csv());
   write_file(out / "sweep.json", sweep.to_json());
   if (!quiet) std::fputs(sweep.to_table().c_str(), stderr);
 

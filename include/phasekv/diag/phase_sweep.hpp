@@ -37,9 +37,10 @@
 // i.e. at least min_distance tokens before the query and at most min_distance + span.
 //
 // Outcomes. `trial(const placement&)` returns bool (success) or a floating-point probability in
-// [0, 1]. A trial that throws, or returns NaN or a probability outside [0, 1], is a FAILED trial:
-// counted (per residue and in total), excluded from every statistic, and the first failure's
-// message is kept. It is never counted as a success or a failure. If any residue is left with
+// [0, 1]. A trial that throws, or returns NaN or a probability outside [0, 1], is an ERRORED trial:
+// counted (per residue and in total, as `errored`), excluded from every statistic, and the first
+// error's message is kept. It is never counted as a success or as a wrong answer (the outputs name
+// it "errored", not "failed", so it cannot be read as one). If any residue is left with
 // fewer than sweep_config::minimum_trials valid trials the result is INVALID: its gap, mean,
 // p-value and period are NaN (null in JSON) and the table says so in its first line.
 //
@@ -50,7 +51,10 @@
 // Both: best/worst/mean/gap via summarize_residues, dominant period via dominant_period on the
 // M-residue accuracy profile with per-residue standard errors (binary: the binomial se at the
 // pooled rate; probabilities: the standard error of each residue's mean), so the period is the
-// smallest divisor of M whose fold fits the profile within its noise (χ², p ≥ 0.05).
+// smallest divisor of M whose fold fits the profile within its noise (χ², p ≥ 0.05). The period
+// is REPORTED only with a phase effect to have one (sweep_result::has_period: valid, not flat,
+// homogeneity p < 0.05); otherwise the fit only says which fold the noise happens to suit, and
+// the table says "none" and JSON and the summary CSV leave the period empty (null).
 //
 // Why minimum_trials = 10: the χ² approximation wants expected cells of at least 5, and the
 // smaller expected cell of a residue, min(n·p, n·(1 − p)), is at most n/2 — below 10 trials per
@@ -207,8 +211,8 @@ struct residue_outcome {
   std::int64_t residue = 0;
   std::int64_t planned = 0;
   std::int64_t valid = 0;       // trials that returned a usable outcome
-  std::int64_t failed = 0;      // threw / NaN / out of range
-  std::int64_t successes = 0;   // binary only
+  std::int64_t errored = 0;     // threw / NaN / out of range: no outcome, not a wrong answer
+  std::int64_t successes = 0;   // binary only; wrong answers are valid − successes
   double estimate = 0.0;        // accuracy or mean probability (NaN with no valid trial)
   double ci_low = 0.0;          // 95%: Wilson (binary) or normal approximation of the mean
   double ci_high = 0.0;
@@ -256,11 +260,18 @@ inline std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-// Free text in a CSV comment line: one line, so a line-based reader cannot be derailed.
-inline std::string csv_comment_text(const std::string& s) {
+// Free text as one CSV field (RFC 4180): quoted when it holds a comma or a quote, with quotes
+// doubled; line breaks become spaces so a line-based reader cannot be derailed either.
+inline std::string csv_field(const std::string& s) {
   std::string out;
-  for (char c : s) out += (c == '\n' || c == '\r') ? ' ' : c;
-  return out;
+  bool quote = false;
+  for (char c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+    if (c == ',' || c == '"') quote = true;
+    out += c;
+    if (c == '"') out += '"';
+  }
+  return quote ? '"' + out + '"' : out;
 }
 
 }  // namespace detail
@@ -269,8 +280,8 @@ struct sweep_result {
   sweep_config config;                      // as given, with modulus resolved
   outcome_kind kind = outcome_kind::binary;
   std::vector<residue_outcome> residues;    // M rows, residue order
-  std::int64_t failed_trials = 0;
-  std::string first_error;                  // message of the first failed trial ("" if none)
+  std::int64_t errored_trials = 0;
+  std::string first_error;                  // message of the first errored trial ("" if none)
   bool valid = true;
   std::string invalid_reason;
   // Summary (NaN / −1 when invalid).
@@ -279,7 +290,16 @@ struct sweep_result {
   std::int64_t best_residue = -1;
   std::int64_t worst_residue = -1;
   homogeneity_result homogeneity;
-  stats::periodicity period;                // of the per-residue estimate profile
+  stats::periodicity period;                // of the per-residue estimate profile (fitted; see has_period)
+
+  // Below this homogeneity p-value the residues differ: a phase effect, whose period is reported.
+  static constexpr double phase_effect_alpha = 0.05;
+
+  // Whether `period` means anything: a valid sweep, a profile that is not flat, and a phase effect
+  // (homogeneity p < phase_effect_alpha). Without an effect dominant_period still fits a fold
+  // (the smallest divisor that suits the noise), which would read as a finding. The writers
+  // report the period only when this holds.
+  bool has_period() const { return valid && !period.flat && homogeneity.p_value < phase_effect_alpha; }
 
   // A fixed-width table for a terminal or a log. An invalid sweep starts with "INVALID SWEEP".
   std::string to_table() const {
@@ -291,12 +311,12 @@ struct sweep_result {
         << config.first_target() << ", " << config.last_target() << "]\n";
     using detail::fixed;
     using detail::right;
-    out << right("residue", 8) << ' ' << right("phase", 6) << ' ' << right("valid", 7) << ' ' << right("failed", 7)
+    out << right("residue", 8) << ' ' << right("phase", 6) << ' ' << right("valid", 7) << ' ' << right("errored", 7)
         << ' ' << right(binary ? "accuracy%" : "mean_p%", 10) << ' ' << right("95% CI", 19) << '\n';
     for (const auto& r : residues) {
       const char* mark = (valid && r.residue == best_residue) ? " best" : (valid && r.residue == worst_residue) ? " worst" : "";
       out << right(std::to_string(r.residue), 8) << ' ' << right(std::to_string(r.residue % config.stride), 6) << ' '
-          << right(std::to_string(r.valid), 7) << ' ' << right(std::to_string(r.failed), 7) << ' '
+          << right(std::to_string(r.valid), 7) << ' ' << right(std::to_string(r.errored), 7) << ' '
           << right(fixed(100.0 * r.estimate, 2), 10) << "   [" << right(fixed(100.0 * r.ci_low, 2), 6) << ", "
           << right(fixed(100.0 * r.ci_high, 2), 6) << ']' << mark << '\n';
     }
@@ -312,54 +332,71 @@ struct sweep_result {
           << (homogeneity.approximate ? " (approximate: an expected cell count is below 5)" : "") << "\n";
       if (period.flat)
         out << "dominant period: none (flat profile)\n";
+      else if (!has_period())
+        out << "dominant period: none (no significant phase effect)\n";
       else
         out << "dominant period: " << detail::format_number(period.period, 6) << " (frequency " << period.frequency
-            << ", " << detail::format_number(100.0 * period.power_fraction, 4) << "% of the variation"
-            << (homogeneity.p_value >= 0.05 ? "; no significant phase effect, so no period to speak of" : "")
-            << ")\n";
+            << ", " << detail::format_number(100.0 * period.power_fraction, 4) << "% of the variation)\n";
     }
-    if (failed_trials > 0)
-      out << "failed trials: " << failed_trials << " (excluded); first error: " << first_error << "\n";
+    if (errored_trials > 0)
+      out << "errored trials: " << errored_trials << " (excluded; no outcome, not wrong answers); first error: "
+          << first_error << "\n";
     return out.str();
   }
 
-  // One row per residue after a header:
-  //   residue,phase,planned,valid,failed,successes,estimate,ci_low,ci_high
-  // (successes empty for probability sweeps; estimate/CI as fractions; NaN as "nan"), then the
-  // summary as comment lines "# key,value" — read with pandas.read_csv(path, comment='#').
+  // One plain table (one header row, then one row per residue, nothing else), so any CSV reader
+  // takes it as is:
+  //   residue,phase,planned,valid,errored,successes,estimate,ci_low,ci_high
+  // (successes empty for probability sweeps; estimate/CI as fractions; NaN as "nan"). The summary
+  // is to_summary_csv() or to_json().
   std::string to_csv() const {
     detail::classic_stream out;
     const bool binary = kind == outcome_kind::binary;
-    out << "residue,phase,planned,valid,failed,successes,estimate,ci_low,ci_high\n";
+    out << "residue,phase,planned,valid,errored,successes,estimate,ci_low,ci_high\n";
     for (const auto& r : residues) {
-      out << r.residue << ',' << r.residue % config.stride << ',' << r.planned << ',' << r.valid << ',' << r.failed
+      out << r.residue << ',' << r.residue % config.stride << ',' << r.planned << ',' << r.valid << ',' << r.errored
           << ',' << (binary ? std::to_string(r.successes) : std::string()) << ',' << detail::format_number(r.estimate)
           << ',' << detail::format_number(r.ci_low) << ',' << detail::format_number(r.ci_high) << '\n';
     }
-    out << "# kind," << (binary ? "binary" : "probability") << '\n'
-        << "# valid," << (valid ? "true" : "false") << '\n'
-        << "# invalid_reason," << detail::csv_comment_text(invalid_reason) << '\n'
-        << "# stride," << config.stride << '\n'
-        << "# modulus," << config.modulus << '\n'
-        << "# query_position," << config.query_position << '\n'
-        << "# mean," << detail::format_number(mean) << '\n'
-        << "# gap_points," << detail::format_number(gap_points) << '\n'
-        << "# best_residue," << best_residue << '\n'
-        << "# worst_residue," << worst_residue << '\n'
-        << "# test," << homogeneity.test << '\n'
-        << "# statistic," << detail::format_number(homogeneity.statistic) << '\n'
-        << "# p_value," << detail::format_number(homogeneity.p_value) << '\n'
-        << "# dominant_period," << detail::format_number(period.period) << '\n'
-        << "# power_fraction," << detail::format_number(period.power_fraction) << '\n'
-        << "# failed_trials," << failed_trials << '\n'
-        << "# first_error," << detail::csv_comment_text(first_error) << '\n';
     return out.str();
   }
 
-  // A JSON object; non-finite numbers are null.
+  // The summary as a two-column table with header "key,value", for a file of its own next to
+  // to_csv()'s. Not-a-number values are "nan"; the period's fields are empty unless has_period().
+  std::string to_summary_csv() const {
+    using detail::csv_field;
+    using detail::format_number;
+    const bool reported = has_period();
+    detail::classic_stream out;
+    out << "key,value\n"
+        << "kind," << (kind == outcome_kind::binary ? "binary" : "probability") << '\n'
+        << "valid," << (valid ? "true" : "false") << '\n'
+        << "invalid_reason," << csv_field(invalid_reason) << '\n'
+        << "stride," << config.stride << '\n'
+        << "modulus," << config.modulus << '\n'
+        << "trials_per_residue," << config.trials_per_residue << '\n'
+        << "query_position," << config.query_position << '\n'
+        << "mean," << format_number(mean) << '\n'
+        << "gap_points," << format_number(gap_points) << '\n'
+        << "best_residue," << best_residue << '\n'
+        << "worst_residue," << worst_residue << '\n'
+        << "test," << homogeneity.test << '\n'
+        << "statistic," << format_number(homogeneity.statistic) << '\n'
+        << "p_value," << format_number(homogeneity.p_value) << '\n'
+        << "dominant_period," << (reported ? format_number(period.period) : "") << '\n'
+        << "frequency," << (reported ? std::to_string(period.frequency) : "") << '\n'
+        << "power_fraction," << (reported ? format_number(period.power_fraction) : "") << '\n'
+        << "flat," << (period.flat ? "true" : "false") << '\n'
+        << "errored_trials," << errored_trials << '\n'
+        << "first_error," << csv_field(first_error) << '\n';
+    return out.str();
+  }
+
+  // A JSON object; non-finite numbers are null, and so are the period's fields unless has_period().
   std::string to_json() const {
     using detail::json_number;
     using detail::json_string;
+    const bool reported = has_period();
     detail::classic_stream out;
     out << "{\"kind\":" << json_string(kind == outcome_kind::binary ? "binary" : "probability")
         << ",\"valid\":" << (valid ? "true" : "false") << ",\"invalid_reason\":" << json_string(invalid_reason)
@@ -372,15 +409,16 @@ struct sweep_result {
         << ",\"statistic\":" << json_number(homogeneity.statistic) << ",\"dof\":" << homogeneity.dof
         << ",\"dof_within\":" << homogeneity.dof_within << ",\"p_value\":" << json_number(homogeneity.p_value)
         << ",\"approximate\":" << (homogeneity.approximate ? "true" : "false") << "}"
-        << ",\"dominant_period\":{\"period\":" << json_number(period.period) << ",\"frequency\":" << period.frequency
-        << ",\"power_fraction\":" << json_number(period.power_fraction)
+        << ",\"dominant_period\":{\"period\":" << (reported ? json_number(period.period) : "null")
+        << ",\"frequency\":" << (reported ? std::to_string(period.frequency) : "null")
+        << ",\"power_fraction\":" << (reported ? json_number(period.power_fraction) : "null")
         << ",\"flat\":" << (period.flat ? "true" : "false") << "}"
-        << ",\"failed_trials\":" << failed_trials << ",\"first_error\":" << json_string(first_error)
+        << ",\"errored_trials\":" << errored_trials << ",\"first_error\":" << json_string(first_error)
         << ",\"residues\":[";
     for (std::size_t i = 0; i < residues.size(); ++i) {
       const auto& r = residues[i];
       out << (i ? "," : "") << "{\"residue\":" << r.residue << ",\"phase\":" << r.residue % config.stride
-          << ",\"planned\":" << r.planned << ",\"valid\":" << r.valid << ",\"failed\":" << r.failed
+          << ",\"planned\":" << r.planned << ",\"valid\":" << r.valid << ",\"errored\":" << r.errored
           << ",\"successes\":" << (kind == outcome_kind::binary ? std::to_string(r.successes) : "null")
           << ",\"estimate\":" << json_number(r.estimate) << ",\"ci_low\":" << json_number(r.ci_low)
           << ",\"ci_high\":" << json_number(r.ci_high) << "}";
@@ -407,7 +445,7 @@ inline void invalidate_summary(sweep_result& result, std::string reason) {
 
 // Runs `trial` on every placement of plan_sweep(config), in the plan's shuffled order, and
 // summarises. `trial(const placement&)` returns bool or a floating-point probability.
-// Throws config_error for a bad config (before any trial runs); trial failures never throw.
+// Throws config_error for a bad config (before any trial runs); errored trials never throw.
 template <class Trial>
 sweep_result run_sweep(const sweep_config& config, Trial&& trial) {
   using returned = std::decay_t<std::invoke_result_t<Trial&, const placement&>>;
@@ -447,8 +485,8 @@ sweep_result run_sweep(const sweep_config& config, Trial&& trial) {
       failure = "threw a non-std::exception";
     }
     if (!failure.empty()) {
-      ++row.failed;
-      ++result.failed_trials;
+      ++row.errored;
+      ++result.errored_trials;
       if (result.first_error.empty())
         result.first_error = "trial " + std::to_string(p.trial) + " of residue " + std::to_string(p.residue) +
                              " (target " + std::to_string(p.target_position) + ") " + failure;
@@ -492,8 +530,8 @@ sweep_result run_sweep(const sweep_config& config, Trial&& trial) {
   if (short_residue >= 0) {
     const auto& row = result.residues[static_cast<std::size_t>(short_residue)];
     detail::invalidate_summary(result, "residue " + std::to_string(short_residue) + " has " +
-                                           std::to_string(row.valid) + " valid trials (" + std::to_string(row.failed) +
-                                           " failed); at least " + std::to_string(sweep_config::minimum_trials) +
+                                           std::to_string(row.valid) + " valid trials (" + std::to_string(row.errored) +
+                                           " errored); at least " + std::to_string(sweep_config::minimum_trials) +
                                            " are needed");
     result.homogeneity.test = binary ? "chi_square" : "anova";
     return result;

@@ -4,14 +4,16 @@
 // leave a picture a person can open (any browser renders SVG) without Python or gnuplot; it is not
 // a plotting library.
 //
-//   plot_series    a label, points (x, y, optional [low, high] error bar), a dashed flag
-//   plot_axes      title, axis labels, ranges, ticks, size
-//   svg_line_plot  the SVG document as a string
-//   svg_escape     text made safe for SVG element content and attribute values
+//   plot_series          a label, points (x, y, optional [low, high] error bar), a dashed flag
+//   plot_axes            title, axis labels, ranges, ticks, boundary lines, size
+//   svg_line_plot        the SVG document as a string
+//   svg_escape           text made safe for SVG element content and attribute values
+//   phase_sweep_series   a sweep_result as a series on an axis that several strides share
 //
 // Layout: data coordinates map linearly into the plot area,
 //   px = left + (x − x_min)/(x_max − x_min)·plot_width,  py = top + (y_max − y)/(y_max − y_min)·plot_height,
-// and points or error-bar ends outside [y_min, y_max] are clipped to it. A point whose y is NaN is
+// and points or error-bar ends outside [y_min, y_max] are clipped to it. Boundary lines (e.g. chunk
+// boundaries) cross the whole plot area, darker than the grid and under the series. A point whose y is NaN is
 // left out (the polyline joins its neighbours); a NaN low/high means no error bar. The legend
 // sits to the right of the plot area (as wide as its longest label, at most half the picture),
 // one row per series in the order given.
@@ -25,6 +27,7 @@
 
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/text.hpp"
+#include "phasekv/diag/phase_sweep.hpp"
 
 namespace phasekv::plot {
 
@@ -50,6 +53,7 @@ struct plot_axes {
   // Tick positions and labels; empty → 5 even intervals labelled with their values.
   std::vector<std::pair<double, std::string>> x_ticks;
   std::vector<std::pair<double, std::string>> y_ticks;
+  std::vector<double> x_boundaries;  // x of vertical boundary lines (outside [x_min, x_max]: left out)
   int width = 960;   // whole picture, pixels
   int height = 540;
   void validate() const {
@@ -146,6 +150,13 @@ inline std::string svg_line_plot(const std::vector<plot_series>& series, const p
         << "<text x=\"" << svg_number(x) << "\" y=\"" << svg_number(top + plot_height + 18)
         << "\" text-anchor=\"middle\">" << svg_escape(label) << "</text>\n";
   }
+  for (double value : axes.x_boundaries) {
+    if (!(value >= axes.x_min && value <= axes.x_max)) continue;  // NaN too
+    const double x = px(value);
+    out << "<line class=\"boundary\" x1=\"" << svg_number(x) << "\" y1=\"" << svg_number(top) << "\" x2=\""
+        << svg_number(x) << "\" y2=\"" << svg_number(top + plot_height)
+        << "\" stroke=\"#888888\" stroke-width=\"1.5\"/>\n";
+  }
   out << "<rect x=\"" << svg_number(left) << "\" y=\"" << svg_number(top) << "\" width=\"" << svg_number(plot_width)
       << "\" height=\"" << svg_number(plot_height) << "\" fill=\"none\" stroke=\"#333333\"/>\n"
       << "<text x=\"" << svg_number(left + plot_width / 2) << "\" y=\"" << svg_number(axes.height - 20)
@@ -194,6 +205,23 @@ inline std::string svg_line_plot(const std::vector<plot_series>& series, const p
   }
   out << "</svg>\n";
   return out.str();
+}
+
+// A phase sweep's accuracy (%) by residue with its 95% interval, at x = (residue + 1) / stride:
+// how far the target's chunk is filled once the target is written, in strides. Chunks start at
+// multiples of the stride (phase = residue mod stride), so the chunk boundaries are the whole
+// numbers 0, 1, … M/S for every stride, and the boundary phase S − 1 — the token that completes
+// a chunk, where pooling's weak spot sits — lands ON them, whatever S is: sweeps of different
+// strides line up where they differ most. (x = residue / S would put that phase at 1 − 1/S,
+// a different place for every stride.) Draw the boundaries with plot_axes::x_boundaries.
+inline plot_series phase_sweep_series(const sweep_result& result, std::string label) {
+  plot_series series;
+  series.label = std::move(label);
+  const double stride = static_cast<double>(result.config.stride);
+  for (const residue_outcome& row : result.residues)
+    series.points.push_back({static_cast<double>(row.residue + 1) / stride, 100.0 * row.estimate, 100.0 * row.ci_low,
+                             100.0 * row.ci_high});
+  return series;
 }
 
 }  // namespace phasekv::plot
