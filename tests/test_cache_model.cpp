@@ -192,25 +192,27 @@ struct many_layers {
   model_cache<first_cache, wide_cache> m;
 };
 
-cache_config first_config(const std::string& name, const std::shared_ptr<page_pool>& kv) {
+// Page size 2 and 64 pages of their own, or the shared pool for the K/V stream (stream 0).
+cache_config layer_config(const std::string& name, i64 history, std::size_t streams, const std::shared_ptr<page_pool>& kv) {
   cache_config c;
   c.name = name;
   c.page_size = 2;
   c.pages = 64;
-  c.history = 6;
+  c.history = history;
+  if (kv) {
+    c.shared_pools.assign(streams, nullptr);
+    c.shared_pools[0] = kv;
+  }
+  return c;
+}
+cache_config first_config(const std::string& name, const std::shared_ptr<page_pool>& kv) {
+  cache_config c = layer_config(name, 6, 2, kv);
   c.window.tokens = 3;
   c.window.key_channels = 4;
-  if (kv) c.shared_pools = {kv, nullptr};
   return c;
 }
 cache_config wide_config(const std::string& name, const std::shared_ptr<page_pool>& kv) {
-  cache_config c;
-  c.name = name;
-  c.page_size = 2;
-  c.pages = 64;
-  c.history = 8;
-  if (kv) c.shared_pools = {kv};
-  return c;
+  return layer_config(name, 8, 1, kv);
 }
 
 std::shared_ptr<page_pool> kv_pool(i64 pages) {
