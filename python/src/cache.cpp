@@ -1,0 +1,297 @@
+// cache/: the paged cache of one layer in the two forms the package instantiates (one stream;
+// two streams of one policy), its config and accounting, the layer's read-side shape, and the
+// DeepSeek-V4 cache preset.
+
+#include "common.hpp"
+
+namespace pyphasekv {
+
+using namespace phasekv;
+
+namespace {
+
+// Writers hold the cache's lock exclusively, queries share it; both without the GIL.
+template <class F>
+decltype(auto) exclusive(layer_cache& c, F&& f) {
+  py::gil_scoped_release nogil;
+  std::unique_lock<std::shared_mutex> lock(c.lock);
+  return c.visit(std::forward<F>(f));
+}
+template <class F>
+decltype(auto) shared(const layer_cache& c, F&& f) {
+  py::gil_scoped_release nogil;
+  std::shared_lock<std::shared_mutex> lock(c.lock);
+  return c.visit(std::forward<F>(f));
+}
+
+std::unique_ptr<layer_cache> make_cache(policy_kind policy, const geometry& g, const std::vector<stream_config>& streams,
+                                        const cache_config& config, std::vector<stream_params> params) {
+  detail::require(streams.size() == 1 || streams.size() == 2, "streams.size()", streams.size(),
+                  "must be 1 (a K/V layer) or 2 (K/V and the indexer's keys, or K and V)");
+  if (params.empty()) params.resize(streams.size());
+  detail::require(params.size() == streams.size(), "params.size()", params.size(),
+                  "must be 0 or streams.size() = " + std::to_string(streams.size()));
+  auto made = std::make_unique<layer_cache>();
+  made->policy = policy;
+  with_policy(policy, [&](auto tag) {
+    using P = typename decltype(tag)::type;
+    using stream = policies::stream<P>;
+    if (streams.size() == 1) {
+      using cache = policies::one_stream<P>;
+      made->cache = std::make_unique<cache>(typename cache::layer(stream(g, streams[0], params[0])), config);
+    } else {
+      using cache = policies::two_streams<P>;
+      made->cache = std::make_unique<cache>(
+          typename cache::layer(stream(g, streams[0], params[0]), stream(g, streams[1], params[1])), config);
+    }
+  });
+  return made;
+}
+
+// chunks[k] for each stream: the layer's fixed-size array, from the Python list.
+template <class Cache>
+typename Cache::chunks chunk_array(const std::vector<token_chunk>& in) {
+  typename Cache::chunks out;
+  detail::require<input_error>(in.size() == out.size(), "append: len(chunks)", in.size(),
+                               "must be the layer's stream count, " + std::to_string(out.size()) +
+                                   " (one payload or (payload, logits) per stream)");
+  std::copy(in.begin(), in.end(), out.begin());
+  return out;
+}
+
+// Entry `j` of a stream is kv_heads × channels floats.
+template <class Cache>
+std::int64_t entry_floats(const Cache& c, std::size_t stream) {
+  const stream_config& s = c.compressors().config(stream);  // throws for a stream that does not exist
+  return s.kv_heads * s.channels;
+}
+
+}  // namespace
+
+void init_cache(const modules& m) {
+  py::module_ root = m.root;
+  py::module_ presets = m.presets;
+
+  py::enum_<storage_type>(root, "StorageType", "Element type of the compressed pages.")
+      .value("f32", storage_type::f32)
+      .value("bf16", storage_type::bf16)
+      .value("f16", storage_type::f16);
+
+  struct_binding<raw_window_config>(root, "RawWindowConfig", "The raw local window a sequence keeps.")
+      .field("tokens", &raw_window_config::tokens, "N_win; 0 keeps no window")
+      .field("kv_heads", &raw_window_config::kv_heads)
+      .field("key_channels", &raw_window_config::key_channels)
+      .field("value_channels", &raw_window_config::value_channels, "0: tied K/V")
+      .done();
+  struct_binding<cache_config>(root, "CacheConfig",
+                               "A paged cache's pools, history and raw window (cache/paged_cache.hpp). The host "
+                               "memory and shared pools of the C++ config are not exposed.")
+      .field("name", &cache_config::name)
+      .field("page_size", &cache_config::page_size, "entries per page")
+      .field("pages", &cache_config::pages, "capacity of each stream's pool")
+      .field("storage", &cache_config::storage)
+      .field("stream_storage", &cache_config::stream_storage, "per stream, overriding storage (a list)")
+      .field("history", &cache_config::history, "tokens remove_suffix may roll back beyond the minimum")
+      .field("window", &cache_config::window)
+      .done()
+      .def("validate", &cache_config::validate);
+
+  py::class_<sequence_memory>(root, "SequenceMemory", "What one sequence occupies.")
+      .def_readonly("tokens", &sequence_memory::tokens)
+      .def_readonly("entries", &sequence_memory::entries)
+      .def_readonly("pages", &sequence_memory::pages)
+      .def_readonly("shared_pages", &sequence_memory::shared_pages)
+      .def_readonly("page_bytes", &sequence_memory::page_bytes)
+      .def_readonly("entry_bytes", &sequence_memory::entry_bytes)
+      .def_readonly("state_bytes", &sequence_memory::state_bytes)
+      .def_readonly("uncompressed_bytes", &sequence_memory::uncompressed_bytes)
+      .def("compression_ratio", &sequence_memory::compression_ratio);
+
+  struct_binding<stream_shape>(root, "StreamShape", "One stream's entries as the reader sees them.")
+      .field("name", &stream_shape::name)
+      .field("role", &stream_shape::role)
+      .field("kv_heads", &stream_shape::kv_heads)
+      .field("channels", &stream_shape::channels)
+      .field("storage", &stream_shape::storage)
+      .field("applies_rope", &stream_shape::applies_rope)
+      .field("rope", &stream_shape::rope)
+      .done();
+  struct_binding<layer_shape>(root, "LayerShape",
+                              "What a reader needs to know about a layer (cache/layer_shape.hpp). `streams` is a "
+                              "list: assign a whole new list to change it.")
+      .field("geometry", &layer_shape::geom)
+      .field("streams", &layer_shape::streams)
+      .field("window", &layer_shape::window)
+      .done();
+
+  py::class_<layer_cache>(root, "PagedCache",
+                          "The paged compressed cache of one layer (paged_cache<...>): one stream, or two streams of "
+                          "one policy. Sequences are integer ids. Appends and reads release the GIL; writers are "
+                          "serialised against every other call on the same cache.")
+      .def(py::init(&make_cache), py::arg("policy"), py::arg("geometry"), py::arg("streams"), py::arg("config"),
+           py::arg("params") = std::vector<stream_params>{})
+      .def_readonly("policy", &layer_cache::policy)
+      .def_property_readonly("stream_count",
+                             [](const layer_cache& c) { return c.visit([](const auto& x) { return x.stream_count; }); })
+      .def_property_readonly("geometry",
+                             [](const layer_cache& c) { return c.visit([](const auto& x) { return x.compressors().geom(); }); })
+      .def_property_readonly("config", [](const layer_cache& c) { return c.visit([](const auto& x) { return x.config(); }); })
+      .def(
+          "stream_config",
+          [](const layer_cache& c, std::size_t k) { return c.visit([&](const auto& x) { return x.compressors().config(k); }); },
+          py::arg("stream"))
+      .def("shape", [](const layer_cache& c) { return c.visit([](const auto& x) { return x.shape(); }); },
+           "The layer's read-side shape (what SparseReader is built from).")
+      .def_property_readonly("window_rows",
+                             [](const layer_cache& c) { return c.visit([](const auto& x) { return x.window_rows(); }); })
+      .def_property_readonly("tied_window",
+                             [](const layer_cache& c) { return c.visit([](const auto& x) { return x.tied_window(); }); })
+
+      // ---- sequences
+      .def("create", [](layer_cache& c) { return exclusive(c, [](auto& x) { return x.create(); }); })
+      .def(
+          "append",
+          [](layer_cache& c, sequence_id seq, const py::sequence& chunks, const py::object& window_keys,
+             const py::object& window_values, bool check_finite) {
+            std::vector<py::array> keep;
+            std::vector<token_chunk> in;
+            for (std::size_t k = 0; k < chunks.size(); ++k)
+              in.push_back(chunk_from(chunks[k], "chunks[" + std::to_string(k) + "]", keep));
+            const span<const float> keys = optional_input<float>(window_keys, "window_keys", keep);
+            const span<const float> values = optional_input<float>(window_values, "window_values", keep);
+            append_options options;
+            options.check_finite = check_finite;
+            return exclusive(c, [&](auto& x) {
+              using cache = std::decay_t<decltype(x)>;
+              return x.append(seq, chunk_array<cache>(in), keys, values, options);
+            });
+          },
+          py::arg("seq"), py::arg("chunks"), py::arg("window_keys") = py::none(), py::arg("window_values") = py::none(),
+          py::kw_only(), py::arg("check_finite") = false,
+          "Appends the same new tokens to every stream — chunks[k] is stream k's payload, or (payload, logits) "
+          "for gated policies, token axis first — and to the raw window (window_keys [tokens][kv_heads][key "
+          "channels], RoPE'd; window_values likewise, None when tied). Returns the entries emitted per stream.")
+      .def("fork", [](layer_cache& c, sequence_id seq) { return exclusive(c, [&](auto& x) { return x.fork(seq); }); },
+           py::arg("seq"), "A new sequence sharing every page of seq.")
+      .def(
+          "copy",
+          [](layer_cache& c, sequence_id source, sequence_id destination) {
+            exclusive(c, [&](auto& x) { x.copy(source, destination); });
+          },
+          py::arg("source"), py::arg("destination"), "Makes destination a fork of source (llama.cpp's seq_cp).")
+      .def(
+          "remove_suffix",
+          [](layer_cache& c, sequence_id seq, std::int64_t p0) { exclusive(c, [&](auto& x) { x.remove_suffix(seq, p0); }); },
+          py::arg("seq"), py::arg("p0"), "Forgets tokens [p0, end) (seq_rm(seq, p0, -1)).")
+      .def(
+          "can_remove_suffix",
+          [](const layer_cache& c, sequence_id seq, std::int64_t p0) {
+            return shared(c, [&](const auto& x) { return x.can_remove_suffix(seq, p0); });
+          },
+          py::arg("seq"), py::arg("p0"))
+      .def("keep", [](layer_cache& c, sequence_id seq) { exclusive(c, [&](auto& x) { x.keep(seq); }); }, py::arg("seq"),
+           "Drops every sequence but seq (seq_keep).")
+      .def("free", [](layer_cache& c, sequence_id seq) { exclusive(c, [&](auto& x) { x.free(seq); }); }, py::arg("seq"))
+      .def("clear", [](layer_cache& c) { exclusive(c, [](auto& x) { x.clear(); }); })
+
+      // ---- queries
+      .def("contains", [](const layer_cache& c, sequence_id seq) { return shared(c, [&](const auto& x) { return x.contains(seq); }); },
+           py::arg("seq"))
+      .def("__contains__", [](const layer_cache& c, sequence_id seq) {
+        return shared(c, [&](const auto& x) { return x.contains(seq); });
+      })
+      .def_property_readonly("sequences",
+                             [](const layer_cache& c) { return shared(c, [](const auto& x) { return x.sequences(); }); })
+      .def("live_sequences", [](const layer_cache& c) { return shared(c, [](const auto& x) { return x.live_sequences(); }); })
+      .def("tokens", [](const layer_cache& c, sequence_id seq) { return shared(c, [&](const auto& x) { return x.tokens(seq); }); },
+           py::arg("seq"))
+      .def(
+          "entries",
+          [](const layer_cache& c, sequence_id seq, std::size_t stream) {
+            return shared(c, [&](const auto& x) { return x.entries(seq, stream); });
+          },
+          py::arg("seq"), py::arg("stream") = 0)
+      .def(
+          "page_table",
+          [](const layer_cache& c, sequence_id seq, std::size_t stream) {
+            return copy_of(shared(c, [&](const auto& x) { return x.page_table(seq, stream); }));
+          },
+          py::arg("seq"), py::arg("stream") = 0, "The sequence's page ids (int32, a copy).")
+      .def(
+          "read_entry",
+          [](const layer_cache& c, sequence_id seq, std::size_t stream, std::int64_t entry, py::object out) {
+            const auto shape = c.visit([&](const auto& x) {
+              const stream_config& s = x.compressors().config(stream);
+              return std::vector<py::ssize_t>{s.kv_heads, s.channels};
+            });
+            float* to = output<float>(out, "out", shape, "kv_heads × channels");
+            shared(c, [&](const auto& x) { x.read_entry(seq, stream, entry, to); });
+            return out;
+          },
+          py::arg("seq"), py::arg("stream"), py::arg("entry"), py::kw_only(), py::arg("out") = py::none(),
+          "Entry j of a stream converted to float32: [kv_heads][channels].")
+      .def(
+          "read_entries",
+          [](const layer_cache& c, sequence_id seq, std::size_t stream) {
+            std::vector<float> all;
+            std::int64_t n = 0, floats = 0;
+            std::vector<py::ssize_t> shape;
+            shared(c, [&](const auto& x) {
+              const stream_config& s = x.compressors().config(stream);
+              n = x.entries(seq, stream);
+              floats = entry_floats(x, stream);
+              shape = {n, s.kv_heads, s.channels};
+              all.resize(static_cast<std::size_t>(n * floats));
+              for (std::int64_t j = 0; j < n; ++j) x.read_entry(seq, stream, j, all.data() + j * floats);
+            });
+            return adopt(std::move(all), shape);
+          },
+          py::arg("seq"), py::arg("stream") = 0, "Every entry of a stream, float32 [entries][kv_heads][channels].")
+      .def("window_first",
+           [](const layer_cache& c, sequence_id seq) { return shared(c, [&](const auto& x) { return x.window_first(seq); }); },
+           py::arg("seq"), "Tokens whose raw window rows are held: [window_first, tokens).")
+      .def(
+          "window_key",
+          [](const layer_cache& c, sequence_id seq, std::int64_t t) {
+            const raw_window_config w = c.visit([](const auto& x) { return x.config().window; });
+            std::vector<float> row(static_cast<std::size_t>(w.kv_heads * w.key_channels));
+            shared(c, [&](const auto& x) { std::copy_n(x.window_key(seq, t), row.size(), row.begin()); });
+            return adopt(std::move(row), {w.kv_heads, w.key_channels});
+          },
+          py::arg("seq"), py::arg("t"), "Token t's raw window key row (a copy).")
+      .def(
+          "window_value",
+          [](const layer_cache& c, sequence_id seq, std::int64_t t) {
+            const raw_window_config w = c.visit([](const auto& x) { return x.config().window; });
+            const std::int64_t channels = w.value_channels == 0 ? w.key_channels : w.value_channels;
+            std::vector<float> row(static_cast<std::size_t>(w.kv_heads * channels));
+            shared(c, [&](const auto& x) { std::copy_n(x.window_value(seq, t), row.size(), row.begin()); });
+            return adopt(std::move(row), {w.kv_heads, channels});
+          },
+          py::arg("seq"), py::arg("t"), "Token t's raw window value row (its key when tied; a copy).")
+      .def("memory", [](const layer_cache& c, sequence_id seq) { return shared(c, [&](const auto& x) { return x.memory(seq); }); },
+           py::arg("seq"))
+      .def(
+          "pages_held",
+          [](const layer_cache& c, std::size_t stream) { return shared(c, [&](const auto& x) { return x.pages_held(stream); }); },
+          py::arg("stream"))
+      .def(
+          "pool_usage",
+          [](const layer_cache& c, std::size_t stream) {
+            std::map<std::string, std::int64_t> usage;
+            shared(c, [&](const auto& x) {
+              const page_pool& p = x.pool(stream);
+              usage = {{"capacity", p.capacity()},         {"used_pages", p.used_pages()},
+                       {"free_pages", p.free_pages()},     {"bytes_per_page", p.bytes_per_page()},
+                       {"bytes_used", p.bytes_used()},     {"pages_touched", p.pages_touched()},
+                       {"bytes_reserved", p.bytes_reserved()}};
+            });
+            return usage;
+          },
+          py::arg("stream"), "A stream's page pool accounting (capacity, used_pages, ... bytes_reserved).");
+
+  presets.def("deepseek_v4_cache", &presets::deepseek_v4_cache, py::arg("pages"), py::arg("history") = 0,
+                "A DeepSeek-V4 CSA or HCA layer's cache: 64 entries a page, a 128-token tied 512-channel window.");
+}
+
+}  // namespace pyphasekv

@@ -1,0 +1,286 @@
+#pragma once
+// What the binding's translation units share: how arrays cross the boundary, the compressor
+// policies the package instantiates, the type-erased cache and compressor the Python classes
+// hold, and a helper that binds plain config structs.
+//
+// Arrays. Large inputs are read in place: an argument must already be a float32 (int64 for
+// indices), C-contiguous, aligned array — anything NumPy can view without copying (a NumPy
+// array, a CPU torch tensor through its __array__, a memoryview). Nothing is converted: a float64
+// array is a TypeError and a strided view a ValueError, each naming the argument, so a hidden
+// copy can never cost a read its time. Outputs are written into arrays the caller passes (out=)
+// or into arrays the binding allocates and returns.
+//
+// The GIL is released around every append and read. The C++ objects are not safe against every
+// interleaving of calls that Python threads could produce (a read overlapping an append of the
+// same sequence, two reads sharing one reader's scratch), so each Python object carries a lock:
+// a cache serialises its writers against everything else, a reader and a compressor state run one
+// call at a time. Locks are taken only after the GIL is released and dropped before it is taken
+// back, so no thread ever waits for a lock while holding the GIL another thread needs.
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <phasekv/phasekv.hpp>
+
+namespace pyphasekv {
+
+namespace py = pybind11;
+using phasekv::span;
+
+// ---- arrays ------------------------------------------------------------------------------------
+
+inline std::string describe_array(const py::array& a) {
+  return "array of dtype " + py::str(a.dtype()).cast<std::string>() + ", shape " +
+         py::str(py::tuple(a.attr("shape"))).cast<std::string>();
+}
+
+// T-typed, C-contiguous and aligned, or TypeError / ValueError naming the argument.
+template <class T>
+void require_layout(const py::array& a, const std::string& name) {
+  if (!py::isinstance<py::array_t<T>>(a))  // dtype equivalence only, any strides
+    throw py::type_error(name + ".dtype = " + py::str(a.dtype()).cast<std::string>() + ": must be " +
+                         py::str(py::dtype::of<T>()).cast<std::string>() +
+                         " (phasekv reads arrays in place and never converts them: pass x.astype(...))");
+  if (!(a.flags() & py::array::c_style))
+    throw py::value_error(name + " = " + describe_array(a) +
+                          ": must be C-contiguous (phasekv reads it in place: pass np.ascontiguousarray(x))");
+  if (!(a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_))
+    throw py::value_error(name + " = " + describe_array(a) + ": must be aligned to its element size");
+}
+
+// The array's memory as a span (no copy). The array must outlive the span: callers keep the
+// py::array (an argument, or an element of `keep`).
+template <class T = float>
+span<const T> input(const py::array& a, const std::string& name) {
+  require_layout<T>(a, name);
+  return span<const T>(static_cast<const T*>(a.data()), static_cast<std::size_t>(a.size()));
+}
+
+// An optional input: None is an empty span. A non-array object (a torch tensor) is viewed
+// through NumPy; the view is kept in `keep` so its memory stays valid.
+template <class T = float>
+span<const T> optional_input(const py::object& o, const std::string& name, std::vector<py::array>& keep) {
+  if (o.is_none()) return {};
+  keep.push_back(py::array::ensure(o));
+  if (!keep.back()) throw py::type_error(name + ": must be an array (or None)");
+  return input<T>(keep.back(), name);
+}
+
+// Memory the call writes `size` elements into: the caller's array (checked: layout, writable,
+// exactly `size` elements, else InputError naming it) or a new one of `shape`.
+template <class T>
+T* output(py::object& o, const std::string& name, const std::vector<py::ssize_t>& shape, const std::string& what) {
+  py::ssize_t size = 1;
+  for (py::ssize_t d : shape) size *= d;
+  if (o.is_none()) {
+    o = py::array_t<T>(shape);
+    return static_cast<T*>(py::array(o).mutable_data());
+  }
+  py::array a = py::array::ensure(o);
+  if (!a) throw py::type_error(name + ": must be an array (or None to allocate one)");
+  require_layout<T>(a, name);
+  if (!a.writeable()) throw py::value_error(name + ": is read-only");
+  if (a.size() != size)
+    phasekv::detail::fail<phasekv::input_error>(name + ".size", a.size(),
+                                                "must be " + std::to_string(size) + " (" + what + ")");
+  o = a;  // what the call returns: the very array passed (or its NumPy view of a tensor)
+  return static_cast<T*>(a.mutable_data());
+}
+
+// A vector's memory handed to NumPy without a copy: the array owns the vector.
+template <class T>
+py::array_t<T> adopt(std::vector<T>&& values, std::vector<py::ssize_t> shape) {
+  auto* owned = new std::vector<T>(std::move(values));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>(std::move(shape), owned->data(), free_when_done);
+}
+
+// A small result copied into a new array (traces, profiles: a few KiB at most).
+template <class T>
+py::array_t<T> copy_of(const std::vector<T>& values) {
+  py::array_t<T> a(static_cast<py::ssize_t>(values.size()));
+  std::copy(values.begin(), values.end(), a.mutable_data());
+  return a;
+}
+
+// One stream's new tokens from Python: `payload` [tokens][...] and `logits` [tokens][...] (None
+// without gates); tokens = payload.shape[0]. `chunk` is either a payload array or a
+// (payload, logits) pair. The arrays (or NumPy views of tensors) are appended to `keep`.
+phasekv::token_chunk chunk_of(const py::object& payload, const py::object& logits, const std::string& name,
+                              std::vector<py::array>& keep);
+phasekv::token_chunk chunk_from(const py::handle& chunk, const std::string& name, std::vector<py::array>& keep);
+
+// ---- policies and layer forms ----------------------------------------------------------------
+// Compressor policies are templates; Python picks one of a fixed list at run time. Each policy
+// is instantiated as a stream compressor and as two cache forms: one stream (a K/V or tied K/V
+// layer, DeepSeek-V4's HCA) and two streams of the same policy (K/V plus the indexer's keys,
+// DeepSeek-V4's CSA; or separate K and V). Adding a policy: one entry in policy_kind and
+// policy_names, one type in `policies`, its stub in _phasekv.pyi.
+
+enum class policy_kind {
+  mean,         // compressor_policy<mean_pool>: plain averaging, no RoPE, no norm
+  deepseek_v4,  // presets::deepseek_v4_csa_policy (= _hca_policy): vector gates, RMSNorm, RoPE after pooling
+};
+inline constexpr const char* policy_names[] = {"mean", "deepseek_v4"};
+
+template <class... Policy>
+struct policy_list {
+  template <class P>
+  using stream = phasekv::stream_compressor<P>;
+  template <class P>
+  using one_stream = phasekv::paged_cache<stream<P>>;
+  template <class P>
+  using two_streams = phasekv::paged_cache<stream<P>, stream<P>>;
+
+  using compressor = std::variant<stream<Policy>...>;
+  // paged_cache holds a mutex and cannot move: the variant holds it by pointer.
+  using cache = std::variant<std::unique_ptr<one_stream<Policy>>..., std::unique_ptr<two_streams<Policy>>...>;
+};
+// In policy_kind's order.
+using policies = policy_list<phasekv::compressor_policy<phasekv::mean_pool>, phasekv::presets::deepseek_v4_csa_policy>;
+
+template <class Policy>
+struct policy_tag {
+  using type = Policy;
+};
+
+// Calls f(policy_tag<P>{}) with the policy `kind` names.
+template <class F>
+decltype(auto) with_policy(policy_kind kind, F&& f) {
+  switch (kind) {
+    case policy_kind::mean: return f(policy_tag<phasekv::compressor_policy<phasekv::mean_pool>>{});
+    case policy_kind::deepseek_v4: return f(policy_tag<phasekv::presets::deepseek_v4_csa_policy>{});
+  }
+  phasekv::detail::fail<phasekv::config_error>("policy", static_cast<int>(kind), "is not a Policy");
+}
+
+// A stream compressor of any listed policy (Python's Compressor).
+struct compressor {
+  policy_kind policy;
+  policies::compressor stream;
+
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    return std::visit([&](const auto& c) -> decltype(auto) { return f(c); }, stream);
+  }
+};
+
+// A compressor's per-sequence state (Python's CompressorState); one call at a time.
+struct compressor_state {
+  phasekv::stream_state state;
+  std::mutex lock;
+};
+
+// A paged cache of any listed policy and form (Python's PagedCache). Writers lock `lock`
+// exclusively, everything else shares it (see the top of this file).
+struct layer_cache {
+  policy_kind policy;
+  policies::cache cache;
+  mutable std::shared_mutex lock;
+
+  template <class F>
+  decltype(auto) visit(F&& f) {
+    return std::visit([&](auto& c) -> decltype(auto) { return f(*c); }, cache);
+  }
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    return std::visit([&](const auto& c) -> decltype(auto) { return f(std::as_const(*c)); }, cache);
+  }
+};
+
+// A reader and the lock that keeps its scratch to one read at a time (Python's SparseReader).
+struct reader {
+  reader(phasekv::layer_shape shape, phasekv::reader_config config) : sparse(std::move(shape), std::move(config)) {}
+  phasekv::sparse_reader sparse;
+  std::mutex lock;
+};
+
+// The entries one append emitted, as arrays (Python's Entries); also built by hand from a
+// host's own arrays to feed the write profile or the slot-weight log.
+struct entries {
+  py::array_t<std::int64_t> index;   // [n]
+  py::array_t<std::int64_t> anchor;  // [n]
+  py::object values;                 // float32 [n][kv_heads][channels], or None
+  py::object slot_weights;           // float32 [n][kv_heads][window], or None
+
+  // entry_view k, pointing into the arrays (valid while they are).
+  phasekv::entry_view view(std::size_t k) const;
+  std::size_t size() const { return static_cast<std::size_t>(index.size()); }
+};
+
+// ---- config structs ----------------------------------------------------------------------------
+
+// Binds a plain struct: each field read/write by name, a keyword constructor in which every
+// field is optional (the C++ default otherwise, unknown names a TypeError), a __repr__ that
+// lists the fields, and copy.copy / copy.deepcopy. Nested structs come back by reference, so
+// `config.rope.channels = 64` changes the config.
+template <class T>
+class struct_binding {
+ public:
+  struct_binding(py::handle scope, const char* name, const char* doc)
+      : cls_(scope, name, doc), names_(std::make_shared<std::vector<std::string>>()) {}
+
+  template <class M>
+  struct_binding& field(const char* name, M T::*member, const char* doc = "") {
+    cls_.def_readwrite(name, member, doc);
+    names_->push_back(name);
+    return *this;
+  }
+  template <class Get, class Set>
+  struct_binding& property(const char* name, Get&& get, Set&& set, const char* doc = "") {
+    cls_.def_property(name, std::forward<Get>(get), std::forward<Set>(set), doc);
+    names_->push_back(name);
+    return *this;
+  }
+
+  py::class_<T>& done() {
+    auto names = names_;
+    cls_.def(py::init([names](const py::kwargs& fields) {
+      auto made = std::make_unique<T>();
+      py::object target = py::cast(made.get(), py::return_value_policy::reference);
+      for (const auto& [key, value] : fields) {
+        const auto name = key.template cast<std::string>();
+        if (std::find(names->begin(), names->end(), name) == names->end())
+          throw py::type_error(py::str(target.get_type().attr("__name__")).cast<std::string>() +
+                               "() got an unexpected keyword argument '" + name + "'");
+        py::setattr(target, key, value);
+      }
+      return made;
+    }));
+    cls_.def("__repr__", [names](const py::object& self) {
+      std::string out = py::str(self.get_type().attr("__name__")).cast<std::string>() + "(";
+      for (std::size_t i = 0; i < names->size(); ++i)
+        out += (i ? ", " : "") + (*names)[i] + "=" + py::repr(self.attr((*names)[i].c_str())).cast<std::string>();
+      return out + ")";
+    });
+    cls_.def("__copy__", [](const T& self) { return T(self); });
+    cls_.def("__deepcopy__", [](const T& self, const py::dict&) { return T(self); }, py::arg("memo"));
+    return cls_;
+  }
+
+ private:
+  py::class_<T> cls_;
+  std::shared_ptr<std::vector<std::string>> names_;
+};
+
+// ---- one initialiser per area (each in its own .cpp) -------------------------------------------
+
+struct modules {
+  py::module_ root, presets, stats, plot;
+};
+void init_core(const modules& m);
+void init_compress(const modules& m);
+void init_cache(const modules& m);
+void init_read(const modules& m);
+void init_diag(const modules& m);
+
+}  // namespace pyphasekv

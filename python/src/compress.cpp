@@ -1,0 +1,294 @@
+// compress/: stream configs and learned parameters, the policies the package instantiates, the
+// stream compressor with its per-sequence state and the entries it emits, and the DeepSeek-V4
+// and NSA presets.
+
+#include "common.hpp"
+
+namespace pyphasekv {
+
+using namespace phasekv;
+
+token_chunk chunk_of(const py::object& payload, const py::object& logits, const std::string& name,
+                     std::vector<py::array>& keep) {
+  keep.push_back(py::array::ensure(payload));
+  const py::array& p = keep.back();
+  if (!p) throw py::type_error(name + " payload: must be an array");
+  // The token count comes from the leading axis: a flat array would make every size error
+  // read as a token-count error.
+  if (p.ndim() < 2)
+    throw py::value_error(name + " payload = " + describe_array(p) +
+                          ": needs a leading token axis, shape (tokens, kv_heads, views, channels) or (tokens, floats)");
+  token_chunk chunk;
+  chunk.tokens = static_cast<std::int64_t>(p.shape(0));
+  chunk.payload = input<float>(p, name + " payload");
+  chunk.logits = optional_input<float>(logits, name + " logits", keep);
+  return chunk;
+}
+
+token_chunk chunk_from(const py::handle& chunk, const std::string& name, std::vector<py::array>& keep) {
+  // A tuple or list is (payload, logits); a list is never stacked into an array (a copy).
+  if (py::isinstance<py::tuple>(chunk) || py::isinstance<py::list>(chunk)) {
+    const auto pair = py::reinterpret_borrow<py::sequence>(chunk);
+    if (pair.size() != 2) throw py::value_error(name + ": must be a payload array or a (payload, logits) pair");
+    return chunk_of(pair[0], pair[1], name, keep);
+  }
+  return chunk_of(py::reinterpret_borrow<py::object>(chunk), py::none(), name, keep);
+}
+
+entry_view entries::view(std::size_t k) const {
+  entry_view e;
+  e.index = index.at(static_cast<py::ssize_t>(k));
+  e.anchor = anchor.at(static_cast<py::ssize_t>(k));
+  if (!values.is_none()) {
+    const py::array v(values);
+    e.kv_heads = v.shape(1);
+    e.channels = v.shape(2);
+    e.values = static_cast<const float*>(v.data()) + k * static_cast<std::size_t>(e.kv_heads * e.channels);
+  }
+  if (!slot_weights.is_none()) {
+    const py::array w(slot_weights);
+    e.kv_heads = w.shape(1);
+    e.window = w.shape(2);
+    e.slot_weights = static_cast<const float*>(w.data()) + k * static_cast<std::size_t>(e.kv_heads * e.window);
+  }
+  return e;
+}
+
+namespace {
+
+// A float32 array of `ndim` dimensions with `n` rows, or None; checked once so views are plain
+// pointer arithmetic.
+py::object entry_array(const py::object& o, const char* name, py::ssize_t n) {
+  if (o.is_none()) return o;
+  py::array a = py::array::ensure(o);
+  if (!a) throw py::type_error(std::string(name) + ": must be an array or None");
+  require_layout<float>(a, name);
+  if (a.ndim() != 3 || a.shape(0) != n)
+    throw py::value_error(std::string(name) + " = " + describe_array(a) + ": must have shape (" + std::to_string(n) +
+                          ", kv_heads, ...) like index");
+  return std::move(a);
+}
+
+}  // namespace
+
+void init_compress(const modules& m) {
+  py::module_ root = m.root;
+
+  py::enum_<input_layout>(root, "InputLayout", "How a stream's inputs are laid out per token.")
+      .value("per_branch", input_layout::per_branch)
+      .value("per_slot", input_layout::per_slot);
+  py::enum_<stream_role>(root, "StreamRole", "How the reader uses a stream.")
+      .value("key", stream_role::key)
+      .value("value", stream_role::value)
+      .value("key_value", stream_role::key_value)
+      .value("indexer", stream_role::indexer);
+  py::enum_<policy_kind>(root, "Policy",
+                         "The compressor policies this package instantiates: mean = compressor_policy<mean_pool>; "
+                         "deepseek_v4 = presets::deepseek_v4_csa_policy (vector gates, RMSNorm, RoPE after pooling; "
+                         "also the HCA policy).")
+      .value(policy_names[0], policy_kind::mean)
+      .value(policy_names[1], policy_kind::deepseek_v4);
+
+  struct_binding<stream_config>(root, "StreamConfig", "Shape of one compressed stream (compress/stream_config.hpp).")
+      .field("name", &stream_config::name, "used in error messages")
+      .field("role", &stream_config::role)
+      .field("channels", &stream_config::channels, "channels per entry and head")
+      .field("kv_heads", &stream_config::kv_heads)
+      .field("inputs", &stream_config::inputs)
+      .field("rope", &stream_config::rope, "read only by policies with RoPE")
+      .field("norm_eps", &stream_config::norm_eps, "read only by RMSNorm")
+      .done();
+
+  // The vectors are copied in and out (the compressor keeps its own copy anyway); any array-like
+  // of numbers is accepted and converted to float32.
+  auto vector_property = [](std::vector<float> stream_params::*member) {
+    return std::make_pair(
+        [member](const stream_params& p) { return copy_of(p.*member); },
+        [member](stream_params& p, const py::array_t<float, py::array::c_style | py::array::forcecast>& a) {
+          p.*member = std::vector<float>(a.data(), a.data() + a.size());
+        });
+  };
+  const auto bias = vector_property(&stream_params::slot_bias);
+  const auto norm = vector_property(&stream_params::norm_weight);
+  const auto profile = vector_property(&stream_params::slot_profile);
+  struct_binding<stream_params>(root, "StreamParams",
+                                "Learned or static parameters of a stream; empty takes the documented default.")
+      .property("slot_bias", bias.first, bias.second, "gated: [kv_heads][window][gate channels]; empty = zeros")
+      .property("norm_weight", norm.first, norm.second, "RMSNorm: [channels]; empty = ones")
+      .property("slot_profile", profile.first, profile.second, "fixed-weight pooling: [window]")
+      .done();
+
+  root.def(
+      "validate_stream",
+      [](policy_kind policy, const geometry& g, const stream_config& c, const stream_params& p) {
+        with_policy(policy, [&](auto tag) { validate_stream<typename decltype(tag)::type>(g, c, p); });
+      },
+      py::arg("policy"), py::arg("geometry"), py::arg("config"), py::arg("params") = stream_params{},
+      "Raises ConfigError naming the field unless the stream is valid for the policy.");
+  root.def("views_per_token", &views_per_token, py::arg("layout"), py::arg("geometry"));
+
+  py::class_<compressor_state>(root, "CompressorState",
+                               "One sequence's pending inputs for one Compressor (make it with make_state).")
+      .def_property_readonly("tokens", [](compressor_state& s) { return s.state.tokens(); })
+      .def_property_readonly("entries", [](compressor_state& s) { return s.state.entries(); })
+      .def_property_readonly("ring_rows", [](compressor_state& s) { return s.state.ring_rows(); })
+      .def_property_readonly("bytes", [](compressor_state& s) { return s.state.bytes(); });
+
+  py::class_<entries>(root, "Entries",
+                      "Entries an append emitted, as arrays: index and anchor int64 [n], values float32 "
+                      "[n][kv_heads][channels], slot_weights float32 [n][kv_heads][window] (None unless asked "
+                      "for). Build one from a host's own arrays to feed WriteProfile or SlotWeightLog.")
+      .def(py::init([](const py::object& index, const py::object& slot_weights, const py::object& values,
+                       const py::object& anchor) {
+             entries e;
+             std::vector<py::array> keep;
+             keep.push_back(py::array::ensure(index));
+             if (!keep.back()) throw py::type_error("index: must be an array");
+             require_layout<std::int64_t>(keep.back(), "index");
+             e.index = keep.back();
+             if (e.index.ndim() != 1) throw py::value_error("index = " + describe_array(e.index) + ": must be 1-D");
+             const py::ssize_t n = e.index.size();
+             if (anchor.is_none()) {
+               e.anchor = py::array_t<std::int64_t>(n);
+               std::fill_n(e.anchor.mutable_data(), n, std::int64_t{0});
+             } else {
+               keep.push_back(py::array::ensure(anchor));
+               require_layout<std::int64_t>(keep.back(), "anchor");
+               e.anchor = keep.back();
+               if (e.anchor.size() != n) throw py::value_error("anchor: must have as many elements as index");
+             }
+             e.values = entry_array(values, "values", n);
+             e.slot_weights = entry_array(slot_weights, "slot_weights", n);
+             return e;
+           }),
+           py::arg("index"), py::arg("slot_weights") = py::none(), py::arg("values") = py::none(),
+           py::arg("anchor") = py::none())
+      .def_readonly("index", &entries::index)
+      .def_readonly("anchor", &entries::anchor)
+      .def_readonly("values", &entries::values)
+      .def_readonly("slot_weights", &entries::slot_weights)
+      .def("__len__", &entries::size);
+
+  py::class_<compressor>(root, "Compressor",
+                         "The streaming write path of one stream (stream_compressor<policy>): immutable, shared by "
+                         "any number of states.")
+      .def(py::init([](policy_kind policy, const geometry& g, const stream_config& c, const stream_params& p) {
+             return with_policy(policy, [&](auto tag) {
+               using stream = policies::stream<typename decltype(tag)::type>;
+               return compressor{policy, stream(g, c, p)};
+             });
+           }),
+           py::arg("policy"), py::arg("geometry"), py::arg("config"), py::arg("params") = stream_params{})
+      .def_readonly("policy", &compressor::policy)
+      .def_property_readonly("geometry", [](const compressor& c) { return c.visit([](const auto& s) { return s.geom(); }); })
+      .def_property_readonly("config", [](const compressor& c) { return c.visit([](const auto& s) { return s.config(); }); })
+      .def_property_readonly("params", [](const compressor& c) { return c.visit([](const auto& s) { return s.params(); }); })
+      .def_property_readonly("views", [](const compressor& c) { return c.visit([](const auto& s) { return s.views(); }); })
+      .def_property_readonly("gate_channels",
+                             [](const compressor& c) { return c.visit([](const auto& s) { return s.gate_channels(); }); })
+      .def_property_readonly("payload_floats_per_token", [](const compressor& c) {
+        return c.visit([](const auto& s) { return s.payload_floats_per_token(); });
+      })
+      .def_property_readonly("logit_floats_per_token", [](const compressor& c) {
+        return c.visit([](const auto& s) { return s.logit_floats_per_token(); });
+      })
+      .def_property_readonly("floats_per_entry",
+                             [](const compressor& c) { return c.visit([](const auto& s) { return s.floats_per_entry(); }); })
+      .def(
+          "view_of_slot",
+          [](const compressor& c, std::int64_t slot) { return c.visit([&](const auto& s) { return s.view_of_slot(slot); }); },
+          py::arg("slot"))
+      .def(
+          "make_state",
+          [](const compressor& c, std::int64_t history) {
+            auto made = std::make_unique<compressor_state>();
+            made->state = c.visit([&](const auto& s) { return s.make_state(history); });
+            return made;
+          },
+          py::arg("history") = 0, "A fresh state keeping `history` extra tokens for truncate().")
+      .def(
+          "entries_after",
+          [](const compressor& c, compressor_state& st, std::int64_t tokens) {
+            return c.visit([&](const auto& s) { return s.entries_after(st.state, tokens); });
+          },
+          py::arg("state"), py::arg("tokens"))
+      .def(
+          "can_truncate",
+          [](const compressor& c, compressor_state& st, std::int64_t tokens) {
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(st.lock);
+            return c.visit([&](const auto& s) { return s.can_truncate(st.state, tokens); });
+          },
+          py::arg("state"), py::arg("tokens"))
+      .def(
+          "truncate",
+          [](const compressor& c, compressor_state& st, std::int64_t tokens) {
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(st.lock);
+            c.visit([&](const auto& s) { s.truncate(st.state, tokens); });
+          },
+          py::arg("state"), py::arg("tokens"))
+      .def(
+          "append",
+          [](const compressor& c, compressor_state& st, const py::object& payload, const py::object& logits,
+             bool slot_weights, bool check_finite) {
+            std::vector<py::array> keep;
+            const token_chunk chunk = chunk_of(payload, logits, "chunk", keep);
+            append_options options;
+            options.slot_weights = slot_weights;
+            options.check_finite = check_finite;
+            // The entries go into vectors while the GIL is released, then to NumPy without a copy.
+            std::vector<std::int64_t> index, anchor;
+            std::vector<float> values, weights;
+            std::int64_t heads = 0, channels = 0, window = 0;
+            {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> lock(st.lock);
+              c.visit([&](const auto& s) {
+                s.check(st.state, chunk, options);
+                const auto n = static_cast<std::size_t>(s.entries_after(st.state, chunk.tokens));
+                heads = s.config().kv_heads;
+                channels = s.config().channels;
+                window = s.geom().window;
+                index.reserve(n);
+                anchor.reserve(n);
+                values.reserve(n * static_cast<std::size_t>(heads * channels));
+                if (slot_weights) weights.reserve(n * static_cast<std::size_t>(heads * window));
+                s.emit(st.state, chunk, [&](const entry_view& e) {
+                  index.push_back(e.index);
+                  anchor.push_back(e.anchor);
+                  values.insert(values.end(), e.values, e.values + heads * channels);
+                  if (e.slot_weights) weights.insert(weights.end(), e.slot_weights, e.slot_weights + heads * window);
+                }, options);
+                s.commit(st.state, chunk);
+              });
+            }
+            const auto n = static_cast<py::ssize_t>(index.size());
+            entries out;
+            out.index = adopt(std::move(index), {n});
+            out.anchor = adopt(std::move(anchor), {n});
+            out.values = adopt(std::move(values), {n, heads, channels});
+            out.slot_weights = slot_weights ? py::object(adopt(std::move(weights), {n, heads, window})) : py::none();
+            return out;
+          },
+          py::arg("state"), py::arg("payload"), py::arg("logits") = py::none(), py::kw_only(),
+          py::arg("slot_weights") = false, py::arg("check_finite") = false,
+          "Appends tokens (payload [tokens][kv_heads][views][channels], logits likewise with gate channels, "
+          "None without gates) and returns the entries they complete. The GIL is released.");
+
+  // ---- presets (compress/presets.hpp) ----
+  py::module_ presets = m.presets;
+  presets.attr("deepseek_v4_csa_policy") = py::cast(policy_kind::deepseek_v4);
+  presets.attr("deepseek_v4_hca_policy") = py::cast(policy_kind::deepseek_v4);
+  presets.def("deepseek_v4_csa_geometry", &presets::deepseek_v4_csa_geometry, "S=4, W=8");
+  presets.def("deepseek_v4_compressed_rope", &presets::deepseek_v4_compressed_rope,
+              "interleaved RoPE on the last 64 channels, base 160000, YaRN x16 from 65536");
+  presets.def("deepseek_v4_csa_kv", &presets::deepseek_v4_csa_kv, "tied K/V: 512 channels, one KV head");
+  presets.def("deepseek_v4_csa_indexer", &presets::deepseek_v4_csa_indexer, "the indexer's keys: 128 channels");
+  presets.def("deepseek_v4_hca_geometry", &presets::deepseek_v4_hca_geometry, "S = W = 128");
+  presets.def("deepseek_v4_hca_kv", &presets::deepseek_v4_hca_kv);
+  presets.def("deepseek_v4_1_csa_geometry", &presets::deepseek_v4_1_csa_geometry, "S=2, W=4");
+  presets.def("nsa_compressed_geometry", &presets::nsa_compressed_geometry, "S=16, W=32");
+}
+
+}  // namespace pyphasekv

@@ -1,0 +1,220 @@
+// read/: the sparse reader — single reads and batched reads of a PagedCache's sequences with
+// their outputs, log-sum-exp and selected entries, the read trace — and the DeepSeek-V4 reader
+// presets.
+
+#include "common.hpp"
+
+namespace pyphasekv {
+
+using namespace phasekv;
+
+namespace {
+
+// Runs f() with the reader's scratch and the cache's sequences to ourselves (shared: other
+// readers may read the same cache at once), without the GIL.
+template <class F>
+void locked_read(reader& r, const layer_cache& c, F&& f) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> reading(r.lock);
+  std::shared_lock<std::shared_mutex> cache(c.lock);
+  f();
+}
+
+std::int64_t value_channels(const reader& r) { return r.sparse.output_floats() / r.sparse.config().query_heads; }
+
+// A batch input [B][...]: its memory and the floats of one item, or an empty span for None.
+struct batch_rows {
+  const float* data = nullptr;
+  std::size_t per_item = 0;
+  span<const float> item(std::size_t b) const { return data ? span<const float>(data + b * per_item, per_item) : span<const float>(); }
+};
+batch_rows rows_of(const py::object& o, const char* name, std::size_t batch, std::vector<py::array>& keep) {
+  const span<const float> all = optional_input<float>(o, name, keep);
+  if (o.is_none()) return {};
+  const py::array& a = keep.back();
+  if (a.ndim() < 1 || static_cast<std::size_t>(a.shape(0)) != batch)
+    detail::fail<input_error>(std::string(name) + ".shape[0]", a.ndim() < 1 ? 0 : a.shape(0),
+                              "must be the batch size len(seqs) = " + std::to_string(batch));
+  return {all.data(), batch == 0 ? 0 : all.size() / batch};
+}
+
+// selected_logical / selected_physical: None (not written), True (a new array, −1 filled), or the
+// caller's int32 array of B × top_k (slots past an item's own top_k are left as they are).
+std::int32_t* selection_output(py::object& o, const char* name, std::size_t batch, std::int64_t top_k) {
+  if (o.is_none() || (py::isinstance<py::bool_>(o) && !o.cast<bool>())) {
+    o = py::none();
+    return nullptr;
+  }
+  const bool allocate = py::isinstance<py::bool_>(o);
+  if (allocate) o = py::none();
+  std::int32_t* to = output<std::int32_t>(o, name, {static_cast<py::ssize_t>(batch), top_k}, "len(seqs) × reader top_k");
+  if (allocate) std::fill_n(to, batch * static_cast<std::size_t>(top_k), -1);
+  return to;
+}
+
+// A copied array property of the trace (a trace is reused by later reads, so views would dangle).
+template <class T>
+py::array_t<T> trace_copy(const std::vector<T>& v) {
+  return copy_of(v);
+}
+
+}  // namespace
+
+void init_read(const modules& m) {
+  py::module_ root = m.root;
+  py::module_ presets = m.presets;
+
+  py::enum_<indexer_precision>(root, "IndexerPrecision", "What the lightning indexer multiplies.")
+      .value("f32", indexer_precision::f32)
+      .value("bf16", indexer_precision::bf16);
+
+  // indexer_stream is a std::size_t with no_stream for "none": None in Python.
+  struct_binding<reader_config>(root, "ReaderConfig", "A sparse reader's heads, streams and selection (read/read_types.hpp).")
+      .field("name", &reader_config::name)
+      .field("query_heads", &reader_config::query_heads)
+      .field("scale", &reader_config::scale, "logit scale; 0 means 1/sqrt(key channels)")
+      .field("key_stream", &reader_config::key_stream)
+      .field("value_stream", &reader_config::value_stream, "= key_stream for tied K/V")
+      .property(
+          "indexer_stream",
+          [](const reader_config& c) -> py::object {
+            return c.indexer_stream == no_stream ? py::object(py::none()) : py::int_(c.indexer_stream);
+          },
+          [](reader_config& c, const py::object& v) {
+            c.indexer_stream = v.is_none() ? no_stream : v.cast<std::size_t>();
+          },
+          "the indexer's stream, or None")
+      .field("top_k", &reader_config::top_k, "0: attend to every candidate; > 0 needs an indexer stream")
+      .field("indexer_heads", &reader_config::indexer_heads)
+      .field("precision", &reader_config::precision)
+      .field("sink", &reader_config::sink, "requests carry one sink logit per query head")
+      .field("derotate_output", &reader_config::derotate_output, "tied K/V with RoPE: rotate the output back by t")
+      .done();
+
+  py::class_<read_trace>(root, "ReadTrace",
+                         "What one read looked at (pass one as trace= to a read; it is overwritten). Array "
+                         "properties are copies. Masses are means over query heads.")
+      .def(py::init<>())
+      .def_readonly("candidates", &read_trace::candidates)
+      .def_property_readonly("selected", [](const read_trace& t) { return trace_copy(t.selected); },
+                             "entry ids in rank order (index order without an indexer), int64")
+      .def_property_readonly("scores", [](const read_trace& t) { return trace_copy(t.scores); },
+                             "their indexer scores (empty without an indexer)")
+      .def_property_readonly("entry_mass", [](const read_trace& t) { return trace_copy(t.entry_mass); },
+                             "attention mass per selected entry")
+      .def_readonly("window_first", &read_trace::window_first, "window tokens read: [window_first, position]")
+      .def_property_readonly("window_token_mass", [](const read_trace& t) { return trace_copy(t.window_token_mass); })
+      .def_readonly("window_mass", &read_trace::window_mass)
+      .def_readonly("sink_mass", &read_trace::sink_mass);
+
+  py::class_<reader>(root, "SparseReader",
+                     "Sparse attention over a PagedCache's sequences (sparse_reader): selection by the lightning "
+                     "indexer, attention over the selected entries and the raw window, an optional sink. Holds "
+                     "scratch: one read at a time per reader (concurrent calls wait). Reads release the GIL.")
+      .def(py::init([](const layer_cache& c, const reader_config& config) {
+             return std::make_unique<reader>(c.visit([](const auto& x) { return x.shape(); }), config);
+           }),
+           py::arg("cache"), py::arg("config"))
+      .def(py::init([](const layer_shape& shape, const reader_config& config) {
+             return std::make_unique<reader>(shape, config);
+           }),
+           py::arg("shape"), py::arg("config"))
+      .def_property_readonly("config", [](const reader& r) { return r.sparse.config(); })
+      .def_property_readonly("shape", [](const reader& r) { return r.sparse.shape(); })
+      .def_property_readonly("output_floats", [](const reader& r) { return r.sparse.output_floats(); })
+      .def(
+          "read",
+          [](reader& r, const layer_cache& c, sequence_id seq, std::int64_t position, const py::object& queries,
+             const py::object& indexer_queries, const py::object& indexer_weights, const py::object& sinks,
+             std::int64_t top_k, py::object out, read_trace* trace) {
+            std::vector<py::array> keep;
+            read_request request;
+            request.position = position;
+            request.queries = optional_input<float>(queries, "queries", keep);
+            request.indexer_queries = optional_input<float>(indexer_queries, "indexer_queries", keep);
+            request.indexer_weights = optional_input<float>(indexer_weights, "indexer_weights", keep);
+            request.sinks = optional_input<float>(sinks, "sinks", keep);
+            request.top_k = top_k;
+            float* to = output<float>(out, "out", {r.sparse.config().query_heads, value_channels(r)},
+                                      "query_heads × value channels");
+            // reader.read(cache, seq, ...): the cache's view of the sequence, read as in C++.
+            locked_read(r, c, [&] { c.visit([&](const auto& x) { r.sparse.read(x, seq, request, to, trace); }); });
+            return out;
+          },
+          py::arg("cache"), py::arg("seq"), py::arg("position"), py::arg("queries"),
+          py::arg("indexer_queries") = py::none(), py::arg("indexer_weights") = py::none(),
+          py::arg("sinks") = py::none(), py::kw_only(), py::arg("top_k") = -1, py::arg("out") = py::none(),
+          py::arg("trace") = static_cast<read_trace*>(nullptr),
+          "Attention output of one query at `position` (already appended): queries [query_heads][key channels] "
+          "RoPE'd at position; indexer_queries [indexer_heads][indexer channels] and indexer_weights "
+          "[indexer_heads] with top_k; sinks [query_heads] with the sink. Returns out [query_heads][value "
+          "channels] (the array passed as out=, or a new one).")
+      .def(
+          "read_batch",
+          [](reader& r, const layer_cache& c, const std::vector<sequence_id>& seqs, const std::vector<std::int64_t>& positions,
+             const py::object& queries, const py::object& indexer_queries, const py::object& indexer_weights,
+             const py::object& sinks, const py::object& top_k, py::object out, py::object lse, py::object selected_logical,
+             py::object selected_physical, const py::object& traces) {
+            const std::size_t batch = seqs.size();
+            detail::require<input_error>(positions.size() == batch, "read_batch: len(positions)", positions.size(),
+                                         "must be len(seqs) = " + std::to_string(batch));
+            std::vector<py::array> keep;
+            const batch_rows q = rows_of(queries, "queries", batch, keep);
+            const batch_rows iq = rows_of(indexer_queries, "indexer_queries", batch, keep);
+            const batch_rows iw = rows_of(indexer_weights, "indexer_weights", batch, keep);
+            const batch_rows s = rows_of(sinks, "sinks", batch, keep);
+            std::vector<std::int64_t> k(batch, -1);
+            if (!top_k.is_none()) {
+              k = top_k.cast<std::vector<std::int64_t>>();
+              detail::require<input_error>(k.size() == batch, "read_batch: len(top_k)", k.size(),
+                                           "must be len(seqs) = " + std::to_string(batch));
+            }
+            const reader_config& rc = r.sparse.config();
+            const auto b = static_cast<py::ssize_t>(batch);
+            float* o = output<float>(out, "out", {b, rc.query_heads, value_channels(r)}, "len(seqs) × query_heads × value channels");
+            float* l = output<float>(lse, "lse", {b, rc.query_heads}, "len(seqs) × query_heads");
+            std::int32_t* logical = selection_output(selected_logical, "selected_logical", batch, rc.top_k);
+            std::int32_t* physical = selection_output(selected_physical, "selected_physical", batch, rc.top_k);
+            std::vector<read_trace*> trace(batch, nullptr);
+            if (!traces.is_none()) {
+              trace = traces.cast<std::vector<read_trace*>>();
+              detail::require<input_error>(trace.size() == batch, "read_batch: len(traces)", trace.size(),
+                                           "must be len(seqs) = " + std::to_string(batch));
+            }
+            std::vector<sequence_view> views(batch);
+            std::vector<read_item> items(batch);
+            locked_read(r, c, [&] {
+              c.visit([&](const auto& x) {
+                for (std::size_t i = 0; i < batch; ++i) views[i] = x.view_of(seqs[i]);
+              });
+              for (std::size_t i = 0; i < batch; ++i) {
+                read_item& item = items[i];
+                item.view = &views[i];
+                item.request = {positions[i], q.item(i), iq.item(i), iw.item(i), s.item(i), k[i]};
+                item.out = o + i * static_cast<std::size_t>(r.sparse.output_floats());
+                item.lse = l + i * static_cast<std::size_t>(rc.query_heads);
+                if (logical) item.selected_logical = logical + i * static_cast<std::size_t>(rc.top_k);
+                if (physical) item.selected_physical = physical + i * static_cast<std::size_t>(rc.top_k);
+                item.trace = trace[i];
+              }
+              r.sparse.read_batch(span<const read_item>(items.data(), items.size()));
+            });
+            return py::make_tuple(out, lse, selected_logical, selected_physical);
+          },
+          py::arg("cache"), py::arg("seqs"), py::arg("positions"), py::arg("queries"),
+          py::arg("indexer_queries") = py::none(), py::arg("indexer_weights") = py::none(),
+          py::arg("sinks") = py::none(), py::kw_only(), py::arg("top_k") = py::none(), py::arg("out") = py::none(),
+          py::arg("lse") = py::none(), py::arg("selected_logical") = py::none(),
+          py::arg("selected_physical") = py::none(), py::arg("traces") = py::none(),
+          "B sequences in one call, bit-identical to B single reads. Inputs are stacked [B][...] arrays; top_k "
+          "a list of B (None: the reader's). Returns (out [B][query_heads][value channels], lse "
+          "[B][query_heads], selected_logical, selected_physical): the selections are int32 [B][reader top_k] "
+          "when asked for (True, or an array to fill), else None.");
+
+  presets.def("deepseek_v4_csa_reader", &presets::deepseek_v4_csa_reader,
+                "64 query heads, tied 512-channel K/V on stream 0, indexer (64 heads) on stream 1, top 512, sink, "
+                "de-rotated output");
+  presets.def("deepseek_v4_hca_reader", &presets::deepseek_v4_hca_reader, "the same heads, no indexer");
+}
+
+}  // namespace pyphasekv
