@@ -2,7 +2,7 @@
 // two streams of one policy), its config and accounting, the layer's read-side shape, and the
 // DeepSeek-V4 cache preset.
 
-#include "common.hpp"
+#include "layer.hpp"
 
 namespace pyphasekv {
 

@@ -2,7 +2,7 @@
 // stream compressor with its per-sequence state and the entries it emits, and the DeepSeek-V4
 // and NSA presets.
 
-#include "common.hpp"
+#include "layer.hpp"
 
 namespace pyphasekv {
 
@@ -77,7 +77,9 @@ void init_compress(const modules& m) {
   py::enum_<input_layout>(root, "InputLayout", "How a stream's inputs are laid out per token.")
       .value("per_branch", input_layout::per_branch)
       .value("per_slot", input_layout::per_slot);
-  py::enum_<stream_role>(root, "StreamRole", "How the reader uses a stream.")
+  // `value` keeps its C++ name although pybind11 enums also have a `.value` property (the
+  // integer): on StreamRole members that property now names the member; use int(role) instead.
+  py::enum_<stream_role>(root, "StreamRole", "How the reader uses a stream (the integer of a member is int(role)).")
       .value("key", stream_role::key)
       .value("value", stream_role::value)
       .value("key_value", stream_role::key_value)

@@ -1,6 +1,9 @@
 // core/: stride/window/phase geometry and its phase helpers, RoPE configs, and the enums every
 // other area uses.
 
+#include <phasekv/core/geometry.hpp>
+#include <phasekv/core/rope.hpp>
+
 #include "common.hpp"
 
 namespace pyphasekv {

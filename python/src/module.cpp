@@ -1,5 +1,7 @@
 // The module `phasekv._phasekv`: the exception types, the submodules, and every area's bindings
-// (one .cpp each: core, compress, cache, read, diag).
+// (one .cpp each: core, compress, cache, read, diag, sweep).
+
+#include <phasekv/version.hpp>
 
 #include "common.hpp"
 
@@ -59,4 +61,5 @@ PYBIND11_MODULE(_phasekv, m) {
   pyphasekv::init_cache(modules);
   pyphasekv::init_read(modules);
   pyphasekv::init_diag(modules);
+  pyphasekv::init_sweep(modules);
 }

@@ -2,7 +2,7 @@
 // their outputs, log-sum-exp and selected entries, the read trace — and the DeepSeek-V4 reader
 // presets.
 
-#include "common.hpp"
+#include "layer.hpp"
 
 namespace pyphasekv {
 
