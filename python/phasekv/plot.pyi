@@ -1,0 +1,38 @@
+# Type stubs of phasekv.plot (the extension's submodule; phasekv::plot in C++).
+
+from typing import Sequence
+
+class PlotPoint:
+    x: float
+    y: float
+    low: float  # NaN: no error bar
+    high: float
+    def __init__(self, *, x: float = 0.0, y: float = 0.0, low: float = ..., high: float = ...) -> None: ...
+
+class PlotSeries:
+    label: str
+    points: list[PlotPoint]  # a copy: assign a whole new list to change it
+    dashed: bool
+    def __init__(self, *, label: str = "", points: list[PlotPoint] = ..., dashed: bool = False) -> None: ...
+
+class PlotAxes:
+    title: str
+    x_label: str
+    y_label: str
+    x_min: float
+    x_max: float
+    y_min: float
+    y_max: float
+    x_ticks: list[tuple[float, str]]
+    y_ticks: list[tuple[float, str]]
+    width: int
+    height: int
+    def __init__(
+        self, *, title: str = "", x_label: str = "", y_label: str = "", x_min: float = 0.0, x_max: float = 1.0,
+        y_min: float = 0.0, y_max: float = 100.0, x_ticks: list[tuple[float, str]] = ...,
+        y_ticks: list[tuple[float, str]] = ..., width: int = 960, height: int = 540,
+    ) -> None: ...
+    def validate(self) -> None: ...
+
+def svg_line_plot(series: Sequence[PlotSeries], axes: PlotAxes) -> str: ...
+def svg_escape(text: str) -> str: ...
