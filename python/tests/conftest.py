@@ -1,0 +1,74 @@
+"""Shared fixtures: small layers in both cache forms, filled with seeded random inputs.
+
+Run with PYTHONPATH=<build>/python:<repo>/python (scripts/test-python sets it).
+"""
+
+import numpy as np
+import pytest
+
+import phasekv as pk
+
+P = pk.presets
+
+
+def random_chunk(rng, compressor_or_config, tokens, geometry, policy):
+    """Inputs of one stream for `tokens` tokens: (payload, logits) with the layout the policy reads."""
+    c = compressor_or_config
+    views = pk.views_per_token(c.inputs, geometry)
+    payload = rng.standard_normal((tokens, c.kv_heads, views, c.channels), dtype=np.float32)
+    if policy == pk.Policy.mean:
+        return payload
+    logits = rng.standard_normal((tokens, c.kv_heads, views, c.channels), dtype=np.float32)
+    return (payload, logits)
+
+
+class Layer:
+    """A cache, its inputs so far (to build oracles from) and a reader config for it."""
+
+    def __init__(self, cache, streams, policy, window_channels, rng):
+        self.cache, self.streams, self.policy, self.rng = cache, streams, policy, rng
+        self.geometry = cache.geometry
+        self.window_channels = window_channels
+        self.window_keys = {}  # seq -> list of [tokens][kv_heads][channels] arrays
+
+    def append(self, seq, tokens):
+        chunks = [random_chunk(self.rng, s, tokens, self.geometry, self.policy) for s in self.streams]
+        keys = self.rng.standard_normal((tokens, 1, self.window_channels), dtype=np.float32)
+        self.window_keys.setdefault(seq, []).append(keys)
+        return self.cache.append(seq, chunks, keys)
+
+    def window_key_rows(self, seq):
+        return np.concatenate(self.window_keys[seq])[:, 0, :]
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
+
+
+def csa_layer(rng, pages=64, history=0, window=128):
+    """DeepSeek-V4 CSA: tied 512-channel K/V and 128-channel indexer keys, S=4, W=8."""
+    config = P.deepseek_v4_cache(pages, history)
+    config.window.tokens = window
+    streams = [P.deepseek_v4_csa_kv(), P.deepseek_v4_csa_indexer()]
+    cache = pk.PagedCache(P.deepseek_v4_csa_policy, P.deepseek_v4_csa_geometry(), streams, config)
+    return Layer(cache, streams, pk.Policy.deepseek_v4, 512, rng)
+
+
+def mean_layer(rng, stride=4, window=4, channels=64, pages=32, history=0, raw_window=16):
+    """One tied K/V stream of mean pooling, no RoPE."""
+    stream = pk.StreamConfig(name="kv", channels=channels)
+    config = pk.CacheConfig(name="mean", page_size=8, pages=pages, history=history)
+    config.window = pk.RawWindowConfig(tokens=raw_window, kv_heads=1, key_channels=channels)
+    cache = pk.PagedCache(pk.Policy.mean, pk.Geometry(stride=stride, window=window), [stream], config)
+    return Layer(cache, [stream], pk.Policy.mean, channels, rng)
+
+
+@pytest.fixture
+def csa(rng):
+    return csa_layer(rng)
+
+
+@pytest.fixture
+def mean(rng):
+    return mean_layer(rng)

@@ -1,0 +1,151 @@
+"""The write path: stream configs and parameters, the compressor and the entries it emits."""
+
+import numpy as np
+import pytest
+
+import phasekv as pk
+from conftest import csa_layer, random_chunk
+
+P = pk.presets
+
+
+def test_presets_hold_the_published_numbers():
+    g = P.deepseek_v4_csa_geometry()
+    assert (g.stride, g.window, g.origin, g.anchor) == (4, 8, 0, pk.AnchorMode.block_start)
+    kv, ix = P.deepseek_v4_csa_kv(), P.deepseek_v4_csa_indexer()
+    assert (kv.name, kv.role, kv.channels, kv.kv_heads, kv.inputs) == (
+        "csa.kv", pk.StreamRole.key_value, 512, 1, pk.InputLayout.per_branch)
+    assert (ix.name, ix.role, ix.channels) == ("csa.indexer", pk.StreamRole.indexer, 128)
+    assert kv.rope.channels == 64 and kv.rope.base == 160000.0
+    assert P.deepseek_v4_hca_geometry() == pk.Geometry(stride=128, window=128)
+    assert P.deepseek_v4_hca_kv().name == "hca.kv"
+    assert P.deepseek_v4_1_csa_geometry() == pk.Geometry(stride=2, window=4)
+    assert P.nsa_compressed_geometry() == pk.Geometry(stride=16, window=32)
+    assert P.deepseek_v4_csa_policy == P.deepseek_v4_hca_policy == pk.Policy.deepseek_v4
+    c = P.deepseek_v4_cache(10, history=5)
+    assert (c.page_size, c.pages, c.history, c.window.tokens, c.window.key_channels) == (64, 10, 5, 128, 512)
+    r = P.deepseek_v4_csa_reader()
+    assert (r.query_heads, r.indexer_stream, r.top_k, r.indexer_heads, r.sink, r.derotate_output) == (
+        64, 1, 512, 64, True, True)
+    assert P.deepseek_v4_hca_reader().indexer_stream is None
+
+
+def test_stream_params_take_array_likes_and_validate():
+    p = pk.StreamParams(slot_bias=[0.5] * 8, norm_weight=np.ones(4))
+    assert p.slot_bias.dtype == np.float32 and p.slot_bias.shape == (8,)
+    assert p.slot_profile.size == 0
+    g = pk.Geometry(stride=2, window=4)
+    config = pk.StreamConfig(name="s", channels=4)
+    config.rope.channels = 2
+    with pytest.raises(pk.ConfigError) as e:
+        pk.validate_stream(pk.Policy.deepseek_v4, g, config, p)
+    assert str(e.value) == "s.slot_bias.size() = 8: must be 16 (kv_heads × window × gate channels)"
+    with pytest.raises(pk.ConfigError, match=r"^s.norm_weight.size\(\) = 4: must be 0: this policy has no RMSNorm$"):
+        pk.validate_stream(pk.Policy.mean, g, config, pk.StreamParams(norm_weight=np.ones(4)))
+    pk.validate_stream(pk.Policy.mean, g, config)
+
+
+def test_mean_pooling_is_the_mean_of_each_window():
+    # W = 2S, per-branch inputs: slot i of entry j reads view branch_of_slot(i) of token slot_token(j, i).
+    rng = np.random.default_rng(1)
+    g = pk.Geometry(stride=3, window=6)
+    c = pk.Compressor(pk.Policy.mean, g, pk.StreamConfig(name="m", channels=5, kv_heads=2))
+    assert (c.views, c.gate_channels, c.payload_floats_per_token, c.floats_per_entry) == (2, 0, 20, 10)
+    state = c.make_state()
+    payload = rng.standard_normal((20, 2, 2, 5), dtype=np.float32)
+    e = c.append(state, payload, slot_weights=True)
+    assert (state.tokens, state.entries, len(e)) == (20, 6, 6)
+    assert np.array_equal(e.index, np.arange(6)) and np.array_equal(e.anchor, [g.anchor_position(j) for j in range(6)])
+    for k, j in enumerate(e.index):
+        slots = [i for i in range(6) if not g.is_padding(j, i)]
+        rows = np.array([payload[g.slot_token(j, i), :, g.branch_of_slot(i), :] for i in slots], dtype=np.float64)
+        assert np.allclose(e.values[k], rows.mean(axis=0), rtol=1e-6, atol=1e-6)
+        expected = np.zeros(6)
+        expected[slots] = 1.0 / len(slots)
+        assert np.allclose(e.slot_weights[k], expected[None, :], atol=1e-7)
+
+
+def test_any_chunking_emits_identical_entries():
+    rng = np.random.default_rng(2)
+    g = P.deepseek_v4_csa_geometry()
+    c = pk.Compressor(P.deepseek_v4_csa_policy, g, P.deepseek_v4_csa_kv())
+    payload, logits = random_chunk(rng, P.deepseek_v4_csa_kv(), 37, g, pk.Policy.deepseek_v4)
+    whole = c.append(c.make_state(), payload, logits)
+    state, parts = c.make_state(), []
+    for a, b in [(0, 1), (1, 6), (6, 7), (7, 30), (30, 37)]:
+        parts.append(c.append(state, payload[a:b], logits[a:b]))
+    assert np.array_equal(np.concatenate([p.values for p in parts]), whole.values)
+    assert np.array_equal(np.concatenate([p.index for p in parts]), whole.index)
+    assert c.entries_after(state, 3) == g.completed_entries(40) - 9
+
+
+def test_compressor_entries_are_the_caches_entries(rng):
+    layer = csa_layer(rng)
+    seq = layer.cache.create()
+    g = layer.geometry
+    kv = pk.Compressor(P.deepseek_v4_csa_policy, g, P.deepseek_v4_csa_kv())
+    ix = pk.Compressor(P.deepseek_v4_csa_policy, g, P.deepseek_v4_csa_indexer())
+    states = [kv.make_state(), ix.make_state()]
+    emitted = [[], []]
+    for tokens in (5, 64, 131):
+        chunks = [random_chunk(rng, s, tokens, g, layer.policy) for s in layer.streams]
+        layer.cache.append(seq, chunks, rng.standard_normal((tokens, 1, 512), dtype=np.float32))
+        for k, c in enumerate((kv, ix)):
+            emitted[k].append(c.append(states[k], *chunks[k]).values)
+    for k in range(2):
+        assert np.array_equal(np.concatenate(emitted[k]), layer.cache.read_entries(seq, k))
+
+
+def test_entries_arrays_are_owned_without_a_copy():
+    c = pk.Compressor(pk.Policy.mean, pk.Geometry(stride=2, window=2), pk.StreamConfig(channels=3))
+    e = c.append(c.make_state(), np.ones((4, 1, 1, 3), dtype=np.float32), slot_weights=False)
+    # The arrays wrap the vectors the C++ sink filled (a capsule owns them): no copy on the way out.
+    assert type(e.values.base).__name__ == "PyCapsule" and e.values.flags.c_contiguous
+    assert e.slot_weights is None and e.values.shape == (2, 1, 3)
+
+
+def test_state_truncate_and_history():
+    c = pk.Compressor(pk.Policy.mean, pk.Geometry(stride=2, window=4), pk.StreamConfig(name="m", channels=2))
+    s = c.make_state(history=4)
+    assert s.ring_rows == 8 and s.bytes > 0
+    x = np.arange(40, dtype=np.float32).reshape(10, 1, 2, 2)
+    first = c.append(s, x)
+    assert c.can_truncate(s, 6) and not c.can_truncate(s, 11)
+    c.truncate(s, 6)
+    assert (s.tokens, s.entries) == (6, 3)
+    again = c.append(s, x[6:])
+    assert np.array_equal(again.values, first.values[3:])
+    short = c.make_state()
+    c.append(short, x)
+    with pytest.raises(pk.InputError, match=r"^m: truncate to tokens = 2: needs the inputs of tokens from 0"):
+        c.truncate(short, 2)
+
+
+def test_appends_reject_bad_chunks_with_the_libraries_message():
+    c = pk.Compressor(P.deepseek_v4_csa_policy, P.deepseek_v4_csa_geometry(), P.deepseek_v4_csa_kv())
+    s = c.make_state()
+    payload = np.zeros((3, 1, 2, 512), dtype=np.float32)
+    with pytest.raises(pk.InputError) as e:
+        c.append(s, payload)  # gated: the logits are missing
+    assert str(e.value) == "csa.kv: chunk.logits.size() = 0: must be 3072 (tokens × kv_heads × views × gate channels)"
+    with pytest.raises(ValueError, match="needs a leading token axis"):
+        c.append(s, payload.reshape(-1), payload.reshape(-1))
+    bad = payload.copy()
+    bad[1, 0, 0, 7] = np.nan
+    with pytest.raises(pk.InputError, match=r"payload\[.*\] = nan: must be finite"):
+        c.append(s, bad, payload, check_finite=True)
+    other = pk.Compressor(pk.Policy.mean, pk.Geometry(stride=2, window=2), pk.StreamConfig(channels=4))
+    with pytest.raises(pk.InputError, match="was not made for this compressor"):
+        c.append(other.make_state(), payload, payload)
+    assert s.tokens == 0
+
+
+def test_compressor_accessors():
+    g = P.deepseek_v4_csa_geometry()
+    bias = np.zeros((1, 8, 512), dtype=np.float32)
+    c = pk.Compressor(P.deepseek_v4_csa_policy, g, P.deepseek_v4_csa_kv(), pk.StreamParams(slot_bias=bias))
+    assert c.policy == pk.Policy.deepseek_v4 and c.geometry == g and c.config.name == "csa.kv"
+    assert c.params.slot_bias.shape == (4096,) and c.params.norm_weight.size == 0
+    assert (c.views, c.gate_channels, c.logit_floats_per_token, c.floats_per_entry) == (2, 512, 1024, 512)
+    assert [c.view_of_slot(i) for i in range(8)] == [1, 1, 1, 1, 0, 0, 0, 0]
+    assert pk.views_per_token(pk.InputLayout.per_slot, g) == 8

@@ -1,0 +1,228 @@
+"""The sparse reader against a NumPy double-precision oracle; batches against single reads."""
+
+import numpy as np
+import pytest
+
+import phasekv as pk
+from conftest import csa_layer, mean_layer
+
+P = pk.presets
+
+
+def rotate_back(x, position, rope):
+    """Interleaved RoPE on the last rope.channels channels, rotated by -position (float64)."""
+    r = rope.channels
+    theta = rope.inverse_frequencies(x.shape[-1])
+    angle = position * theta
+    c, s = np.cos(angle), np.sin(angle)
+    out = x.copy()
+    a, b = x[..., -r::2], x[..., -r + 1 :: 2]
+    out[..., -r::2] = a * c + b * s
+    out[..., -r + 1 :: 2] = -a * s + b * c
+    return out
+
+
+def oracle(layer, seq, t, rc, q, iq=None, iw=None, sinks=None, selected=None):
+    """Plain attention in float64 over the selected entries and the window tokens [t - N + 1, t],
+    with the sink in the denominator and the output de-rotated: DESIGN of sparse_reader.hpp."""
+    cache, g = layer.cache, layer.geometry
+    candidates = g.visible_entries(t)
+    if selected is None:
+        if rc.top_k > 0:
+            ix = cache.read_entries(seq, rc.indexer_stream)[:candidates, 0, :].astype(np.float64)
+            scores = (np.maximum(iq.astype(np.float64) @ ix.T, 0.0) * iw.astype(np.float64)[:, None]).sum(0)
+            selected = sorted(range(candidates), key=lambda j: (-scores[j], j))[: rc.top_k]
+        else:
+            selected = list(range(candidates))
+    entries = cache.read_entries(seq, rc.key_stream)[:, 0, :].astype(np.float64)
+    n_win = cache.config.window.tokens
+    first = max(0, t - n_win + 1)
+    keys = np.concatenate([entries[list(selected)], layer.window_key_rows(seq)[first : t + 1].astype(np.float64)])
+    scale = rc.scale if rc.scale > 0 else 1.0 / np.sqrt(keys.shape[1])
+    logits = scale * (q.astype(np.float64) @ keys.T)  # [heads][keys]
+    top = logits.max(axis=1, keepdims=True)
+    if rc.sink:
+        top = np.maximum(top, sinks.astype(np.float64)[:, None])
+    p = np.exp(logits - top)
+    denominator = p.sum(axis=1, keepdims=True)
+    if rc.sink:
+        denominator += np.exp(sinks.astype(np.float64)[:, None] - top)
+    out = (p @ keys) / denominator
+    if rc.derotate_output:
+        out = rotate_back(out, t, cache.stream_config(rc.key_stream).rope)
+    lse = (top + np.log(denominator))[:, 0]
+    mass = (p / denominator)
+    return out, lse, list(selected), mass.mean(axis=0), first
+
+
+def csa_inputs(rng, rc):
+    q = rng.standard_normal((rc.query_heads, 512), dtype=np.float32)
+    iq = rng.standard_normal((rc.indexer_heads, 128), dtype=np.float32)
+    iw = rng.random(rc.indexer_heads, dtype=np.float32) / rc.indexer_heads
+    sinks = rng.standard_normal(rc.query_heads, dtype=np.float32)
+    return q, iq, iw, sinks
+
+
+def test_csa_read_equals_the_oracle(rng):
+    layer = csa_layer(rng, history=64)
+    seq = layer.cache.create()
+    for tokens in (1000, 1, 1999):  # 3000 tokens: 750 entries, of which the top 512 are read
+        layer.append(seq, tokens)
+    rc = P.deepseek_v4_csa_reader()
+    reader = pk.SparseReader(layer.cache, rc)
+    for t in (2999, 2950):
+        q, iq, iw, sinks = csa_inputs(rng, rc)
+        trace = pk.ReadTrace()
+        out = reader.read(layer.cache, seq, t, q, iq, iw, sinks, trace=trace)
+        assert out.shape == (64, 512) and out.dtype == np.float32
+        want, lse, selected, mass, first = oracle(layer, seq, t, rc, q, iq, iw, sinks)
+        # The indexer's top 512 (rank order, ties to the lower entry) is the oracle's.
+        assert trace.candidates == layer.geometry.visible_entries(t)
+        assert list(trace.selected) == selected
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=2e-6)
+        np.testing.assert_allclose(trace.entry_mass, mass[:512], rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(trace.window_token_mass, mass[512:], rtol=1e-4, atol=1e-7)
+        assert trace.window_first == first
+        assert trace.window_mass + trace.sink_mass + trace.entry_mass.sum() == pytest.approx(1.0, abs=1e-5)
+        _, batch_lse, _, _ = reader.read_batch(layer.cache, [seq], [t], q[None], iq[None], iw[None], sinks[None])
+        np.testing.assert_allclose(batch_lse[0], lse, rtol=1e-5)
+
+
+def test_mean_layer_reads_every_entry_and_the_window(rng):
+    layer = mean_layer(rng, raw_window=16)
+    seq = layer.cache.create()
+    layer.append(seq, 203)
+    rc = pk.ReaderConfig(name="m.reader", query_heads=4)  # GQA: 4 query heads on 1 KV head
+    assert rc.indexer_stream is None and rc.top_k == 0
+    reader = pk.SparseReader(layer.cache.shape(), rc)
+    q = rng.standard_normal((4, 64), dtype=np.float32)
+    trace = pk.ReadTrace()
+    out = reader.read(layer.cache, seq, 202, q, trace=trace)
+    want, _, selected, mass, _ = oracle(layer, seq, 202, rc, q)
+    assert list(trace.selected) == selected == list(range(50)) and trace.scores.size == 0
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=2e-6)
+    np.testing.assert_allclose(trace.entry_mass, mass[:50], rtol=1e-4, atol=1e-7)
+
+
+def test_read_batch_is_bit_identical_to_single_reads(rng):
+    layer = csa_layer(rng, history=64)
+    cache = layer.cache
+    a = cache.create()
+    layer.append(a, 2500)
+    b = cache.fork(a)
+    layer.append(b, 301)
+    c = cache.create()
+    layer.append(c, 97)
+    rc = P.deepseek_v4_csa_reader()
+    reader = pk.SparseReader(cache, rc)
+    seqs, positions, top_k = [a, b, c, a], [2499, 2800, 96, 2450], [-1, 100, 0, 512]
+    inputs = [csa_inputs(rng, rc) for _ in seqs]
+    q, iq, iw, sinks = (np.stack(x) for x in zip(*inputs))
+    traces = [pk.ReadTrace() for _ in seqs]
+    out, lse, logical, physical = reader.read_batch(
+        cache, seqs, positions, q, iq, iw, sinks, top_k=top_k, selected_logical=True, selected_physical=True,
+        traces=traces)
+    assert out.shape == (4, 64, 512) and lse.shape == (4, 64) and logical.dtype == np.int32
+    for i, seq in enumerate(seqs):
+        single = pk.ReadTrace()
+        one = reader.read(cache, seq, positions[i], *inputs[i], top_k=top_k[i], trace=single)
+        assert np.array_equal(one, out[i])  # bit for bit
+        assert np.array_equal(single.selected, traces[i].selected)
+        assert np.array_equal(single.entry_mass, traces[i].entry_mass)
+        k = len(single.selected) if top_k[i] != 0 else 0
+        assert np.array_equal(logical[i, :k], single.selected) and np.all(logical[i, k:] == -1)
+        table = cache.page_table(seq, 0)
+        page_size = cache.config.page_size
+        expected = [table[j // page_size] * page_size + j % page_size for j in single.selected[:k]]
+        assert np.array_equal(physical[i, :k], expected) and np.all(physical[i, k:] == -1)
+    # A batch of one gives the same log-sum-exp as the same item inside the batch.
+    _, lse1, _, _ = reader.read_batch(cache, [b], [2800], q[1:2], iq[1:2], iw[1:2], sinks[1:2], top_k=[100])
+    assert np.array_equal(lse1[0], lse[1])
+
+
+def test_outputs_are_written_in_place(rng, csa):
+    seq = csa.cache.create()
+    csa.append(seq, 600)
+    rc = P.deepseek_v4_csa_reader()
+    reader = pk.SparseReader(csa.cache, rc)
+    q, iq, iw, sinks = csa_inputs(rng, rc)
+    out = np.full((64, 512), np.nan, dtype=np.float32)
+    address = out.__array_interface__["data"][0]
+    got = reader.read(csa.cache, seq, 599, q, iq, iw, sinks, out=out)
+    assert got is out and out.__array_interface__["data"][0] == address and np.isfinite(out).all()
+    again = reader.read(csa.cache, seq, 599, q, iq, iw, sinks, out=out)  # reused, same result
+    assert again is out and np.array_equal(again, reader.read(csa.cache, seq, 599, q, iq, iw, sinks))
+    # Batch outputs may be views into one larger tensor.
+    big = np.zeros((3, 64, 512), dtype=np.float32)
+    lse = np.zeros((3, 64), dtype=np.float32)
+    o, l, _, _ = reader.read_batch(csa.cache, [seq, seq], [599, 599], np.stack([q, q]), np.stack([iq, iq]),
+                                   np.stack([iw, iw]), np.stack([sinks, sinks]), out=big[1:], lse=lse[:2])
+    assert np.shares_memory(o, big) and np.shares_memory(l, lse)
+    assert np.array_equal(big[1], out) and np.array_equal(big[2], out) and not big[0].any()
+    selected = np.full((2, 512), 7, dtype=np.int32)
+    _, _, s, _ = reader.read_batch(csa.cache, [seq, seq], [599, 599], np.stack([q, q]), np.stack([iq, iq]),
+                                   np.stack([iw, iw]), np.stack([sinks, sinks]), top_k=[10, 512],
+                                   selected_logical=selected)
+    assert s is selected and np.all(selected[0, 10:] == 7)  # slots past an item's top_k are left alone
+
+
+def test_arrays_that_would_need_a_copy_are_rejected(rng, csa):
+    seq = csa.cache.create()
+    csa.append(seq, 100)
+    rc = P.deepseek_v4_csa_reader()
+    reader = pk.SparseReader(csa.cache, rc)
+    q, iq, iw, sinks = csa_inputs(rng, rc)
+    with pytest.raises(TypeError, match=r"^queries.dtype = float64: must be float32"):
+        reader.read(csa.cache, seq, 99, q.astype(np.float64), iq, iw, sinks)
+    with pytest.raises(TypeError, match=r"^indexer_weights.dtype = int64: must be float32"):
+        reader.read(csa.cache, seq, 99, q, iq, [1, 2, 3], sinks)
+    with pytest.raises(ValueError, match=r"^sinks = array of dtype float32, shape \(64,\): must be C-contiguous"):
+        reader.read(csa.cache, seq, 99, q, iq, iw, np.repeat(sinks, 2)[::2])
+    misaligned = np.frombuffer(bytearray(q.nbytes + 1), dtype=np.float32, count=q.size, offset=1).reshape(q.shape)
+    with pytest.raises(ValueError, match="must be aligned"):
+        reader.read(csa.cache, seq, 99, misaligned, iq, iw, sinks)
+    with pytest.raises(TypeError, match=r"^out.dtype = float64"):
+        reader.read(csa.cache, seq, 99, q, iq, iw, sinks, out=np.empty((64, 512)))
+    with pytest.raises(ValueError, match="read-only"):
+        frozen = np.empty((64, 512), dtype=np.float32)
+        frozen.flags.writeable = False
+        reader.read(csa.cache, seq, 99, q, iq, iw, sinks, out=frozen)
+    with pytest.raises(pk.InputError, match=r"^out.size = 10: must be 32768 \(query_heads × value channels\)$"):
+        reader.read(csa.cache, seq, 99, q, iq, iw, sinks, out=np.empty(10, dtype=np.float32))
+    with pytest.raises(pk.InputError, match=r"^csa.reader: request.queries.size\(\) = 512: must be 32768"):
+        reader.read(csa.cache, seq, 99, q[:1], iq, iw, sinks)
+    with pytest.raises(pk.InputError, match=r"^csa.reader: items\[1\].request.position = 100: must lie in \[0, tokens = 100\)"):
+        reader.read_batch(csa.cache, [seq, seq], [99, 100], np.stack([q, q]), np.stack([iq, iq]), np.stack([iw, iw]),
+                          np.stack([sinks, sinks]))
+    with pytest.raises(pk.InputError, match=r"^queries.shape\[0\] = 1: must be the batch size len\(seqs\) = 2$"):
+        reader.read_batch(csa.cache, [seq, seq], [99, 99], q[None], iq[None], iw[None], sinks[None])
+
+
+def test_torch_tensors_go_in_and_out_without_copies(rng, csa):
+    torch = pytest.importorskip("torch")
+    seq = csa.cache.create()
+    csa.append(seq, 300)
+    rc = P.deepseek_v4_csa_reader()
+    reader = pk.SparseReader(csa.cache, rc)
+    inputs = csa_inputs(rng, rc)
+    want = reader.read(csa.cache, seq, 299, *inputs)
+    tensors = [torch.from_numpy(x) for x in inputs]
+    out = torch.empty(64, 512)
+    got = reader.read(csa.cache, seq, 299, *tensors, out=out)
+    assert got.ctypes.data == out.data_ptr()  # the result is the tensor's memory
+    assert torch.equal(out, torch.from_numpy(want))
+    again = reader.read(csa.cache, seq, 299, *[t.numpy() for t in tensors], out=out.numpy())
+    assert np.shares_memory(again, got)
+
+
+def test_reader_accessors_and_config_errors(csa):
+    rc = P.deepseek_v4_csa_reader()
+    reader = pk.SparseReader(csa.cache.shape(), rc)
+    assert reader.output_floats == 64 * 512 and reader.config.top_k == 512
+    assert reader.shape.geometry == csa.geometry and len(reader.shape.streams) == 2
+    rc.indexer_stream = None
+    with pytest.raises(pk.ConfigError, match=r"^csa.reader.indexer_stream = -1: must name a stream of the cache when top_k > 0$"):
+        pk.SparseReader(csa.cache, rc)
+    rc.indexer_stream, rc.key_stream = 1, 5
+    with pytest.raises(pk.ConfigError, match=r"^csa.reader.key_stream = 5: must name a stream of the cache \(it has 2\)$"):
+        pk.SparseReader(csa.cache, rc)
