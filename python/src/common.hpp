@@ -193,5 +193,6 @@ void init_cache(const modules& m);
 void init_read(const modules& m);
 void init_diag(const modules& m);
 void init_sweep(const modules& m);
+void init_bench(const modules& m);  // only in the benchmark's build of the module (bench/python)
 
 }  // namespace pyphasekv

@@ -112,4 +112,10 @@ struct reader {
   std::mutex lock;
 };
 
+// reader.read(cache, seq, request, out, trace) on whichever cache `c` holds: what SparseReader.read
+// runs once its arguments are converted and its locks taken. Out of line, so the benchmark's C++
+// loop (bench/python/bench_module.cpp) runs the very same machine code as a read from Python.
+void read_one(reader& r, const layer_cache& c, phasekv::sequence_id seq, const phasekv::read_request& request,
+              float* out, phasekv::read_trace* trace);
+
 }  // namespace pyphasekv

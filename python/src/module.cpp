@@ -22,7 +22,12 @@ PyObject* new_exception(pybind11::module_& m, const char* name, PyObject* bases,
 
 }  // namespace
 
-PYBIND11_MODULE(_phasekv, m) {
+// The benchmark builds the same sources as another module with a timing hook (bench/python).
+#ifndef PHASEKV_PYTHON_MODULE
+#define PHASEKV_PYTHON_MODULE _phasekv
+#endif
+
+PYBIND11_MODULE(PHASEKV_PYTHON_MODULE, m) {
   namespace py = pybind11;
   m.doc() = "phasekv: chunked KV-cache compression with per-phase diagnostics (C++ core).";
   m.attr("__version__") = PHASEKV_VERSION_STRING;
@@ -62,4 +67,7 @@ PYBIND11_MODULE(_phasekv, m) {
   pyphasekv::init_read(modules);
   pyphasekv::init_diag(modules);
   pyphasekv::init_sweep(modules);
+#ifdef PHASEKV_PYTHON_BENCH
+  pyphasekv::init_bench(modules);
+#endif
 }

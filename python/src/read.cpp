@@ -60,6 +60,11 @@ py::array_t<T> trace_copy(const std::vector<T>& v) {
 
 }  // namespace
 
+[[gnu::noinline]] void read_one(reader& r, const layer_cache& c, sequence_id seq, const read_request& request, float* out,
+                                read_trace* trace) {
+  c.visit([&](const auto& cache) { r.sparse.read(cache, seq, request, out, trace); });
+}
+
 void init_read(const modules& m) {
   py::module_ root = m.root;
   py::module_ presets = m.presets;
@@ -137,8 +142,7 @@ void init_read(const modules& m) {
             request.top_k = top_k;
             float* to = output<float>(out, "out", {r.sparse.config().query_heads, value_channels(r)},
                                       "query_heads × value channels");
-            // reader.read(cache, seq, ...): the cache's view of the sequence, read as in C++.
-            locked_read(r, c, [&] { c.visit([&](const auto& x) { r.sparse.read(x, seq, request, to, trace); }); });
+            locked_read(r, c, [&] { read_one(r, c, seq, request, to, trace); });
             return out;
           },
           py::arg("cache"), py::arg("seq"), py::arg("position"), py::arg("queries"),
