@@ -92,3 +92,17 @@ def test_rope_config_and_yarn_frequencies():
 
 def test_version():
     assert pk.__version__ == "0.1.0" and pk._phasekv.version == 100
+
+
+def test_entry_range_and_config_validation():
+    r = pk.EntryRange(2, 5)
+    assert len(r) == 3 and 4 in r and 5 not in r and r == pk.EntryRange(2, 5) and repr(r) == "EntryRange(2, 5)"
+    config = pk.CacheConfig(page_size=0)
+    with pytest.raises(pk.ConfigError, match=r"^cache.page_size = 0: must be at least 1$"):
+        config.validate()
+    shape = pk.LayerShape(geometry=pk.Geometry(stride=2, window=2),
+                          streams=[pk.StreamShape(name="kv", channels=8, storage=pk.StorageType.f16)],
+                          window=pk.RawWindowConfig(tokens=4, key_channels=8))
+    assert shape.streams[0].storage == pk.StorageType.f16 and not shape.streams[0].applies_rope
+    reader = pk.SparseReader(shape, pk.ReaderConfig(query_heads=2))
+    assert reader.output_floats == 16

@@ -316,3 +316,26 @@ def test_remaining_sweep_accessors():
     axes = plot.PlotAxes(y_min=5.0, y_max=1.0)
     with pytest.raises(pk.ConfigError, match=r"^y_max = 1: must be finite and greater than y_min = 5$"):
         axes.validate()
+
+
+def test_remaining_diagnostic_accessors(rng):
+    g = pk.Geometry(stride=2, window=4)
+    c = pk.Compressor(pk.Policy.mean, g, pk.StreamConfig(channels=4, kv_heads=2))
+    e = c.append(c.make_state(), np.ones((10, 2, 2, 4), dtype=np.float32), slot_weights=True)
+    profile = pk.WriteProfile(g, 2)
+    profile.add(e)
+    assert np.allclose(profile.unpadded_slot_profile(1), 0.25) and profile.by_phase(1)[0].phase == 0
+    log = pk.SlotWeightLog(window=4, head=1)
+    log.add(e)
+    assert (log.window, log.head, log.recorded) == (4, 1, 5)
+    log.clear()
+    assert log.recorded == 0 and not log.has(0)
+    log.add(e)
+    trace = pk.ReadTrace()
+    assert (trace.candidates, trace.selected.size, trace.window_mass, trace.sink_mass) == (0, 0, 0.0, 0.0)
+    a = pk.attribute(g, log, trace)
+    assert a.token.size == a.from_entries.size == a.from_window.size == 0 and a.total == 0.0
+    assert [(p.phase, p.tokens, p.sum, p.mean) for p in a.phases] == [(0, 0, 0.0, 0.0), (1, 0, 0.0, 0.0)]
+    t = pk.find_target(g, trace, 3)
+    assert (t.token, t.phase, t.covering_candidates, t.covering_selected, t.selected, t.rank, t.entry,
+            t.entry_mass, t.in_window) == (3, 1, 0, 0, False, -1, -1, 0.0, False)
