@@ -24,8 +24,9 @@ decltype(auto) shared(const layer_cache& c, F&& f) {
   return c.visit(std::forward<F>(f));
 }
 
-std::unique_ptr<layer_cache> make_cache(policy_kind policy, const geometry& g, const std::vector<stream_config>& streams,
-                                        const cache_config& config, std::vector<stream_params> params) {
+std::unique_ptr<layer_cache> make_cache(policy_kind policy, const geometry& g,
+                                        const std::vector<stream_config>& streams, const cache_config& config,
+                                        std::vector<stream_params> params) {
   detail::require(streams.size() == 1 || streams.size() == 2, "streams.size()", streams.size(),
                   "must be 1 (a K/V layer) or 2 (K/V and the indexer's keys, or K and V)");
   if (params.empty()) params.resize(streams.size());
@@ -133,19 +134,24 @@ void init_cache(const modules& m) {
       .def_readonly("policy", &layer_cache::policy)
       .def_property_readonly("stream_count",
                              [](const layer_cache& c) { return c.visit([](const auto& x) { return x.stream_count; }); })
-      .def_property_readonly("geometry",
-                             [](const layer_cache& c) { return c.visit([](const auto& x) { return x.compressors().geom(); }); })
-      .def_property_readonly("config", [](const layer_cache& c) { return c.visit([](const auto& x) { return x.config(); }); })
+      .def_property_readonly(
+          "geometry",
+          [](const layer_cache& c) { return c.visit([](const auto& x) { return x.compressors().geom(); }); })
+      .def_property_readonly("config",
+                             [](const layer_cache& c) { return c.visit([](const auto& x) { return x.config(); }); })
       .def(
           "stream_config",
-          [](const layer_cache& c, std::size_t k) { return c.visit([&](const auto& x) { return x.compressors().config(k); }); },
+          [](const layer_cache& c, std::size_t k) {
+            return c.visit([&](const auto& x) { return x.compressors().config(k); });
+          },
           py::arg("stream"))
-      .def("shape", [](const layer_cache& c) { return c.visit([](const auto& x) { return x.shape(); }); },
-           "The layer's read-side shape (what SparseReader is built from).")
-      .def_property_readonly("window_rows",
-                             [](const layer_cache& c) { return c.visit([](const auto& x) { return x.window_rows(); }); })
-      .def_property_readonly("tied_window",
-                             [](const layer_cache& c) { return c.visit([](const auto& x) { return x.tied_window(); }); })
+      .def(
+          "shape", [](const layer_cache& c) { return c.visit([](const auto& x) { return x.shape(); }); },
+          "The layer's read-side shape (what SparseReader is built from).")
+      .def_property_readonly(
+          "window_rows", [](const layer_cache& c) { return c.visit([](const auto& x) { return x.window_rows(); }); })
+      .def_property_readonly(
+          "tied_window", [](const layer_cache& c) { return c.visit([](const auto& x) { return x.tied_window(); }); })
 
       // ---- sequences
       .def("create", [](layer_cache& c) { return exclusive(c, [](auto& x) { return x.create(); }); })
@@ -171,8 +177,9 @@ void init_cache(const modules& m) {
           "Appends the same new tokens to every stream — chunks[k] is stream k's payload, or (payload, logits) "
           "for gated policies, token axis first — and to the raw window (window_keys [tokens][kv_heads][key "
           "channels], RoPE'd; window_values likewise, None when tied). Returns the entries emitted per stream.")
-      .def("fork", [](layer_cache& c, sequence_id seq) { return exclusive(c, [&](auto& x) { return x.fork(seq); }); },
-           py::arg("seq"), "A new sequence sharing every page of seq.")
+      .def(
+          "fork", [](layer_cache& c, sequence_id seq) { return exclusive(c, [&](auto& x) { return x.fork(seq); }); },
+          py::arg("seq"), "A new sequence sharing every page of seq.")
       .def(
           "copy",
           [](layer_cache& c, sequence_id source, sequence_id destination) {
@@ -181,7 +188,9 @@ void init_cache(const modules& m) {
           py::arg("source"), py::arg("destination"), "Makes destination a fork of source (llama.cpp's seq_cp).")
       .def(
           "remove_suffix",
-          [](layer_cache& c, sequence_id seq, std::int64_t p0) { exclusive(c, [&](auto& x) { x.remove_suffix(seq, p0); }); },
+          [](layer_cache& c, sequence_id seq, std::int64_t p0) {
+            exclusive(c, [&](auto& x) { x.remove_suffix(seq, p0); });
+          },
           py::arg("seq"), py::arg("p0"), "Forgets tokens [p0, end) (seq_rm(seq, p0, -1)).")
       .def(
           "can_remove_suffix",
@@ -189,22 +198,30 @@ void init_cache(const modules& m) {
             return shared(c, [&](const auto& x) { return x.can_remove_suffix(seq, p0); });
           },
           py::arg("seq"), py::arg("p0"))
-      .def("keep", [](layer_cache& c, sequence_id seq) { exclusive(c, [&](auto& x) { x.keep(seq); }); }, py::arg("seq"),
-           "Drops every sequence but seq (seq_keep).")
-      .def("free", [](layer_cache& c, sequence_id seq) { exclusive(c, [&](auto& x) { x.free(seq); }); }, py::arg("seq"))
+      .def(
+          "keep", [](layer_cache& c, sequence_id seq) { exclusive(c, [&](auto& x) { x.keep(seq); }); }, py::arg("seq"),
+          "Drops every sequence but seq (seq_keep).")
+      .def(
+          "free", [](layer_cache& c, sequence_id seq) { exclusive(c, [&](auto& x) { x.free(seq); }); }, py::arg("seq"))
       .def("clear", [](layer_cache& c) { exclusive(c, [](auto& x) { x.clear(); }); })
 
       // ---- queries
-      .def("contains", [](const layer_cache& c, sequence_id seq) { return shared(c, [&](const auto& x) { return x.contains(seq); }); },
-           py::arg("seq"))
-      .def("__contains__", [](const layer_cache& c, sequence_id seq) {
-        return shared(c, [&](const auto& x) { return x.contains(seq); });
-      })
-      .def_property_readonly("sequences",
-                             [](const layer_cache& c) { return shared(c, [](const auto& x) { return x.sequences(); }); })
-      .def("live_sequences", [](const layer_cache& c) { return shared(c, [](const auto& x) { return x.live_sequences(); }); })
-      .def("tokens", [](const layer_cache& c, sequence_id seq) { return shared(c, [&](const auto& x) { return x.tokens(seq); }); },
-           py::arg("seq"))
+      .def(
+          "contains",
+          [](const layer_cache& c, sequence_id seq) {
+            return shared(c, [&](const auto& x) { return x.contains(seq); });
+          },
+          py::arg("seq"))
+      .def("__contains__", [](const layer_cache& c,
+                              sequence_id seq) { return shared(c, [&](const auto& x) { return x.contains(seq); }); })
+      .def_property_readonly(
+          "sequences", [](const layer_cache& c) { return shared(c, [](const auto& x) { return x.sequences(); }); })
+      .def("live_sequences",
+           [](const layer_cache& c) { return shared(c, [](const auto& x) { return x.live_sequences(); }); })
+      .def(
+          "tokens",
+          [](const layer_cache& c, sequence_id seq) { return shared(c, [&](const auto& x) { return x.tokens(seq); }); },
+          py::arg("seq"))
       .def(
           "entries",
           [](const layer_cache& c, sequence_id seq, std::size_t stream) {
@@ -247,9 +264,12 @@ void init_cache(const modules& m) {
             return adopt(std::move(all), shape);
           },
           py::arg("seq"), py::arg("stream") = 0, "Every entry of a stream, float32 [entries][kv_heads][channels].")
-      .def("window_first",
-           [](const layer_cache& c, sequence_id seq) { return shared(c, [&](const auto& x) { return x.window_first(seq); }); },
-           py::arg("seq"), "Tokens whose raw window rows are held: [window_first, tokens).")
+      .def(
+          "window_first",
+          [](const layer_cache& c, sequence_id seq) {
+            return shared(c, [&](const auto& x) { return x.window_first(seq); });
+          },
+          py::arg("seq"), "Tokens whose raw window rows are held: [window_first, tokens).")
       .def(
           "window_key",
           [](const layer_cache& c, sequence_id seq, std::int64_t t) {
@@ -269,11 +289,15 @@ void init_cache(const modules& m) {
             return adopt(std::move(row), {w.kv_heads, channels});
           },
           py::arg("seq"), py::arg("t"), "Token t's raw window value row (its key when tied; a copy).")
-      .def("memory", [](const layer_cache& c, sequence_id seq) { return shared(c, [&](const auto& x) { return x.memory(seq); }); },
-           py::arg("seq"))
+      .def(
+          "memory",
+          [](const layer_cache& c, sequence_id seq) { return shared(c, [&](const auto& x) { return x.memory(seq); }); },
+          py::arg("seq"))
       .def(
           "pages_held",
-          [](const layer_cache& c, std::size_t stream) { return shared(c, [&](const auto& x) { return x.pages_held(stream); }); },
+          [](const layer_cache& c, std::size_t stream) {
+            return shared(c, [&](const auto& x) { return x.pages_held(stream); });
+          },
           py::arg("stream"))
       .def(
           "pool_usage",
@@ -281,9 +305,12 @@ void init_cache(const modules& m) {
             std::map<std::string, std::int64_t> usage;
             shared(c, [&](const auto& x) {
               const page_pool& p = x.pool(stream);
-              usage = {{"capacity", p.capacity()},         {"used_pages", p.used_pages()},
-                       {"free_pages", p.free_pages()},     {"bytes_per_page", p.bytes_per_page()},
-                       {"bytes_used", p.bytes_used()},     {"pages_touched", p.pages_touched()},
+              usage = {{"capacity", p.capacity()},
+                       {"used_pages", p.used_pages()},
+                       {"free_pages", p.free_pages()},
+                       {"bytes_per_page", p.bytes_per_page()},
+                       {"bytes_used", p.bytes_used()},
+                       {"pages_touched", p.pages_touched()},
                        {"bytes_reserved", p.bytes_reserved()}};
             });
             return usage;
@@ -291,7 +318,7 @@ void init_cache(const modules& m) {
           py::arg("stream"), "A stream's page pool accounting (capacity, used_pages, ... bytes_reserved).");
 
   presets.def("deepseek_v4_cache", &presets::deepseek_v4_cache, py::arg("pages"), py::arg("history") = 0,
-                "A DeepSeek-V4 CSA or HCA layer's cache: 64 entries a page, a 128-token tied 512-channel window.");
+              "A DeepSeek-V4 CSA or HCA layer's cache: 64 entries a page, a 128-token tied 512-channel window.");
 }
 
 }  // namespace pyphasekv

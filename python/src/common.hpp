@@ -17,14 +17,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include <phasekv/compress/entry_view.hpp>
 #include <phasekv/core/error.hpp>
 #include <phasekv/core/limits.hpp>
 #include <phasekv/core/span.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace pyphasekv {
 
@@ -94,9 +93,11 @@ T* output(py::object& o, const std::string& name, const std::vector<py::ssize_t>
 // A vector's memory handed to NumPy without a copy: the array owns the vector.
 template <class T>
 py::array_t<T> adopt(std::vector<T>&& values, std::vector<py::ssize_t> shape) {
-  auto* owned = new std::vector<T>(std::move(values));
-  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
-  return py::array_t<T>(std::move(shape), owned->data(), free_when_done);
+  auto owned = std::make_unique<std::vector<T>>(std::move(values));
+  T* data = owned->data();
+  py::capsule free_when_done(owned.get(), [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  owned.release();  // the capsule owns it now
+  return py::array_t<T>(std::move(shape), data, free_when_done);
 }
 
 // A small result copied into a new array (traces, profiles: a few KiB at most).
@@ -173,7 +174,8 @@ class struct_binding {
       return out + ")";
     });
     cls_.def("__copy__", [](const T& self) { return T(self); });
-    cls_.def("__deepcopy__", [](const T& self, const py::dict&) { return T(self); }, py::arg("memo"));
+    cls_.def(
+        "__deepcopy__", [](const T& self, const py::dict&) { return T(self); }, py::arg("memo"));
     return cls_;
   }
 

@@ -13,14 +13,15 @@ token_chunk chunk_of(const py::object& payload, const py::object& logits, const 
   keep.push_back(py::array::ensure(payload));
   const py::array& p = keep.back();
   if (!p) throw py::type_error(name + " payload: must be an array");
+  token_chunk chunk;
+  chunk.payload = input<float>(p, name + " payload");
   // The token count comes from the leading axis: a flat array would make every size error
   // read as a token-count error.
   if (p.ndim() < 2)
-    throw py::value_error(name + " payload = " + describe_array(p) +
-                          ": needs a leading token axis, shape (tokens, kv_heads, views, channels) or (tokens, floats)");
-  token_chunk chunk;
+    throw py::value_error(
+        name + " payload = " + describe_array(p) +
+        ": needs a leading token axis, shape (tokens, kv_heads, views, channels) or (tokens, floats)");
   chunk.tokens = static_cast<std::int64_t>(p.shape(0));
-  chunk.payload = input<float>(p, name + " payload");
   chunk.logits = optional_input<float>(logits, name + " logits", keep);
   return chunk;
 }
@@ -58,6 +59,14 @@ namespace {
 
 // A float32 array of `ndim` dimensions with `n` rows, or None; checked once so views are plain
 // pointer arithmetic.
+// Runs f() on a compressor state with its lock held and the GIL released (layer.hpp).
+template <class F>
+decltype(auto) with_state(compressor_state& s, F&& f) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(s.lock);
+  return f();
+}
+
 py::object entry_array(const py::object& o, const char* name, py::ssize_t n) {
   if (o.is_none()) return o;
   py::array a = py::array::ensure(o);
@@ -131,10 +140,14 @@ void init_compress(const modules& m) {
 
   py::class_<compressor_state>(root, "CompressorState",
                                "One sequence's pending inputs for one Compressor (make it with make_state).")
-      .def_property_readonly("tokens", [](compressor_state& s) { return s.state.tokens(); })
-      .def_property_readonly("entries", [](compressor_state& s) { return s.state.entries(); })
-      .def_property_readonly("ring_rows", [](compressor_state& s) { return s.state.ring_rows(); })
-      .def_property_readonly("bytes", [](compressor_state& s) { return s.state.bytes(); });
+      .def_property_readonly("tokens",
+                             [](compressor_state& s) { return with_state(s, [&] { return s.state.tokens(); }); })
+      .def_property_readonly("entries",
+                             [](compressor_state& s) { return with_state(s, [&] { return s.state.entries(); }); })
+      .def_property_readonly("ring_rows",
+                             [](compressor_state& s) { return with_state(s, [&] { return s.state.ring_rows(); }); })
+      .def_property_readonly("bytes",
+                             [](compressor_state& s) { return with_state(s, [&] { return s.state.bytes(); }); });
 
   py::class_<entries>(root, "Entries",
                       "Entries an append emitted, as arrays: index and anchor int64 [n], values float32 "
@@ -182,23 +195,30 @@ void init_compress(const modules& m) {
            }),
            py::arg("policy"), py::arg("geometry"), py::arg("config"), py::arg("params") = stream_params{})
       .def_readonly("policy", &compressor::policy)
-      .def_property_readonly("geometry", [](const compressor& c) { return c.visit([](const auto& s) { return s.geom(); }); })
-      .def_property_readonly("config", [](const compressor& c) { return c.visit([](const auto& s) { return s.config(); }); })
-      .def_property_readonly("params", [](const compressor& c) { return c.visit([](const auto& s) { return s.params(); }); })
-      .def_property_readonly("views", [](const compressor& c) { return c.visit([](const auto& s) { return s.views(); }); })
-      .def_property_readonly("gate_channels",
-                             [](const compressor& c) { return c.visit([](const auto& s) { return s.gate_channels(); }); })
-      .def_property_readonly("payload_floats_per_token", [](const compressor& c) {
-        return c.visit([](const auto& s) { return s.payload_floats_per_token(); });
-      })
-      .def_property_readonly("logit_floats_per_token", [](const compressor& c) {
-        return c.visit([](const auto& s) { return s.logit_floats_per_token(); });
-      })
-      .def_property_readonly("floats_per_entry",
-                             [](const compressor& c) { return c.visit([](const auto& s) { return s.floats_per_entry(); }); })
+      .def_property_readonly("geometry",
+                             [](const compressor& c) { return c.visit([](const auto& s) { return s.geom(); }); })
+      .def_property_readonly("config",
+                             [](const compressor& c) { return c.visit([](const auto& s) { return s.config(); }); })
+      .def_property_readonly("params",
+                             [](const compressor& c) { return c.visit([](const auto& s) { return s.params(); }); })
+      .def_property_readonly("views",
+                             [](const compressor& c) { return c.visit([](const auto& s) { return s.views(); }); })
+      .def_property_readonly(
+          "gate_channels", [](const compressor& c) { return c.visit([](const auto& s) { return s.gate_channels(); }); })
+      .def_property_readonly(
+          "payload_floats_per_token",
+          [](const compressor& c) { return c.visit([](const auto& s) { return s.payload_floats_per_token(); }); })
+      .def_property_readonly(
+          "logit_floats_per_token",
+          [](const compressor& c) { return c.visit([](const auto& s) { return s.logit_floats_per_token(); }); })
+      .def_property_readonly(
+          "floats_per_entry",
+          [](const compressor& c) { return c.visit([](const auto& s) { return s.floats_per_entry(); }); })
       .def(
           "view_of_slot",
-          [](const compressor& c, std::int64_t slot) { return c.visit([&](const auto& s) { return s.view_of_slot(slot); }); },
+          [](const compressor& c, std::int64_t slot) {
+            return c.visit([&](const auto& s) { return s.view_of_slot(slot); });
+          },
           py::arg("slot"))
       .def(
           "make_state",
@@ -211,23 +231,21 @@ void init_compress(const modules& m) {
       .def(
           "entries_after",
           [](const compressor& c, compressor_state& st, std::int64_t tokens) {
-            return c.visit([&](const auto& s) { return s.entries_after(st.state, tokens); });
+            return with_state(
+                st, [&] { return c.visit([&](const auto& s) { return s.entries_after(st.state, tokens); }); });
           },
           py::arg("state"), py::arg("tokens"))
       .def(
           "can_truncate",
           [](const compressor& c, compressor_state& st, std::int64_t tokens) {
-            py::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lock(st.lock);
-            return c.visit([&](const auto& s) { return s.can_truncate(st.state, tokens); });
+            return with_state(st,
+                              [&] { return c.visit([&](const auto& s) { return s.can_truncate(st.state, tokens); }); });
           },
           py::arg("state"), py::arg("tokens"))
       .def(
           "truncate",
           [](const compressor& c, compressor_state& st, std::int64_t tokens) {
-            py::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lock(st.lock);
-            c.visit([&](const auto& s) { s.truncate(st.state, tokens); });
+            with_state(st, [&] { c.visit([&](const auto& s) { s.truncate(st.state, tokens); }); });
           },
           py::arg("state"), py::arg("tokens"))
       .def(
@@ -243,9 +261,7 @@ void init_compress(const modules& m) {
             std::vector<std::int64_t> index, anchor;
             std::vector<float> values, weights;
             std::int64_t heads = 0, channels = 0, window = 0;
-            {
-              py::gil_scoped_release nogil;
-              std::lock_guard<std::mutex> lock(st.lock);
+            with_state(st, [&] {
               c.visit([&](const auto& s) {
                 s.check(st.state, chunk, options);
                 const auto n = static_cast<std::size_t>(s.entries_after(st.state, chunk.tokens));
@@ -256,15 +272,19 @@ void init_compress(const modules& m) {
                 anchor.reserve(n);
                 values.reserve(n * static_cast<std::size_t>(heads * channels));
                 if (slot_weights) weights.reserve(n * static_cast<std::size_t>(heads * window));
-                s.emit(st.state, chunk, [&](const entry_view& e) {
-                  index.push_back(e.index);
-                  anchor.push_back(e.anchor);
-                  values.insert(values.end(), e.values, e.values + heads * channels);
-                  if (e.slot_weights) weights.insert(weights.end(), e.slot_weights, e.slot_weights + heads * window);
-                }, options);
+                s.emit(
+                    st.state, chunk,
+                    [&](const entry_view& e) {
+                      index.push_back(e.index);
+                      anchor.push_back(e.anchor);
+                      values.insert(values.end(), e.values, e.values + heads * channels);
+                      if (e.slot_weights)
+                        weights.insert(weights.end(), e.slot_weights, e.slot_weights + heads * window);
+                    },
+                    options);
                 s.commit(st.state, chunk);
               });
-            }
+            });
             const auto n = static_cast<py::ssize_t>(index.size());
             entries out;
             out.index = adopt(std::move(index), {n});

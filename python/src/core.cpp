@@ -21,8 +21,10 @@ void init_core(const modules& m) {
       .value("half_split", rope_layout::half_split);
 
   py::class_<entry_range>(root, "EntryRange", "Half-open range of entry indices [first, last).")
-      .def(py::init([](std::int64_t first, std::int64_t last) { return entry_range{first, last}; }), py::arg("first"),
-           py::arg("last"))
+      .def(py::init([](std::int64_t first, std::int64_t last) {
+             return entry_range{first, last};
+           }),
+           py::arg("first"), py::arg("last"))
       .def_readwrite("first", &entry_range::first)
       .def_readwrite("last", &entry_range::last)
       .def("__len__", &entry_range::size)
@@ -52,9 +54,8 @@ void init_core(const modules& m) {
       .def_property_readonly("boundary_phase", &geometry::boundary_phase, "S - 1")
       .def("phase_of", py::vectorize([](geometry g, std::int64_t t) { return g.phase_of(t); }), py::arg("t"),
            "(t - origin) mod S")
-      .def_static("residue_of", py::vectorize([](std::int64_t t, std::int64_t modulus) {
-                    return geometry::residue_of(t, modulus);
-                  }),
+      .def_static("residue_of",
+                  py::vectorize([](std::int64_t t, std::int64_t modulus) { return geometry::residue_of(t, modulus); }),
                   py::arg("t"), py::arg("modulus"), "t mod modulus, non-negative")
       .def("block_of", py::vectorize([](geometry g, std::int64_t t) { return g.block_of(t); }), py::arg("t"))
       .def("coverage", py::vectorize([](geometry g, std::int64_t t) { return g.coverage(t); }), py::arg("t"),

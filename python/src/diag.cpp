@@ -33,8 +33,7 @@ void init_diag(const modules& m) {
       .def_readonly("coverage", &phase_weight::coverage)
       .def("__repr__", [](const phase_weight& w) {
         return "PhaseWeight(phase=" + std::to_string(w.phase) + ", tokens=" + std::to_string(w.tokens) +
-               ", mean_weight=" + detail::general(w.mean_weight) +
-               ", coverage=" + detail::general(w.coverage) + ")";
+               ", mean_weight=" + detail::general(w.mean_weight) + ", coverage=" + detail::general(w.coverage) + ")";
       });
   py::class_<write_profile>(root, "WriteProfile",
                             "Per-phase gate weight and coverage, and the two gate-concentration numbers, of the "
@@ -42,11 +41,13 @@ void init_diag(const modules& m) {
       .def(py::init<const geometry&, std::int64_t>(), py::arg("geometry"), py::arg("kv_heads"))
       .def("add", &feed<write_profile>, py::arg("entries"), "Counts entries emitted with slot_weights.")
       .def("by_phase", &write_profile::by_phase, py::arg("head") = 0)
-      .def("slot_profile", [](const write_profile& p, std::int64_t head) { return copy_of(p.slot_profile(head)); },
-           py::arg("head") = 0, "mean weight per slot (float64 [window])")
-      .def("unpadded_slot_profile",
-           [](const write_profile& p, std::int64_t head) { return copy_of(p.unpadded_slot_profile(head)); },
-           py::arg("head") = 0)
+      .def(
+          "slot_profile", [](const write_profile& p, std::int64_t head) { return copy_of(p.slot_profile(head)); },
+          py::arg("head") = 0, "mean weight per slot (float64 [window])")
+      .def(
+          "unpadded_slot_profile",
+          [](const write_profile& p, std::int64_t head) { return copy_of(p.unpadded_slot_profile(head)); },
+          py::arg("head") = 0)
       .def("static_concentration", &write_profile::static_concentration, py::arg("head") = 0,
            "exp(H(E[alpha])), in [1, W]")
       .def("window_concentration", &write_profile::window_concentration, py::arg("head") = 0,
@@ -77,31 +78,36 @@ void init_diag(const modules& m) {
   py::class_<token_attribution>(root, "TokenAttribution",
                                 "Where one read's attention mass went. Per reached token (arrays in token order): "
                                 "token, phase, mass, from_entries, from_window; per phase: phases.")
-      .def_property_readonly("token", [](const token_attribution& a) {
-        std::vector<std::int64_t> v;
-        for (const auto& t : a.tokens) v.push_back(t.token);
-        return copy_of(v);
-      })
-      .def_property_readonly("phase", [](const token_attribution& a) {
-        std::vector<std::int64_t> v;
-        for (const auto& t : a.tokens) v.push_back(t.phase);
-        return copy_of(v);
-      })
-      .def_property_readonly("mass", [](const token_attribution& a) {
-        std::vector<double> v;
-        for (const auto& t : a.tokens) v.push_back(t.mass);
-        return copy_of(v);
-      })
-      .def_property_readonly("from_entries", [](const token_attribution& a) {
-        std::vector<double> v;
-        for (const auto& t : a.tokens) v.push_back(t.from_entries);
-        return copy_of(v);
-      })
-      .def_property_readonly("from_window", [](const token_attribution& a) {
-        std::vector<double> v;
-        for (const auto& t : a.tokens) v.push_back(t.from_window);
-        return copy_of(v);
-      })
+      .def_property_readonly("token",
+                             [](const token_attribution& a) {
+                               std::vector<std::int64_t> v;
+                               for (const auto& t : a.tokens) v.push_back(t.token);
+                               return copy_of(v);
+                             })
+      .def_property_readonly("phase",
+                             [](const token_attribution& a) {
+                               std::vector<std::int64_t> v;
+                               for (const auto& t : a.tokens) v.push_back(t.phase);
+                               return copy_of(v);
+                             })
+      .def_property_readonly("mass",
+                             [](const token_attribution& a) {
+                               std::vector<double> v;
+                               for (const auto& t : a.tokens) v.push_back(t.mass);
+                               return copy_of(v);
+                             })
+      .def_property_readonly("from_entries",
+                             [](const token_attribution& a) {
+                               std::vector<double> v;
+                               for (const auto& t : a.tokens) v.push_back(t.from_entries);
+                               return copy_of(v);
+                             })
+      .def_property_readonly("from_window",
+                             [](const token_attribution& a) {
+                               std::vector<double> v;
+                               for (const auto& t : a.tokens) v.push_back(t.from_window);
+                               return copy_of(v);
+                             })
       .def_readonly("phases", &token_attribution::phases)
       .def_readonly("entry_mass", &token_attribution::entry_mass)
       .def_readonly("window_mass", &token_attribution::window_mass)

@@ -12,16 +12,15 @@
 
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
-#include <utility>
-#include <variant>
-
 #include <phasekv/cache/paged_cache.hpp>
 #include <phasekv/cache/presets.hpp>
 #include <phasekv/compress/presets.hpp>
 #include <phasekv/compress/stream_compressor.hpp>
 #include <phasekv/read/presets.hpp>
 #include <phasekv/read/sparse_reader.hpp>
+#include <shared_mutex>
+#include <utility>
+#include <variant>
 
 #include "common.hpp"
 
@@ -65,8 +64,10 @@ struct policy_tag {
 template <class F>
 decltype(auto) with_policy(policy_kind kind, F&& f) {
   switch (kind) {
-    case policy_kind::mean: return f(policy_tag<phasekv::compressor_policy<phasekv::mean_pool>>{});
-    case policy_kind::deepseek_v4: return f(policy_tag<phasekv::presets::deepseek_v4_csa_policy>{});
+    case policy_kind::mean:
+      return f(policy_tag<phasekv::compressor_policy<phasekv::mean_pool>>{});
+    case policy_kind::deepseek_v4:
+      return f(policy_tag<phasekv::presets::deepseek_v4_csa_policy>{});
   }
   phasekv::detail::fail<phasekv::config_error>("policy", static_cast<int>(kind), "is not a Policy");
 }

@@ -35,12 +35,13 @@ PYBIND11_MODULE(PHASEKV_PYTHON_MODULE, m) {
 
   static PyObject* error = new_exception(m, "Error", PyExc_RuntimeError, "Any error phasekv reports.");
   const py::tuple input_bases = py::make_tuple(py::handle(error), py::handle(PyExc_ValueError));
-  static PyObject* input_error = new_exception(m, "InputError", input_bases.ptr(),
-                                               "A call whose arguments do not fit the configuration.");
+  static PyObject* input_error =
+      new_exception(m, "InputError", input_bases.ptr(), "A call whose arguments do not fit the configuration.");
   const py::tuple config_bases = py::make_tuple(py::handle(error), py::handle(PyExc_ValueError));
-  static PyObject* config_error = new_exception(m, "ConfigError", config_bases.ptr(),
-                                                "A configuration that cannot describe a valid object.");
-  static PyObject* capacity_error = new_exception(m, "CapacityError", error, "A resource ran out (a page pool is full).");
+  static PyObject* config_error =
+      new_exception(m, "ConfigError", config_bases.ptr(), "A configuration that cannot describe a valid object.");
+  static PyObject* capacity_error =
+      new_exception(m, "CapacityError", error, "A resource ran out (a page pool is full).");
   py::register_exception_translator([](std::exception_ptr thrown) {
     try {
       if (thrown) std::rethrow_exception(thrown);

@@ -26,7 +26,9 @@ std::int64_t value_channels(const reader& r) { return r.sparse.output_floats() /
 struct batch_rows {
   const float* data = nullptr;
   std::size_t per_item = 0;
-  span<const float> item(std::size_t b) const { return data ? span<const float>(data + b * per_item, per_item) : span<const float>(); }
+  span<const float> item(std::size_t b) const {
+    return data ? span<const float>(data + b * per_item, per_item) : span<const float>();
+  }
 };
 batch_rows rows_of(const py::object& o, const char* name, std::size_t batch, std::vector<py::array>& keep) {
   const span<const float> all = optional_input<float>(o, name, keep);
@@ -47,7 +49,8 @@ std::int32_t* selection_output(py::object& o, const char* name, std::size_t batc
   }
   const bool allocate = py::isinstance<py::bool_>(o);
   if (allocate) o = py::none();
-  std::int32_t* to = output<std::int32_t>(o, name, {static_cast<py::ssize_t>(batch), top_k}, "len(seqs) × reader top_k");
+  std::int32_t* to =
+      output<std::int32_t>(o, name, {static_cast<py::ssize_t>(batch), top_k}, "len(seqs) × reader top_k");
   if (allocate) std::fill_n(to, batch * static_cast<std::size_t>(top_k), -1);
   return to;
 }
@@ -60,8 +63,8 @@ py::array_t<T> trace_copy(const std::vector<T>& v) {
 
 }  // namespace
 
-[[gnu::noinline]] void read_one(reader& r, const layer_cache& c, sequence_id seq, const read_request& request, float* out,
-                                read_trace* trace) {
+[[gnu::noinline]] void read_one(reader& r, const layer_cache& c, sequence_id seq, const read_request& request,
+                                float* out, read_trace* trace) {
   c.visit([&](const auto& cache) { r.sparse.read(cache, seq, request, out, trace); });
 }
 
@@ -74,7 +77,8 @@ void init_read(const modules& m) {
       .value("bf16", indexer_precision::bf16);
 
   // indexer_stream is a std::size_t with no_stream for "none": None in Python.
-  struct_binding<reader_config>(root, "ReaderConfig", "A sparse reader's heads, streams and selection (read/read_types.hpp).")
+  struct_binding<reader_config>(root, "ReaderConfig",
+                                "A sparse reader's heads, streams and selection (read/read_types.hpp).")
       .field("name", &reader_config::name)
       .field("query_heads", &reader_config::query_heads)
       .field("scale", &reader_config::scale, "logit scale; 0 means 1/sqrt(key channels)")
@@ -101,12 +105,15 @@ void init_read(const modules& m) {
                          "properties are copies. Masses are means over query heads.")
       .def(py::init<>())
       .def_readonly("candidates", &read_trace::candidates)
-      .def_property_readonly("selected", [](const read_trace& t) { return trace_copy(t.selected); },
-                             "entry ids in rank order (index order without an indexer), int64")
-      .def_property_readonly("scores", [](const read_trace& t) { return trace_copy(t.scores); },
-                             "their indexer scores (empty without an indexer)")
-      .def_property_readonly("entry_mass", [](const read_trace& t) { return trace_copy(t.entry_mass); },
-                             "attention mass per selected entry")
+      .def_property_readonly(
+          "selected", [](const read_trace& t) { return trace_copy(t.selected); },
+          "entry ids in rank order (index order without an indexer), int64")
+      .def_property_readonly(
+          "scores", [](const read_trace& t) { return trace_copy(t.scores); },
+          "their indexer scores (empty without an indexer)")
+      .def_property_readonly(
+          "entry_mass", [](const read_trace& t) { return trace_copy(t.entry_mass); },
+          "attention mass per selected entry")
       .def_readonly("window_first", &read_trace::window_first, "window tokens read: [window_first, position]")
       .def_property_readonly("window_token_mass", [](const read_trace& t) { return trace_copy(t.window_token_mass); })
       .def_readonly("window_mass", &read_trace::window_mass)
@@ -155,10 +162,10 @@ void init_read(const modules& m) {
           "channels] (the array passed as out=, or a new one).")
       .def(
           "read_batch",
-          [](reader& r, const layer_cache& c, const std::vector<sequence_id>& seqs, const std::vector<std::int64_t>& positions,
-             const py::object& queries, const py::object& indexer_queries, const py::object& indexer_weights,
-             const py::object& sinks, const py::object& top_k, py::object out, py::object lse, py::object selected_logical,
-             py::object selected_physical, const py::object& traces) {
+          [](reader& r, const layer_cache& c, const std::vector<sequence_id>& seqs,
+             const std::vector<std::int64_t>& positions, const py::object& queries, const py::object& indexer_queries,
+             const py::object& indexer_weights, const py::object& sinks, const py::object& top_k, py::object out,
+             py::object lse, py::object selected_logical, py::object selected_physical, const py::object& traces) {
             const std::size_t batch = seqs.size();
             detail::require<input_error>(positions.size() == batch, "read_batch: len(positions)", positions.size(),
                                          "must be len(seqs) = " + std::to_string(batch));
@@ -175,7 +182,8 @@ void init_read(const modules& m) {
             }
             const reader_config& rc = r.sparse.config();
             const auto b = static_cast<py::ssize_t>(batch);
-            float* o = output<float>(out, "out", {b, rc.query_heads, value_channels(r)}, "len(seqs) × query_heads × value channels");
+            float* o = output<float>(out, "out", {b, rc.query_heads, value_channels(r)},
+                                     "len(seqs) × query_heads × value channels");
             float* l = output<float>(lse, "lse", {b, rc.query_heads}, "len(seqs) × query_heads");
             std::int32_t* logical = selection_output(selected_logical, "selected_logical", batch, rc.top_k);
             std::int32_t* physical = selection_output(selected_physical, "selected_physical", batch, rc.top_k);
@@ -216,8 +224,8 @@ void init_read(const modules& m) {
           "when asked for (True, or an array to fill), else None.");
 
   presets.def("deepseek_v4_csa_reader", &presets::deepseek_v4_csa_reader,
-                "64 query heads, tied 512-channel K/V on stream 0, indexer (64 heads) on stream 1, top 512, sink, "
-                "de-rotated output");
+              "64 query heads, tied 512-channel K/V on stream 0, indexer (64 heads) on stream 1, top 512, sink, "
+              "de-rotated output");
   presets.def("deepseek_v4_hca_reader", &presets::deepseek_v4_hca_reader, "the same heads, no indexer");
 }
 

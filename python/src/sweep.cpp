@@ -148,8 +148,7 @@ void init_sweep(const modules& m) {
       .def("to_table", &sweep_result::to_table)
       .def("to_csv", &sweep_result::to_csv)
       .def("to_json", &sweep_result::to_json);
-  root.def("run_sweep", &run_python_sweep, py::arg("config"), py::arg("trial"),
-           py::arg("kind") = outcome_kind::binary,
+  root.def("run_sweep", &run_python_sweep, py::arg("config"), py::arg("trial"), py::arg("kind") = outcome_kind::binary,
            "Runs trial(placement) on every placement of plan_sweep(config) in the plan's order and summarises. "
            "kind=binary: the trial returns a bool; kind=probability: a float in [0, 1]. A trial that raises is a "
            "failed trial (counted, excluded); KeyboardInterrupt stops the sweep and is raised again.");
