@@ -127,7 +127,8 @@ def test_appends_reject_bad_chunks_with_the_libraries_message():
     payload = np.zeros((3, 1, 2, 512), dtype=np.float32)
     with pytest.raises(pk.InputError) as e:
         c.append(s, payload)  # gated: the logits are missing
-    assert str(e.value) == "csa.kv: chunk.logits.size() = 0: must be 3072 (tokens × kv_heads × views × gate channels)"
+    assert str(e.value) == (
+        "csa.kv: chunk.logits.size() = 0: must be 3072 (tokens × kv_heads × views × gate channels)")
     with pytest.raises(ValueError, match="needs a leading token axis"):
         c.append(s, payload.reshape(-1), payload.reshape(-1))
     bad = payload.copy()

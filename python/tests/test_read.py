@@ -191,7 +191,8 @@ def test_arrays_that_would_need_a_copy_are_rejected(rng, csa):
         reader.read(csa.cache, seq, 99, q, iq, iw, sinks, out=np.empty(10, dtype=np.float32))
     with pytest.raises(pk.InputError, match=r"^csa.reader: request.queries.size\(\) = 512: must be 32768"):
         reader.read(csa.cache, seq, 99, q[:1], iq, iw, sinks)
-    with pytest.raises(pk.InputError, match=r"^csa.reader: items\[1\].request.position = 100: must lie in \[0, tokens = 100\)"):
+    message = r"^csa.reader: items\[1\].request.position = 100: must lie in \[0, tokens = 100\)"
+    with pytest.raises(pk.InputError, match=message):
         reader.read_batch(csa.cache, [seq, seq], [99, 100], np.stack([q, q]), np.stack([iq, iq]), np.stack([iw, iw]),
                           np.stack([sinks, sinks]))
     with pytest.raises(pk.InputError, match=r"^queries.shape\[0\] = 1: must be the batch size len\(seqs\) = 2$"):
@@ -221,8 +222,10 @@ def test_reader_accessors_and_config_errors(csa):
     assert reader.output_floats == 64 * 512 and reader.config.top_k == 512
     assert reader.shape.geometry == csa.geometry and len(reader.shape.streams) == 2
     rc.indexer_stream = None
-    with pytest.raises(pk.ConfigError, match=r"^csa.reader.indexer_stream = -1: must name a stream of the cache when top_k > 0$"):
+    message = r"^csa.reader.indexer_stream = -1: must name a stream of the cache when top_k > 0$"
+    with pytest.raises(pk.ConfigError, match=message):
         pk.SparseReader(csa.cache, rc)
     rc.indexer_stream, rc.key_stream = 1, 5
-    with pytest.raises(pk.ConfigError, match=r"^csa.reader.key_stream = 5: must name a stream of the cache \(it has 2\)$"):
+    message = r"^csa.reader.key_stream = 5: must name a stream of the cache \(it has 2\)$"
+    with pytest.raises(pk.ConfigError, match=message):
         pk.SparseReader(csa.cache, rc)
