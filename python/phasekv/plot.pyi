@@ -2,6 +2,8 @@
 
 from typing import Sequence
 
+from ._phasekv import SweepResult
+
 class PlotPoint:
     x: float
     y: float
@@ -25,14 +27,17 @@ class PlotAxes:
     y_max: float
     x_ticks: list[tuple[float, str]]
     y_ticks: list[tuple[float, str]]
+    x_boundaries: list[float]
     width: int
     height: int
     def __init__(
         self, *, title: str = "", x_label: str = "", y_label: str = "", x_min: float = 0.0, x_max: float = 1.0,
         y_min: float = 0.0, y_max: float = 100.0, x_ticks: list[tuple[float, str]] = ...,
-        y_ticks: list[tuple[float, str]] = ..., width: int = 960, height: int = 540,
+        y_ticks: list[tuple[float, str]] = ..., x_boundaries: list[float] = ..., width: int = 960,
+        height: int = 540,
     ) -> None: ...
     def validate(self) -> None: ...
 
 def svg_line_plot(series: Sequence[PlotSeries], axes: PlotAxes) -> str: ...
 def svg_escape(text: str) -> str: ...
+def phase_sweep_series(result: SweepResult, label: str) -> PlotSeries: ...

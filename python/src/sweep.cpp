@@ -16,9 +16,9 @@ using namespace phasekv;
 
 namespace {
 
-// A Python trial for run_sweep. An exception raised by the trial is a failed trial, as in C++,
+// A Python trial for run_sweep. An exception raised by the trial is an errored trial, as in C++,
 // recorded as "threw: <Type>: <message>". KeyboardInterrupt and SystemExit are not outcomes: the
-// first one stops the sweep (later trials fail without being called) and is raised again once
+// first one stops the sweep (later trials error without being called) and is raised again once
 // run_sweep returns.
 struct python_trial {
   py::function call;
@@ -119,7 +119,7 @@ void init_sweep(const modules& m) {
       .def_readonly("residue", &residue_outcome::residue)
       .def_readonly("planned", &residue_outcome::planned)
       .def_readonly("valid", &residue_outcome::valid)
-      .def_readonly("failed", &residue_outcome::failed)
+      .def_readonly("errored", &residue_outcome::errored, "threw / NaN / out of range: no outcome, not a wrong answer")
       .def_readonly("successes", &residue_outcome::successes)
       .def_readonly("estimate", &residue_outcome::estimate)
       .def_readonly("ci_low", &residue_outcome::ci_low)
@@ -135,7 +135,7 @@ void init_sweep(const modules& m) {
       .def_readonly("config", &sweep_result::config)
       .def_readonly("kind", &sweep_result::kind)
       .def_readonly("residues", &sweep_result::residues)
-      .def_readonly("failed_trials", &sweep_result::failed_trials)
+      .def_readonly("errored_trials", &sweep_result::errored_trials)
       .def_readonly("first_error", &sweep_result::first_error)
       .def_readonly("valid", &sweep_result::valid)
       .def_readonly("invalid_reason", &sweep_result::invalid_reason)
@@ -144,14 +144,17 @@ void init_sweep(const modules& m) {
       .def_readonly("best_residue", &sweep_result::best_residue)
       .def_readonly("worst_residue", &sweep_result::worst_residue)
       .def_readonly("homogeneity", &sweep_result::homogeneity)
-      .def_readonly("period", &sweep_result::period)
+      .def_readonly("period", &sweep_result::period, "the fitted period; it means something only if has_period()")
+      .def_readonly_static("phase_effect_alpha", &sweep_result::phase_effect_alpha)
+      .def("has_period", &sweep_result::has_period, "valid, not flat, and homogeneity p < phase_effect_alpha")
       .def("to_table", &sweep_result::to_table)
-      .def("to_csv", &sweep_result::to_csv)
+      .def("to_csv", &sweep_result::to_csv, "one plain table, a row per residue")
+      .def("to_summary_csv", &sweep_result::to_summary_csv, "the summary as key,value rows")
       .def("to_json", &sweep_result::to_json);
   root.def("run_sweep", &run_python_sweep, py::arg("config"), py::arg("trial"), py::arg("kind") = outcome_kind::binary,
            "Runs trial(placement) on every placement of plan_sweep(config) in the plan's order and summarises. "
-           "kind=binary: the trial returns a bool; kind=probability: a float in [0, 1]. A trial that raises is a "
-           "failed trial (counted, excluded); KeyboardInterrupt stops the sweep and is raised again.");
+           "kind=binary: the trial returns a bool; kind=probability: a float in [0, 1]. A trial that raises is an "
+           "errored trial (counted, excluded); KeyboardInterrupt stops the sweep and is raised again.");
 
   // ---- statistics (diag/statistics.hpp), in phasekv.stats
   py::module_ stats = m.stats;
@@ -230,7 +233,8 @@ void init_sweep(const modules& m) {
       .field("points", &plot::plot_series::points)
       .field("dashed", &plot::plot_series::dashed)
       .done();
-  struct_binding<plot::plot_axes>(plot, "PlotAxes", "Title, labels, ranges, ticks ((value, label) lists) and size.")
+  struct_binding<plot::plot_axes>(plot, "PlotAxes",
+                                  "Title, labels, ranges, ticks ((value, label) lists), boundary lines and size.")
       .field("title", &plot::plot_axes::title)
       .field("x_label", &plot::plot_axes::x_label)
       .field("y_label", &plot::plot_axes::y_label)
@@ -240,12 +244,16 @@ void init_sweep(const modules& m) {
       .field("y_max", &plot::plot_axes::y_max)
       .field("x_ticks", &plot::plot_axes::x_ticks)
       .field("y_ticks", &plot::plot_axes::y_ticks)
+      .field("x_boundaries", &plot::plot_axes::x_boundaries, "x of vertical boundary lines (a list)")
       .field("width", &plot::plot_axes::width)
       .field("height", &plot::plot_axes::height)
       .done()
       .def("validate", &plot::plot_axes::validate);
   plot.def("svg_line_plot", &plot::svg_line_plot, py::arg("series"), py::arg("axes"), "The SVG document as a string.");
   plot.def("svg_escape", &plot::svg_escape, py::arg("text"));
+  plot.def("phase_sweep_series", &plot::phase_sweep_series, py::arg("result"), py::arg("label"),
+           "A sweep's accuracy (%) by residue with its 95% interval at x = (residue + 1) / stride: chunk "
+           "boundaries at whole numbers for every stride.");
 }
 
 }  // namespace pyphasekv

@@ -203,25 +203,29 @@ def test_a_sweep_from_python_reports_what_the_cpp_example_reports():
     assert (summary.mean, summary.gap_points) == (result.mean, result.gap_points)
 
 
-def test_sweep_reports_and_failed_trials():
+def test_sweep_reports_and_errored_trials():
     config = pk.SweepConfig(stride=2, trials_per_residue=12, query_position=500, span=100, seed=7)
 
     def trial(p):
         if p.trial == 0 and p.residue == 1:
-            raise ValueError("the engine fell over")
+            raise ValueError("the engine fell over, twice")
         return 0.25 + 0.5 * (p.target_position % 2)
 
     result = pk.run_sweep(config, trial, kind=pk.OutcomeKind.probability)
-    assert result.failed_trials == 1 and result.residues[1].failed == 1
-    assert result.first_error.endswith("threw: ValueError: the engine fell over")
+    assert result.errored_trials == 1 and result.residues[1].errored == 1
+    assert result.first_error.endswith("threw: ValueError: the engine fell over, twice")
     assert result.homogeneity.test == "anova" and result.valid
     report = json.loads(result.to_json())
-    assert report["failed_trials"] == 1 and report["residues"][1]["valid"] == 11
-    table = list(csv.reader(line for line in io.StringIO(result.to_csv()) if not line.startswith("#")))
-    assert table[0][:3] == ["residue", "phase", "planned"] and len(table) == 5
-    # A binary sweep takes only bools: a float is a failed trial, not "true".
+    assert report["errored_trials"] == 1 and report["residues"][1]["valid"] == 11
+    table = list(csv.reader(io.StringIO(result.to_csv())))
+    assert table[0][:5] == ["residue", "phase", "planned", "valid", "errored"] and len(table) == 5
+    summary = dict(csv.reader(io.StringIO(result.to_summary_csv())))
+    assert summary["key"] == "value" and summary["errored_trials"] == "1" and summary["test"] == "anova"
+    assert summary["first_error"] == result.first_error  # a field with commas, quoted
+    assert result.has_period() and summary["dominant_period"] == "2" and report["dominant_period"]["period"] == 2
+    # A binary sweep takes only bools: a float is an errored trial, not "true".
     strict = pk.run_sweep(config, lambda p: 0.7)
-    assert strict.failed_trials == 48 and not strict.valid
+    assert strict.errored_trials == 48 and not strict.valid and not strict.has_period()
     assert "returned 0.7, not a bool" in strict.first_error
     assert pk.run_sweep(config, lambda p: np.bool_(p.residue == 0)).residues[0].successes == 12
 
@@ -299,6 +303,18 @@ def test_svg_line_plot():
         plot.svg_line_plot([], plot.PlotAxes(width=10))
 
 
+def test_a_sweep_as_a_plot_series():
+    from phasekv import plot
+
+    config = pk.SweepConfig(stride=4, trials_per_residue=10, query_position=5000, span=200)
+    result = pk.run_sweep(config, lambda p: p.residue % 4 != 3)
+    series = plot.phase_sweep_series(result, "S=4")
+    assert series.label == "S=4" and [p.x for p in series.points] == [(r + 1) / 4 for r in range(8)]
+    assert [p.y for p in series.points] == [0.0 if r % 4 == 3 else 100.0 for r in range(8)]
+    axes = plot.PlotAxes(x_max=2.0, x_boundaries=[0.0, 1.0, 2.0, 3.0])
+    assert plot.svg_line_plot([series], axes).count('class="boundary"') == 3  # 3.0 lies outside
+
+
 def test_remaining_sweep_accessors():
     config = pk.SweepConfig(stride=4, trials_per_residue=10, query_position=5000, span=200, min_distance=10)
     config.validate()
@@ -313,7 +329,7 @@ def test_remaining_sweep_accessors():
     assert (h.test, h.dof, h.dof_within, h.approximate) == ("chi_square", 7, 0, True) and h.p_value < 1e-10
     assert result.invalid_reason == "" and result.first_error == "" and result.period.period == 8.0
     r = result.residues[3]
-    assert (r.residue, r.planned, r.valid, r.failed, r.successes, r.estimate, r.ci_low) == (3, 10, 10, 0, 0, 0.0, 0.0)
+    assert (r.residue, r.planned, r.valid, r.errored, r.successes, r.estimate, r.ci_low) == (3, 10, 10, 0, 0, 0.0, 0.0)
     assert result.residues[0].ci_high == 1.0
     from phasekv import plot
 
