@@ -1,0 +1,269 @@
+#pragma once
+// FP8 entries: DeepSeek-V4's block format, and the scalar functions it is made of.
+//
+// One KV head of C channels whose last R are RoPE channels (R = the stream's rope channels when
+// its policy applies RoPE, else 0) is stored as N = C − R e4m3fn codes in blocks of 64 channels
+// with one power-of-two scale per block, followed by the R RoPE channels in bf16. For a block
+// x[0 … n) of the N quantized channels (n = 64, or N mod 64 for a final partial block):
+//
+//   amax  = max(max_i |x_i|, 1e-4)                           (fp32; the floor is fp32(1e-4))
+//   r     = amax · (1/448)                                    (fp32 product, fp32 constant)
+//   s     = 2^k,  k = ceil(log2 r) = (exponent of r) − 127 + (1 if r's mantissa bits ≠ 0)
+//   q_i   = e4m3fn(clamp(x_i / s, −448, 448)), round to nearest, ties to even
+//   value = q_i · s                                           (what a read sees, exact in fp32)
+//
+// and the scale is stored as the UE8M0 byte b = k + 127 (scale = 2^(b − 127)). The RoPE channels
+// are rounded to bf16 to nearest even (storage.hpp's float_to_bf16). Rotated pairs keep 8 bits of
+// precision where quantizing them to 4 would move the position signal; the other channels share
+// a scale per 64 because, after RMSNorm, a block's values are of one magnitude.
+//
+// Byte layout of one head (fp8_head_layout), offsets from the head's first byte:
+//
+//   [0, N)                         e4m3fn codes, channel c at byte c
+//   [N', N' + 2R)                  the R bf16 RoPE values, little-endian; N' = N rounded up to
+//                                  even (one zero byte after the codes when N is odd)
+//   [N' + 2R, N' + 2R + B)         B = ceil(N / 64) UE8M0 scale bytes, block i's at offset i
+//   [N' + 2R + B, bytes)           zero padding: a head is a whole number of 8-byte words
+//
+// For DeepSeek-V4 (C = 512, R = 64): codes [0, 448), bf16 [448, 576), seven scales [576, 583),
+// byte 583 zero — 584 bytes, FlashMLA's FP8 sparse-decode layout. A final partial block (N not a
+// multiple of 64) takes its amax over its own n channels only. An entry of H heads is H such
+// heads back to back (head stride = bytes), so multi-head entries stay 8-byte aligned.
+//
+// e4m3fn (OCP FP8 E4M3, "fn": finite, no infinities): sign, 4 exponent bits with bias 7, 3
+// mantissa bits; normal (1 + m/8)·2^(e−7) for e ≥ 1, subnormal m·2^−9, largest finite 448
+// (0x7E), NaN S.1111.111 (0x7F, 0xFF). float_to_e4m3 rounds to nearest even in integer
+// arithmetic, keeps the sign of zero (also when a tiny value rounds to 0), saturates finite
+// values beyond 448 and ±Inf to ±448, and maps NaN to 0x7F with its sign. Decoding is exact; every
+// e4m3 value times every scale the quantizer makes (2^−22 … 2^120) is exact in fp32 unless it
+// exceeds fp32's range: only blocks whose amax lies beyond 1.9375 · 2^127 dequantize to ±Inf.
+//
+// Non-finite input (a NaN or ±Inf anywhere in a block; the compressor passes them through unless
+// append_options::check_finite is on) makes the whole block NaN: every code 0x7F and the scale
+// byte 0xFF (UE8M0's NaN), so the block reads as NaN in every channel, as it would in fp32 storage
+// after a softmax touched it. (NaN has no magnitude to scale by; ±Inf would need 2^128.)
+//
+// Everything here is independent of the FPU's rounding mode and of FTZ/DAZ: the conversions are
+// integer arithmetic, x / s is exact or too small to matter (|x / s| < 2^−126 encodes as ±0
+// either way), and q · s is a product of exact values whose results are normal.
+//
+// fp8_decode_channels is what the reader runs inside the attention kernel: on AVX-512 it widens 16
+// codes at a time to fp32 with integer arithmetic and multiplies by the block's scale, giving the
+// same bits as the scalar functions (tests/test_cache_fp8.cpp checks every code at every scale).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "phasekv/cache/storage.hpp"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace phasekv {
+
+// ---- e4m3fn ----------------------------------------------------------------------------------
+
+inline constexpr float e4m3_max = 448.0f;
+
+// Round to nearest even, saturating; NaN → 0x7F with the sign bit of the input.
+inline std::uint8_t float_to_e4m3(float value) noexcept {
+  const std::uint32_t bits = detail::float_bits(value);
+  const auto sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
+  const std::uint32_t magnitude = bits & detail::f32_abs_mask;
+  if (magnitude > detail::f32_infinity) return static_cast<std::uint8_t>(sign | 0x7Fu);
+  // 448 and beyond (±Inf included) saturate. Values just below round to 448 at most, never up
+  // into the NaN pattern: the next e4m3 step above 448 would be 480.
+  constexpr std::uint32_t e4m3_max_bits = 0x43E00000u;  // 448 = 1.75 · 2^8
+  if (magnitude >= e4m3_max_bits) return static_cast<std::uint8_t>(sign | 0x7Eu);
+  constexpr std::uint32_t smallest_normal = 0x3C800000u;  // 2^-6
+  if (magnitude >= smallest_normal) {
+    // Rebias the exponent (127 → 7) and round the 20 dropped mantissa bits to nearest even; a
+    // carry into the exponent is the correctly rounded result.
+    const std::uint32_t kept_lsb = (magnitude >> 20) & 1u;
+    const std::uint32_t rebiased = magnitude - ((127u - 7u) << 23);
+    return static_cast<std::uint8_t>(sign | ((rebiased + 0x7FFFFu + kept_lsb) >> 20));
+  }
+  // Subnormal result (or zero): value / 2^-9 rounded to an integer in [0, 8]; 8 spells the
+  // smallest normal, 2^-6, correctly. |x| ≤ 2^-10 (exponent field below 117, or the tie at
+  // 2^-10 itself) rounds to ±0.
+  const std::uint32_t exponent = magnitude >> 23;
+  if (exponent < 117) return sign;
+  const std::uint32_t significand = (magnitude & 0x007FFFFFu) | 0x00800000u;
+  const std::uint32_t shift = 141u - exponent;  // 21 … 24
+  const std::uint32_t quotient = significand >> shift;
+  const std::uint32_t remainder = significand & ((1u << shift) - 1u);
+  const std::uint32_t half = 1u << (shift - 1u);
+  const bool round_up = remainder > half || (remainder == half && (quotient & 1u) != 0);
+  return static_cast<std::uint8_t>(sign | (quotient + (round_up ? 1u : 0u)));
+}
+
+// Exact. NaN codes give a quiet NaN with the code's sign.
+inline float e4m3_to_float(std::uint8_t code) noexcept {
+  const std::uint32_t sign = (static_cast<std::uint32_t>(code) & 0x80u) << 24;
+  const std::uint32_t magnitude = code & 0x7Fu;
+  if (magnitude == 0x7Fu) return detail::float_from_bits(sign | 0x7FC00000u);
+  // Normal: the 7 bits e.mmm shifted into fp32's exponent and mantissa, the bias moved 7 → 127.
+  if (magnitude >= 0x08u) return detail::float_from_bits(sign | ((magnitude << 20) + ((127u - 7u) << 23)));
+  // Subnormal m · 2^-9 (a normal fp32, computed exactly).
+  return detail::float_from_bits(sign | detail::float_bits(static_cast<float>(magnitude) * 0x1p-9f));
+}
+
+// ---- UE8M0 scales ----------------------------------------------------------------------------
+
+inline constexpr std::uint8_t ue8m0_nan = 0xFF;
+
+// 2^(b − 127); 0xFF is NaN; b = 0 is 2^-127, an fp32 subnormal.
+inline float ue8m0_to_float(std::uint8_t b) noexcept {
+  if (b == ue8m0_nan) return detail::float_from_bits(0x7FC00000u);
+  if (b == 0) return detail::float_from_bits(0x00400000u);
+  return detail::float_from_bits(static_cast<std::uint32_t>(b) << 23);
+}
+
+// The amax floor, as DeepSeek's code applies it to an fp32 tensor.
+inline constexpr float fp8_amax_floor = 1e-4f;
+
+// The scale byte b = k + 127 of a block whose (floored) amax is finite and ≥ fp8_amax_floor:
+// k = ceil(log2(amax · (1/448))), read off the fp32 bits of the product. Result in [105, 247].
+inline std::uint8_t fp8_scale_byte(float amax) noexcept {
+  const std::uint32_t bits = detail::float_bits(amax * (1.0f / e4m3_max));
+  const std::uint32_t exponent = (bits >> 23) & 0xFFu;
+  const std::uint32_t rounds_up = (bits & 0x007FFFFFu) != 0 ? 1u : 0u;
+  return static_cast<std::uint8_t>(exponent + rounds_up);
+}
+
+// ---- the block layout of one head ------------------------------------------------------------
+
+struct fp8_head_layout {
+  static constexpr std::int64_t block_channels = 64;  // channels per scale
+  static constexpr std::int64_t alignment = 8;        // bytes; a head is a whole number of these
+
+  std::int64_t channels = 0;
+  std::int64_t rope_channels = 0;  // the last ones, stored in bf16
+  std::int64_t quantized = 0;      // channels − rope_channels: e4m3 codes at bytes [0, quantized)
+  std::int64_t blocks = 0;         // ceil(quantized / 64)
+  std::int64_t rope_offset = 0;    // first byte of the bf16 values: quantized rounded up to even
+  std::int64_t scale_offset = 0;   // first scale byte: rope_offset + 2 · rope_channels
+  std::int64_t bytes = 0;          // scale_offset + blocks, rounded up to a multiple of 8
+
+  // Expects 0 ≤ rope_channels ≤ channels (page_pool_config::validate checks it).
+  static constexpr fp8_head_layout of(std::int64_t channels, std::int64_t rope_channels) noexcept {
+    fp8_head_layout l;
+    l.channels = channels;
+    l.rope_channels = rope_channels;
+    l.quantized = channels - rope_channels;
+    l.blocks = (l.quantized + block_channels - 1) / block_channels;
+    l.rope_offset = (l.quantized + 1) / 2 * 2;
+    l.scale_offset = l.rope_offset + 2 * rope_channels;
+    l.bytes = (l.scale_offset + l.blocks + alignment - 1) / alignment * alignment;
+    return l;
+  }
+};
+static_assert(fp8_head_layout::of(512, 64).bytes == 584 && fp8_head_layout::of(512, 64).scale_offset == 576,
+              "DeepSeek-V4's entry is FlashMLA's 584 bytes");
+
+namespace detail {
+
+inline std::uint16_t load_u16(const std::byte* at) noexcept {
+  std::uint16_t v;
+  std::memcpy(&v, at, sizeof v);
+  return v;
+}
+
+inline float fp8_channel(const std::byte* head, const fp8_head_layout& l, std::int64_t c) noexcept {
+  if (c >= l.quantized) return bf16_to_float(load_u16(head + l.rope_offset + 2 * (c - l.quantized)));
+  const auto code = static_cast<std::uint8_t>(head[c]);
+  const auto scale = static_cast<std::uint8_t>(head[l.scale_offset + c / fp8_head_layout::block_channels]);
+  return e4m3_to_float(code) * ue8m0_to_float(scale);
+}
+
+#if defined(__AVX512F__)
+// 16 codes to fp32 times one scale: e4m3_to_float(code) · scale lane by lane, the same bits.
+inline __m512 fp8_decode16(const std::byte* codes, float scale) noexcept {
+  const __m512i code = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  const __m512i magnitude = _mm512_and_si512(code, _mm512_set1_epi32(0x7F));
+  const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(magnitude, 20), _mm512_set1_epi32((127 - 7) << 23));
+  const __m512 subnormal = _mm512_mul_ps(_mm512_cvtepi32_ps(magnitude), _mm512_set1_ps(0x1p-9f));
+  const __mmask16 is_subnormal = _mm512_cmplt_epu32_mask(magnitude, _mm512_set1_epi32(0x08));
+  const __mmask16 is_nan = _mm512_cmpeq_epu32_mask(magnitude, _mm512_set1_epi32(0x7F));
+  __m512i value = _mm512_mask_blend_epi32(is_subnormal, normal, _mm512_castps_si512(subnormal));
+  value = _mm512_mask_blend_epi32(is_nan, value, _mm512_set1_epi32(0x7FC00000));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(code, _mm512_set1_epi32(0x80)), 24);
+  return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(value, sign)), _mm512_set1_ps(scale));
+}
+
+// 16 bf16 values to fp32 (exact).
+inline __m512 bf16_decode16(const std::byte* values) noexcept {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(values)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+#endif
+
+}  // namespace detail
+
+// Channels [first, first + count) of one head at `head`, dequantized into out[0 … count): code ·
+// scale for quantized channels, the bf16 value widened for RoPE channels. No alignment needed.
+inline void fp8_decode_channels(const std::byte* head, const fp8_head_layout& l, std::int64_t first,
+                                std::int64_t count, float* out) noexcept {
+  std::int64_t i = 0;  // out[i] is channel first + i
+#if defined(__AVX512F__)
+  // Runs of 16 that lie inside one block of codes, or inside the bf16 channels.
+  constexpr std::uint64_t block = fp8_head_layout::block_channels;
+  for (; i + 16 <= count; i += 16) {
+    const std::int64_t c = first + i;
+    const auto channel = static_cast<std::uint64_t>(c);  // ≥ 0: unsigned division is a shift
+    if (c + 16 <= l.quantized && channel % block <= block - 16) {
+      const float scale = ue8m0_to_float(static_cast<std::uint8_t>(head[l.scale_offset + static_cast<std::int64_t>(channel / block)]));
+      _mm512_storeu_ps(out + i, detail::fp8_decode16(head + c, scale));
+    } else if (c >= l.quantized) {
+      _mm512_storeu_ps(out + i, detail::bf16_decode16(head + l.rope_offset + 2 * (c - l.quantized)));
+    } else {
+      for (std::int64_t k = 0; k < 16; ++k) out[i + k] = detail::fp8_channel(head, l, c + k);
+    }
+  }
+#endif
+  // (A plain `for (; i < count; ++i)` here made GCC 12 warn of a 2^62-th iteration after the
+  // SIMD loop had consumed a constant count; the remainder as a count of its own does not.)
+  for (std::int64_t rest = count - i; rest > 0; --rest, ++i) out[i] = detail::fp8_channel(head, l, first + i);
+}
+
+// The whole head: out[0 … channels).
+inline void fp8_dequantize_head(const std::byte* head, const fp8_head_layout& l, float* out) noexcept {
+  fp8_decode_channels(head, l, 0, l.channels, out);
+}
+
+// Quantizes one head's channels values[0 … channels) into the l.bytes bytes at `head` (every byte
+// written, padding as 0). No alignment needed.
+inline void fp8_quantize_head(const float* values, const fp8_head_layout& l, std::byte* head) noexcept {
+  std::memset(head, 0, static_cast<std::size_t>(l.bytes));
+  for (std::int64_t b = 0; b < l.blocks; ++b) {
+    const std::int64_t first = b * fp8_head_layout::block_channels;
+    const std::int64_t last = std::min(l.quantized, first + fp8_head_layout::block_channels);
+    float amax = fp8_amax_floor;
+    bool finite = true;
+    for (std::int64_t c = first; c < last; ++c) {
+      const float magnitude = std::fabs(values[c]);
+      finite = finite && magnitude <= detail::float_from_bits(0x7F7FFFFFu);  // false for NaN and Inf
+      amax = std::max(amax, magnitude);
+    }
+    if (!finite) {
+      std::memset(head + first, 0x7F, static_cast<std::size_t>(last - first));
+      head[l.scale_offset + b] = std::byte{ue8m0_nan};
+      continue;
+    }
+    const std::uint8_t scale_byte = fp8_scale_byte(amax);
+    const float scale = ue8m0_to_float(scale_byte);  // 2^-22 … 2^120: exact, normal
+    head[l.scale_offset + b] = std::byte{scale_byte};
+    for (std::int64_t c = first; c < last; ++c)
+      head[c] = std::byte{float_to_e4m3(std::clamp(values[c] / scale, -e4m3_max, e4m3_max))};
+  }
+  for (std::int64_t r = 0; r < l.rope_channels; ++r) {
+    const std::uint16_t bits = float_to_bf16(values[l.quantized + r]);
+    std::memcpy(head + l.rope_offset + 2 * r, &bits, sizeof bits);
+  }
+}
+
+}  // namespace phasekv

@@ -1,0 +1,373 @@
+// FP8 entries (include/phasekv/cache/fp8.hpp): DeepSeek-V4's e4m3fn/UE8M0 block format.
+//
+// Held to oracle/fp8_format.hpp, a double-precision twin written from the format's description:
+//   - every one of the 256 e4m3 codes decodes to its value and encodes back;
+//   - encoding equals the nearest-even oracle on a dense sample of fp32 patterns (every exponent,
+//     every top mantissa bit pattern, the low bits at and around the rounding boundaries) and on
+//     random patterns; ties go to the even code; ±448 and beyond saturate; NaN stays NaN;
+//   - the block scale on its edge cases (amax exactly 448 · 2^k, amax at and below the 1e-4 floor,
+//     zeros, the largest fp32) and on random amax;
+//   - whole heads byte for byte against the oracle's encoder, for DeepSeek's 512/64 shape and
+//     for generic shapes (partial last block, odd code counts, no RoPE channels, only RoPE
+//     channels, multi-head entries), including negative zero, subnormal codes, NaN and Inf;
+//   - a hand-made 512-channel entry whose every byte is written out here: codes at [0, 448),
+//     bf16 at [448, 576), scales at [576, 583), byte 583 zero;
+//   - SIMD dequantization equals the scalar functions for every code at every scale byte, and
+//     for every channel range of generic layouts.
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "oracle/fp8_format.hpp"
+#include "oracle/random_inputs.hpp"
+#include "phasekv/cache/fp8.hpp"
+#include "phasekv/cache/storage.hpp"
+
+namespace {
+
+using namespace phasekv;
+namespace oracle = phasekv_test::fp8;
+using i64 = std::int64_t;
+
+std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
+
+std::uint32_t bits_of(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+float float_of(std::uint32_t b) {
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+}
+
+// The library's bytes of one head.
+std::vector<std::uint8_t> quantize(const std::vector<float>& x, i64 channels, i64 rope) {
+  const fp8_head_layout l = fp8_head_layout::of(channels, rope);
+  std::vector<std::byte> out(sz(l.bytes), std::byte{0xAB});
+  fp8_quantize_head(x.data(), l, out.data());
+  std::vector<std::uint8_t> bytes(out.size());
+  std::memcpy(bytes.data(), out.data(), out.size());
+  return bytes;
+}
+
+// "" when the library's decoding of a head equals the oracle's values bit for bit (NaN as NaN).
+std::string decodes_like_oracle(const std::vector<std::uint8_t>& bytes, i64 channels, i64 rope) {
+  const fp8_head_layout l = fp8_head_layout::of(channels, rope);
+  std::vector<float> got(sz(channels));
+  fp8_dequantize_head(reinterpret_cast<const std::byte*>(bytes.data()), l, got.data());
+  const std::vector<double> want = oracle::decode_head(bytes.data(), {channels, rope});
+  for (i64 c = 0; c < channels; ++c) {
+    const double w = want[sz(c)];
+    const float g = got[sz(c)];
+    const bool same = std::isnan(w) ? std::isnan(g) : (static_cast<double>(g) == w && std::signbit(g) == std::signbit(w));
+    if (!same) return "channel " + std::to_string(c) + ": got " + std::to_string(g) + ", want " + std::to_string(w);
+  }
+  return "";
+}
+
+}  // namespace
+
+// ---- e4m3fn ---------------------------------------------------------------------------------
+
+TEST_CASE("fp8: every e4m3 code decodes to its value and encodes back to itself", "[cache][fp8]") {
+  for (int c = 0; c < 256; ++c) {
+    const auto code = static_cast<std::uint8_t>(c);
+    INFO("code 0x" << std::hex << c);
+    const double want = oracle::e4m3_value(code);
+    const float got = e4m3_to_float(code);
+    if (std::isnan(want)) {
+      CHECK((code & 0x7F) == 0x7F);
+      CHECK(std::isnan(got));
+      CHECK(std::signbit(got) == ((code & 0x80) != 0));
+      CHECK(float_to_e4m3(got) == code);  // NaN keeps its sign
+      continue;
+    }
+    CHECK(static_cast<double>(got) == want);
+    CHECK(std::signbit(got) == ((code & 0x80) != 0));  // ±0 included
+    CHECK(float_to_e4m3(got) == code);
+    CHECK(oracle::e4m3_nearest(want) == code);
+  }
+  CHECK(e4m3_to_float(0x7E) == 448.0f);
+  CHECK(e4m3_to_float(0x01) == std::ldexp(1.0f, -9));  // the smallest subnormal
+  CHECK(e4m3_to_float(0x08) == std::ldexp(1.0f, -6));  // the smallest normal
+}
+
+TEST_CASE("fp8: float_to_e4m3 equals the nearest-even oracle on a dense sample of fp32", "[cache][fp8]") {
+  // Every exponent (Inf and NaN included), every pattern of the top 11 mantissa bits, the low 12
+  // bits at and around 0 and their midpoint, both signs: the rounding boundaries of every binade
+  // e4m3 covers (normal results drop 20 bits, subnormal ones 21 to 24).
+  const std::uint32_t lows[] = {0x000, 0x001, 0x7FF, 0x800, 0x801, 0xFFF};
+  std::size_t wrong = 0, checked = 0;
+  std::uint32_t first_wrong = 0;
+  for (std::uint32_t sign = 0; sign < 2; ++sign)
+    for (std::uint32_t exponent = 0; exponent < 256; ++exponent)
+      for (std::uint32_t high = 0; high < 2048; ++high)
+        for (std::uint32_t low : lows) {
+          const std::uint32_t bits = sign << 31 | exponent << 23 | high << 12 | low;
+          const float x = float_of(bits);
+          const std::uint8_t want = oracle::e4m3_nearest(static_cast<double>(x));
+          if (float_to_e4m3(x) != want && wrong++ == 0) first_wrong = bits;
+          ++checked;
+        }
+  INFO("first wrong pattern 0x" << std::hex << first_wrong);
+  CHECK(wrong == 0);
+  CHECK(checked == 2u * 256u * 2048u * 6u);
+
+  std::mt19937 rng(1301);
+  std::uniform_int_distribution<std::uint32_t> any;
+  wrong = 0;
+  for (int i = 0; i < 4'000'000; ++i) {
+    const float x = float_of(any(rng));
+    if (float_to_e4m3(x) != oracle::e4m3_nearest(static_cast<double>(x)) && wrong++ == 0) first_wrong = bits_of(x);
+  }
+  INFO("first wrong random pattern 0x" << std::hex << first_wrong);
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("fp8: ties go to the even code; beyond 448 saturates; zeros, NaN and Inf", "[cache][fp8]") {
+  // Between every two neighbouring magnitudes: the midpoint (exact in fp32) goes to the even
+  // code, one ulp either side to the nearer value.
+  for (int c = 0; c < 0x7E; ++c) {
+    const float lo = e4m3_to_float(static_cast<std::uint8_t>(c)), hi = e4m3_to_float(static_cast<std::uint8_t>(c + 1));
+    const float mid = (lo + hi) / 2;
+    REQUIRE(static_cast<double>(mid) == (static_cast<double>(lo) + hi) / 2);
+    INFO("between codes " << c << " and " << c + 1);
+    const int even = c % 2 == 0 ? c : c + 1;
+    CHECK(float_to_e4m3(mid) == even);
+    CHECK(float_to_e4m3(-mid) == (0x80 | even));
+    CHECK(float_to_e4m3(std::nextafter(mid, 0.0f)) == c);
+    CHECK(float_to_e4m3(std::nextafter(mid, 1000.0f)) == c + 1);
+  }
+  // Subnormal ties: 2^-10 between 0 and 2^-9 goes to 0, 3 · 2^-10 to 2 · 2^-9.
+  CHECK(float_to_e4m3(std::ldexp(1.0f, -10)) == 0x00);
+  CHECK(float_to_e4m3(-std::ldexp(1.0f, -10)) == 0x80);
+  CHECK(float_to_e4m3(std::ldexp(3.0f, -10)) == 0x02);
+  CHECK(float_to_e4m3(std::nextafter(std::ldexp(1.0f, -10), 1.0f)) == 0x01);
+  // Saturation: 448 and everything above, Inf included; 464 (the midpoint to the would-be 480).
+  const float big[] = {448.0f, 449.0f, 464.0f, 480.0f, 1e6f, std::numeric_limits<float>::max(),
+                       std::numeric_limits<float>::infinity()};
+  for (float x : big) {
+    CHECK(float_to_e4m3(x) == 0x7E);
+    CHECK(float_to_e4m3(-x) == 0xFE);
+  }
+  CHECK(float_to_e4m3(std::nextafter(448.0f, 0.0f)) == 0x7E);  // rounds up to 448, not into NaN
+  CHECK(float_to_e4m3(0.0f) == 0x00);
+  CHECK(float_to_e4m3(-0.0f) == 0x80);
+  CHECK(float_to_e4m3(-1e-30f) == 0x80);  // rounds to zero, keeps the sign
+  CHECK(float_to_e4m3(std::numeric_limits<float>::denorm_min()) == 0x00);
+  CHECK(float_to_e4m3(std::numeric_limits<float>::quiet_NaN()) == 0x7F);
+  CHECK(float_to_e4m3(-std::numeric_limits<float>::quiet_NaN()) == 0xFF);
+  CHECK(float_to_e4m3(std::numeric_limits<float>::signaling_NaN()) == 0x7F);
+}
+
+// ---- scales ---------------------------------------------------------------------------------
+
+TEST_CASE("fp8: UE8M0 bytes and the block scale formula on its edge cases", "[cache][fp8]") {
+  for (int b = 1; b < 255; ++b) CHECK(ue8m0_to_float(static_cast<std::uint8_t>(b)) == std::ldexp(1.0f, b - 127));
+  CHECK(ue8m0_to_float(0) == std::ldexp(1.0f, -127));
+  CHECK(std::isnan(ue8m0_to_float(0xFF)));
+  CHECK(1.0f / 448.0f == static_cast<float>(1.0 / 448.0));  // the constant the oracle assumes
+
+  auto byte_of = [](float amax) {
+    const int k = oracle::scale_exponent(&amax, 1);
+    return k + 127;
+  };
+  // amax exactly 448 · 2^k: the scale is 2^k and the block's largest value encodes as ±448.
+  for (int k = -22; k <= 119; ++k) {  // 448 · 2^120 is beyond fp32
+    const float amax = std::ldexp(448.0f, k);
+    INFO("amax = 448 * 2^" << k);
+    CHECK(fp8_scale_byte(amax) == 127 + k);
+    CHECK(byte_of(amax) == 127 + k);
+    // One ulp more needs the next scale; one ulp less stays at 2^k.
+    const float above = std::nextafter(amax, std::numeric_limits<float>::infinity());
+    CHECK(fp8_scale_byte(above) == 128 + k);
+    CHECK(fp8_scale_byte(std::nextafter(amax, 0.0f)) == 127 + k);
+    CHECK(byte_of(above) == 128 + k);
+  }
+  // The floor: fp32(1e-4) · (1/448) ≈ 2.2e-7 lies in (2^-23, 2^-22], so k = -22.
+  CHECK(fp8_scale_byte(fp8_amax_floor) == 105);
+  CHECK(byte_of(0.0f) == 105);
+  CHECK(fp8_scale_byte(std::numeric_limits<float>::max()) == 247);
+  CHECK(byte_of(std::numeric_limits<float>::max()) == 247);
+
+  std::mt19937 rng(1302);
+  std::uniform_real_distribution<float> exponent(-13.3f, 128.0f), mantissa(1.0f, 2.0f);
+  std::size_t wrong = 0;
+  for (int i = 0; i < 1'000'000; ++i) {
+    float amax = std::min(std::ldexp(mantissa(rng), static_cast<int>(exponent(rng))), std::numeric_limits<float>::max());
+    amax = std::max(amax, fp8_amax_floor);
+    wrong += fp8_scale_byte(amax) != byte_of(amax);
+  }
+  CHECK(wrong == 0);
+}
+
+// ---- whole heads ------------------------------------------------------------------------------
+
+TEST_CASE("fp8: head layouts, DeepSeek-V4's 584 bytes and generic shapes", "[cache][fp8]") {
+  struct expected {
+    i64 channels, rope, rope_offset, scale_offset, blocks, bytes;
+  };
+  const expected cases[] = {
+      {512, 64, 448, 576, 7, 584},  // DeepSeek-V4: FlashMLA's layout
+      {512, 0, 512, 512, 8, 520},   // no RoPE channels: eight blocks
+      {128, 64, 64, 192, 1, 200},
+      {100, 36, 64, 136, 1, 144},   // one full block
+      {130, 2, 128, 132, 2, 136},
+      {129, 0, 130, 130, 3, 136},   // odd code count: a zero byte before the (absent) bf16; partial block of 1
+      {65, 1, 64, 66, 1, 72},
+      {1, 0, 2, 2, 1, 8},
+      {6, 6, 0, 12, 0, 16},         // only RoPE channels: no codes, no scales
+      {7, 4, 4, 12, 1, 16},         // 3 codes, 1 pad byte, 4 bf16, 1 scale
+  };
+  for (const expected& e : cases) {
+    INFO("channels " << e.channels << ", rope " << e.rope);
+    const fp8_head_layout l = fp8_head_layout::of(e.channels, e.rope);
+    const oracle::head_format f{e.channels, e.rope};
+    CHECK(l.quantized == e.channels - e.rope);
+    CHECK(l.rope_offset == e.rope_offset);
+    CHECK(l.scale_offset == e.scale_offset);
+    CHECK(l.blocks == e.blocks);
+    CHECK(l.bytes == e.bytes);
+    CHECK(l.bytes == f.bytes());
+    CHECK(l.bytes % 8 == 0);
+  }
+}
+
+TEST_CASE("fp8: heads quantize byte for byte like the oracle, and decode to its values", "[cache][fp8]") {
+  std::mt19937 rng(1303);
+  const std::pair<i64, i64> shapes[] = {{512, 64}, {512, 0}, {128, 64}, {100, 36}, {130, 2}, {129, 0},
+                                        {65, 1},   {1, 0},   {6, 6},    {7, 4},    {64, 0},  {448, 0}};
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f), decade(-12.0f, 12.0f);
+  for (const auto& [channels, rope] : shapes) {
+    for (int trial = 0; trial < 60; ++trial) {
+      INFO("channels " << channels << ", rope " << rope << ", trial " << trial);
+      // Each block gets its own magnitude, from 1e-12 to 1e12, and some extremes.
+      std::vector<float> x(sz(channels));
+      float magnitude = 1.0f;
+      for (i64 c = 0; c < channels; ++c) {
+        if (c % 64 == 0) magnitude = std::pow(10.0f, decade(rng));
+        x[sz(c)] = unit(rng) * magnitude;
+      }
+      switch (trial % 12) {
+        case 1: std::fill(x.begin(), x.end(), 0.0f); break;                              // zeros: scale 2^-22
+        case 2: std::fill(x.begin(), x.end(), -0.0f); break;                             // negative zeros
+        case 3: for (float& v : x) v *= 1e-9f; break;                                    // amax below 1e-4
+        case 4: x[0] = 448.0f * 1024.0f, x[sz(channels - 1)] = -448.0f * 1024.0f; break; // ±448 · s exactly
+        case 5: for (float& v : x) v = std::ldexp(std::round(v * 8.0f), -12); break;     // e4m3 subnormals at amax ≥ 1e-4
+        case 6: x[sz(channels / 2)] = std::numeric_limits<float>::quiet_NaN(); break;
+        case 7: x[0] = std::numeric_limits<float>::infinity(); break;
+        case 8: for (float& v : x) v *= 3e37f; break;                                     // scales near the top
+        case 9: x[sz(channels - 1)] = 1e-40f; break;                                      // an fp32 subnormal
+        default: break;
+      }
+      const std::vector<std::uint8_t> got = quantize(x, channels, rope);
+      const std::vector<std::uint8_t> want = oracle::encode_head(x.data(), {channels, rope});
+      REQUIRE(got.size() == want.size());
+      i64 first_difference = -1;
+      for (std::size_t i = 0; i < got.size() && first_difference < 0; ++i)
+        if (got[i] != want[i]) first_difference = static_cast<i64>(i);
+      INFO("first differing byte " << first_difference);
+      CHECK(first_difference == -1);
+      CHECK(decodes_like_oracle(got, channels, rope) == "");
+    }
+  }
+}
+
+TEST_CASE("fp8: a hand-made DeepSeek-V4 entry, byte by byte", "[cache][fp8]") {
+  // Block b (b = 0 … 6) has the scale 2^(b − 3), byte 124 + b: its channel 0 is 448 · 2^(b−3)
+  // (code 0x7E), channel 1 its negative (0xFE), channel 2 is 2^(b−3) (1.0: 0x38), channel 3 is
+  // −0 (0x80), channel 4 is 2^-9 · 2^(b−3) (the smallest subnormal: 0x01), channel 5 is
+  // 1.5 · 2^(b−3) (0x3C), channel 6 is −3.125 · 2^(b−3) (midway between −3 and −3.25, a tie to
+  // the even −3: 0xC4), the rest 0. RoPE channel r is (r − 32) / 4, exact in bf16.
+  std::vector<float> x(512, 0.0f), stored_values;
+  std::vector<std::uint8_t> want(584, 0);
+  for (int b = 0; b < 7; ++b) {
+    const float s = std::ldexp(1.0f, b - 3);
+    float* block = x.data() + 64 * b;
+    block[0] = 448.0f * s, block[1] = -448.0f * s, block[2] = s, block[3] = -0.0f;
+    block[4] = std::ldexp(1.0f, -9) * s, block[5] = 1.5f * s, block[6] = -3.125f * s;
+    const std::uint8_t codes[] = {0x7E, 0xFE, 0x38, 0x80, 0x01, 0x3C, 0xC4};
+    for (int i = 0; i < 7; ++i) want[sz(64 * b + i)] = codes[i];
+    want[sz(576 + b)] = static_cast<std::uint8_t>(124 + b);
+  }
+  for (int r = 0; r < 64; ++r) {
+    const float v = static_cast<float>(r - 32) / 4.0f;
+    x[sz(448 + r)] = v;
+    const std::uint32_t bits = bits_of(v);
+    want[sz(448 + 2 * r)] = static_cast<std::uint8_t>((bits >> 16) & 0xFF);  // little-endian bf16
+    want[sz(448 + 2 * r + 1)] = static_cast<std::uint8_t>(bits >> 24);
+  }
+  // want[583] stays 0: the padding. Every value but the ties reads back as written.
+  stored_values = x;
+  for (int b = 0; b < 7; ++b) stored_values[sz(64 * b + 6)] = -3.0f * std::ldexp(1.0f, b - 3);
+  CHECK(quantize(x, 512, 64) == want);
+  CHECK(oracle::encode_head(x.data(), {512, 64}) == want);
+
+  // And back: every value but the ties reads as written.
+  std::vector<float> back(512);
+  fp8_dequantize_head(reinterpret_cast<const std::byte*>(want.data()), fp8_head_layout::of(512, 64), back.data());
+  for (int c = 0; c < 512; ++c) {
+    INFO("channel " << c);
+    CHECK(bits_of(back[sz(c)]) == bits_of(stored_values[sz(c)]));
+  }
+}
+
+// ---- SIMD dequantization ------------------------------------------------------------------------
+
+TEST_CASE("fp8: dequantizing runs of channels equals the scalar functions for every code and scale", "[cache][fp8]") {
+  // 256 channels without RoPE: four blocks holding codes 0 … 255, all four with scale byte b.
+  const fp8_head_layout l = fp8_head_layout::of(256, 0);
+  std::vector<std::byte> head(sz(l.bytes));
+  for (int c = 0; c < 256; ++c) head[sz(c)] = static_cast<std::byte>(c);
+  std::size_t wrong = 0;
+  for (int b = 0; b < 256; ++b) {
+    for (i64 i = 0; i < 4; ++i) head[sz(l.scale_offset + i)] = static_cast<std::byte>(b);
+    std::vector<float> got(256);
+    fp8_decode_channels(head.data(), l, 0, 256, got.data());
+    for (int c = 0; c < 256; ++c) {
+      const float want = e4m3_to_float(static_cast<std::uint8_t>(c)) * ue8m0_to_float(static_cast<std::uint8_t>(b));
+      wrong += bits_of(got[sz(c)]) != bits_of(want);
+      const double exact = std::ldexp(oracle::e4m3_value(static_cast<std::uint8_t>(c)), b - 127);
+      if (b != 255 && !std::isnan(exact) && std::fabs(exact) <= std::numeric_limits<float>::max())
+        wrong += static_cast<double>(got[sz(c)]) != exact;
+    }
+  }
+  CHECK(wrong == 0);
+
+  // Every range [first, first + count) of generic layouts: SIMD runs where they fit, scalar
+  // channels around them, against channel-by-channel scalar decoding.
+  std::mt19937 rng(1304);
+  const std::pair<i64, i64> shapes[] = {{512, 64}, {100, 36}, {129, 0}, {7, 4}, {200, 40}, {96, 32}};
+  for (const auto& [channels, rope] : shapes) {
+    const fp8_head_layout g = fp8_head_layout::of(channels, rope);
+    std::vector<float> x = phasekv_test::random_uniform(rng, sz(channels), -3.0f, 3.0f);
+    std::vector<std::byte> bytes(sz(g.bytes));
+    fp8_quantize_head(x.data(), g, bytes.data());
+    std::vector<float> want(sz(channels));  // channel by channel, from the scalar functions
+    for (i64 c = 0; c < g.quantized; ++c)
+      want[sz(c)] = e4m3_to_float(static_cast<std::uint8_t>(bytes[sz(c)])) *
+                    ue8m0_to_float(static_cast<std::uint8_t>(bytes[sz(g.scale_offset + c / 64)]));
+    for (i64 r = 0; r < rope; ++r) {
+      std::uint16_t b;
+      std::memcpy(&b, bytes.data() + g.rope_offset + 2 * r, 2);
+      want[sz(g.quantized + r)] = bf16_to_float(b);
+    }
+    for (i64 first = 0; first < channels; ++first)
+      for (i64 count = 0; first + count <= channels; count += 1 + count / 3) {
+        std::vector<float> got(sz(count) + 1, 7.0f);
+        fp8_decode_channels(bytes.data(), g, first, count, got.data());
+        INFO("channels " << channels << ", rope " << rope << ", range [" << first << ", " << first + count << ")");
+        REQUIRE(std::memcmp(got.data(), want.data() + first, sz(count) * sizeof(float)) == 0);
+        REQUIRE(got[sz(count)] == 7.0f);
+      }
+  }
+}
