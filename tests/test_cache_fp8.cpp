@@ -293,6 +293,25 @@ TEST_CASE("fp8: heads quantize byte for byte like the oracle, and decode to its 
   }
 }
 
+TEST_CASE("fp8: only values of magnitude 1.9375 * 2^127 and above come back as Inf", "[cache][fp8]") {
+  // At the largest scale, 2^120, x / s = 248 is the midpoint of 240 and 256 and goes to the even
+  // 256 (e = 15, m = 0), whose product with 2^120 is 2^128: beyond fp32.
+  const fp8_head_layout l = fp8_head_layout::of(64, 0);
+  const float limit = std::ldexp(248.0f, 120);
+  for (const float x : {limit, std::nextafter(limit, 0.0f), std::numeric_limits<float>::max()}) {
+    std::vector<float> values(64, 1.0f);
+    values[5] = -x;
+    const std::vector<std::uint8_t> bytes = quantize(values, 64, 0);
+    CHECK(bytes[sz(l.scale_offset)] == 247);  // 2^120
+    std::vector<float> back(64);
+    fp8_dequantize_head(reinterpret_cast<const std::byte*>(bytes.data()), l, back.data());
+    INFO("x = " << x);
+    CHECK(std::isinf(back[5]) == (x >= limit));
+    CHECK(std::signbit(back[5]));
+    CHECK(back[0] == 0.0f);  // 1 / 2^120 is far below the smallest code
+  }
+}
+
 TEST_CASE("fp8: a hand-made DeepSeek-V4 entry, byte by byte", "[cache][fp8]") {
   // Block b (b = 0 … 6) has the scale 2^(b − 3), byte 124 + b: its channel 0 is 448 · 2^(b−3)
   // (code 0x7E), channel 1 its negative (0xFE), channel 2 is 2^(b−3) (1.0: 0x38), channel 3 is
