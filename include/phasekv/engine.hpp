@@ -34,6 +34,7 @@
 #include "phasekv/compress/stream_state.hpp"
 
 // cache
+#include "phasekv/cache/fp8.hpp"
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/model_cache.hpp"
 #include "phasekv/cache/page_memory.hpp"
