@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "oracle/fp8_format.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/layer_shape.hpp"
@@ -84,8 +85,8 @@ class thread_executor final : public executor {
 // ---- the dequantized twin of a sequence ---------------------------------------------------------
 
 // The sequence's view with every FP8 stream replaced by an fp32 arena of the same page size,
-// capacity and page ids, each entry at its own page and slot holding its dequantized values (what
-// read_entry gives). The window ring and the other streams are the cache's own.
+// capacity and page ids, each entry at its own page and slot holding its dequantized values. The
+// window ring and the other streams are the cache's own.
 struct twin {
   std::vector<std::vector<float>> arenas;
   sequence_view view;
@@ -106,10 +107,18 @@ std::unique_ptr<twin> dequantized_twin(const sequence_view& source) {
     const page_layout l = page_layout::for_config(pc);
     std::vector<float>& arena = t->arenas[k];
     arena.assign(sz(from.capacity * l.page_stride), std::numeric_limits<float>::quiet_NaN());
+    // Dequantized by the oracle (oracle/fp8_format.hpp), not by the library: every value is exact
+    // in fp32, so the cast loses nothing.
+    const phasekv_test::fp8::head_format format{from.layout.channels, from.layout.rope_channels};
     for (i64 e = 0; e < from.entries; ++e) {
       const i64 page = from.pages[sz(e / pc.page_size)], slot = e % pc.page_size;
-      load_entries(from.layout, from.base + page * from.layout.page_stride_bytes + slot * from.layout.entry_stride_bytes,
-                   1, arena.data() + page * l.page_stride + slot * l.entry_stride);
+      const std::byte* entry = from.base + page * from.layout.page_stride_bytes + slot * from.layout.entry_stride_bytes;
+      float* out = arena.data() + page * l.page_stride + slot * l.entry_stride;
+      for (i64 h = 0; h < pc.kv_heads; ++h) {
+        const auto values = phasekv_test::fp8::decode_head(
+            reinterpret_cast<const std::uint8_t*>(entry + h * from.layout.head_stride_bytes), format);
+        for (i64 c = 0; c < pc.channels; ++c) out[h * pc.channels + c] = static_cast<float>(values[sz(c)]);
+      }
     }
     t->view.streams[k].base = reinterpret_cast<const std::byte*>(arena.data());
     t->view.streams[k].layout = l;
