@@ -22,6 +22,16 @@
 //                                   (reader_config::precision); fp32_over_bf16: the fp32 step's
 //                                   time over this one's, paired in-run; its floor prices the
 //                                   indexer at the measured bf16 dot-product peak.
+//   BM_sparse_decode_fp8/ctx/cold   the step with the K/V entries stored as FP8 (fp8_e4m3_block:
+//                                   584 bytes per entry instead of 2048, dequantized inside the
+//                                   attention kernel); fp32_over_fp8: the fp32 step's time over
+//                                   this one's, paired in-run (cold: caches evicted before each
+//                                   timed step); attention_fp32_over_fp8: the same for reads
+//                                   without selection of 2048-token caches (512 entries + the
+//                                   window: the attention kernel alone); rel_error_vs_fp32: the output's
+//                                   largest difference from the fp32 step's, relative to its
+//                                   largest value (the FP8 rounding; the selection is the same,
+//                                   checked). Its floor reads the selected entries' 584 bytes each.
 //   BM_batched_decode               sparse_reader::read_batch over 32 sequences of 32K tokens in
 //                                   the same shape, 16 of them forked from one shared 16K prefix
 //                                   (batch_setup): of_roofline against the sum of the sequences'
@@ -380,12 +390,14 @@ void BM_dense_decode(benchmark::State& state) {
 // The roofline floor of one sparse step: it must read every candidate's indexer key, the selected
 // entries and the window rows, and do the indexer's and the attention's multiply-adds.
 // With bf16 indexer keys: half their bytes, and the indexer's multiply-adds at the bf16 peak.
-bench::roofline sparse_roofline(std::int64_t candidates, bool bf16_indexer = false) {
+// With FP8 entries: 584 bytes per selected entry (the window stays fp32).
+bench::roofline sparse_roofline(std::int64_t candidates, bool bf16_indexer = false, bool fp8_entries = false) {
   const double selected = static_cast<double>(std::min(kTopK, candidates)), keys = selected + kWindow;
   const double indexer_flops = 2.0 * kIndexerHeads * kIndexerChannels * static_cast<double>(candidates);
+  const double entry_bytes = fp8_entries ? static_cast<double>(fp8_head_layout::of(kChannels, 64).bytes) : 4.0 * kChannels;
   bench::roofline r;
-  r.bytes = (bf16_indexer ? 2.0 : 4.0) * static_cast<double>(candidates) * kIndexerChannels +
-            4.0 * (keys * kChannels + 2.0 * kQueryHeads * kChannels + kIndexerHeads * (kIndexerChannels + 1));
+  r.bytes = (bf16_indexer ? 2.0 : 4.0) * static_cast<double>(candidates) * kIndexerChannels + selected * entry_bytes +
+            4.0 * (kWindow * kChannels + 2.0 * kQueryHeads * kChannels + kIndexerHeads * (kIndexerChannels + 1));
   r.flops = 2.0 * 2.0 * kQueryHeads * kChannels * keys;
   (bf16_indexer ? r.bf16_flops : r.flops) += indexer_flops;
   return r;
@@ -462,6 +474,74 @@ void BM_sparse_decode_bf16_indexer(benchmark::State& state) {
   state.counters["fp32_over_bf16"] = speedup;
   state.counters["same_selection"] = static_cast<double>(common.size()) / static_cast<double>(b.size());
   sparse_roofline(fp32.candidates, true).report(state);
+}
+
+// The step with FP8 K/V entries (see the header comment). Checks: the same selection as the fp32
+// step (the indexer keys are fp32 in both), a finite output.
+void BM_sparse_decode_fp8(benchmark::State& state) {
+  const std::int64_t tokens = state.range(0);
+  const bool cold = state.range(1) != 0;
+  sparse_setup& fp32 = sparse(tokens, 64);
+  if (!fp32.error.empty()) return state.SkipWithError(fp32.error.c_str());
+  static std::map<std::int64_t, std::unique_ptr<sparse_workload>> workloads;
+  auto& w = workloads[tokens];
+  if (!w) {
+    w = std::make_unique<sparse_workload>("bench_read_fp8", tokens, 64, false, storage_type::fp8_e4m3_block);
+    w->fill();
+  }
+  read_trace fp8_trace, fp32_trace;
+  w->reader.read(w->cache, w->seq, w->request(), w->out.data(), &fp8_trace);
+  fp32.reader.read(fp32.cache, fp32.seq, fp32.request(), fp32.out.data(), &fp32_trace);
+  if (fp8_trace.selected != fp32_trace.selected) return state.SkipWithError("the FP8 step selects other entries");
+  double difference = 0.0, largest = 0.0;
+  for (std::size_t i = 0; i < w->out.size(); ++i) {
+    if (!std::isfinite(w->out[i])) return state.SkipWithError("the FP8 output is not finite");
+    difference = std::max(difference, static_cast<double>(std::abs(w->out[i] - fp32.out[i])));
+    largest = std::max(largest, static_cast<double>(std::abs(fp32.out[i])));
+  }
+  // The attention kernel alone: 2048-token caches read without selection at their last token
+  // (512 entries and the window), fp32 against FP8.
+  static sparse_workload small_fp32("bench_read_attention", 2048, 64), small_fp8("bench_read_attention_fp8", 2048, 64,
+                                                                                  false, storage_type::fp8_e4m3_block);
+  if (small_fp32.cache.tokens(small_fp32.seq) == 0) {
+    small_fp32.fill();
+    small_fp8.fill();
+  }
+  reader_config all = decode_reader_config("bench_read_attention");
+  all.top_k = 0;
+  all.indexer_stream = no_stream;
+  all.indexer_heads = 0;
+  sparse_reader attend_fp8(small_fp8.cache, all), attend_fp32(small_fp32.cache, all);
+  read_request early = small_fp32.request();
+  early.indexer_queries = {};
+  early.indexer_weights = {};
+  std::vector<float> out(w->out.size());
+  // Warm: paired_speedup. Cold: each timed run after an untimed eviction, median of 9 rounds.
+  auto paired = [&](auto&& baseline, auto&& candidate) {
+    if (!cold) return paired_speedup(thread_seconds, baseline, candidate);
+    std::vector<double> ratios;
+    for (int round = 0; round < 9; ++round) {
+      evict_caches();
+      double t0 = thread_seconds();
+      baseline();
+      const double base = thread_seconds() - t0;
+      evict_caches();
+      t0 = thread_seconds();
+      candidate();
+      ratios.push_back(base / (thread_seconds() - t0));
+    }
+    return median(ratios);
+  };
+  const double attention = paired([&] { attend_fp32.read(small_fp32.cache, small_fp32.seq, early, out.data()); },
+                                  [&] { attend_fp8.read(small_fp8.cache, small_fp8.seq, early, out.data()); });
+  const double speedup = paired([&] { fp32.step(); }, [&] { w->step(); });
+  run_steps(state, cold, [&] { w->step(); });
+  benchmark::DoNotOptimize(w->out.data());
+  state.counters["fp32_over_fp8"] = speedup;
+  state.counters["attention_fp32_over_fp8"] = attention;
+  state.counters["rel_error_vs_fp32"] = difference / std::max(largest, 1e-30);
+  state.counters["entry_bytes"] = static_cast<double>(w->cache.pool(0).layout().entry_stride_bytes);
+  sparse_roofline(fp32.candidates, false, true).report(state);
 }
 
 // ---- batched decode ----------------------------------------------------------------------------
@@ -699,6 +779,10 @@ BENCHMARK(BM_sparse_decode_threads)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_sparse_decode_bf16_indexer)->ArgName("ctx")->Arg(131072)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_sparse_decode_fp8)
+    ->ArgNames({"ctx", "cold"})
+    ->ArgsProduct({{131072}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_batched_decode)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_batched_decode_threads)->ArgName("threads")->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_batch_of_one)->Unit(benchmark::kMillisecond);

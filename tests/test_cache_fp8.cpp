@@ -13,7 +13,10 @@
 //   - a hand-made 512-channel entry whose every byte is written out here: codes at [0, 448),
 //     bf16 at [448, 576), scales at [576, 583), byte 583 zero;
 //   - SIMD dequantization equals the scalar functions for every code at every scale byte, and
-//     for every channel range of generic layouts.
+//     for every channel range of generic layouts;
+//   - page pools and paged caches: the 584-byte stride in the pool, the sequence views and the
+//     CSR view, entries quantized exactly as the oracle quantizes the compressor's fp32 output;
+//   - errors that name the field.
 
 #include <catch2/catch.hpp>
 
@@ -26,13 +29,21 @@
 #include <vector>
 
 #include "oracle/fp8_format.hpp"
+#include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/fp8.hpp"
+#include "phasekv/cache/page_pool.hpp"
+#include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/storage.hpp"
+#include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/compress/presets.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
 
 namespace {
 
 using namespace phasekv;
+using Catch::Matchers::Contains;
+using phasekv_test::message_of;
 namespace oracle = phasekv_test::fp8;
 using i64 = std::int64_t;
 
@@ -282,6 +293,25 @@ TEST_CASE("fp8: heads quantize byte for byte like the oracle, and decode to its 
   }
 }
 
+TEST_CASE("fp8: only values of magnitude 1.9375 * 2^127 and above come back as Inf", "[cache][fp8]") {
+  // At the largest scale, 2^120, x / s = 248 is the midpoint of 240 and 256 and goes to the even
+  // 256 (e = 15, m = 0), whose product with 2^120 is 2^128: beyond fp32.
+  const fp8_head_layout l = fp8_head_layout::of(64, 0);
+  const float limit = std::ldexp(248.0f, 120);
+  for (const float x : {limit, std::nextafter(limit, 0.0f), std::numeric_limits<float>::max()}) {
+    std::vector<float> values(64, 1.0f);
+    values[5] = -x;
+    const std::vector<std::uint8_t> bytes = quantize(values, 64, 0);
+    CHECK(bytes[sz(l.scale_offset)] == 247);  // 2^120
+    std::vector<float> back(64);
+    fp8_dequantize_head(reinterpret_cast<const std::byte*>(bytes.data()), l, back.data());
+    INFO("x = " << x);
+    CHECK(std::isinf(back[5]) == (x >= limit));
+    CHECK(std::signbit(back[5]));
+    CHECK(back[0] == 0.0f);  // 1 / 2^120 is far below the smallest code
+  }
+}
+
 TEST_CASE("fp8: a hand-made DeepSeek-V4 entry, byte by byte", "[cache][fp8]") {
   // Block b (b = 0 … 6) has the scale 2^(b − 3), byte 124 + b: its channel 0 is 448 · 2^(b−3)
   // (code 0x7E), channel 1 its negative (0xFE), channel 2 is 2^(b−3) (1.0: 0x38), channel 3 is
@@ -312,9 +342,23 @@ TEST_CASE("fp8: a hand-made DeepSeek-V4 entry, byte by byte", "[cache][fp8]") {
   CHECK(quantize(x, 512, 64) == want);
   CHECK(oracle::encode_head(x.data(), {512, 64}) == want);
 
-  // And back: every value but the ties reads as written.
+  // Through a page pool: the entry lies at page + slot · 584, unchanged.
+  page_pool_config pc;
+  pc.name = "dsv4";
+  pc.page_size = 64;
+  pc.kv_heads = 1;
+  pc.channels = 512;
+  pc.storage = storage_type::fp8_e4m3_block;
+  pc.rope_channels = 64;
+  pc.capacity = 2;
+  page_pool pool(pc);
+  const page_id page = pool.allocate();
+  pool.write_entry(page, 5, x.data());
+  std::vector<std::uint8_t> stored(584);
+  std::memcpy(stored.data(), pool.data(page) + 5 * 584, 584);
+  CHECK(stored == want);
   std::vector<float> back(512);
-  fp8_dequantize_head(reinterpret_cast<const std::byte*>(want.data()), fp8_head_layout::of(512, 64), back.data());
+  pool.read_entry(page, 5, back.data());
   for (int c = 0; c < 512; ++c) {
     INFO("channel " << c);
     CHECK(bits_of(back[sz(c)]) == bits_of(stored_values[sz(c)]));
@@ -370,4 +414,204 @@ TEST_CASE("fp8: dequantizing runs of channels equals the scalar functions for ev
         REQUIRE(got[sz(count)] == 7.0f);
       }
   }
+}
+
+// ---- pools and caches ---------------------------------------------------------------------------
+
+namespace {
+
+page_pool_config fp8_pool(i64 kv_heads, i64 channels, i64 rope, i64 page_size) {
+  page_pool_config pc;
+  pc.name = "kv";
+  pc.page_size = page_size;
+  pc.kv_heads = kv_heads;
+  pc.channels = channels;
+  pc.storage = storage_type::fp8_e4m3_block;
+  pc.rope_channels = rope;
+  pc.capacity = 4;
+  return pc;
+}
+
+}  // namespace
+
+TEST_CASE("fp8: a page pool lays heads and entries out at the documented strides", "[cache][fp8][page_pool]") {
+  struct shape {
+    i64 kv_heads, channels, rope, page_size, head_bytes;
+  };
+  for (const shape& s : {shape{1, 512, 64, 64, 584}, shape{3, 100, 36, 5, 144}, shape{2, 129, 0, 3, 136},
+                         shape{1, 6, 6, 7, 16}}) {
+    INFO("kv_heads " << s.kv_heads << ", channels " << s.channels << ", rope " << s.rope);
+    page_pool pool(fp8_pool(s.kv_heads, s.channels, s.rope, s.page_size));
+    const page_layout& l = pool.layout();
+    CHECK(l.storage == storage_type::fp8_e4m3_block);
+    CHECK(l.element_bytes == 1);
+    CHECK(l.rope_channels == s.rope);
+    CHECK(l.head_stride_bytes == s.head_bytes);
+    CHECK(l.head_stride == s.head_bytes);
+    CHECK(l.entry_stride_bytes == s.kv_heads * s.head_bytes);
+    CHECK(l.entry_stride == l.entry_stride_bytes);
+    CHECK(l.page_stride_bytes == (s.page_size * l.entry_stride_bytes + 63) / 64 * 64);
+    CHECK(l.page_stride == l.page_stride_bytes);
+    CHECK(l.values_per_entry() == s.kv_heads * s.channels);
+    CHECK(l.fp8().bytes == s.head_bytes);
+
+    // Every slot of two pages written; each head's bytes are the oracle's, where the layout says.
+    std::mt19937 rng(1305);
+    page_id pages[2];
+    pool.allocate(2, pages);
+    std::vector<std::vector<float>> entries;
+    for (page_id p : pages)
+      for (i64 slot = 0; slot < s.page_size; ++slot) {
+        entries.push_back(phasekv_test::random_uniform(rng, sz(s.kv_heads * s.channels), -5.0f, 5.0f));
+        pool.write_entry(p, slot, entries.back().data());
+      }
+    std::size_t e = 0;
+    for (page_id p : pages)
+      for (i64 slot = 0; slot < s.page_size; ++slot, ++e) {
+        std::vector<float> back(sz(s.kv_heads * s.channels));
+        pool.read_entry(p, slot, back.data());
+        for (i64 h = 0; h < s.kv_heads; ++h) {
+          const float* x = entries[e].data() + h * s.channels;
+          const auto want = oracle::encode_head(x, {s.channels, s.rope});
+          const std::byte* at = pool.base() + p * l.page_stride_bytes + slot * l.entry_stride_bytes + h * l.head_stride_bytes;
+          CHECK(std::memcmp(at, want.data(), want.size()) == 0);
+          const auto values = oracle::decode_head(want.data(), {s.channels, s.rope});
+          for (i64 c = 0; c < s.channels; ++c) CHECK(static_cast<double>(back[sz(h * s.channels + c)]) == values[sz(c)]);
+        }
+      }
+    // Copy on write copies the bytes as they are.
+    pool.copy_entries(pages[0], pages[1], s.page_size - 1);
+    CHECK(std::memcmp(pool.data(pages[1]), pool.data(pages[0]), sz((s.page_size - 1) * l.entry_stride_bytes)) == 0);
+  }
+}
+
+TEST_CASE("fp8: shapes and calls a pool cannot take are errors that name the field", "[cache][fp8][errors]") {
+  auto config = fp8_pool(1, 8, 10, 4);
+  CHECK_THAT(message_of<config_error>([&] { config.validate(); }),
+             Contains("kv.rope_channels = 10: must lie in [0, channels = 8]"));
+  config.rope_channels = -2;
+  CHECK_THAT(message_of<config_error>([&] { page_pool{config}; }), Contains("kv.rope_channels = -2"));
+  config.rope_channels = 4;
+  config.storage = storage_type::bf16;
+  CHECK_THAT(message_of<config_error>([&] { config.validate(); }),
+             Contains("kv.rope_channels = 4: must be 0 for bf16 storage"));
+  config = fp8_pool(1, std::int64_t{1} << 47, 0, 1);
+  CHECK_THAT(message_of<config_error>([&] { config.validate(); }), Contains("kv.channels = 140737488355328"));
+
+  // Rows of fp8 do not exist: the row functions say so instead of writing anything.
+  float values[4] = {1, 2, 3, 4};
+  unsigned char bytes[16] = {};
+  CHECK_THAT(message_of<input_error>([&] { store_row(values, bytes, 4, storage_type::fp8_e4m3_block); }),
+             Contains("storage_type = fp8_e4m3_block: is stored in blocks"));
+  CHECK_THAT(message_of<input_error>([&] { load_row(bytes, values, 4, storage_type::fp8_e4m3_block); }),
+             Contains("storage_type = fp8_e4m3_block"));
+  CHECK(std::string(to_string(storage_type::fp8_e4m3_block)) == "fp8_e4m3_block");
+  CHECK(bytes_per_element(storage_type::fp8_e4m3_block) == 1);
+  CHECK(is_valid(storage_type::fp8_e4m3_block));
+  CHECK(!is_row_storage(storage_type::fp8_e4m3_block));
+}
+
+namespace {
+
+using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
+using csa_cache = paged_cache<csa_stream, csa_stream>;
+
+csa_stream make_csa_stream(stream_config c, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  const geometry g = presets::deepseek_v4_csa_geometry();
+  stream_params p;
+  p.slot_bias = phasekv_test::random_bias(rng, sz(c.kv_heads * g.window * c.channels));
+  p.norm_weight = phasekv_test::random_norm_weight(rng, sz(c.channels));
+  return csa_stream(g, std::move(c), std::move(p));
+}
+
+cache_config csa_config(const std::string& name, i64 page_size, std::vector<storage_type> storage) {
+  cache_config c;
+  c.name = name;
+  c.page_size = page_size;
+  c.pages = 40;
+  c.stream_storage = std::move(storage);
+  c.window = raw_window_config{16, 1, 512, 0};
+  return c;
+}
+
+void append_random(csa_cache& a, csa_cache& b, sequence_id sa, sequence_id sb, i64 tokens, std::mt19937& rng) {
+  const i64 views = presets::deepseek_v4_csa_geometry().branches();
+  const auto kv = phasekv_test::random_uniform(rng, sz(tokens * views * 512), -1.0f, 1.0f);
+  const auto kv_logits = phasekv_test::random_uniform(rng, sz(tokens * views * 512), -2.0f, 2.0f);
+  const auto ix = phasekv_test::random_uniform(rng, sz(tokens * views * 128), -1.0f, 1.0f);
+  const auto ix_logits = phasekv_test::random_uniform(rng, sz(tokens * views * 128), -2.0f, 2.0f);
+  const auto window = phasekv_test::random_uniform(rng, sz(tokens * 512), -1.0f, 1.0f);
+  const csa_cache::chunks in = {token_chunk{tokens, kv, kv_logits}, token_chunk{tokens, ix, ix_logits}};
+  a.append(sa, in, window);
+  b.append(sb, in, window);
+}
+
+}  // namespace
+
+TEST_CASE("fp8: a DeepSeek-V4 cache quantizes the compressor's entries; views have the 584-byte stride",
+          "[cache][fp8]") {
+  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
+                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const storage_type fp8 = storage_type::fp8_e4m3_block;
+  for (i64 page_size : {1, 7, 64}) {
+    INFO("page_size " << page_size);
+    csa_cache quantized(layer, csa_config("fp8", page_size, {fp8, fp8}));
+    csa_cache exact(layer, csa_config("f32", page_size, {}));
+    CHECK(quantized.pool(0).layout().rope_channels == 64);
+    CHECK(quantized.pool(0).layout().entry_stride_bytes == 584);
+    CHECK(quantized.pool(1).layout().rope_channels == 64);  // the indexer's RoPE channels, as configured
+    CHECK(quantized.pool(1).layout().entry_stride_bytes == 200);
+    CHECK(quantized.shape().streams[0].storage == fp8);
+
+    std::mt19937 rng(1306);
+    const sequence_id a = quantized.create(), b = exact.create();
+    for (i64 n : {3, 1, 40, 9, 2}) append_random(quantized, exact, a, b, n, rng);
+    const sequence_id fork = quantized.fork(a), exact_fork = exact.fork(b);  // the partial last page copies on write
+    append_random(quantized, exact, fork, exact_fork, 6, rng);
+
+    for (const auto& [seq, twin] : {std::pair<sequence_id, sequence_id>{a, b}, {fork, exact_fork}}) {
+      const sequence_view v = quantized.view_of(seq);
+      const paged_view csr = quantized.view(span<const sequence_id>(&seq, 1), 0);
+      CHECK(csr.layout.entry_stride_bytes == 584);
+      CHECK(csr.layout.head_stride_bytes == 584);
+      CHECK(csr.layout.page_stride_bytes == (page_size * 584 + 63) / 64 * 64);
+      CHECK(v.streams[0].layout.entry_stride_bytes == 584);
+      for (std::size_t k = 0; k < 2; ++k) {
+        const stream_view& sv = v.streams[k];
+        const i64 channels = k == 0 ? 512 : 128;
+        for (i64 j = 0; j < sv.entries; ++j) {
+          // The bytes a host finds by the CSR arithmetic are the oracle's quantization of the
+          // fp32 cache's entry (the compressor's output).
+          std::vector<float> entry(sz(channels));
+          exact.read_entry(twin, k, j, entry.data());
+          const auto want = oracle::encode_head(entry.data(), {channels, 64});
+          const std::byte* at = sv.base + sv.pages[sz(j / page_size)] * sv.layout.page_stride_bytes +
+                                (j % page_size) * sv.layout.entry_stride_bytes;
+          if (k == 0) {
+            const std::byte* via_csr = csr.base + csr.indices[sz(csr.indptr[0] + j / page_size)] * csr.layout.page_stride_bytes +
+                                       (j % page_size) * csr.layout.entry_stride_bytes;
+            CHECK(via_csr == at);
+          }
+          INFO("stream " << k << ", entry " << j);
+          CHECK(std::memcmp(at, want.data(), want.size()) == 0);
+        }
+      }
+    }
+    const sequence_memory m = quantized.memory(a);
+    CHECK(m.entry_bytes == quantized.entries(a, 0) * 584 + quantized.entries(a, 1) * 200);
+  }
+}
+
+TEST_CASE("fp8: a pool shared by an fp8 stream must keep the same RoPE channels", "[cache][fp8][errors]") {
+  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
+                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  auto shared = std::make_shared<page_pool>(fp8_pool(1, 512, 0, 8));  // 512 channels, no RoPE channels
+  cache_config c = csa_config("fp8", 8, {storage_type::fp8_e4m3_block, storage_type::bf16});
+  c.shared_pools = {shared, nullptr};
+  CHECK_THAT(message_of<config_error>([&] { csa_cache cache(layer, c); }),
+             Contains("fp8.shared_pools[0] = kv: has rope_channels = 0, the stream needs 64"));
+  auto right = std::make_shared<page_pool>(fp8_pool(1, 512, 64, 8));
+  c.shared_pools = {right, nullptr};
+  CHECK_NOTHROW(csa_cache(layer, c));
 }

@@ -268,7 +268,7 @@ std::string hex_floats(const float* p, std::int64_t n) {
 
 template <class Cache>
 std::int64_t floats_per_entry(const Cache& cache, std::size_t k) {
-  return cache.pool(k).layout().entry_stride;
+  return cache.pool(k).layout().values_per_entry();
 }
 
 // Everything observable about a sequence, as lines (bitwise for floats).
@@ -895,6 +895,58 @@ TEST_CASE("snapshot: bf16 and f16 entries widen losslessly into f32; narrowing i
       const std::vector<std::byte> bytes = snapshot(a, rt.ia);
       REQUIRE_THROWS_WITH(restore(b, bytes), StartsWith("snapshot: stream 1 (csa.indexer) entries are stored as " +
                                                         std::string(to_string(from))) &&
+                                                 Contains("lossy"));
+      REQUIRE(b.sequences() == 0);
+      REQUIRE(b.pool(1).used_pages() == 0);
+    }
+  }
+}
+
+TEST_CASE("snapshot: fp8 entries move byte for byte, widen exactly into f32, and nothing else converts",
+          "[snapshot][fp8]") {
+  const csa_cache::layer layer = csa_layer();
+  const storage_type fp8 = storage_type::fp8_e4m3_block;
+  SECTION("fp8 into fp8 with another page size: the same snapshot bytes, entries and reads, and after") {
+    csa_cache a(layer, csa_config("a", 8, 30, 2, {fp8, storage_type::bf16}));
+    csa_cache b(layer, csa_config("b", 3, 80, 2, {fp8, storage_type::bf16}));
+    round_trip<csa_cache> rt(a, b, 64);
+    rt.build(90, 17);
+    rt.move();
+    REQUIRE(snapshot(b, rt.ib) == snapshot(a, rt.ia));
+    REQUIRE(same_sequence(a, rt.ia, b, rt.ib) == "");
+    REQUIRE(same_reads(a, rt.ia, b, rt.ib, csa_reader(), {89, 88, 87}, 4) == "");
+    REQUIRE(a.memory(rt.ia).entry_bytes == a.entries(rt.ia, 0) * 584 + a.entries(rt.ia, 1) * 256);
+    for (std::int64_t n : {1, 3, 13}) {
+      rt.append_both(n);
+      REQUIRE(same_sequence(a, rt.ia, b, rt.ib) == "");
+      REQUIRE(snapshot(b, rt.ib) == snapshot(a, rt.ia));
+      const std::int64_t t = a.tokens(rt.ia);
+      REQUIRE(same_reads(a, rt.ia, b, rt.ib, csa_reader(), {t - 1, t - 2}, 5) == "");
+    }
+  }
+  SECTION("fp8 into f32: the dequantized values exactly, and reads of the same bits") {
+    csa_cache a(layer, csa_config("a", 8, 30, 2, {fp8, fp8}));
+    csa_cache b(layer, csa_config("b", 5, 40, 2));
+    round_trip<csa_cache> rt(a, b, 65);
+    rt.build(90, 90);
+    rt.move();
+    REQUIRE(same_sequence(a, rt.ia, b, rt.ib) == "");
+    REQUIRE(same_reads(a, rt.ia, b, rt.ib, csa_reader(), {89, 87}, 6) == "");
+  }
+  SECTION("into fp8 from another type, and fp8 into bf16 or f16, are lossy") {
+    const std::pair<storage_type, storage_type> lossy[] = {{storage_type::f32, fp8},  {storage_type::bf16, fp8},
+                                                           {storage_type::f16, fp8},  {fp8, storage_type::bf16},
+                                                           {fp8, storage_type::f16}};
+    for (const auto& [from, to] : lossy) {
+      INFO(to_string(from) << " -> " << to_string(to));
+      csa_cache a(layer, csa_config("a", 8, 10, 0, {storage_type::f32, from}));
+      csa_cache b(layer, csa_config("b", 8, 10, 0, {storage_type::f32, to}));
+      round_trip<csa_cache> rt(a, b, 66);
+      rt.build(20, 20);
+      const std::vector<std::byte> bytes = snapshot(a, rt.ia);
+      REQUIRE_THROWS_WITH(restore(b, bytes), StartsWith("snapshot: stream 1 (csa.indexer) entries are stored as " +
+                                                        std::string(to_string(from)) + "; the cache stores " +
+                                                        to_string(to)) &&
                                                  Contains("lossy"));
       REQUIRE(b.sequences() == 0);
       REQUIRE(b.pool(1).used_pages() == 0);

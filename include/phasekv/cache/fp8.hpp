@@ -36,7 +36,8 @@
 // arithmetic, keeps the sign of zero (also when a tiny value rounds to 0), saturates finite
 // values beyond 448 and ±Inf to ±448, and maps NaN to 0x7F with its sign. Decoding is exact; every
 // e4m3 value times every scale the quantizer makes (2^−22 … 2^120) is exact in fp32 unless it
-// exceeds fp32's range: only blocks whose amax lies beyond 1.9375 · 2^127 dequantize to ±Inf.
+// exceeds fp32's range: only values with |x| ≥ 1.9375 · 2^127 (= 248 · 2^120, which rounds to the
+// code 256 at the scale 2^120) come back as ±Inf.
 //
 // Non-finite input (a NaN or ±Inf anywhere in a block; the compressor passes them through unless
 // append_options::check_finite is on) makes the whole block NaN: every code 0x7F and the scale

@@ -33,7 +33,8 @@ struct raw_window_config {
 };
 
 // One stream's entries: kv_heads × channels elements of `storage`, and whether the policy that
-// wrote them rotated them by RoPE (only then does `rope` mean anything).
+// wrote them rotated them by RoPE (only then does `rope` mean anything). fp8_e4m3_block entries
+// keep the last stored_rope_channels() channels of each head in bf16.
 struct stream_shape {
   std::string name = "stream";
   stream_role role = stream_role::key_value;
@@ -43,6 +44,13 @@ struct stream_shape {
   bool applies_rope = false;
   rope_config rope;
 };
+
+// The RoPE channels an fp8_e4m3_block stream keeps in bf16 (cache/fp8.hpp): its rope channels
+// when its policy applies RoPE, else 0; 0 for every other storage type. paged_cache gives its
+// pools the same (page_pool_config::rope_channels).
+inline std::int64_t stored_rope_channels(const stream_shape& s) noexcept {
+  return s.storage == storage_type::fp8_e4m3_block && s.applies_rope ? s.rope.channels : 0;
+}
 
 struct layer_shape {
   geometry geom;

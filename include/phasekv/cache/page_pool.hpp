@@ -14,6 +14,18 @@
 // the page stride is rounded up to 64 bytes (no padding in realistic configs, where a page is
 // already a multiple of 64 bytes).
 //
+// fp8_e4m3_block (cache/fp8.hpp) keeps the entry-major order, but a head is a block layout of
+// fp8_head_layout::of(channels, rope_channels).bytes bytes — codes, bf16 RoPE channels, scales,
+// padding to 8 bytes — not channels equal elements: 584 bytes for DeepSeek-V4's 512 channels with
+// 64 RoPE channels. Its element is the byte, so the strides in elements equal the strides in bytes:
+//
+//   head h of entry (p, e) at  base() + p·page_stride_bytes + e·entry_stride_bytes + h·head_stride_bytes
+//   head_stride_bytes = fp8 head bytes,  entry_stride_bytes = kv_heads · head_stride_bytes
+//
+// and channel c of that head lies where fp8_head_layout says (code c at byte c for c < channels −
+// rope_channels). page_pool_config::rope_channels says how many trailing channels are RoPE
+// channels; it must be 0 for the other storage types, whose channels are all alike.
+//
 // Memory: one contiguous block from the config's page_memory (the host's arena, pinned or
 // huge-page memory; by default anonymous memory the OS commits on first write, page_memory.hpp).
 // The pool never touches a page before handing it out and hands out the lowest free pages
@@ -58,6 +70,7 @@
 #include <utility>
 #include <vector>
 
+#include "phasekv/cache/fp8.hpp"
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/storage.hpp"
 #include "phasekv/core/error.hpp"
@@ -77,6 +90,9 @@ struct page_pool_config {
   std::int64_t capacity = 0;  // pages
   // Where the pages live; null = system_page_memory(). Must outlive the pool.
   page_memory* memory = nullptr;
+  // fp8_e4m3_block: the last rope_channels channels of each head, stored in bf16 (paged_cache sets
+  // it from the stream's RoPE config). 0 for every other storage type.
+  std::int64_t rope_channels = 0;
 
   // The largest pool the library agrees to describe (256 TiB): keeps every byte offset well
   // inside std::int64_t and std::size_t.
@@ -88,13 +104,24 @@ struct page_pool_config {
     require(kv_heads >= 1, name + ".kv_heads", kv_heads, "must be at least 1");
     require(channels >= 1, name + ".channels", channels, "must be at least 1");
     require(is_valid(storage), name + ".storage", static_cast<int>(storage), "is not a storage_type");
+    if (storage == storage_type::fp8_e4m3_block)
+      require(rope_channels >= 0 && rope_channels <= channels, name + ".rope_channels", rope_channels,
+              "must lie in [0, channels = " + std::to_string(channels) + "]");
+    else
+      require(rope_channels == 0, name + ".rope_channels", rope_channels,
+              std::string("must be 0 for ") + to_string(storage) + " storage (only fp8_e4m3_block keeps RoPE channels apart)");
     require(capacity >= 1, name + ".capacity", capacity, "must be at least 1");
     require(capacity <= std::numeric_limits<page_id>::max(), name + ".capacity", capacity,
             "must be at most 2^31 - 1 (page ids are 32-bit)");
-    // Multiply step by step so no product can overflow before it is checked.
-    std::int64_t bytes = bytes_per_element(storage);
+    // Multiply step by step so no product can overflow before it is checked. An fp8 head counts
+    // as its bytes (at most 2 · channels + 8, so the channel count is bounded first).
+    std::int64_t bytes = bytes_per_element(storage), per_head = channels;
+    if (storage == storage_type::fp8_e4m3_block) {
+      require(channels <= max_pool_bytes / 4, name + ".channels", channels, "makes the pool larger than 2^48 bytes");
+      per_head = fp8_head_layout::of(channels, rope_channels).bytes;
+    }
     const std::pair<const char*, std::int64_t> factors[] = {
-        {"channels", channels}, {"kv_heads", kv_heads}, {"page_size", page_size}, {"capacity", capacity}};
+        {"channels", per_head}, {"kv_heads", kv_heads}, {"page_size", page_size}, {"capacity", capacity}};
     for (const auto& [field, factor] : factors) {
       require(factor <= max_pool_bytes / bytes, name + "." + field, factor,
               "makes the pool larger than 2^48 bytes");
@@ -104,7 +131,8 @@ struct page_pool_config {
 };
 
 // Where an element lives inside the pool, in elements and in bytes, ready to hand to a host
-// kernel (FlashInfer's stride_page / stride_n / stride_h; channels have stride 1).
+// kernel (FlashInfer's stride_page / stride_n / stride_h; channels have stride 1). For
+// fp8_e4m3_block the element is a byte and a head is fp8() bytes (see the header comment).
 struct page_layout {
   std::int64_t page_size = 0;
   std::int64_t kv_heads = 0;
@@ -112,34 +140,78 @@ struct page_layout {
   storage_type storage = storage_type::f32;
   std::int64_t element_bytes = 0;
 
-  std::int64_t head_stride = 0;   // = channels
-  std::int64_t entry_stride = 0;  // = kv_heads · channels
+  std::int64_t head_stride = 0;   // = channels (fp8: the head's bytes)
+  std::int64_t entry_stride = 0;  // = kv_heads · head_stride
   std::int64_t page_stride = 0;   // = page_size · entry_stride, rounded up to a multiple of 64 bytes
 
   std::int64_t head_stride_bytes = 0;
   std::int64_t entry_stride_bytes = 0;
   std::int64_t page_stride_bytes = 0;
 
+  std::int64_t rope_channels = 0;  // fp8_e4m3_block: trailing channels stored in bf16; else 0
+
   static constexpr std::int64_t page_alignment = 64;  // bytes; also a multiple of every element size
 
-  // Expects a validated config.
-  static page_layout for_config(const page_pool_config& config) noexcept {
+  // fp32 values one entry holds (what write_entry takes and read_entry gives).
+  std::int64_t values_per_entry() const noexcept { return kv_heads * channels; }
+  // The block layout of one head (fp8_e4m3_block only).
+  fp8_head_layout fp8() const noexcept { return fp8_head_layout::of(channels, rope_channels); }
+
+  // The element size and the head and entry strides of packed entries of this shape; the page
+  // fields are left 0. Expects a valid shape (page_pool_config::validate's rules).
+  static page_layout packed(storage_type storage, std::int64_t kv_heads, std::int64_t channels,
+                            std::int64_t rope_channels = 0) noexcept {
     page_layout layout;
-    layout.page_size = config.page_size;
-    layout.kv_heads = config.kv_heads;
-    layout.channels = config.channels;
-    layout.storage = config.storage;
-    layout.element_bytes = bytes_per_element(config.storage);
-    layout.head_stride = config.channels;
-    layout.entry_stride = config.kv_heads * config.channels;
-    const std::int64_t payload_bytes = config.page_size * layout.entry_stride * layout.element_bytes;
-    layout.page_stride_bytes = (payload_bytes + page_alignment - 1) / page_alignment * page_alignment;
-    layout.page_stride = layout.page_stride_bytes / layout.element_bytes;
+    layout.kv_heads = kv_heads;
+    layout.channels = channels;
+    layout.storage = storage;
+    layout.element_bytes = bytes_per_element(storage);
+    layout.rope_channels = rope_channels;
+    layout.head_stride = storage == storage_type::fp8_e4m3_block ? layout.fp8().bytes : channels;
+    layout.entry_stride = kv_heads * layout.head_stride;
     layout.head_stride_bytes = layout.head_stride * layout.element_bytes;
     layout.entry_stride_bytes = layout.entry_stride * layout.element_bytes;
     return layout;
   }
+
+  // Expects a validated config.
+  static page_layout for_config(const page_pool_config& config) noexcept {
+    page_layout layout = packed(config.storage, config.kv_heads, config.channels, config.rope_channels);
+    layout.page_size = config.page_size;
+    const std::int64_t payload_bytes = config.page_size * layout.entry_stride_bytes;
+    layout.page_stride_bytes = (payload_bytes + page_alignment - 1) / page_alignment * page_alignment;
+    layout.page_stride = layout.page_stride_bytes / layout.element_bytes;
+    return layout;
+  }
 };
+
+// Converts `count` entries of fp32 values (values_per_entry() each, head-major) into the layout's
+// storage at dst, entry after entry entry_stride_bytes apart; load_entries converts back (exactly:
+// every stored value is an fp32 value). dst and src need the alignment of the storage's element
+// (2 bytes for bf16/f16, 4 for f32; none for fp8_e4m3_block).
+inline void store_entries(const page_layout& layout, const float* values, std::int64_t count, std::byte* dst) {
+  if (layout.storage != storage_type::fp8_e4m3_block) {
+    store_row(values, dst, count * layout.values_per_entry(), layout.storage);
+    return;
+  }
+  const fp8_head_layout head = layout.fp8();
+  for (std::int64_t e = 0; e < count; ++e)
+    for (std::int64_t h = 0; h < layout.kv_heads; ++h)
+      fp8_quantize_head(values + (e * layout.kv_heads + h) * layout.channels, head,
+                        dst + e * layout.entry_stride_bytes + h * layout.head_stride_bytes);
+}
+
+inline void load_entries(const page_layout& layout, const std::byte* src, std::int64_t count, float* values) {
+  if (layout.storage != storage_type::fp8_e4m3_block) {
+    load_row(src, values, count * layout.values_per_entry(), layout.storage);
+    return;
+  }
+  const fp8_head_layout head = layout.fp8();
+  for (std::int64_t e = 0; e < count; ++e)
+    for (std::int64_t h = 0; h < layout.kv_heads; ++h)
+      fp8_dequantize_head(src + e * layout.entry_stride_bytes + h * layout.head_stride_bytes, head,
+                          values + (e * layout.kv_heads + h) * layout.channels);
+}
 
 namespace detail {
 // Gives a pool's block back to the page_memory it came from.
@@ -268,12 +340,13 @@ class page_pool {
     return page_bytes(id);
   }
 
-  // Stores one entry (kv_heads × channels fp32, head-major) at `slot`, converted to the storage type.
+  // Stores one entry (kv_heads × channels fp32, head-major) at `slot`, converted to the storage
+  // type (fp8_e4m3_block: quantized, cache/fp8.hpp).
   void write_entry(page_id id, std::int64_t slot, const float* values) {
     require_allocated(id, "write_entry");
     require_slot(slot, "write_entry");
     require_pointer(values, "write_entry", "values");
-    store_row(values, page_bytes(id) + slot * layout_.entry_stride_bytes, layout_.entry_stride, layout_.storage);
+    store_entries(layout_, values, 1, page_bytes(id) + slot * layout_.entry_stride_bytes);
   }
 
   // Loads the entry at `slot` into out (kv_heads × channels fp32).
@@ -281,7 +354,7 @@ class page_pool {
     require_allocated(id, "read_entry");
     require_slot(slot, "read_entry");
     require_pointer(out, "read_entry", "out");
-    load_row(page_bytes(id) + slot * layout_.entry_stride_bytes, out, layout_.entry_stride, layout_.storage);
+    load_entries(layout_, page_bytes(id) + slot * layout_.entry_stride_bytes, 1, out);
   }
 
   // Copies entries [0, count) of page `source` to the same slots of page `destination`: the
@@ -370,7 +443,7 @@ class page_pool {
   void require_pointer(const void* pointer, const char* operation, const char* argument) const {
     if (pointer == nullptr) {
       detail::fail<input_error>(config_.name + "." + operation + "(" + argument + ")", "null",
-                                "must point to kv_heads × channels = " + std::to_string(layout_.entry_stride) +
+                                "must point to kv_heads × channels = " + std::to_string(layout_.values_per_entry()) +
                                     " floats");
     }
   }

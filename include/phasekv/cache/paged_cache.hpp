@@ -75,7 +75,9 @@ struct cache_config {
   std::int64_t pages = 1024;         // capacity of each stream's pool
   storage_type storage = storage_type::f32;
   // Per stream, overriding `storage` (empty: every stream uses `storage`) — e.g. bf16 indexer
-  // keys next to fp32 KV entries, for reader_config::indexer_precision = bf16.
+  // keys next to fp32 KV entries, for reader_config::indexer_precision = bf16. An
+  // fp8_e4m3_block stream keeps its rope config's channels in bf16 when its policy applies RoPE
+  // (DeepSeek-V4: 448 e4m3 channels + 64 bf16, 584 bytes an entry; cache/fp8.hpp).
   std::vector<storage_type> stream_storage;
   std::int64_t history = 0;          // tokens remove_suffix may roll back beyond the minimum
   raw_window_config window;
@@ -139,7 +141,9 @@ struct sequence_memory {
 // layout, so a host kernel can find entry e of batch row b with plain pointer arithmetic:
 //   page = indices[indptr[b] + e / page_size], slot = e % page_size,
 //   address = base + page · layout.page_stride_bytes + slot · layout.entry_stride_bytes
-//             + head · layout.head_stride_bytes + channel · layout.element_bytes.
+//             + head · layout.head_stride_bytes + channel · layout.element_bytes
+// (fp8_e4m3_block: the head's block layout starts at the address without the channel term —
+// 584 bytes per entry for DeepSeek-V4, FlashMLA's layout; cache/fp8.hpp).
 // It is the batch of the rows' stream views (sequence_view.hpp, what the reader reads) with the
 // CSR arrays derived from them. The view does not own anything; it is valid until the next call
 // that writes the cache.
@@ -176,6 +180,7 @@ class paged_cache {
       p.kv_heads = stream_shape(k).first;
       p.channels = stream_shape(k).second;
       p.storage = config_.stream_storage.empty() ? config_.storage : config_.stream_storage[k];
+      p.rope_channels = p.storage == storage_type::fp8_e4m3_block ? stored_rope_channels(k) : 0;
       p.capacity = config_.pages;
       p.memory = config_.memory;
       const bool shared = !config_.shared_pools.empty() && config_.shared_pools[k] != nullptr;
@@ -696,10 +701,21 @@ class paged_cache {
     check("page_size", have.page_size, want.page_size);
     check("kv_heads", have.kv_heads, want.kv_heads);
     check("channels", have.channels, want.channels);
+    check("rope_channels", have.rope_channels, want.rope_channels);
     if (have.storage != want.storage)
       detail::fail<config_error>(field, have.name,
                                 std::string("stores ") + to_string(have.storage) + ", the stream stores " +
                                     to_string(want.storage));
+  }
+
+  // The RoPE channels an fp8_e4m3_block pool of stream k keeps in bf16: the stream's rope
+  // channels when its policy rotates entries, else none.
+  std::int64_t stored_rope_channels(std::size_t k) const {
+    std::int64_t channels = 0;
+    for_each_stream([&](std::size_t i, const auto& c) {
+      if (i == k && layer_.applies_rope(k)) channels = c.config().rope.channels;
+    });
+    return channels;
   }
 
   std::pair<std::int64_t, std::int64_t> stream_shape(std::size_t k) const {

@@ -17,6 +17,9 @@
 // views with the same page table and bases 0 and slots·heads·channels elements apart). Within a
 // page, entries and heads are packed: head_stride = channels, entry_stride = kv_heads · channels
 // (the reader's kernels stream whole entries). page_layout::for_config() makes such a layout.
+// FP8 entries (fp8_e4m3_block) are packed the same way with a head of fp8_head_layout bytes —
+// head_stride = 584 bytes for DeepSeek-V4 — and layout.rope_channels = the stream's RoPE
+// channels (cache/fp8.hpp; stored_rope_channels in layer_shape.hpp).
 // `capacity` is the number of pages from `base` the host's arena holds: the reader checks every
 // page id it will touch against it, so a bad page table is an input_error, never a stray read.
 //

@@ -8,7 +8,7 @@
 //   std::vector<std::byte> bytes = snapshot(prefill_cache, seq);           // or snapshot_into()
 //   sequence_id moved = restore(decode_cache, bytes);                      // a new sequence
 //
-// What a snapshot holds: every stream's entries (as stored: fp32, bf16 or fp16), every stream's
+// What a snapshot holds: every stream's entries (as stored: fp32, bf16, fp16 or FP8 blocks), every stream's
 // compressor state (counts and the ring of pending inputs), the raw window ring with its first
 // kept token, the token count, and a fingerprint of the configuration those bytes assume.
 //
@@ -22,8 +22,11 @@
 // CRC-32C of their bytes); the raw window's tokens, kv_heads and channels.
 // These may differ:
 //   - page_size, pool capacity, the cache's and streams' names;
-//   - a stream's storage type, when the conversion is lossless: the same type, or bf16/f16 into
-//     f32 (exact widening). f32 into bf16/f16 and bf16 ↔ f16 are rejected as lossy;
+//   - a stream's storage type, when the conversion is lossless: the same type (fp8_e4m3_block
+//     entries are copied byte for byte, so a restored fp8 cache reads bit-identically), or
+//     bf16/f16/fp8_e4m3_block into f32 (exact widening: every stored value is an fp32 value).
+//     Everything else is rejected as lossy: f32 into bf16/f16/fp8, bf16 ↔ f16, and any type into
+//     fp8 but fp8 (re-quantizing rounds again);
 //   - cache_config::history. The rings are re-laid: the compressor ring (W + history rows) and the
 //     window ring (window.tokens + history rows) keep token t in row t mod rows, so restore copies
 //     each kept token's row to its row in the destination's ring. A destination with a smaller
@@ -87,7 +90,8 @@
 //       u32 pooling (1 mean, 2 vector gates, 3 scalar gates, 4 fixed weights),
 //       u32 rope (1 none, 2 after pooling, 3 before pooling), u32 norm (1 none, 2 RMSNorm),
 //       u32 role (stream_role + 1), i64 channels, i64 kv_heads, u32 inputs (input_layout + 1),
-//       u32 storage (storage_type + 1, as the entries are written),
+//       u32 storage (storage_type + 1, as the entries are written: 1 f32, 2 bf16, 3 f16,
+//       4 fp8_e4m3_block),
 //       i64 rope.channels, f64 rope.base, u32 rope.layout (rope_layout + 1), u32 yarn.enabled,
 //       f64 yarn.factor, i64 yarn.original_context, f64 yarn.beta_fast, f64 yarn.beta_slow
 //       (the RoPE fields all 0 for a policy without RoPE, the YaRN ones 0 when it is off),
@@ -101,7 +105,10 @@
 //   header_bytes = 160 + 200·S.
 //   sections, in this order:
 //     0 … S−1     stream k entries: completed_entries(tokens) entries × kv_heads × channels
-//                 elements of the stream's storage type, entry after entry (no page padding)
+//                 elements of the stream's storage type, entry after entry (no page padding);
+//                 for fp8_e4m3_block, entries × kv_heads heads of fp8_head_layout::of(channels,
+//                 rope.channels).bytes bytes each (cache/fp8.hpp; rope.channels as in the
+//                 stream's fingerprint, 0 without RoPE)
 //     S … 2S−1    stream k compressor state: i64 tokens, i64 entries, i64 ring_rows (= window +
 //                 history), i64 intact_from (tokens [intact_from, tokens) have their inputs in
 //                 the ring), then f32 payload ring [ring_rows][kv_heads·views·channels] and f32
@@ -247,6 +254,7 @@ inline std::string storage_name(std::uint32_t code) {
     case 1: return "f32";
     case 2: return "bf16";
     case 3: return "f16";
+    case 4: return "fp8_e4m3_block";
   }
   return "unknown (" + std::to_string(code) + ")";
 }
@@ -571,11 +579,11 @@ inline void check_compatible(const fingerprint& s, const fingerprint& c) {
     same(k, "slot_bias", a.slot_bias, b.slot_bias, parameter);
     same(k, "norm_weight", a.norm_weight, b.norm_weight, parameter);
     same(k, "slot_profile", a.slot_profile, b.slot_profile, parameter);
-    if (a.storage < 1 || a.storage > 3) fail<input_error>("snapshot: " + name(k, "storage"), a.storage, "is not a storage type");
+    if (a.storage < 1 || a.storage > 4) fail<input_error>("snapshot: " + name(k, "storage"), a.storage, "is not a storage type");
     if (a.storage != b.storage && b.storage != code_of(storage_type::f32))
       throw input_error("snapshot: " + name(k, "entries are stored as ") + storage_name(a.storage) +
                         "; the cache stores " + storage_name(b.storage) +
-                        ", a lossy conversion (restore converts only to the same type or bf16/f16 to f32)");
+                        ", a lossy conversion (restore converts only to the same type, or to f32)");
   }
   // The source's history may differ (restore re-lays the rings); it only has to be a history.
   if (s.history < 0 || s.history > limits::max_history)
@@ -915,8 +923,7 @@ struct snapshot_access {
       std::uint64_t expected = 0;
       const std::int64_t elements = print.streams[k].channels * print.streams[k].kv_heads;
       const bool fits = format::multiply(static_cast<std::uint64_t>(entries),
-                                         static_cast<std::uint64_t>(elements) *
-                                             bytes_per_element(format::storage_of(print.streams[k].storage)),
+                                         static_cast<std::uint64_t>(source_layout(print.streams[k]).entry_stride_bytes),
                                          expected);
       expect_bytes(in_parts, k, expected, fits, [&] {
         return std::to_string(entries) + " entries of " + std::to_string(elements) + " " +
@@ -1058,7 +1065,8 @@ struct snapshot_access {
       const std::int64_t page_size = cache.pools_[k]->layout().page_size;
       pages[k].resize(static_cast<std::size_t>((entries + page_size - 1) / page_size));
       record->tables[k].reserve(pages[k].size());
-      if (format::storage_of(print.streams[k].storage) != cache.pools_[k]->layout().storage)
+      if (format::storage_of(print.streams[k].storage) != cache.pools_[k]->layout().storage &&
+          is_row_storage(format::storage_of(print.streams[k].storage)))
         bounce.resize(std::max(bounce.size(), static_cast<std::size_t>(page_size * cache.pools_[k]->layout().entry_stride)));
     }
 
@@ -1082,8 +1090,8 @@ struct snapshot_access {
 
     try {
       for (std::size_t k = 0; k < streams; ++k) {
-        copy_entries(*cache.pools_[k], pages[k], entries, format::storage_of(print.streams[k].storage),
-                     in_parts.starts[k], bounce, in_parts, k);
+        copy_entries(*cache.pools_[k], pages[k], entries, source_layout(print.streams[k]), in_parts.starts[k], bounce,
+                     in_parts, k);
         record->tables[k].assign(pages[k].begin(), pages[k].end());  // within the reserved capacity
       }
       return cache.insert(std::move(record));  // leaves the record with us if it throws
@@ -1095,31 +1103,39 @@ struct snapshot_access {
 
   // Entries from a verified-length section into the new pages, checking the section's CRC on the
   // way; a mismatch throws (the caller releases the pages).
+  // `from` is the packed layout of the snapshot's entries (source_layout).
   static void copy_entries(page_pool& pool, const std::vector<page_id>& pages, std::int64_t entries,
-                           storage_type from, const unsigned char* src, std::vector<std::uint16_t>& bounce,
+                           const page_layout& from, const unsigned char* src, std::vector<std::uint16_t>& bounce,
                            const parsed& in, std::size_t section_index) {
     const page_layout& layout = pool.layout();
     const std::int64_t page_size = layout.page_size;
-    const std::int64_t source_entry_bytes = layout.entry_stride * bytes_per_element(from);
     std::uint32_t crc = 0;
     for (std::size_t page = 0; page < pages.size(); ++page) {
       const std::int64_t n = std::min(page_size, entries - static_cast<std::int64_t>(page) * page_size);
-      const auto bytes = static_cast<std::size_t>(n * source_entry_bytes);
+      const auto bytes = static_cast<std::size_t>(n * from.entry_stride_bytes);
       std::byte* destination = pool.data(pages[page]);
-      if (from == layout.storage) {
+      if (from.storage == layout.storage) {
         crc = crc32c_copy(destination, src, bytes, crc);
-      } else {  // bf16/f16 into f32 (check_compatible allowed nothing else)
+      } else {  // bf16/f16/fp8 into f32 (check_compatible allowed nothing else)
         crc = crc32c(src, bytes, crc);
         const void* row = src;
-        if (reinterpret_cast<std::uintptr_t>(src) % alignof(std::uint16_t) != 0) {
+        // The 16-bit rows need aligned elements; fp8 blocks are read byte by byte.
+        if (is_row_storage(from.storage) && reinterpret_cast<std::uintptr_t>(src) % alignof(std::uint16_t) != 0) {
           std::memcpy(bounce.data(), src, bytes);
           row = bounce.data();
         }
-        load_row(row, reinterpret_cast<float*>(destination), n * layout.entry_stride, from);
+        load_entries(from, static_cast<const std::byte*>(row), n, reinterpret_cast<float*>(destination));
       }
       src += bytes;
     }
     if (crc != in.table[section_index].crc) checksum_mismatch(section_index, in.table[section_index], crc);
+  }
+
+  // The entries of a snapshot's stream as the section holds them: packed, in its storage type.
+  static page_layout source_layout(const snapshot_format::stream_fingerprint& f) noexcept {
+    const storage_type storage = snapshot_format::storage_of(f.storage);
+    return page_layout::packed(storage, f.kv_heads, f.channels,
+                               storage == storage_type::fp8_e4m3_block ? f.rope_channels : 0);
   }
 
   // Releases the first `streams` streams' new pages, last allocated first, so each pool's free

@@ -6,6 +6,13 @@
 //   bf16  the upper 16 bits of a binary32 (8-bit exponent, 7 stored mantissa bits).
 //   f16   IEEE binary16 (5-bit exponent with bias 15, 10 stored mantissa bits; largest finite
 //         65504, smallest subnormal 2^-24).
+//   fp8_e4m3_block
+//         DeepSeek-V4's FP8 entries: per head, e4m3fn codes in blocks of 64 channels with a
+//         power-of-two (UE8M0) scale per block, the trailing RoPE channels in bf16 — 584 bytes
+//         for 512 channels with 64 RoPE channels. Its layout and quantizer are in cache/fp8.hpp;
+//         it is stored entry by entry (page_pool.hpp: store_entries, load_entries), never as a
+//         row of equal elements, so the row functions below reject it. Its unit of layout is the
+//         byte (bytes_per_element = 1: a code), but an entry is not channels × 1 bytes.
 //
 // Narrowing rounds to nearest, ties to even, independent of the FPU's rounding mode and of
 // FTZ/DAZ (the scalar paths are pure integer arithmetic):
@@ -38,10 +45,17 @@
 
 namespace phasekv {
 
-enum class storage_type { f32, bf16, f16 };
+enum class storage_type { f32, bf16, f16, fp8_e4m3_block };
 
+// The size of one stored element: a value of f32/bf16/f16, one code of fp8_e4m3_block (whose
+// entries also hold bf16 values and scales: fp8_head_layout gives their size).
 constexpr std::int64_t bytes_per_element(storage_type type) noexcept {
-  return type == storage_type::f32 ? 4 : 2;
+  return type == storage_type::f32 ? 4 : type == storage_type::fp8_e4m3_block ? 1 : 2;
+}
+
+// Whether every channel is one element of bytes_per_element bytes (store_row and load_row apply).
+constexpr bool is_row_storage(storage_type type) noexcept {
+  return type == storage_type::f32 || type == storage_type::bf16 || type == storage_type::f16;
 }
 
 inline const char* to_string(storage_type type) noexcept {
@@ -49,6 +63,7 @@ inline const char* to_string(storage_type type) noexcept {
     case storage_type::f32: return "f32";
     case storage_type::bf16: return "bf16";
     case storage_type::f16: return "f16";
+    case storage_type::fp8_e4m3_block: return "fp8_e4m3_block";
   }
   return "unknown";
 }
@@ -56,7 +71,7 @@ inline const char* to_string(storage_type type) noexcept {
 inline std::ostream& operator<<(std::ostream& out, storage_type type) { return out << to_string(type); }
 
 inline bool is_valid(storage_type type) noexcept {
-  return type == storage_type::f32 || type == storage_type::bf16 || type == storage_type::f16;
+  return is_row_storage(type) || type == storage_type::fp8_e4m3_block;
 }
 
 namespace detail {
@@ -254,13 +269,16 @@ inline std::int64_t load_f16_simd(const std::uint16_t* src, float* dst, std::int
 inline bool row_arguments_ok(const void* src, const void* dst, storage_type type) noexcept {
   // The 16-bit paths access elements as std::uint16_t, so pointers must be element-aligned.
   const auto element_bytes = static_cast<std::uintptr_t>(bytes_per_element(type));
-  return is_valid(type) && src != nullptr && dst != nullptr &&
+  return is_row_storage(type) && src != nullptr && dst != nullptr &&
          reinterpret_cast<std::uintptr_t>(src) % element_bytes == 0 &&
          reinterpret_cast<std::uintptr_t>(dst) % element_bytes == 0;
 }
 
 [[noreturn]] inline void fail_row(const void* src, const void* dst, std::int64_t n, storage_type type) {
   if (!is_valid(type)) fail<input_error>("storage_type", static_cast<int>(type), "is not a storage_type");
+  if (!is_row_storage(type))
+    fail<input_error>("storage_type", to_string(type),
+                      "is stored in blocks, not rows: convert whole entries (store_entries, load_entries)");
   if (src == nullptr || dst == nullptr) {
     fail<input_error>("row length", n, "needs non-null source and destination pointers");
   }
@@ -293,6 +311,7 @@ inline void store_row(const float* src, void* dst, std::int64_t n, storage_type 
       for (std::int64_t i = detail::store_f16_simd(src, out, n); i < n; ++i) out[i] = float_to_f16(src[i]);
       return;
     }
+    case storage_type::fp8_e4m3_block: return;  // rejected by row_arguments_ok
   }
 }
 
@@ -319,6 +338,7 @@ inline void load_row(const void* src, float* dst, std::int64_t n, storage_type t
       for (std::int64_t i = detail::load_f16_simd(in, dst, n); i < n; ++i) dst[i] = f16_to_float(in[i]);
       return;
     }
+    case storage_type::fp8_e4m3_block: return;  // rejected by row_arguments_ok
   }
 }
 

@@ -16,12 +16,29 @@
 // p[k][h] against the value rows. On one core of Zen 5 the two passes run at ~200 and ~175
 // GFLOP/s on a 64-head, 512-channel, 256-key piece whose rows are in the L2. Sums run over keys in ascending order from zero, so a piece gives
 // the same state wherever it runs.
+//
+// FP8 entries (fp8_e4m3_block, cache/fp8.hpp) are dequantized inside both passes, never a page
+// ahead of them: 16 codes at a time are widened in registers and multiplied by their block's
+// scale (bf16 RoPE channels: shifted), one 64-channel block per key at a time. The logit tile
+// widens its keys' next block into a line in L1 and broadcasts from it as it would from an fp32
+// row; the output pass widens one block of every key of the piece (≤ 64 KiB), which all its
+// head tiles then read — widening per head tile would repeat the work query_heads / 6 times.
+// Dequantized values are exact in fp32 and every sum runs in the same order, so a read over fp8
+// entries is bit-identical to the fp32 read of the dequantized entries (tests/test_read_fp8.cpp).
+// Widening 16 channels takes ~14 instructions, next to the 64 FMAs and 16 broadcasts that 64
+// query heads spend on them in the logit pass: with its entries in cache an fp8 pass runs
+// 5–35% slower than the fp32 one (measured on this shared machine, output and logits), while
+// the entries it reads from memory are 3.5× fewer bytes (bench/bench_read.cpp,
+// BM_sparse_decode_fp8).
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "phasekv/cache/fp8.hpp"
 #include "phasekv/simd/batch.hpp"
 #include "phasekv/simd/exp.hpp"
 #include "phasekv/simd/prefetch.hpp"
@@ -34,6 +51,19 @@ namespace phasekv::kernels {
 struct attention_queries {
   std::int64_t heads = 0, padded = 0, channels = 0;
   simd::aligned_vector<float> q_t;
+};
+
+// A piece's keys or values stored as fp8_e4m3_block: per key the first byte of its KV head's
+// block layout, and that layout.
+struct fp8_heads {
+  const std::byte* const* heads = nullptr;
+  fp8_head_layout layout;
+};
+
+// Where the output pass widens fp8 values: one block of channels of every key of a piece.
+struct fp8_scratch {
+  simd::aligned_vector<float> slab;  // [keys][64]
+  std::vector<const float*> rows;    // the slab's rows
 };
 
 template <class Arch = simd::default_arch>
@@ -63,8 +93,10 @@ struct attention {
         p.q_t[static_cast<std::size_t>(c * p.padded + h)] = queries[h * channels + c] * scale;
   }
 
-  // ℓ[k][h] for k < count into logits[k · padded + h] (aligned; padded heads included).
-  static void logits(const prepared& p, const float* const* keys, std::int64_t count, float* out) noexcept {
+  // ℓ[k][h] for k < count into logits[k · padded + h] (aligned; padded heads included). Keys are
+  // fp32 rows (const float* const*) or fp8 heads (fp8_heads).
+  template <class Keys>
+  static void logits(const prepared& p, const Keys& keys, std::int64_t count, float* out) noexcept {
     for (std::int64_t h0 = 0; h0 < p.padded; h0 += head_batches * lanes) {
       switch (std::min(head_batches, (p.padded - h0) / lanes)) {
         case 4: logit_tiles<4>(p, h0, keys, count, out); break;
@@ -95,63 +127,125 @@ struct attention {
   // o[h][c] = Σ_k p[k · padded + h] · values[k][c] for h < heads, c < channels (o row-major).
   static void output(const float* p, std::int64_t padded, std::int64_t heads, const float* const* values,
                      std::int64_t count, std::int64_t channels, float* o) noexcept {
-    std::int64_t c = 0;
-    for (; c + channel_batches * lanes <= channels; c += channel_batches * lanes)
-      output_tiles<channel_batches>(p, padded, heads, values, count, c, channels, o);
-    for (; c + lanes <= channels; c += lanes) output_tiles<1>(p, padded, heads, values, count, c, channels, o);
-    for (; c < channels; ++c)
-      for (std::int64_t h = 0; h < heads; ++h) {
-        float a = 0.0f;
-        for (std::int64_t k = 0; k < count; ++k) a = std::fma(p[k * padded + h], values[k][c], a);
-        o[h * channels + c] = a;
+    output_columns(p, padded, heads, values, count, channels, o, channels);
+  }
+
+  // The same over fp8 values, widened one 64-channel block of every key at a time into `scratch`
+  // (see the header comment) and summed by the fp32 code above: the same bits as output() over
+  // the dequantized rows.
+  static void output(const float* p, std::int64_t padded, std::int64_t heads, const fp8_heads& values,
+                     std::int64_t count, std::int64_t channels, float* o, fp8_scratch& scratch) {
+    constexpr std::int64_t width = fp8_head_layout::block_channels;
+    scratch.slab.resize(static_cast<std::size_t>(count * width));
+    scratch.rows.resize(static_cast<std::size_t>(count));
+    for (std::int64_t k = 0; k < count; ++k) scratch.rows[static_cast<std::size_t>(k)] = scratch.slab.data() + k * width;
+    for (std::int64_t c0 = 0; c0 < channels; c0 += width) {
+      const std::int64_t n = std::min(width, channels - c0);
+      for (std::int64_t k = 0; k < count; ++k) {
+        // Whole heads ahead on the first block; the later blocks find them in the cache.
+        if (c0 == 0 && k + output_ahead < count) simd::prefetch_bytes(values.heads[k + output_ahead], values.layout.bytes);
+        fp8_decode_channels(values.heads[k], values.layout, c0, n, scratch.slab.data() + k * width);
       }
+      output_columns(p, padded, heads, scratch.rows.data(), count, n, o + c0, channels);
+    }
   }
 
  private:
-  template <std::int64_t NB>
-  static void logit_tiles(const prepared& p, std::int64_t h0, const float* const* keys, std::int64_t count,
+  // Columns [0, width) of the output, whose rows are o_stride floats apart.
+  static void output_columns(const float* p, std::int64_t padded, std::int64_t heads, const float* const* values,
+                             std::int64_t count, std::int64_t width, float* o, std::int64_t o_stride) noexcept {
+    std::int64_t c = 0;
+    for (; c + channel_batches * lanes <= width; c += channel_batches * lanes)
+      output_tiles<channel_batches>(p, padded, heads, values, count, c, o_stride, o);
+    for (; c + lanes <= width; c += lanes) output_tiles<1>(p, padded, heads, values, count, c, o_stride, o);
+    for (; c < width; ++c)
+      for (std::int64_t h = 0; h < heads; ++h) {
+        float a = 0.0f;
+        for (std::int64_t k = 0; k < count; ++k) a = std::fma(p[k * padded + h], values[k][c], a);
+        o[h * o_stride + c] = a;
+      }
+  }
+
+  static const float* const* advance(const float* const* rows, std::int64_t n) noexcept { return rows + n; }
+  static fp8_heads advance(const fp8_heads& keys, std::int64_t n) noexcept { return {keys.heads + n, keys.layout}; }
+
+  template <std::int64_t NB, class Keys>
+  static void logit_tiles(const prepared& p, std::int64_t h0, const Keys& keys, std::int64_t count,
                           float* out) noexcept {
     std::int64_t k = 0;
     for (; k + tile_keys <= count; k += tile_keys) {
-      // The next tile's rows, when whole: selected entries lie anywhere in the cache, and each
-      // row is only a few dozen lines long, too short for the hardware prefetchers to get going.
-      const float* const* ahead = k + 2 * tile_keys <= count ? keys + k + tile_keys : nullptr;
-      logit_tile<NB, tile_keys>(p, h0, keys + k, ahead, out + k * p.padded);
+      // Prefetch the next tile's rows when it is whole: selected entries lie anywhere in the
+      // cache, and each row is only a few dozen lines long, too short for the hardware
+      // prefetchers to get going.
+      logit_tile<NB, tile_keys>(p, h0, advance(keys, k), k + 2 * tile_keys <= count, out + k * p.padded);
     }
     // The last count mod tile_keys keys in one narrower tile (each query batch loaded once for
     // them all, not once per key).
     if constexpr (!wide) {
-      for (; k < count; ++k) logit_tile<NB, 1>(p, h0, keys + k, nullptr, out + k * p.padded);
+      for (; k < count; ++k) logit_tile<NB, 1>(p, h0, advance(keys, k), false, out + k * p.padded);
       return;
     }
     switch (count - k) {
-      case 5: logit_tile<NB, 5>(p, h0, keys + k, nullptr, out + k * p.padded); break;
-      case 4: logit_tile<NB, 4>(p, h0, keys + k, nullptr, out + k * p.padded); break;
-      case 3: logit_tile<NB, 3>(p, h0, keys + k, nullptr, out + k * p.padded); break;
-      case 2: logit_tile<NB, 2>(p, h0, keys + k, nullptr, out + k * p.padded); break;
-      case 1: logit_tile<NB, 1>(p, h0, keys + k, nullptr, out + k * p.padded); break;
+      case 5: logit_tile<NB, 5>(p, h0, advance(keys, k), false, out + k * p.padded); break;
+      case 4: logit_tile<NB, 4>(p, h0, advance(keys, k), false, out + k * p.padded); break;
+      case 3: logit_tile<NB, 3>(p, h0, advance(keys, k), false, out + k * p.padded); break;
+      case 2: logit_tile<NB, 2>(p, h0, advance(keys, k), false, out + k * p.padded); break;
+      case 1: logit_tile<NB, 1>(p, h0, advance(keys, k), false, out + k * p.padded); break;
       default: break;
     }
   }
 
+  // fp8 keys are widened a block (64 channels) at a time: fewer, longer runs of the conversion.
+  static constexpr std::int64_t fp8_chunk = fp8_head_layout::block_channels;
+  template <std::int64_t NK>
+  struct alignas(64) fp8_lines {
+    float values[NK][fp8_chunk];
+  };
+  struct no_lines {};
+
   // NB batches of heads from h0 against NK keys: NB·NK accumulators, each query batch loaded
-  // once per channel and each key channel broadcast once.
-  template <std::int64_t NB, std::int64_t NK>
-  PHASEKV_FLATTEN static void logit_tile(const prepared& p, std::int64_t h0, const float* const* keys,
-                                         const float* const* ahead, float* out) noexcept {
+  // once per channel and each key channel broadcast once — from the fp32 row itself, or from
+  // the 64-channel line an fp8 key was just widened into.
+  template <std::int64_t NB, std::int64_t NK, class Keys>
+  PHASEKV_FLATTEN static void logit_tile(const prepared& p, std::int64_t h0, const Keys& keys, bool prefetch_next,
+                                         float* out) noexcept {
+    constexpr bool fp8 = std::is_same_v<Keys, fp8_heads>;
     batch acc[NK][NB];
     simd::unroll<NK>([&](auto k) { simd::unroll<NB>([&](auto b) { acc[k][b] = batch(0.0f); }); });
     const float* row[NK];
-    simd::unroll<NK>([&](auto k) { row[k] = keys[k]; });
+    // fp8: the widened lines (nothing for fp32, whose frame stays as it was), and the next tile's
+    // heads fetched a few cache lines per block of channels.
+    [[maybe_unused]] std::conditional_t<fp8, fp8_lines<NK>, no_lines> line;
+    [[maybe_unused]] std::int64_t head_lines = 0, lines_per_chunk = 0;
+    if constexpr (fp8) {
+      simd::unroll<NK>([&](auto k) { row[k] = line.values[k]; });
+      const std::int64_t chunks = (p.channels + fp8_chunk - 1) / fp8_chunk;
+      head_lines = (keys.layout.bytes + 63) / 64;
+      lines_per_chunk = (head_lines + chunks - 1) / chunks;
+    } else {
+      simd::unroll<NK>([&](auto k) { row[k] = keys[k]; });
+    }
     const float* q = p.q_t.data() + h0;
-    for (std::int64_t c0 = 0; c0 < p.channels; c0 += simd::line_floats) {
-      if (ahead) simd::unroll<NK>([&](auto k) { simd::prefetch(ahead[k] + c0, 1); });
-      const std::int64_t c1 = std::min(p.channels, c0 + simd::line_floats);
+    constexpr std::int64_t chunk = fp8 ? fp8_chunk : simd::line_floats;
+    for (std::int64_t c0 = 0; c0 < p.channels; c0 += chunk) {
+      const std::int64_t c1 = std::min(p.channels, c0 + chunk);
+      std::int64_t base = 0;  // the channel row[k][0] holds
+      if constexpr (fp8) {
+        if (prefetch_next) {
+          const std::int64_t first = c0 / fp8_chunk * lines_per_chunk;
+          const std::int64_t n = std::min(head_lines, first + lines_per_chunk) - first;
+          if (n > 0) simd::unroll<NK>([&](auto k) { simd::prefetch_bytes(keys.heads[NK + k] + first * 64, n * 64); });
+        }
+        simd::unroll<NK>([&](auto k) { fp8_decode_channels(keys.heads[k], keys.layout, c0, c1 - c0, line.values[k]); });
+        base = c0;
+      } else {
+        if (prefetch_next) simd::unroll<NK>([&](auto k) { simd::prefetch(keys[NK + k] + c0, 1); });
+      }
       for (std::int64_t c = c0; c < c1; ++c, q += p.padded) {
         batch qb[NB];
         simd::unroll<NB>([&](auto b) { qb[b] = batch::load_aligned(q + b * lanes); });
         simd::unroll<NK>([&](auto k) {
-          const batch kc(row[k][c]);
+          const batch kc(row[k][c - base]);
           simd::unroll<NB>([&](auto b) { acc[k][b] = xsimd::fma(qb[b], kc, acc[k][b]); });
         });
       }
@@ -165,6 +259,7 @@ struct attention {
   // entries), so no hardware prefetcher predicts them.
   static constexpr std::int64_t output_ahead = 8;
 
+  // `channels` is the stride of o's rows.
   template <std::int64_t NC>
   static void output_tiles(const float* p, std::int64_t padded, std::int64_t heads, const float* const* values,
                            std::int64_t count, std::int64_t c, std::int64_t channels, float* o) noexcept {

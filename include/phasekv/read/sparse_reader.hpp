@@ -46,7 +46,11 @@
 // Indexer scores come from a fused xsimd kernel over whole pages (indexer_kernel.hpp; in bf16,
 // indexer_bf16_kernel.hpp, when reader_config::precision asks for it); attention runs a kernel
 // with the query heads in SIMD lanes (attention_kernel.hpp) over row pointers: the selected
-// entries and the window tokens are read where they lie (fp32 storage), never gathered.
+// entries and the window tokens are read where they lie (fp32 storage), never gathered; FP8
+// entries (fp8_e4m3_block) are dequantized inside the kernel's passes, and the read is
+// bit-identical to the fp32 read of the dequantized entries. bf16/f16 entries are widened into
+// scratch rows first, and indexer keys of any storage but fp32 (or bf16 with the bf16 kernel)
+// page by page.
 //
 // Parallelism (optional): with an executor (core/executor.hpp), scoring runs as chunks of pages
 // (each with its own top-k, merged after) and attention as pieces of keys per KV head, merged
@@ -169,7 +173,9 @@ class sparse_reader {
     attention_kernel::aligned_floats logits;   // [keys][padded heads], then the probabilities
     std::vector<float> max, sum;               // per padded head
     std::vector<const float*> keys, values;    // the piece's rows, KV head g's channels
-    std::vector<float> key_rows, value_rows;   // converted rows (non-fp32 storage)
+    std::vector<float> key_rows, value_rows;   // converted rows (bf16, f16 storage)
+    std::vector<const std::byte*> key_heads, value_heads;  // KV head g's blocks (fp8 storage)
+    kernels::fp8_scratch fp8;                  // where the output pass widens fp8 values
   };
   // What a (sequence × KV head) task needs while it runs its pieces in order.
   struct attention_slot {
@@ -213,6 +219,12 @@ class sparse_reader {
       require(st.channels >= 1 && st.channels <= limits::max_channels, f + ".channels", st.channels,
               "must lie in [1, 2^20]");
       require(is_valid(st.storage), f + ".storage", static_cast<int>(st.storage), "is not a storage_type");
+      if (st.storage == storage_type::fp8_e4m3_block) {
+        const std::int64_t rope = stored_rope_channels(st);
+        require(rope >= 0 && rope <= st.channels, f + ".rope.channels", rope,
+                "must lie in [0, channels = " + std::to_string(st.channels) +
+                    "]: fp8_e4m3_block keeps the RoPE channels of a stream that applies RoPE in bf16");
+      }
     }
     require(config_.query_heads >= 1, n + ".query_heads", config_.query_heads, "must be at least 1");
     require(config_.query_heads <= limits::max_heads, n + ".query_heads", config_.query_heads, "must be at most 2^16");
@@ -397,14 +409,24 @@ class sparse_reader {
     if (l.storage != st.storage) bad("layout.storage", to_string(l.storage), std::string("must be the stream's ") + to_string(st.storage));
     if (l.kv_heads != st.kv_heads) bad("layout.kv_heads", l.kv_heads, "must be the stream's " + std::to_string(st.kv_heads));
     if (l.channels != st.channels) bad("layout.channels", l.channels, "must be the stream's " + std::to_string(st.channels));
-    const std::int64_t e = bytes_per_element(st.storage);
+    const bool fp8 = st.storage == storage_type::fp8_e4m3_block;
+    const std::int64_t rope = fp8 ? stored_rope_channels(st) : 0;
+    if (l.rope_channels != rope)
+      bad("layout.rope_channels", l.rope_channels,
+          fp8 ? "must be the stream's RoPE channels, " + std::to_string(rope) + " (kept in bf16)"
+              : std::string("must be 0 (only fp8_e4m3_block keeps RoPE channels apart)"));
+    const page_layout packed = page_layout::packed(st.storage, st.kv_heads, st.channels, rope);
+    const std::int64_t e = packed.element_bytes;
     if (l.element_bytes != e) bad("layout.element_bytes", l.element_bytes, "must be " + std::to_string(e));
     if (l.page_size < 1 || l.page_size > limits::max_tokens) bad("layout.page_size", l.page_size, "must lie in [1, 2^48]");
-    if (l.head_stride != l.channels || l.head_stride_bytes != l.channels * e)
-      bad("layout.head_stride", l.head_stride, "must be channels = " + std::to_string(l.channels) + " (packed heads)");
-    if (l.entry_stride != l.kv_heads * l.channels || l.entry_stride_bytes != l.entry_stride * e)
+    if (l.head_stride != packed.head_stride || l.head_stride_bytes != packed.head_stride_bytes)
+      bad("layout.head_stride", l.head_stride,
+          fp8 ? "must be the fp8 head's bytes = " + std::to_string(packed.head_stride) + " (packed heads)"
+              : "must be channels = " + std::to_string(l.channels) + " (packed heads)");
+    if (l.entry_stride != packed.entry_stride || l.entry_stride_bytes != packed.entry_stride_bytes)
       bad("layout.entry_stride", l.entry_stride,
-          "must be kv_heads × channels = " + std::to_string(l.kv_heads * l.channels) + " (packed entries)");
+          (fp8 ? "must be kv_heads × head bytes = " : "must be kv_heads × channels = ") +
+              std::to_string(packed.entry_stride) + " (packed entries)");
     std::int64_t payload = 0;
     if (!detail::product_within(l.page_size, l.entry_stride_bytes, limits::max_bytes, payload) ||
         l.page_stride_bytes < payload || l.page_stride_bytes % e != 0 || l.page_stride * e != l.page_stride_bytes)
@@ -691,8 +713,16 @@ class sparse_reader {
   void attend_piece(sequence_work& w, std::int64_t g, const piece& pc, piece_state& ps) const {
     const attention_kernel::prepared& q = w.queries[static_cast<std::size_t>(g)];
     find_rows(w, g, pc, ps);
+    const bool entries = pc.source != key_source::window;
+    const page_layout& key_layout = w.item->view->streams[config_.key_stream].layout;
+    const page_layout& value_layout = w.item->view->streams[config_.value_stream].layout;
+    const bool fp8_keys = entries && key_layout.storage == storage_type::fp8_e4m3_block;
+    const bool fp8_values = entries && value_layout.storage == storage_type::fp8_e4m3_block;
     ps.logits.resize(static_cast<std::size_t>(pc.count * q.padded));
-    attention_kernel::logits(q, ps.keys.data(), pc.count, ps.logits.data());
+    if (fp8_keys)
+      attention_kernel::logits(q, kernels::fp8_heads{ps.key_heads.data(), key_layout.fp8()}, pc.count, ps.logits.data());
+    else
+      attention_kernel::logits(q, ps.keys.data(), pc.count, ps.logits.data());
     if (w.tracing) {
       matrix& kept = pc.source == key_source::window ? w.window_logits : w.entry_logits;
       for (std::int64_t k = 0; k < pc.count; ++k)
@@ -702,7 +732,12 @@ class sparse_reader {
     ps.sum.resize(static_cast<std::size_t>(q.padded));
     attention_kernel::softmax(ps.logits.data(), pc.count, q.padded, ps.max.data(), ps.sum.data());
     float* out = ps.state.assign(q.heads, value_channels_, ps.max.data(), ps.sum.data());
-    attention_kernel::output(ps.logits.data(), q.padded, q.heads, ps.values.data(), pc.count, value_channels_, out);
+    if (fp8_values)
+      attention_kernel::output(ps.logits.data(), q.padded, q.heads,
+                               kernels::fp8_heads{ps.value_heads.data(), value_layout.fp8()}, pc.count, value_channels_,
+                               out, ps.fp8);
+    else
+      attention_kernel::output(ps.logits.data(), q.padded, q.heads, ps.values.data(), pc.count, value_channels_, out);
   }
 
   // KV head g's heads from the merged state: output, log-sum-exp, trace factors, de-rotation.
@@ -730,8 +765,8 @@ class sparse_reader {
   static const float* page_floats(const page_layout& layout, const std::byte* bytes, std::int64_t count,
                                   std::vector<float>& scratch) {
     if (layout.storage == storage_type::f32) return reinterpret_cast<const float*>(bytes);
-    scratch.resize(static_cast<std::size_t>(count * layout.entry_stride));
-    load_row(bytes, scratch.data(), count * layout.entry_stride, layout.storage);
+    scratch.resize(static_cast<std::size_t>(count * layout.values_per_entry()));
+    load_entries(layout, bytes, count, scratch.data());
     return scratch.data();
   }
 
@@ -761,18 +796,25 @@ class sparse_reader {
       return;
     }
     const sequence_view& v = *w.item->view;
-    entry_rows(w, v.streams[config_.key_stream], g, key_channels_, pc, ps.key_rows, ps.keys);
-    if (config_.key_stream == config_.value_stream) ps.values = ps.keys;
-    else entry_rows(w, v.streams[config_.value_stream], g, value_channels_, pc, ps.value_rows, ps.values);
+    entry_rows(w, v.streams[config_.key_stream], g, key_channels_, pc, ps.key_rows, ps.keys, ps.key_heads);
+    if (config_.key_stream == config_.value_stream) {
+      ps.values = ps.keys;
+      ps.value_heads = ps.key_heads;
+    } else {
+      entry_rows(w, v.streams[config_.value_stream], g, value_channels_, pc, ps.value_rows, ps.values, ps.value_heads);
+    }
   }
 
   // KV head g's channels of the piece's entries in one stream: pointers into the pages (fp32
-  // storage), or to rows converted into `converted`.
+  // storage), to rows converted into `converted` (bf16, f16), or to the heads' blocks (fp8,
+  // which the kernel dequantizes itself).
   static void entry_rows(const sequence_work& w, const stream_view& sv, std::int64_t g, std::int64_t channels,
-                         const piece& pc, std::vector<float>& converted, std::vector<const float*>& rows) {
+                         const piece& pc, std::vector<float>& converted, std::vector<const float*>& rows,
+                         std::vector<const std::byte*>& heads) {
     const page_layout& layout = sv.layout;
-    const bool f32 = layout.storage == storage_type::f32;
-    if (!f32) converted.resize(static_cast<std::size_t>(pc.count * channels));
+    const bool f32 = layout.storage == storage_type::f32, fp8 = layout.storage == storage_type::fp8_e4m3_block;
+    if (fp8) heads.resize(static_cast<std::size_t>(pc.count));
+    else if (!f32) converted.resize(static_cast<std::size_t>(pc.count * channels));
     for (std::int64_t i = 0; i < pc.count; ++i) {
       const std::int64_t j =
           pc.source == key_source::selected ? w.selection[static_cast<std::size_t>(pc.first + i)].index : pc.first + i;
@@ -780,6 +822,8 @@ class sparse_reader {
                              (j % layout.page_size) * layout.entry_stride_bytes + g * layout.head_stride_bytes;
       if (f32) {
         rows[static_cast<std::size_t>(i)] = reinterpret_cast<const float*>(src);
+      } else if (fp8) {
+        heads[static_cast<std::size_t>(i)] = src;
       } else {
         float* row = converted.data() + i * channels;
         load_row(src, row, channels, layout.storage);

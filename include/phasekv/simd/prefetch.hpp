@@ -21,4 +21,13 @@ inline void prefetch(const float* p, std::int64_t n) noexcept {
 #endif
 }
 
+// The same for bytes [p, p + bytes).
+inline void prefetch_bytes(const void* p, std::int64_t bytes) noexcept {
+#if defined(__GNUC__)
+  for (std::int64_t k = 0; k < bytes; k += 64) __builtin_prefetch(static_cast<const char*>(p) + k, 0, 3);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
 }  // namespace phasekv::simd

@@ -1,0 +1,504 @@
+// Reading FP8 entries (fp8_e4m3_block; cache/fp8.hpp, read/attention_kernel.hpp).
+//
+// The reader dequantizes FP8 entries inside its attention kernel. Dequantized values are exact
+// in fp32 and the kernel sums in the fp32 kernel's order, so the claim tested here is equality,
+// not closeness: a read over a cache whose entries are FP8 gives the same bits — output, lse,
+// selection (logical and physical), trace — as a read over a host arena holding the dequantized
+// entries in fp32 at the same pages and slots. Worlds are random: tied K/V with RoPE channels
+// kept in bf16 and de-rotation, or separate keys and values without RoPE; FP8 keys, values or
+// indexer keys next to f32/bf16 streams; channel counts with partial blocks, odd code counts and
+// tails shorter than a SIMD batch; up to 70 query heads per KV head and 2 KV heads; page sizes
+// 1 to 64; up to several attention pieces; serial and threaded executors. Then DeepSeek-V4's own
+// configuration (512 channels, 64 RoPE channels, 584-byte entries, 64 query heads, top-k, a
+// 128-token window), and the errors a view or a shape can get wrong.
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "oracle/fp8_format.hpp"
+#include "oracle/message_of.hpp"
+#include "oracle/random_inputs.hpp"
+#include "phasekv/cache/layer_shape.hpp"
+#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/cache/sequence_view.hpp"
+#include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/compress/presets.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/core/executor.hpp"
+#include "phasekv/read/sparse_reader.hpp"
+
+namespace {
+
+using namespace phasekv;
+using Catch::Matchers::Contains;
+using phasekv_test::message_of;
+using i64 = std::int64_t;
+
+constexpr storage_type fp8 = storage_type::fp8_e4m3_block;
+
+std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
+i64 pick(std::mt19937& rng, i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); }
+template <class T>
+T pick_of(std::mt19937& rng, std::initializer_list<T> values) {
+  return *(values.begin() + pick(rng, 0, static_cast<i64>(values.size()) - 1));
+}
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+bool same_trace(const read_trace& a, const read_trace& b) {
+  return a.candidates == b.candidates && a.selected == b.selected && a.scores == b.scores &&
+         a.entry_mass == b.entry_mass && a.window_first == b.window_first &&
+         a.window_token_mass == b.window_token_mass && a.window_mass == b.window_mass && a.sink_mass == b.sink_mass;
+}
+
+// A host's thread pool: `threads` std::threads per run(), tasks from a shared counter.
+class thread_executor final : public executor {
+ public:
+  explicit thread_executor(int threads) : threads_(threads) {}
+  std::int64_t concurrency() const noexcept override { return threads_; }
+  void run(std::int64_t tasks, task_function task, void* context) noexcept override {
+    std::atomic<std::int64_t> next{0};
+    auto work = [&] {
+      for (std::int64_t i; (i = next.fetch_add(1)) < tasks;) task(context, i);
+    };
+    std::vector<std::thread> pool;
+    for (int k = 1; k < threads_; ++k) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+  }
+
+ private:
+  int threads_;
+};
+
+// ---- the dequantized twin of a sequence ---------------------------------------------------------
+
+// The sequence's view with every FP8 stream replaced by an fp32 arena of the same page size,
+// capacity and page ids, each entry at its own page and slot holding its dequantized values. The
+// window ring and the other streams are the cache's own.
+struct twin {
+  std::vector<std::vector<float>> arenas;
+  sequence_view view;
+};
+
+std::unique_ptr<twin> dequantized_twin(const sequence_view& source) {
+  auto t = std::make_unique<twin>();
+  t->view = source;
+  t->arenas.resize(source.stream_count);
+  for (std::size_t k = 0; k < source.stream_count; ++k) {
+    const stream_view& from = source.streams[k];
+    if (from.layout.storage != fp8) continue;
+    page_pool_config pc;
+    pc.page_size = from.layout.page_size;
+    pc.kv_heads = from.layout.kv_heads;
+    pc.channels = from.layout.channels;
+    pc.storage = storage_type::f32;
+    const page_layout l = page_layout::for_config(pc);
+    std::vector<float>& arena = t->arenas[k];
+    arena.assign(sz(from.capacity * l.page_stride), std::numeric_limits<float>::quiet_NaN());
+    // Dequantized by the oracle (oracle/fp8_format.hpp), not by the library: every value is exact
+    // in fp32, so the cast loses nothing.
+    const phasekv_test::fp8::head_format format{from.layout.channels, from.layout.rope_channels};
+    for (i64 e = 0; e < from.entries; ++e) {
+      const i64 page = from.pages[sz(e / pc.page_size)], slot = e % pc.page_size;
+      const std::byte* entry = from.base + page * from.layout.page_stride_bytes + slot * from.layout.entry_stride_bytes;
+      float* out = arena.data() + page * l.page_stride + slot * l.entry_stride;
+      for (i64 h = 0; h < pc.kv_heads; ++h) {
+        const auto values = phasekv_test::fp8::decode_head(
+            reinterpret_cast<const std::uint8_t*>(entry + h * from.layout.head_stride_bytes), format);
+        for (i64 c = 0; c < pc.channels; ++c) out[h * pc.channels + c] = static_cast<float>(values[sz(c)]);
+      }
+    }
+    t->view.streams[k].base = reinterpret_cast<const std::byte*>(arena.data());
+    t->view.streams[k].layout = l;
+  }
+  return t;
+}
+
+layer_shape dequantized_shape(layer_shape shape) {
+  for (stream_shape& s : shape.streams)
+    if (s.storage == fp8) s.storage = storage_type::f32;
+  return shape;
+}
+
+// ---- random worlds --------------------------------------------------------------------------------
+
+using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
+using rope_stream = stream_compressor<compressor_policy<mean_pool, rope_after_pool>>;
+using untied_cache = paged_cache<mean_stream, mean_stream, mean_stream>;  // keys, values, indexer
+using tied_cache = paged_cache<rope_stream, mean_stream>;                 // K/V with RoPE, indexer
+
+struct world_spec {
+  i64 stride = 1, window = 1, kv_heads = 1, group = 1, key_channels = 1, value_channels = 1, rope_channels = 0;
+  i64 indexer_channels = 1, indexer_heads = 1, page_size = 1, window_tokens = 0, top_k = 0, tokens = 1;
+  bool sink = false, tied = false;
+  std::vector<storage_type> storage;  // per stream
+
+  i64 query_heads() const { return kv_heads * group; }
+  i64 values() const { return tied ? key_channels : value_channels; }
+  std::string describe() const {
+    std::ostringstream o;
+    o << "S=" << stride << " W=" << window << " kv_heads=" << kv_heads << " group=" << group << " kc=" << key_channels
+      << " vc=" << values() << " rope=" << rope_channels << " ic=" << indexer_channels << " page=" << page_size
+      << " win=" << window_tokens << " top_k=" << top_k << " tokens=" << tokens << " tied=" << tied << " storage=";
+    for (storage_type s : storage) o << s << ' ';
+    return o.str();
+  }
+};
+
+world_spec random_spec(std::mt19937& rng) {
+  world_spec s;
+  s.stride = pick(rng, 1, 4);
+  s.window = pick(rng, s.stride, 2 * s.stride);
+  s.kv_heads = pick(rng, 1, 2);
+  s.group = pick_of<i64>(rng, {1, 3, 16, 17, 64, 70});
+  s.tied = pick(rng, 0, 1) == 1;
+  s.key_channels = pick_of<i64>(rng, {5, 16, 64, 100, 129, 200, 512});
+  s.value_channels = pick_of<i64>(rng, {3, 64, 75, 130});
+  s.rope_channels = s.tied ? 2 * pick(rng, 1, s.key_channels / 2) : 0;  // a RoPE policy rotates ≥ 2
+  s.indexer_channels = pick_of<i64>(rng, {4, 33, 64});
+  s.indexer_heads = pick(rng, 1, 4);
+  s.page_size = pick_of<i64>(rng, {1, 3, 16, 64});
+  s.window_tokens = pick_of<i64>(rng, {0, 1, 9});
+  s.top_k = pick_of<i64>(rng, {0, 5, 300});
+  s.sink = pick(rng, 0, 1) == 1;
+  // Enough entries for several attention pieces (256 keys each) now and then.
+  s.tokens = pick(rng, 1, 3) == 1 ? pick(rng, 600, 900) : pick(rng, 1, 200);
+  const std::size_t streams = s.tied ? 2 : 3;
+  for (std::size_t k = 0; k < streams; ++k) s.storage.push_back(pick_of(rng, {fp8, fp8, storage_type::f32, storage_type::bf16}));
+  s.storage[pick(rng, 0, s.tied ? 0 : 1)] = fp8;  // keys or values in FP8, always
+  return s;
+}
+
+stream_config make_stream(const std::string& name, stream_role role, i64 kv_heads, i64 channels) {
+  stream_config c;
+  c.name = name;
+  c.role = role;
+  c.kv_heads = kv_heads;
+  c.channels = channels;
+  c.inputs = input_layout::per_branch;
+  return c;
+}
+
+cache_config cache_config_for(const world_spec& s) {
+  cache_config cc;
+  cc.name = "fp8";
+  cc.page_size = s.page_size;
+  cc.pages = 1024;
+  cc.stream_storage = s.storage;
+  cc.history = 16;  // so that reads a few positions back still find their window
+  cc.window = raw_window_config{s.window_tokens, s.kv_heads, s.key_channels, s.tied ? 0 : s.value_channels};
+  return cc;
+}
+
+reader_config reader_for(const world_spec& s) {
+  reader_config rc;
+  rc.name = "fp8.reader";
+  rc.query_heads = s.query_heads();
+  rc.key_stream = 0;
+  rc.value_stream = s.tied ? 0 : 1;
+  rc.indexer_stream = s.top_k > 0 ? (s.tied ? 1 : 2) : no_stream;
+  rc.top_k = s.top_k;
+  rc.indexer_heads = s.top_k > 0 ? s.indexer_heads : 0;
+  rc.sink = s.sink;
+  rc.derotate_output = s.tied;
+  return rc;
+}
+
+template <class Layer, class F, std::size_t... K>
+void each_stream(const Layer& layer, F&& f, std::index_sequence<K...>) {
+  (f(K, layer.template stream<K>()), ...);
+}
+
+// Appends n tokens whose payloads have a random magnitude per token (1e-3 … 1e3), so entries'
+// blocks get many different scales.
+template <class Cache>
+void append_random(Cache& cache, sequence_id seq, i64 n, std::mt19937& rng) {
+  typename Cache::chunks chunks;
+  std::vector<std::vector<float>> payload(Cache::stream_count);
+  std::uniform_real_distribution<float> decade(-3.0f, 3.0f);
+  each_stream(
+      cache.compressors(),
+      [&](std::size_t k, const auto& c) {
+        const i64 per = c.payload_floats_per_token();
+        payload[k] = phasekv_test::random_uniform(rng, sz(n * per), -1.0f, 1.0f);
+        for (i64 t = 0; t < n; ++t) {
+          const float m = std::pow(10.0f, decade(rng));
+          for (i64 i = 0; i < per; ++i) payload[k][sz(t * per + i)] *= m;
+        }
+        chunks[k] = token_chunk{n, payload[k], {}};
+      },
+      std::make_index_sequence<Cache::stream_count>{});
+  const raw_window_config& w = cache.config().window;
+  const i64 heads = w.tokens > 0 ? w.kv_heads : 0;
+  const auto keys = phasekv_test::random_uniform(rng, sz(n * heads * w.key_channels), -1.0f, 1.0f);
+  const auto values = phasekv_test::random_uniform(rng, sz(n * heads * w.value_channels), -1.0f, 1.0f);
+  cache.append(seq, chunks, keys, values);
+}
+
+struct request_inputs {
+  std::vector<float> queries, indexer_queries, indexer_weights, sinks;
+  read_request request;
+};
+
+request_inputs random_request(const reader_config& rc, i64 key_channels, i64 indexer_channels, std::mt19937& rng,
+                              i64 position) {
+  request_inputs r;
+  // Queries scaled so that logits spread over a few units whatever the entries' magnitudes.
+  r.queries = phasekv_test::random_uniform(rng, sz(rc.query_heads * key_channels), -0.02f, 0.02f);
+  if (rc.top_k > 0) {
+    r.indexer_queries = phasekv_test::random_uniform(rng, sz(rc.indexer_heads * indexer_channels), -1.0f, 1.0f);
+    r.indexer_weights = phasekv_test::random_uniform(rng, sz(rc.indexer_heads), 0.0f, 1.0f);
+  }
+  if (rc.sink) r.sinks = phasekv_test::random_uniform(rng, sz(rc.query_heads), -1.0f, 2.0f);
+  r.request.position = position;
+  r.request.queries = r.queries;
+  r.request.indexer_queries = r.indexer_queries;
+  r.request.indexer_weights = r.indexer_weights;
+  r.request.sinks = r.sinks;
+  return r;
+}
+
+struct read_result {
+  std::vector<float> out, lse;
+  std::vector<std::int32_t> logical, physical;
+  read_trace trace;
+};
+
+read_result read_one(sparse_reader& reader, const sequence_view& view, const read_request& request) {
+  const reader_config& rc = reader.config();
+  read_result r;
+  r.out.assign(sz(reader.output_floats()), 7.0f);
+  r.lse.assign(sz(rc.query_heads), 7.0f);
+  read_item it;
+  it.view = &view;
+  it.request = request;
+  it.out = r.out.data();
+  it.lse = r.lse.data();
+  it.trace = &r.trace;
+  if (rc.top_k > 0) {
+    r.logical.assign(sz(rc.top_k), 99);
+    r.physical.assign(sz(rc.top_k), 99);
+    it.selected_logical = r.logical.data();
+    it.selected_physical = r.physical.data();
+  }
+  reader.read_batch(span<const read_item>(&it, 1));
+  return r;
+}
+
+// "" when the FP8 read and the read of the dequantized twin agree in every bit.
+std::string compare(const read_result& a, const read_result& b) {
+  if (!bit_equal(a.out, b.out)) return "outputs differ";
+  if (!bit_equal(a.lse, b.lse)) return "lse differ";
+  if (a.logical != b.logical) return "selected entries differ";
+  if (a.physical != b.physical) return "physical indices differ";
+  if (!same_trace(a.trace, b.trace)) return "traces differ";
+  for (float x : a.out)
+    if (!std::isfinite(x)) return "a non-finite output";
+  return "";
+}
+
+template <class Cache>
+void check_world(Cache& cache, const world_spec& s, std::mt19937& rng) {
+  const reader_config rc = reader_for(s);
+  sparse_reader reader(cache, rc), twin_reader(dequantized_shape(cache.shape()), rc);
+  sparse_reader threaded(cache, rc);
+  thread_executor pool(3);
+  threaded.set_executor(pool);
+
+  const sequence_id seq = cache.create();
+  for (i64 done = 0; done < s.tokens;) {
+    const i64 n = std::min(s.tokens - done, pick(rng, 1, 300));
+    append_random(cache, seq, n, rng);
+    done += n;
+  }
+  const sequence_id fork = cache.fork(seq);
+  append_random(cache, fork, pick(rng, 1, 9), rng);
+
+  for (sequence_id id : {seq, fork}) {
+    const sequence_view view = cache.view_of(id);
+    const auto dq = dequantized_twin(view);
+    const i64 tokens = cache.tokens(id);
+    for (i64 position : {tokens - 1, std::max<i64>(0, tokens - 1 - std::min<i64>(s.window_tokens, 3))}) {
+      INFO("position " << position << " of " << tokens);
+      const request_inputs in = random_request(rc, s.key_channels, s.indexer_channels, rng, position);
+      const read_result got = read_one(reader, view, in.request);
+      const read_result want = read_one(twin_reader, dq->view, in.request);
+      CHECK(compare(got, want) == "");
+      CHECK(compare(read_one(threaded, view, in.request), want) == "");
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fp8 read: bit-identical to the fp32 read of the dequantized entries, random worlds", "[read][fp8]") {
+  std::mt19937 rng(1401);
+  for (int world = 0; world < 40; ++world) {
+    const world_spec s = random_spec(rng);
+    INFO("world " << world << ": " << s.describe());
+    const geometry g{s.stride, s.window};
+    if (s.tied) {
+      stream_config kv = make_stream("kv", stream_role::key_value, s.kv_heads, s.key_channels);
+      kv.rope.channels = s.rope_channels;
+      kv.rope.base = 1000.0;
+      tied_cache cache(layer_compressor<rope_stream, mean_stream>(
+                           rope_stream(g, kv), mean_stream(g, make_stream("indexer", stream_role::indexer, 1, s.indexer_channels))),
+                       cache_config_for(s));
+      REQUIRE(cache.pool(0).layout().rope_channels == s.rope_channels);
+      check_world(cache, s, rng);
+    } else {
+      untied_cache cache(layer_compressor<mean_stream, mean_stream, mean_stream>(
+                             mean_stream(g, make_stream("keys", stream_role::key, s.kv_heads, s.key_channels)),
+                             mean_stream(g, make_stream("values", stream_role::value, s.kv_heads, s.value_channels)),
+                             mean_stream(g, make_stream("indexer", stream_role::indexer, 1, s.indexer_channels))),
+                         cache_config_for(s));
+      check_world(cache, s, rng);
+    }
+  }
+}
+
+// ---- DeepSeek-V4 ---------------------------------------------------------------------------------
+
+namespace {
+
+using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
+using csa_cache = paged_cache<csa_stream, csa_stream>;
+
+csa_stream make_csa_stream(stream_config c, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  const geometry g = presets::deepseek_v4_csa_geometry();
+  stream_params p;
+  p.slot_bias = phasekv_test::random_bias(rng, sz(c.kv_heads * g.window * c.channels));
+  p.norm_weight = phasekv_test::random_norm_weight(rng, sz(c.channels));
+  return csa_stream(g, std::move(c), std::move(p));
+}
+
+reader_config dsv4_reader(i64 top_k) {
+  reader_config rc;
+  rc.name = "dsv4";
+  rc.query_heads = 64;
+  rc.key_stream = 0;
+  rc.value_stream = 0;
+  rc.indexer_stream = 1;
+  rc.top_k = top_k;
+  rc.indexer_heads = 64;
+  rc.sink = true;
+  rc.derotate_output = true;
+  return rc;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 read: DeepSeek-V4 CSA with 584-byte entries reads like its dequantized twin", "[read][fp8][csa]") {
+  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
+                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  std::mt19937 rng(1402);
+  for (const auto& [page_size, indexer_storage] :
+       {std::pair<i64, storage_type>{64, storage_type::bf16}, {5, fp8}, {1, storage_type::f32}}) {
+    INFO("page_size " << page_size << ", indexer " << indexer_storage);
+    cache_config cc;
+    cc.name = "dsv4";
+    cc.page_size = page_size;
+    cc.pages = 2048;
+    cc.stream_storage = {fp8, indexer_storage};
+    cc.history = 8;
+    cc.window = raw_window_config{128, 1, 512, 0};
+    csa_cache cache(layer, cc);
+    REQUIRE(cache.pool(0).layout().entry_stride_bytes == 584);
+    const sequence_id seq = cache.create();
+    const i64 views = presets::deepseek_v4_csa_geometry().branches();
+    for (i64 n : {700, 301, 1}) {  // 250 entries
+      const auto kv = phasekv_test::random_uniform(rng, sz(n * views * 512), -1.0f, 1.0f);
+      const auto kv_logits = phasekv_test::random_uniform(rng, sz(n * views * 512), -2.0f, 2.0f);
+      const auto ix = phasekv_test::random_uniform(rng, sz(n * views * 128), -1.0f, 1.0f);
+      const auto ix_logits = phasekv_test::random_uniform(rng, sz(n * views * 128), -2.0f, 2.0f);
+      const auto window = phasekv_test::random_uniform(rng, sz(n * 512), -1.0f, 1.0f);
+      cache.append(seq, {token_chunk{n, kv, kv_logits}, token_chunk{n, ix, ix_logits}}, window);
+    }
+    const sequence_view view = cache.view_of(seq);
+    const auto dq = dequantized_twin(view);
+    for (i64 top_k : {0, 64, 240}) {  // every candidate; a selection; a selection over two pieces
+      reader_config rc = dsv4_reader(top_k);
+      rc.indexer_stream = top_k > 0 ? 1 : no_stream;
+      rc.indexer_heads = top_k > 0 ? 64 : 0;
+      sparse_reader reader(cache, rc), twin_reader(dequantized_shape(cache.shape()), rc);
+      for (i64 t : {cache.tokens(seq) - 1, cache.tokens(seq) - 7}) {
+        INFO("top_k " << top_k << ", position " << t);
+        request_inputs in = random_request(rc, 512, 128, rng, t);
+        for (float& q : in.queries) q *= 20.0f;  // entries are RMS-normalised: logits of a few units
+        const read_result got = read_one(reader, view, in.request);
+        CHECK(compare(got, read_one(twin_reader, dq->view, in.request)) == "");
+        // Through the cache, the same bits as through its view.
+        std::vector<float> direct(sz(reader.output_floats()));
+        reader.read(cache, seq, in.request, direct.data());
+        CHECK(bit_equal(direct, got.out));
+      }
+    }
+  }
+}
+
+TEST_CASE("fp8 read: a view or shape that does not match the FP8 layout is an error naming the field",
+          "[read][fp8][errors]") {
+  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
+                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  cache_config cc;
+  cc.name = "dsv4";
+  cc.page_size = 8;
+  cc.pages = 8;
+  cc.stream_storage = {fp8, storage_type::bf16};
+  cc.window = raw_window_config{4, 1, 512, 0};
+  csa_cache cache(layer, cc);
+  const sequence_id seq = cache.create();
+  std::mt19937 rng(1403);
+  const i64 n = 40, views = 2;
+  const auto kv = phasekv_test::random_uniform(rng, sz(n * views * 512), -1.0f, 1.0f);
+  const auto ix = phasekv_test::random_uniform(rng, sz(n * views * 128), -1.0f, 1.0f);
+  const auto window = phasekv_test::random_uniform(rng, sz(n * 512), -1.0f, 1.0f);
+  cache.append(seq, {token_chunk{n, kv, kv}, token_chunk{n, ix, ix}}, window);
+  const reader_config rc = dsv4_reader(4);
+  sparse_reader reader(cache, rc);
+  const request_inputs in = random_request(rc, 512, 128, rng, n - 1);
+  std::vector<float> out(sz(reader.output_floats()));
+  const sequence_view good = cache.view_of(seq);
+
+  auto expect = [&](const sequence_view& v, const std::string& message) {
+    INFO("expecting " << message);
+    CHECK_THAT(message_of<input_error>([&] { reader.read(v, in.request, out.data()); }), Contains(message));
+  };
+  sequence_view v = good;
+  v.streams[0].layout.rope_channels = 0;
+  expect(v, "dsv4: view.streams[0].layout.rope_channels = 0: must be the stream's RoPE channels, 64");
+  v = good;
+  v.streams[0].layout.head_stride = v.streams[0].layout.head_stride_bytes = 576;
+  expect(v, "dsv4: view.streams[0].layout.head_stride = 576: must be the fp8 head's bytes = 584");
+  v = good;
+  v.streams[0].layout.entry_stride = v.streams[0].layout.entry_stride_bytes = 512;
+  expect(v, "dsv4: view.streams[0].layout.entry_stride = 512: must be kv_heads × head bytes = 584");
+  v = good;
+  v.streams[0].layout.element_bytes = 4;
+  expect(v, "dsv4: view.streams[0].layout.element_bytes = 4: must be 1");
+  v = good;
+  v.streams[1].layout.rope_channels = 64;  // a bf16 stream keeps no RoPE channels apart
+  expect(v, "dsv4: view.streams[1].layout.rope_channels = 64: must be 0");
+  v = good;
+  v.streams[0].layout.storage = storage_type::f32;
+  expect(v, "dsv4: view.streams[0].layout.storage = f32: must be the stream's fp8_e4m3_block");
+
+  // A shape whose FP8 stream keeps more RoPE channels than it has.
+  layer_shape shape = cache.shape();
+  shape.streams[0].rope.channels = 600;
+  CHECK_THAT(message_of<config_error>([&] { sparse_reader(shape, rc); }),
+             Contains("dsv4: shape.streams[0].rope.channels = 600: must lie in [0, channels = 512]"));
+}
