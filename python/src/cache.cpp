@@ -76,7 +76,8 @@ void init_cache(const modules& m) {
   py::enum_<storage_type>(root, "StorageType", "Element type of the compressed pages.")
       .value("f32", storage_type::f32)
       .value("bf16", storage_type::bf16)
-      .value("f16", storage_type::f16);
+      .value("f16", storage_type::f16)
+      .value("fp8_e4m3_block", storage_type::fp8_e4m3_block);
 
   struct_binding<raw_window_config>(root, "RawWindowConfig", "The raw local window a sequence keeps.")
       .field("tokens", &raw_window_config::tokens, "N_win; 0 keeps no window")

@@ -126,3 +126,31 @@ def test_bf16_stream_storage_is_read_back_rounded(rng):
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)  # RNE to bf16
     assert np.array_equal(cache.read_entries(seq), rounded)
     assert cache.shape().streams[0].storage == pk.StorageType.bf16
+
+
+def e4m3fn_oracle(v):
+    """Round float32 values in [-448, 448] to the nearest e4m3fn value, ties to even (from the format:
+    exponent bias 7, 3 mantissa bits, normals from 2^-6, subnormal step 2^-9)."""
+    v = v.astype(np.float64)
+    e = np.floor(np.log2(np.maximum(np.abs(v), 2.0**-6)))
+    step = 2.0 ** (e - 3)
+    return (np.round(v / step) * step).astype(np.float32)
+
+
+def test_fp8_stream_storage_is_read_back_block_quantized(rng):
+    # DeepSeek-V4's FP8 entries: per block of 64 channels s = 2^ceil(log2(amax / 448)), values
+    # e4m3fn(x / s) * s. No RoPE policy here, so no channel stays bf16.
+    stream = pk.StreamConfig(name="kv", channels=128)
+    config = pk.CacheConfig(name="q", page_size=4, pages=8, storage=pk.StorageType.fp8_e4m3_block)
+    cache = pk.PagedCache(pk.Policy.mean, pk.Geometry(stride=1, window=1), [stream], config)
+    assert cache.shape().streams[0].storage == pk.StorageType.fp8_e4m3_block
+    seq = cache.create()
+    x = rng.standard_normal((6, 1, 1, 128), dtype=np.float32) * np.float32(3.0)
+    x[1, 0, 0, :64] *= np.float32(1e-7)  # a block below the 1e-4 amax floor
+    cache.append(seq, [x])
+    blocks = x.reshape(6, 2, 64)
+    amax = np.maximum(np.abs(blocks).max(axis=2, keepdims=True), np.float32(1e-4))
+    mantissa, exponent = np.frexp(amax * np.float32(1.0 / 448.0))
+    scale = np.ldexp(np.float32(1.0), np.where(mantissa == 0.5, exponent - 1, exponent)).astype(np.float32)
+    expected = (e4m3fn_oracle(np.clip(blocks / scale, -448, 448)) * scale).reshape(6, 1, 128)
+    assert np.array_equal(cache.read_entries(seq), expected)
