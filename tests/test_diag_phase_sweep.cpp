@@ -214,6 +214,42 @@ TEST_CASE("phase sweep config: errors name the field and its value", "[diag][swe
   CHECK(calls == 0);
 }
 
+TEST_CASE("haystacks: no overlapping needles, first fit in plan order, residues spread", "[diag][sweep]") {
+  for (const std::int64_t needle : {1, 2, 3, 8}) {
+    for (const auto& [stride, trials] : {std::pair<std::int64_t, std::int64_t>{4, 32}, {3, 40}, {8, 10}}) {
+      const auto plan = plan_sweep(make_config(stride, 0, trials));
+      const auto haystack = assign_haystacks(plan, needle);
+      REQUIRE(haystack.size() == plan.size());
+      // The oracle, from the definition: scan every earlier placement of every haystack.
+      std::int64_t used = 0;
+      for (std::size_t i = 0; i < plan.size(); ++i) {
+        auto overlaps = [&](std::int64_t h) {
+          for (std::size_t k = 0; k < i; ++k)
+            if (haystack[k] == h && std::abs(plan[k].target_position - plan[i].target_position) < needle) return true;
+          return false;
+        };
+        std::int64_t first_fit = 0;
+        while (first_fit < used && overlaps(first_fit)) ++first_fit;
+        INFO("needle " << needle << ", stride " << stride << ", placement " << i);
+        REQUIRE(haystack[i] == first_fit);
+        used = std::max(used, first_fit + 1);
+      }
+      // No haystack is one residue's: each residue's trials spread over at least
+      // min(M/2, trials per residue / 2) haystacks.
+      std::map<std::int64_t, std::set<std::int64_t>> haystacks_of;
+      for (std::size_t i = 0; i < plan.size(); ++i) haystacks_of[plan[i].residue].insert(haystack[i]);
+      REQUIRE(static_cast<std::int64_t>(haystacks_of.size()) == 2 * stride);
+      for (const auto& [residue, spread] : haystacks_of) {
+        INFO("residue " << residue);
+        CHECK(static_cast<std::int64_t>(spread.size()) >= std::min(stride, trials / 2));
+      }
+      CHECK(used <= 2 * stride * (needle + 1));  // the bound phase_sweep.hpp states
+    }
+  }
+  CHECK_THROWS_AS(assign_haystacks({}, 0), input_error);
+  CHECK(assign_haystacks({}, 2).empty());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Detection
 // ---------------------------------------------------------------------------------------------

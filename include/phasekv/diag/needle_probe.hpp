@@ -625,31 +625,19 @@ class needle_probe {
 
 enum class needle_outcome { success, probability };
 
-// A phase sweep of the probe with one build per context rather than per trial.
-// plan_sweep places targets at consecutive positions and repeats a position within a round, so
-// the placements are spread over several haystacks: in plan order (which is shuffled), each
-// placement goes to the first context holding no target at its position or next to it
-// (context c is prepared with salt c). No context has overlapping targets; a repeated placement
-// sees an independent haystack (a copied outcome would inflate the homogeneity test); and every
-// context mixes residues, so haystack-to-haystack variation is not confounded with residue.
-// Costs a few more than M builds plus one read per placement.
+// A phase sweep of the probe with one build per context rather than per trial: the placements
+// go into haystacks by assign_haystacks (a record takes two positions: needle_tokens = 2), and
+// context c is prepared with salt c holding exactly the targets of haystack c, in plan order.
+// Costs 2–3·M builds (haystacks) plus one read per haystack.
 inline sweep_result needle_sweep(needle_probe& probe, const sweep_config& sweep,
                                  needle_outcome kind = needle_outcome::success) {
   const std::vector<placement> plan = plan_sweep(sweep);
+  const std::vector<std::int64_t> context_of = assign_haystacks(plan, 2);
   std::vector<std::vector<std::int64_t>> contexts;
-  std::vector<std::unordered_map<std::int64_t, char>> taken;
-  std::vector<std::size_t> context_of(plan.size());
   for (std::size_t i = 0; i < plan.size(); ++i) {
-    const std::int64_t t = plan[i].target_position;
-    std::size_t c = 0;
-    while (c < contexts.size() && (taken[c].count(t - 1) || taken[c].count(t) || taken[c].count(t + 1))) ++c;
-    if (c == contexts.size()) {
-      contexts.emplace_back();
-      taken.emplace_back();
-    }
-    contexts[c].push_back(t);
-    taken[c][t] = 1;
-    context_of[i] = c;
+    const auto c = static_cast<std::size_t>(context_of[i]);
+    if (c == contexts.size()) contexts.emplace_back();
+    contexts[c].push_back(plan[i].target_position);
   }
   std::vector<std::unordered_map<std::int64_t, double>> outcome(contexts.size());
   for (std::size_t c = 0; c < contexts.size(); ++c) {
@@ -665,7 +653,9 @@ inline sweep_result needle_sweep(needle_probe& probe, const sweep_config& sweep,
   }
   // run_sweep visits the same plan in the same order.
   std::size_t visit = 0;
-  auto value = [&](const placement& p) { return outcome[context_of[visit++]].at(p.target_position); };
+  auto value = [&](const placement& p) {
+    return outcome[static_cast<std::size_t>(context_of[visit++])].at(p.target_position);
+  };
   if (kind == needle_outcome::success) return run_sweep(sweep, [&](const placement& p) { return value(p) > 0.5; });
   return run_sweep(sweep, [&](const placement& p) { return value(p); });
 }

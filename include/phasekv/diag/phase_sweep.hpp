@@ -6,6 +6,7 @@
 //   sweep_config              what to sweep; validate() names the field that is wrong
 //   plan_sweep                the placements: same count, matched position statistics per residue
 //   plan_position_statistics  per-residue count, mean and variance of a plan's target positions
+//   assign_haystacks          which context each placement's needle goes into (no overlaps)
 //   run_sweep                 run a trial callable over a plan and summarise it
 //
 // The plan (the "rotation" design). Trials come in rounds of M; round g has an anchor A_g, a
@@ -65,6 +66,7 @@
 #include <cstdint>
 #include <exception>
 #include <limits>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -203,6 +205,36 @@ inline std::vector<residue_position_stats> plan_position_statistics(const std::v
   for (auto& s : out)
     if (s.count > 0) s.variance /= static_cast<double>(s.count);
   return out;
+}
+
+// Haystacks for a plan (the paired design's content). A host that puts several needles into one
+// context — one prefill serving many trials — needs needles that do not overlap, while plan_sweep
+// places targets at consecutive positions and repeats positions. This assigns every placement a
+// haystack index: in plan order (which is shuffled), each placement goes to the first haystack
+// holding no needle that overlaps its own [target_position, target_position + needle_tokens).
+// So no haystack has overlapping needles, a repeated placement lands in another haystack (an
+// independent context, not a copied outcome), and each residue's trials spread over many
+// haystacks (at least min(M/2, trials_per_residue/2) in the tests), so haystack content is not confounded with residue.
+// Measured: M haystacks for needle_tokens = 1, 2–3·M for 2 (the probe's records), never more
+// than M·(needle_tokens + 1).
+// Returns the haystack of each placement, in plan order; haystacks are numbered by first use.
+inline std::vector<std::int64_t> assign_haystacks(const std::vector<placement>& plan, std::int64_t needle_tokens) {
+  detail::require<input_error>(needle_tokens >= 1 && needle_tokens <= (std::int64_t{1} << 20), "needle_tokens",
+                               needle_tokens, "must lie in [1, 2^20]");
+  std::vector<std::set<std::int64_t>> needles;  // per haystack: its needles' target positions
+  std::vector<std::int64_t> haystack(plan.size());
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const std::int64_t t = plan[i].target_position;
+    std::size_t h = 0;
+    for (; h < needles.size(); ++h) {  // overlap: another needle starts in (t − needle_tokens, t + needle_tokens)
+      const auto next = needles[h].lower_bound(t - needle_tokens + 1);
+      if (next == needles[h].end() || *next >= t + needle_tokens) break;
+    }
+    if (h == needles.size()) needles.emplace_back();
+    needles[h].insert(t);
+    haystack[i] = static_cast<std::int64_t>(h);
+  }
+  return haystack;
 }
 
 enum class outcome_kind { binary, probability };

@@ -1,0 +1,117 @@
+// diag/needle_probe.hpp in phasekv.probe: the synthetic needle-in-a-haystack probe that runs
+// through the real write path, cache and reader. In Python it is also an `evaluate` of the sweep
+// protocol (phasekv.sweep.NeedleEvaluate): prepare() one haystack of the plan, trials() its needles.
+// The long calls release the GIL, so a Dask worker's other threads (heartbeats) keep running.
+
+#include <phasekv/diag/needle_probe.hpp>
+
+#include "common.hpp"
+
+namespace pyphasekv {
+
+using namespace phasekv;
+using namespace phasekv::probe;
+
+namespace {
+
+// Target positions from a list or an int64 array (copied: a haystack holds a few hundred).
+std::vector<std::int64_t> positions_of(const py::object& targets) {
+  if (py::isinstance<py::array>(targets)) {
+    const py::array a = py::array::ensure(targets);
+    if (!py::isinstance<py::array_t<std::int64_t>>(a))
+      throw py::type_error("target_positions.dtype = " + py::str(a.dtype()).cast<std::string>() + ": must be int64");
+    if (a.ndim() != 1) throw py::value_error("target_positions = " + describe_array(a) + ": must be one-dimensional");
+    const auto view = a.cast<py::array_t<std::int64_t>>().unchecked<1>();
+    std::vector<std::int64_t> out(static_cast<std::size_t>(view.shape(0)));
+    for (py::ssize_t i = 0; i < view.shape(0); ++i) out[static_cast<std::size_t>(i)] = view(i);
+    return out;
+  }
+  return targets.cast<std::vector<std::int64_t>>();
+}
+
+}  // namespace
+
+void init_probe(const modules& m) {
+  py::module_ probe = m.probe;
+
+  py::enum_<needle_policy>(probe, "NeedlePolicy", "The write path of the probe (diag/needle_probe.hpp).")
+      .value("full_attention", needle_policy::full_attention)
+      .value("mean_pool", needle_policy::mean_pool)
+      .value("concentrated_gates", needle_policy::concentrated_gates)
+      .value("rope_after_pool", needle_policy::rope_after_pool)
+      .value("deepseek_v4_csa", needle_policy::deepseek_v4_csa);
+  py::enum_<needle_outcome>(probe, "NeedleOutcome")
+      .value("success", needle_outcome::success)
+      .value("probability", needle_outcome::probability);
+
+  struct_binding<needle_config>(probe, "NeedleConfig", "The probe's task, write path and seed (validate() names a bad field).")
+      .field("tokens", &needle_config::tokens, "context length N")
+      .field("records", &needle_config::records, "key->value records, at most tokens/4")
+      .field("channels", &needle_config::channels, "embedding dimension, a multiple of 4")
+      .field("kappa", &needle_config::kappa, "shared component of distinct token embeddings, in [0, 1)")
+      .field("logit_scale", &needle_config::logit_scale, "attention logit scale; 0 = automatic")
+      .field("policy", &needle_config::policy)
+      .field("stride", &needle_config::stride, "S (mean_pool, concentrated_gates, rope_after_pool)")
+      .field("window", &needle_config::window, "W (likewise)")
+      .field("gate_offset", &needle_config::gate_offset, "concentrated_gates: the key gates' peaked slot")
+      .field("heads", &needle_config::heads, "concentrated_gates: KV heads at offsets r, r+1, ...")
+      .field("seed", &needle_config::seed)
+      .field("origin", &needle_config::origin, "chunk origin (blocks start at t = origin mod S)")
+      .field("key_slot_bias", &needle_config::key_slot_bias, "concentrated_gates: [heads][W] biases (a list)")
+      .field("value_slot_bias", &needle_config::value_slot_bias, "concentrated_gates: [heads][W] biases (a list)")
+      .done()
+      .def("effective_stride", &needle_config::effective_stride)
+      .def("effective_window", &needle_config::effective_window)
+      .def("validate", &needle_config::validate);
+
+  py::class_<needle_probe>(probe, "NeedleProbe",
+                           "A needle-in-a-haystack task read through phasekv's own cache and reader. prepare() "
+                           "builds a haystack holding the given targets; trials()/probabilities() read them.")
+      .def(py::init<needle_config>(), py::arg("config"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("config", &needle_probe::config)
+      .def_property_readonly("logit_scale", &needle_probe::logit_scale)
+      .def_property_readonly("query_position", &needle_probe::query_position)
+      .def("reseed", &needle_probe::reseed, py::arg("seed"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "prepare",
+          [](needle_probe& p, const py::object& targets, std::int64_t query_position, std::uint64_t context) {
+            const std::vector<std::int64_t> t = positions_of(targets);
+            py::gil_scoped_release unlocked;
+            p.prepare(span<const std::int64_t>(t.data(), t.size()), query_position, context);
+          },
+          py::arg("target_positions"), py::arg("query_position"), py::arg("context") = 0,
+          "A haystack with a record at each target (non-overlapping: a record takes t and t+1) and the query at "
+          "query_position; `context` salts the rest of the haystack.")
+      .def(
+          "trials",
+          [](needle_probe& p, const py::object& targets) {
+            const std::vector<std::int64_t> t = positions_of(targets);
+            std::vector<char> found;
+            {
+              py::gil_scoped_release unlocked;
+              found = p.trials(span<const std::int64_t>(t.data(), t.size()));
+            }
+            py::array_t<bool> out(static_cast<py::ssize_t>(found.size()));
+            for (std::size_t i = 0; i < found.size(); ++i) out.mutable_data()[i] = found[i] != 0;
+            return out;
+          },
+          py::arg("target_positions"), "Whether each prepared target's value is retrieved (bool array), one read.")
+      .def(
+          "probabilities",
+          [](needle_probe& p, const py::object& targets) {
+            const std::vector<std::int64_t> t = positions_of(targets);
+            std::vector<double> out;
+            {
+              py::gil_scoped_release unlocked;
+              out = p.probabilities(span<const std::int64_t>(t.data(), t.size()));
+            }
+            return adopt(std::move(out), {static_cast<py::ssize_t>(t.size())});
+          },
+          py::arg("target_positions"), "The probability of each prepared target's value (float64 array).");
+
+  probe.def("needle_sweep", &needle_sweep, py::arg("probe"), py::arg("config"),
+            py::arg("kind") = needle_outcome::success, py::call_guard<py::gil_scoped_release>(),
+            "A phase sweep of the probe, haystacks by assign_haystacks(plan, 2) (what phasekv.sweep plans too).");
+}
+
+}  // namespace pyphasekv
