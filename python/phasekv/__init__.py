@@ -10,7 +10,10 @@ the extension module ``phasekv._phasekv``:
   (``read``, ``read_batch``), ``ReadTrace``;
 * diagnostics: ``WriteProfile``, ``SlotWeightLog``/``attribute``/``find_target``,
   ``plan_sweep``/``run_sweep``/``SweepResult``, and the submodules ``phasekv.stats``,
-  ``phasekv.plot`` and ``phasekv.presets``.
+  ``phasekv.plot``, ``phasekv.presets`` and ``phasekv.probe`` (the synthetic needle probe);
+* the sweep protocol, ``phasekv.sweep``: ``plan`` a sweep into JSONL shards any engine can run,
+  ``analyze`` the outcome files, or ``run`` a plan serially or on a Dask cluster; the same as a
+  command line, ``python -m phasekv plan|analyze|probe``.
 
 Errors are ``phasekv.Error`` and its subclasses ``InputError``, ``ConfigError`` (both also
 ``ValueError``) and ``CapacityError``, carrying the C++ message. Arrays go in and out without
@@ -28,9 +31,11 @@ import sys as _sys
 
 from . import _phasekv
 from ._phasekv import *  # noqa: F401,F403 (the C++ API, under its own names)
-from ._phasekv import CapacityError, ConfigError, Error, InputError, __version__, plot, presets, stats
+from ._phasekv import CapacityError, ConfigError, Error, InputError, __version__, plot, presets, probe, stats
 
 # `import phasekv.stats` and `from phasekv.presets import ...` work like real submodules.
-for _name in ("plot", "presets", "stats"):
+for _name in ("plot", "presets", "probe", "stats"):
     _sys.modules[__name__ + "." + _name] = getattr(_phasekv, _name)
 del _name, _sys, _extend_path
+
+from . import sweep  # noqa: E402 (pure Python, after the extension it builds on)

@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 
 from . import plot as plot
 from . import presets as presets
+from . import probe as probe
 from . import stats as stats
 
 FloatArray = NDArray[np.float32]
@@ -596,6 +597,7 @@ class ResiduePositionStats:
 
 def plan_sweep(config: SweepConfig) -> list[Placement]: ...
 def plan_position_statistics(plan: Sequence[Placement], modulus: int) -> list[ResiduePositionStats]: ...
+def assign_haystacks(plan: Sequence[Placement], needle_tokens: int) -> list[int]: ...
 
 class OutcomeKind:
     binary: ClassVar[OutcomeKind]

@@ -187,7 +187,7 @@ class struct_binding {
 // ---- one initialiser per area (each in its own .cpp) -------------------------------------------
 
 struct modules {
-  py::module_ root, presets, stats, plot;
+  py::module_ root, presets, stats, plot, probe;
 };
 void init_core(const modules& m);
 void init_compress(const modules& m);
@@ -195,6 +195,7 @@ void init_cache(const modules& m);
 void init_read(const modules& m);
 void init_diag(const modules& m);
 void init_sweep(const modules& m);
+void init_probe(const modules& m);
 void init_bench(const modules& m);  // only in the benchmark's build of the module (bench/python)
 
 }  // namespace pyphasekv

@@ -1,5 +1,5 @@
 // The module `phasekv._phasekv`: the exception types, the submodules, and every area's bindings
-// (one .cpp each: core, compress, cache, read, diag, sweep).
+// (one .cpp each: core, compress, cache, read, diag, sweep, probe).
 
 #include <phasekv/version.hpp>
 
@@ -61,6 +61,7 @@ PYBIND11_MODULE(PHASEKV_PYTHON_MODULE, m) {
       m.def_submodule("presets", "Configurations of published models (DeepSeek-V4, NSA): phasekv::presets."),
       m.def_submodule("stats", "The statistics of a phase sweep: phasekv::stats."),
       m.def_submodule("plot", "A dependency-free SVG line plot: phasekv::plot."),
+      m.def_submodule("probe", "The synthetic needle-in-a-haystack probe: phasekv::probe."),
   };
   pyphasekv::init_core(modules);
   pyphasekv::init_compress(modules);
@@ -68,6 +69,7 @@ PYBIND11_MODULE(PHASEKV_PYTHON_MODULE, m) {
   pyphasekv::init_read(modules);
   pyphasekv::init_diag(modules);
   pyphasekv::init_sweep(modules);
+  pyphasekv::init_probe(modules);
 #ifdef PHASEKV_PYTHON_BENCH
   pyphasekv::init_bench(modules);
 #endif

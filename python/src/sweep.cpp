@@ -1,8 +1,8 @@
 // diag/ for evaluations: the phase-sweep planner and harness with its reports (table, CSV,
 // JSON), the statistics (phasekv.stats) and the SVG plot (phasekv.plot). The plan/analyze
-// protocol and Dask runs (issue 14) are to build on these in python/phasekv/sweep.py:
-// plan_sweep() is deterministic in the config, so outcomes recorded anywhere can be replayed
-// through run_sweep() by a trial that looks them up by (residue, trial).
+// protocol and Dask runs (python/phasekv/sweep.py) build on these: plan_sweep() is deterministic
+// in the config, so outcomes recorded anywhere are replayed through run_sweep() by a trial that
+// looks them up by (residue, trial).
 
 #include <phasekv/diag/phase_sweep.hpp>
 #include <phasekv/diag/statistics.hpp>
@@ -111,6 +111,9 @@ void init_sweep(const modules& m) {
   root.def("plan_sweep", &plan_sweep, py::arg("config"),
            "Every residue's placements in the seeded, shuffled run order (deterministic in the config).");
   root.def("plan_position_statistics", &plan_position_statistics, py::arg("plan"), py::arg("modulus"));
+  root.def("assign_haystacks", &assign_haystacks, py::arg("plan"), py::arg("needle_tokens"),
+           "The haystack of each placement (in plan order): the first one where its needle "
+           "[target, target + needle_tokens) overlaps no other.");
 
   py::enum_<outcome_kind>(root, "OutcomeKind")
       .value("binary", outcome_kind::binary)

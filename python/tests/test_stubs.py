@@ -64,6 +64,7 @@ def test_stubs_cover_the_module():
     check(pk.stats, "stats.pyi")
     check(pk.plot, "plot.pyi")
     check(pk.presets, "presets.pyi")
+    check(pk.probe, "probe.pyi", helpers=("Positions", "SweepConfig", "SweepResult"))
 
 
 def test_the_package_reexports_the_module():
