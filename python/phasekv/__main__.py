@@ -1,0 +1,192 @@
+"""python -m phasekv plan|analyze|probe: the sweep protocol from the command line (phasekv.sweep).
+
+    plan      writes a sweep's trials as JSONL (optionally in shards) for an engine to run
+    analyze   reads the plan and the outcome files and reports by residue (table, CSV, JSON, SVG)
+    probe     answers a plan with phasekv's synthetic needle probe (a reference engine), serially
+              or on a Dask cluster
+
+Exit status: 0 done (analyze: a valid sweep), 1 analyze of an invalid sweep (too few valid
+trials in some residue; the report says why), 2 bad arguments or files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import _phasekv as pk
+from . import sweep
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a non-negative integer")
+    return value
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+class _Defaults(argparse.HelpFormatter):
+    """--help shows each option's default, unless it has none or its help already says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        shown = not any(action.default is nothing for nothing in (None, argparse.SUPPRESS, False))
+        if shown and "default" not in text and not action.required:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _parser() -> argparse.ArgumentParser:
+    defaults = _Defaults
+    top = argparse.ArgumentParser(prog="python -m phasekv", description=__doc__.split("\n\n")[0],
+                                  formatter_class=argparse.RawDescriptionHelpFormatter,
+                                  epilog=__doc__.split("\n\n")[2] + "\n\nEach command's --help lists its options.")
+    commands = top.add_subparsers(dest="command", required=True, metavar="plan|analyze|probe")
+
+    p = commands.add_parser("plan", formatter_class=defaults, help="write a sweep's trials as JSONL",
+                            description="Writes every trial of a phase sweep (residue, target, query, haystack "
+                                        "layout, seed) as one JSON line, in --shards files.")
+    p.add_argument("--stride", type=_positive, required=True, help="compression stride S")
+    p.add_argument("--modulus", type=_non_negative, default=0, help="residues t mod M; 0 means 2S")
+    p.add_argument("--trials", type=_positive, default=32, help="trials per residue (at least 10)")
+    p.add_argument("--query-position", type=_non_negative, required=True, help="the query's position")
+    p.add_argument("--span", type=_positive, required=True, help="width of the target range (at least 3M)")
+    p.add_argument("--min-distance", type=_positive, default=1, help="targets at least this far before the query")
+    p.add_argument("--seed", type=_non_negative, default=0, help="run order and haystack seeds")
+    p.add_argument("--needle-tokens", type=_positive, default=1,
+                   help="positions a needle takes (the needle probe's records take 2)")
+    p.add_argument("--configuration", type=_json_object, default={},
+                   help="JSON object describing what the host runs (goes into every line)")
+    p.add_argument("--shards", type=_positive, default=1, help="number of shard files")
+    p.add_argument("--out", required=True, help="the plan file (shards: <stem>.shard-K-of-N<suffix>)")
+
+    a = commands.add_parser("analyze", formatter_class=defaults, help="report a sweep from its outcome files",
+                            description="Reads the plan's shard files and the outcome files (any order, any "
+                                        "split), reports missing, duplicated and conflicting trials, and prints the "
+                                        "per-residue table with the gap, homogeneity test and period.")
+    a.add_argument("--plan", nargs="+", required=True, help="every shard file of the plan")
+    a.add_argument("--outcomes", nargs="+", required=True, help="the outcome files")
+    a.add_argument("--out-dir", help="also write <stem>.txt/.csv/.summary.csv/.json/.svg/.protocol.json here")
+    a.add_argument("--stem", default="sweep", help="file name stem in --out-dir")
+    a.add_argument("--label", help="the plot's series label (default: configuration's 'label', else S)")
+    a.add_argument("--kind", choices=("auto", "binary", "probability"), default="auto",
+                   help="auto: binary when every outcome is true/false")
+
+    r = commands.add_parser("probe", formatter_class=defaults, help="answer a plan with the synthetic needle probe",
+                            description="Runs phasekv's needle probe (a haystack of key->value records read through "
+                                        "phasekv's cache and reader) on every trial of the plan files and writes the "
+                                        "outcome lines. Plan with --needle-tokens 2.")
+    r.add_argument("--plan", nargs="+", required=True, help="plan shard file(s) to answer")
+    r.add_argument("--out", required=True, help="outcome file to write")
+    r.add_argument("--policy", choices=list(pk.probe.NeedlePolicy.__members__), default="mean_pool",
+                   help="the probe's write path")
+    r.add_argument("--stride", type=_positive, default=4, help="S (mean_pool, concentrated_gates, rope_after_pool)")
+    r.add_argument("--window", type=_positive, default=4, help="W (likewise)")
+    r.add_argument("--tokens", type=_positive, help="context length (default: the plan's query position + 1)")
+    r.add_argument("--records", type=_positive, help="key->value records (default: tokens / 8)")
+    r.add_argument("--channels", type=_positive, default=64, help="embedding dimension")
+    r.add_argument("--kappa", type=float, default=0.2, help="shared component of token embeddings")
+    r.add_argument("--heads", type=_positive, default=1, help="concentrated_gates: KV heads")
+    r.add_argument("--gate-offset", type=_non_negative, default=0, help="concentrated_gates: peaked slot")
+    r.add_argument("--seed", type=_non_negative, default=1, help="the probe's embeddings")
+    r.add_argument("--outcome", choices=("success", "probability"), default="success",
+                   help="success: retrieved or not; probability: of the right value")
+    cluster = r.add_mutually_exclusive_group()
+    cluster.add_argument("--scheduler", help="a Dask scheduler address (tcp://host:port) to run on")
+    cluster.add_argument("--workers", type=_positive, help="run on a local Dask cluster of this many processes")
+    r.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return top
+
+
+def _progress(what: str, quiet: bool):
+    if quiet:
+        return None
+    shown = {"tenth": -1}
+
+    def report(done: int, total: int) -> None:
+        tenth = 10 * done // max(total, 1)
+        if sys.stderr.isatty():
+            print(f"\r{what}: {done}/{total} trials", end="\n" if done == total else "", file=sys.stderr, flush=True)
+        elif tenth != shown["tenth"]:
+            shown["tenth"] = tenth
+            print(f"{what}: {done}/{total} trials", file=sys.stderr, flush=True)
+
+    return report
+
+
+def _plan(args) -> int:
+    config = pk.SweepConfig(stride=args.stride, modulus=args.modulus, trials_per_residue=args.trials,
+                            query_position=args.query_position, span=args.span, min_distance=args.min_distance,
+                            seed=args.seed)
+    p = sweep.plan(config, configuration=args.configuration, needle_tokens=args.needle_tokens)
+    files = p.write(args.out, shards=args.shards)
+    print(f"sweep {p.sweep_id}: {len(p.trials)} trials ({config.resolved_modulus()} residues x {args.trials}) in "
+          f"{len(p.haystacks())} haystacks, {len(files)} file(s):")
+    for f in files:
+        print(f"  {f}")
+    return 0
+
+
+def _analyze(args) -> int:
+    p = sweep.read_plan(args.plan)
+    kind = None if args.kind == "auto" else pk.OutcomeKind.__members__[args.kind]
+    analysis = sweep.analyze(p, args.outcomes, kind=kind)
+    print(analysis.report(), end="")
+    if args.out_dir:
+        for f in analysis.write(args.out_dir, stem=args.stem, label=args.label):
+            print(f"wrote {f}")
+    return 0 if analysis.result.valid else 1
+
+
+def _probe(args) -> int:
+    part = sweep.read_shards(args.plan)
+    tokens = args.tokens or part.trials[0]["layout"]["context_tokens"]
+    evaluate = sweep.NeedleEvaluate(policy=args.policy, stride=args.stride, window=args.window, tokens=tokens,
+                                    records=args.records or max(1, tokens // 8), channels=args.channels,
+                                    kappa=args.kappa, heads=args.heads, gate_offset=args.gate_offset, seed=args.seed,
+                                    outcome=args.outcome)
+    client = None
+    if args.scheduler or args.workers:
+        from distributed import Client, LocalCluster
+
+        client = (Client(args.scheduler) if args.scheduler else
+                  Client(LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True)))
+    try:
+        records = sweep.evaluate_trials(part, evaluate, client, progress=_progress("probe", args.quiet))
+    finally:
+        if client is not None:
+            client.close()
+    sweep.write_outcomes(args.out, records)
+    print(f"wrote {len(records)} outcome lines to {args.out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"plan": _plan, "analyze": _analyze, "probe": _probe}[args.command](args)
+    except (pk.Error, OSError) as e:
+        print(f"python -m phasekv {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

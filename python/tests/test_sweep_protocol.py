@@ -1,0 +1,387 @@
+"""The sweep protocol (phasekv.sweep, python -m phasekv): plan -> shards -> outcomes -> analyze equals
+the in-process sweep on the same trials; the needle probe through the protocol equals the C++
+needle_sweep; a Dask run equals the serial run; every malformed file is named."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import phasekv as pk
+from phasekv import sweep
+
+from test_diag import toy_model_retrieves
+
+
+def toy_config(**changes):
+    fields = dict(stride=4, trials_per_residue=16, query_position=8191, min_distance=64, span=6000, seed=3)
+    fields.update(changes)
+    return pk.SweepConfig(**fields)
+
+
+def toy_evaluate(trial):
+    """examples/host_sweep.cpp's stand-in model, keyed by the trial index (the paired design)."""
+    return toy_model_retrieves(1, trial["target_position"], trial["query_position"], trial["trial"])
+
+
+# A small haystack for the needle probe: 4096 tokens, 256 records, mean pool S = W = 4.
+PROBE = dict(policy="mean_pool", stride=4, window=4, tokens=4096, records=256, channels=64, seed=5)
+
+
+def probe_sweep_config(**changes):
+    fields = dict(stride=4, trials_per_residue=12, query_position=4095, min_distance=16, span=3000, seed=9)
+    fields.update(changes)
+    return pk.SweepConfig(**fields)
+
+
+def probe_config():
+    fields = dict(PROBE)
+    fields["policy"] = pk.probe.NeedlePolicy.__members__[fields["policy"]]
+    return pk.probe.NeedleConfig(**fields)
+
+
+# ---- plan ----------------------------------------------------------------------------------------
+
+
+def test_a_plan_is_every_placement_with_its_haystack_layout():
+    config = toy_config()
+    p = sweep.plan(config, configuration={"model": "toy", "label": "toy S=4"}, needle_tokens=3)
+    placements = pk.plan_sweep(config)
+    assert p.complete and p.total == len(p.trials) == len(placements) == 8 * 16
+    haystacks = pk.assign_haystacks(placements, 3)
+    for k, (t, pl, h) in enumerate(zip(p.trials, placements, haystacks)):
+        assert t["format"] == sweep.TRIAL_FORMAT and t["trial_id"] == k and t["sweep_id"] == p.sweep_id
+        assert (t["residue"], t["trial"], t["target_position"], t["query_position"]) == (
+            pl.residue, pl.trial, pl.target_position, pl.query_position)
+        assert t["phase"] == pl.residue % 4 and t["distance"] == pl.query_position - pl.target_position
+        assert t["haystack"] == h and t["seed"] == sweep.haystack_seed(3, h) < 2**53
+        assert t["layout"]["needle"] == [pl.target_position, pl.target_position + 3]
+        assert t["layout"]["query"] == 8191 and t["layout"]["context_tokens"] == 8192
+        assert t["sweep"] == dict(stride=4, modulus=8, trials_per_residue=16, query_position=8191, span=6000,
+                                  min_distance=64, seed=3, needle_tokens=3)
+        assert t["configuration"] == {"model": "toy", "label": "toy S=4"}
+    # Each haystack's needles: those of its trials, in plan order, never overlapping.
+    for group in p.haystacks():
+        needles = [t["target_position"] for t in group]
+        assert all(t["layout"]["haystack_needles"] == needles for t in group)
+        ordered = sorted(needles)
+        assert all(b - a >= 3 for a, b in zip(ordered, ordered[1:]))
+    assert len({t["seed"] for t in p.trials}) == len(p.haystacks())
+
+
+def test_a_plan_is_deterministic_and_its_id_names_what_it_plans():
+    a = sweep.plan(toy_config(), configuration={"model": "a"})
+    assert sweep.plan(toy_config(), configuration={"model": "a"}) == a
+    assert sweep.plan(toy_config(), configuration={"model": "b"}).sweep_id != a.sweep_id
+    assert sweep.plan(toy_config(seed=4), configuration={"model": "a"}).sweep_id != a.sweep_id
+    assert sweep.plan(toy_config(), configuration={"model": "a"}, needle_tokens=2).sweep_id != a.sweep_id
+
+
+def test_plan_errors_name_the_field():
+    with pytest.raises(pk.ConfigError, match=r"^needle_tokens = 65: must be at most min_distance = 64"):
+        sweep.plan(toy_config(), needle_tokens=65)
+    with pytest.raises(pk.ConfigError, match=r"^needle_tokens = 0"):
+        sweep.plan(toy_config(), needle_tokens=0)
+    with pytest.raises(pk.ConfigError, match=r"^configuration: must be a JSON object"):
+        sweep.plan(toy_config(), configuration={"f": object()})
+    with pytest.raises(pk.ConfigError, match=r"^trials_per_residue = 9"):
+        sweep.plan(toy_config(trials_per_residue=9))
+    with pytest.raises(pk.InputError, match=r"^shards = 0"):
+        sweep.plan(toy_config()).shards(0)
+
+
+def test_shards_are_balanced_and_keep_haystacks_whole_where_they_can(tmp_path):
+    p = sweep.plan(toy_config(), needle_tokens=2)
+    for count in (1, 3, 7, len(p.haystacks()) + 5):
+        pieces = p.shards(count)
+        sizes = [len(piece) for piece in pieces]
+        assert sum(sizes) == p.total and max(sizes) - min(sizes) <= 1
+        split = {h for h in range(len(p.haystacks())) if sum(any(t["haystack"] == h for t in x) for x in pieces) > 1}
+        assert len(split) <= count - 1
+    files = p.write(tmp_path / "plan.jsonl", shards=3)
+    assert [f.name for f in files] == [f"plan.shard-{k}-of-3.jsonl" for k in range(3)]
+    lines = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    assert sorted(line["trial_id"] for line in lines) == list(range(p.total))
+    assert {(line["shard"], line["shards"]) for line in lines} == {(0, 3), (1, 3), (2, 3)}
+
+
+def test_read_plan_takes_the_shards_in_any_order_and_names_what_is_wrong(tmp_path):
+    p = sweep.plan(toy_config(), configuration={"model": "toy"})
+    files = p.write(tmp_path / "plan.jsonl", shards=4)
+    assert sweep.read_plan(reversed(files)) == p
+    part = sweep.read_shards(files[1])
+    ids = {t["trial_id"] for t in p.shards(4)[1]}
+    assert not part.complete and part.trials == tuple(t for t in p.trials if t["trial_id"] in ids)
+    with pytest.raises(sweep.ProtocolError, match=r"hold \d+ of 128 trials .*missing shards: \[2\]"):
+        sweep.read_plan([files[0], files[1], files[3]])
+    with pytest.raises(sweep.ProtocolError, match=r"plan.shard-1-of-4.jsonl:1: trial_id = \d+ is also at .*shard given twice"):
+        sweep.read_plan([files[1], files[1]])
+    # An edited line: the target moved.
+    lines = files[0].read_text().splitlines()
+    edited = json.loads(lines[2])
+    edited["target_position"] += 1
+    lines[2] = json.dumps(edited)
+    files[0].write_text("\n".join(lines) + "\n")
+    with pytest.raises(sweep.ProtocolError, match=r"plan.shard-0-of-4.jsonl:3: trial_id = \d+: field 'target_position' differs"):
+        sweep.read_plan(files)
+    # Another sweep's shard, and a line that is not a trial.
+    other = sweep.plan(toy_config(seed=11)).write(tmp_path / "other.jsonl", shards=4)
+    with pytest.raises(sweep.ProtocolError, match=r"other.shard-0-of-4.jsonl:1: sweep_id = .*mix sweeps"):
+        sweep.read_shards([files[1], other[0]])
+    (tmp_path / "junk.jsonl").write_text('{"format": "phasekv.sweep.trial/1"\n')
+    with pytest.raises(sweep.ProtocolError, match=r"junk.jsonl:1: not a JSON line"):
+        sweep.read_plan(tmp_path / "junk.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(sweep.ProtocolError, match=r"hold no trial"):
+        sweep.read_plan(tmp_path / "empty.jsonl")
+
+
+# ---- analyze -------------------------------------------------------------------------------------
+
+
+def outcome_files(tmp_path, records, pieces, seed=0):
+    """The records shuffled and split over `pieces` files."""
+    records = list(records)
+    random.Random(seed).shuffle(records)
+    files = []
+    for k in range(pieces):
+        files.append(tmp_path / f"outcomes-{k}.jsonl")
+        sweep.write_outcomes(files[-1], records[k::pieces])
+    return files
+
+
+def test_plan_shards_outcomes_analyze_equals_the_in_process_sweep(tmp_path):
+    config = toy_config()
+    p = sweep.plan(config)
+    p.write(tmp_path / "plan.jsonl", shards=3)
+    plan_files = sorted(tmp_path.glob("plan.shard-*.jsonl"))
+    # Each "engine instance" answers its own shard; the outcome files come back shuffled and re-split.
+    records = []
+    for f in plan_files:
+        records += sweep.evaluate_trials(sweep.read_shards(f), toy_evaluate)
+    analysis = sweep.analyze(sweep.read_plan(plan_files), outcome_files(tmp_path, records, 5))
+    expected = pk.run_sweep(config, lambda pl: toy_model_retrieves(1, pl.target_position, pl.query_position, pl.trial))
+    assert analysis.result.to_json() == expected.to_json()
+    assert analysis.result.to_table() == expected.to_table()
+    assert (analysis.missing, analysis.duplicates, analysis.conflicts, analysis.host_errors) == ([], [], [], [])
+    assert analysis.report().startswith(expected.to_table())
+    written = analysis.write(tmp_path / "out", label="toy")
+    assert sorted(f.name for f in written) == sorted(
+        ["sweep.txt", "sweep.csv", "sweep.summary.csv", "sweep.json", "sweep.svg", "sweep.protocol.json"])
+    assert (tmp_path / "out" / "sweep.csv").read_text() == expected.to_csv()
+    assert json.loads((tmp_path / "out" / "sweep.json").read_text()) == json.loads(expected.to_json())
+    assert "<svg" in (tmp_path / "out" / "sweep.svg").read_text()
+    assert json.loads((tmp_path / "out" / "sweep.protocol.json").read_text())["planned"] == 128
+
+
+def test_duplicates_missing_conflicts_and_host_errors_are_reported_and_never_outcomes():
+    p = sweep.plan(toy_config())
+    by_id = {t["trial_id"]: t for t in p.trials}
+    lines = {t["trial_id"]: sweep.outcome_record(t, toy_evaluate(t)) for t in p.trials}
+    del lines[10]                                                          # missing
+    lines[20] = sweep.outcome_record(by_id[20], error="CUDA out of memory")  # the host's error
+    records = list(lines.values())
+    records += [lines[5], lines[6]]                                        # duplicates, same outcome
+    records.append(sweep.outcome_record(by_id[30], not lines[30]["outcome"]))  # a conflict
+    records.insert(0, sweep.outcome_record(by_id[40], error="timeout"))    # an error, then a retry's outcome
+    analysis = sweep.analyze(p, records)
+    assert analysis.missing == [10] and analysis.duplicates == [5, 6, 30, 40]
+    assert analysis.conflicts == [30] and analysis.host_errors == [20]
+    assert analysis.outcomes[40] == toy_evaluate(by_id[40]) and analysis.outcomes[10] is None
+    r = analysis.result
+    assert r.errored_trials == 3 and sum(x.errored for x in r.residues) == 3
+    assert sum(x.valid for x in r.residues) == p.total - 3
+    # The lookups follow run order: trial 10 comes first among the three.
+    assert "trial_id 10: missing: no outcome line" in r.first_error
+    report = analysis.report()
+    assert "missing: 1 trials (trial_id 10)" in report and "conflicting: 1 trials (trial_id 30)" in report
+    assert "errored by the host: 1 trials (trial_id 20)" in report and "duplicated: 4 trials" in report
+    # The same trials with those three removed from an in-process sweep give the same statistics.
+    dropped = {by_id[i]["residue"]: [] for i in (10, 20, 30)}
+    for i in (10, 20, 30):
+        dropped[by_id[i]["residue"]].append(by_id[i]["trial"])
+
+    def trial(pl):
+        if pl.trial in dropped.get(pl.residue, []):
+            raise RuntimeError("dropped")
+        return toy_model_retrieves(1, pl.target_position, pl.query_position, pl.trial)
+
+    expected = pk.run_sweep(toy_config(), trial)
+    assert [(x.valid, x.successes) for x in r.residues] == [(x.valid, x.successes) for x in expected.residues]
+    assert r.homogeneity.p_value == expected.homogeneity.p_value and r.gap_points == expected.gap_points
+
+
+def test_too_many_missing_trials_make_an_invalid_sweep_not_an_error():
+    p = sweep.plan(toy_config())
+    records = [sweep.outcome_record(t, toy_evaluate(t)) for t in p.trials if t["residue"] != 3 or t["trial"] < 5]
+    analysis = sweep.analyze(p, records)
+    assert not analysis.result.valid and "residue 3 has 5 valid trials" in analysis.result.invalid_reason
+    assert len(analysis.missing) == 11
+
+
+def test_probability_outcomes_make_a_probability_sweep():
+    p = sweep.plan(toy_config())
+    records = [sweep.outcome_record(t, np.float32(0.25 + 0.5 * toy_evaluate(t))) for t in p.trials]
+    records[3]["outcome"] = True  # a bool in a probability sweep counts as 1
+    analysis = sweep.analyze(p, records)
+    assert analysis.result.kind == pk.OutcomeKind.probability and analysis.result.homogeneity.test == "anova"
+    assert analysis.outcomes[3] == 1.0
+    records[4]["outcome"] = 1.5  # outside [0, 1]: errored, as in C++
+    assert sweep.analyze(p, records).result.errored_trials == 1
+    binary = sweep.analyze(p, [sweep.outcome_record(t, True) for t in p.trials], kind=pk.OutcomeKind.probability)
+    assert binary.result.kind == pk.OutcomeKind.probability
+
+
+def test_outcome_lines_that_break_the_protocol_are_named(tmp_path):
+    p = sweep.plan(toy_config())
+    good = [sweep.outcome_record(t, True) for t in p.trials]
+    cases = [
+        (dict(good[0], sweep_id="0123456789abcdef"), r"sweep_id = '0123456789abcdef': not this plan's"),
+        (dict(good[0], trial_id=128), r"trial_id = 128: must be an integer in \[0, 128\)"),
+        (dict(good[0], trial_id="7"), r"trial_id = '7'"),
+        ({k: v for k, v in good[0].items() if k != "outcome"}, r"trial_id = 0: must have exactly one of 'outcome' and 'error'"),
+        (dict(good[0], error="x"), r"trial_id = 0: must have exactly one of 'outcome' and 'error'"),
+        (dict(good[0], outcome="yes"), r"trial_id = 0: outcome = 'yes': must be true, false or a number"),
+        (dict(good[0], format="something/1"), r"not an outcome line"),
+    ]
+    for bad, message in cases:
+        sweep.write_outcomes(tmp_path / "o.jsonl", good[1:50] + [bad])
+        with pytest.raises(sweep.ProtocolError, match=r"o.jsonl:50: " + message):
+            sweep.analyze(p, [tmp_path / "o.jsonl"])
+    with pytest.raises(pk.InputError, match=r"^plan: holds 32 of 128 trials"):
+        sweep.analyze(sweep.read_shards(p.write(tmp_path / "p.jsonl", shards=4)[0]), good)
+
+
+# ---- the needle probe through the protocol ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("outcome", ["success", "probability"])
+def test_the_needle_probe_through_plan_shards_and_analyze_equals_the_cpp_needle_sweep(tmp_path, outcome):
+    config = probe_sweep_config()
+    kind = pk.probe.NeedleOutcome.__members__[outcome]
+    expected = pk.probe.needle_sweep(pk.probe.NeedleProbe(probe_config()), config, kind)
+    assert expected.valid
+    p = sweep.plan(config, configuration={"probe": PROBE}, needle_tokens=2)
+    files = p.write(tmp_path / "plan.jsonl", shards=3)
+    evaluate = sweep.NeedleEvaluate(outcome=outcome, **PROBE)
+    out = []
+    for k, f in enumerate(files):  # each shard on its own, as separate engine instances would
+        out.append(tmp_path / f"outcomes-{k}.jsonl")
+        sweep.write_outcomes(out[-1], sweep.evaluate_trials(sweep.read_shards(f), evaluate))
+    analysis = sweep.analyze(sweep.read_plan(files), reversed(out))
+    assert analysis.result.to_json() == expected.to_json()
+
+
+def test_needle_evaluate_is_picklable_and_refuses_a_plan_it_cannot_answer():
+    import pickle
+
+    evaluate = sweep.NeedleEvaluate(probe_config())
+    clone = pickle.loads(pickle.dumps(evaluate))
+    assert clone.fields == evaluate.fields and repr(clone) == repr(evaluate)
+    assert "policy='mean_pool'" in repr(evaluate)
+    trial = sweep.plan(probe_sweep_config(), needle_tokens=1).trials[0]
+    with pytest.raises(pk.InputError, match=r"needle_tokens = 1: the needle probe's records take 2 tokens"):
+        evaluate(trial)
+    with pytest.raises(pk.ConfigError, match=r"needle_config.records = 5000"):
+        sweep.NeedleEvaluate(tokens=4096, records=5000)
+    with pytest.raises(pk.InputError, match=r"outcome = 'maybe'"):
+        sweep.NeedleEvaluate(outcome="maybe")
+
+
+# ---- Dask ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+def test_a_dask_run_equals_the_serial_run(dask_client):
+    p = sweep.plan(probe_sweep_config(), needle_tokens=2)
+    evaluate = sweep.NeedleEvaluate(**PROBE)
+    seen = []
+    on_dask = sweep.run(p, evaluate, dask_client, progress=lambda done, total: seen.append((done, total)))
+    serial = sweep.run(p, evaluate)
+    assert on_dask.result.to_json() == serial.result.to_json()
+    assert on_dask.records == serial.records  # the same lines in the same (task) order
+    assert seen[-1] == (p.total, p.total) and all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
+    assert len(seen) == len([g for g in p.haystacks() if g])
+    # Both workers took part (the tasks are spread, each worker built its own probe).
+    assert len(dask_client.scheduler_info()["workers"]) == 2
+
+
+def test_a_dask_run_keeps_evaluate_errors_as_errored_trials(dask_client):
+    p = sweep.plan(toy_config())
+
+    def flaky(trial):  # a closure: shipped with cloudpickle
+        if trial["trial_id"] % 50 == 7:
+            raise RuntimeError(f"engine lost trial {trial['trial_id']}")
+        return toy_evaluate(trial)
+
+    on_dask = sweep.run(p, flaky, dask_client)
+    assert on_dask.host_errors == [7, 57, 107] and on_dask.result.errored_trials == 3
+    assert on_dask.result.to_json() == sweep.run(p, flaky).result.to_json()
+    assert "engine lost trial" in on_dask.result.first_error
+
+
+# ---- python -m phasekv ---------------------------------------------------------------------------
+
+
+def cli(*args, check=True):
+    done = subprocess.run([sys.executable, "-m", "phasekv", *map(str, args)], capture_output=True, text=True,
+                          env=dict(os.environ))
+    if check and done.returncode != 0:
+        raise AssertionError(f"exit {done.returncode}: {done.stderr}")
+    return done
+
+
+def test_the_command_line_plans_probes_and_analyzes(tmp_path):
+    config = probe_sweep_config()
+    planned = cli("plan", "--stride", 4, "--trials", 12, "--query-position", 4095, "--min-distance", 16, "--span", 3000,
+                  "--seed", 9, "--needle-tokens", 2, "--configuration", json.dumps({"probe": PROBE}), "--shards", 2,
+                  "--out", tmp_path / "plan.jsonl")
+    assert "96 trials (8 residues x 12)" in planned.stdout
+    shards = sorted(tmp_path.glob("plan.shard-*-of-2.jsonl"))
+    assert len(shards) == 2
+    for k, shard in enumerate(shards):
+        cli("probe", "--plan", shard, "--out", tmp_path / f"o{k}.jsonl", "--policy", "mean_pool", "--stride", 4,
+            "--window", 4, "--records", 256, "--seed", 5, "--quiet")
+    report = cli("analyze", "--plan", *shards, "--outcomes", tmp_path / "o1.jsonl", tmp_path / "o0.jsonl",
+                 "--out-dir", tmp_path / "out")
+    expected = pk.probe.needle_sweep(pk.probe.NeedleProbe(probe_config()), config)
+    assert report.stdout.startswith(expected.to_table())
+    assert (tmp_path / "out" / "sweep.json").read_text() == expected.to_json() + "\n"
+    # A missing shard is an error naming it (exit 2); an invalid sweep exits 1.
+    missing = cli("analyze", "--plan", shards[0], "--outcomes", tmp_path / "o0.jsonl", check=False)
+    assert missing.returncode == 2 and "missing shards: [1]" in missing.stderr
+    half = cli("analyze", "--plan", *shards, "--outcomes", tmp_path / "o0.jsonl", check=False)
+    assert half.returncode == 1 and half.stdout.startswith("INVALID SWEEP") and "missing:" in half.stdout
+
+
+def test_the_command_line_rejects_bad_arguments(tmp_path):
+    for args, message in [
+        (("plan", "--stride", 4, "--query-position", 100, "--out", tmp_path / "p"), "--span"),
+        (("plan", "--stride", 0, "--query-position", 100, "--span", 50, "--out", tmp_path / "p"), "must be a positive"),
+        (("plan", "--stride", 4, "--query-position", 100, "--span", 50, "--configuration", "[1]", "--out", tmp_path / "p"),
+         "must be a JSON object"),
+        (("probe", "--plan", tmp_path / "p", "--out", tmp_path / "o", "--policy", "nope"), "invalid choice"),
+        (("frobnicate",), "invalid choice"),
+    ]:
+        done = cli(*args, check=False)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+    # The library's own checks come back as one line naming the field, exit 2.
+    done = cli("plan", "--stride", 4, "--query-position", 100, "--span", 20, "--out", tmp_path / "p", check=False)
+    assert done.returncode == 2 and "span = 20" in done.stderr and "Traceback" not in done.stderr
+    done = cli("analyze", "--plan", tmp_path / "absent.jsonl", "--outcomes", tmp_path / "o", check=False)
+    assert done.returncode == 2 and "absent.jsonl" in done.stderr and "Traceback" not in done.stderr
+    help_text = cli("probe", "--help").stdout
+    assert "--scheduler" in help_text and "(default: mean_pool)" in help_text
