@@ -61,7 +61,7 @@ void run(const char* label, const Compressor& compressor, const phasekv::row_mat
   std::vector<float> payload, logits;
   const phasekv::token_chunk chunk = projection.project(compressor, hidden, payload, logits);
   phasekv::stream_state state = compressor.make_state();
-  phasekv::write_profile profile(compressor.geom(), compressor.config().kv_heads);
+  phasekv::diag::write_profile profile(compressor.geom(), compressor.config().kv_heads);
   std::vector<float> first_entry;
   phasekv::append_options opts;
   opts.slot_weights = true;

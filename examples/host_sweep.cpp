@@ -32,7 +32,7 @@ class toy_model {
     static const double accuracy_by_phase[4] = {0.90, 0.85, 0.80, 0.45};
     std::uint64_t state = seed_ ^ (static_cast<std::uint64_t>(needle_position) * 0x9E3779B97F4A7C15ull) ^
                           (static_cast<std::uint64_t>(query_position) << 20) ^ static_cast<std::uint64_t>(prompt_id);
-    const double luck = static_cast<double>(phasekv::detail::splitmix64(state) >> 11) * 0x1.0p-53;
+    const double luck = static_cast<double>(phasekv::diag::detail::splitmix64(state) >> 11) * 0x1.0p-53;
     return luck < accuracy_by_phase[needle_position % 4];
   }
 
@@ -49,13 +49,13 @@ int main(int argc, char** argv) {
                                  "4-token chunk: how a host measures its own model by phase.");
   // The sweep itself checks what depends on the prompt (e.g. 6·S must fit its 32000-token span).
   args.integer("--stride", "S", "compression stride; residues are t mod 2S", stride, 1, 4096);
-  args.integer("--trials", "N", "trials per residue", trials, phasekv::sweep_config::minimum_trials, 1 << 16);
+  args.integer("--trials", "N", "trials per residue", trials, phasekv::diag::sweep_config::minimum_trials, 1 << 16);
   args.integer("--seed", "K", "seed of the model's luck and of the run order", seed, 0);
   args.parse(argc, argv);
 
   toy_model model(seed);
 
-  phasekv::sweep_config config;
+  phasekv::diag::sweep_config config;
   config.stride = stride;               // the model's compression stride S; residues are t mod 2S
   config.trials_per_residue = trials;
   config.query_position = 32767;        // the question goes at the end of a 32K-token prompt
@@ -73,12 +73,12 @@ int main(int argc, char** argv) {
   //   3. run prefill + decode with the chunked-compression KV cache;
   //   4. return whether the answer matches (bool), or the probability of the right answer
   //      (double in [0, 1]). Throwing marks the trial failed; it is counted, not scored.
-  auto trial = [&](const phasekv::placement& p) -> bool {
+  auto trial = [&](const phasekv::diag::placement& p) -> bool {
     return model.retrieves(p.target_position, p.query_position, p.trial);
   };
 
   try {
-    const phasekv::sweep_result result = phasekv::run_sweep(config, trial);
+    const phasekv::diag::sweep_result result = phasekv::diag::run_sweep(config, trial);
     std::fputs(result.to_table().c_str(), stdout);
     // result.to_csv() (per residue), to_summary_csv() and to_json() give the same numbers as files.
     return 0;

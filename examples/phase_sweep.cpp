@@ -43,7 +43,7 @@
 
 namespace {
 
-using phasekv::probe::needle_policy;
+using phasekv::diag::probe::needle_policy;
 
 struct options {
   std::int64_t tokens = 131072;
@@ -96,7 +96,7 @@ options parse(int argc, char** argv) {
                   o.policies.push_back(p);
                 });
               });
-  args.integer("--trials", "N", "trials per residue", o.trials, phasekv::sweep_config::minimum_trials);
+  args.integer("--trials", "N", "trials per residue", o.trials, phasekv::diag::sweep_config::minimum_trials);
   args.integer("--seed", "K", "seed of the contexts and of the run order", o.seed, 0);
   args.option("--out", "DIR", "output folder", o.out, [&o](const std::string& text) { o.out = text; });
   args.flag("--quiet", "no progress line on stderr", o.quiet);
@@ -111,8 +111,8 @@ options parse(int argc, char** argv) {
 struct job {
   std::string name;     // file stem
   std::string label;    // legend
-  phasekv::probe::needle_config probe;
-  phasekv::sweep_config sweep;
+  phasekv::diag::probe::needle_config probe;
+  phasekv::diag::sweep_config sweep;
 };
 
 std::vector<job> plan_jobs(const options& o) {
@@ -192,9 +192,9 @@ class progress {
   bool enabled_, terminal_;
 };
 
-std::string sweep_plot(const std::vector<job>& jobs, const std::vector<phasekv::sweep_result>& results,
+std::string sweep_plot(const std::vector<job>& jobs, const std::vector<phasekv::diag::sweep_result>& results,
                        const options& o) {
-  std::vector<phasekv::plot::plot_series> series;
+  std::vector<phasekv::diag::plot::plot_series> series;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     const auto& r = results[i];
     char summary[96];
@@ -203,11 +203,11 @@ std::string sweep_plot(const std::vector<job>& jobs, const std::vector<phasekv::
     else
       std::snprintf(summary, sizeof summary, "  INVALID");
     // x = (residue + 1) / S: every stride's boundary phase S − 1 on the chunk boundaries 1 and 2.
-    phasekv::plot::plot_series one = phasekv::plot::phase_sweep_series(r, jobs[i].label + summary);
+    phasekv::diag::plot::plot_series one = phasekv::diag::plot::phase_sweep_series(r, jobs[i].label + summary);
     one.dashed = jobs[i].probe.policy == needle_policy::full_attention;
     series.push_back(std::move(one));
   }
-  phasekv::plot::plot_axes axes;
+  phasekv::diag::plot::plot_axes axes;
   axes.title = "Needle accuracy by residue (" + std::to_string(o.tokens) + " tokens, " + std::to_string(o.records) +
                " records, " + std::to_string(o.trials) + " trials/residue, 95% Wilson bars)";
   axes.x_label = "(t mod 2S + 1) / S: the target's place in two chunks, in strides (chunks end at 1 and 2)";
@@ -219,7 +219,7 @@ std::string sweep_plot(const std::vector<job>& jobs, const std::vector<phasekv::
                   {1.25, "1.25"}, {1.5, "1.5"}, {1.75, "1.75"}, {2, "2"}};
   axes.width = 1100;
   axes.height = 560;
-  return phasekv::plot::svg_line_plot(series, axes);
+  return phasekv::diag::plot::svg_line_plot(series, axes);
 }
 
 int run(const options& o) {
@@ -230,11 +230,11 @@ int run(const options& o) {
   if (ec) throw phasekv::input_error("--out: cannot create directory " + o.out + ": " + ec.message());
 
   const auto start = std::chrono::steady_clock::now();
-  std::vector<phasekv::sweep_result> results;
+  std::vector<phasekv::diag::sweep_result> results;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     const job& j = jobs[i];
     const auto job_start = std::chrono::steady_clock::now();
-    const std::vector<phasekv::placement> plan = phasekv::plan_sweep(j.sweep);
+    const std::vector<phasekv::diag::placement> plan = phasekv::diag::plan_sweep(j.sweep);
 
     // The probe is deterministic: one context (seed + target set) gives one outcome per target.
     // The plan is a paired design — trial i of every residue shares an anchor, and a position
@@ -245,17 +245,17 @@ int run(const options& o) {
     // window + 2 apart, so no compressed entry holds two targets (a needle record takes its
     // position and the next), and at most `records` each. Every target is read once; run_sweep
     // then replays the outcomes in the plan's order.
-    using phasekv::probe::needle_probe;
+    using phasekv::diag::probe::needle_probe;
     const std::int64_t modulus = j.sweep.resolved_modulus();
     const std::int64_t gap = j.probe.window + 2;
-    std::vector<std::vector<phasekv::placement>> groups(static_cast<std::size_t>(modulus));
+    std::vector<std::vector<phasekv::diag::placement>> groups(static_cast<std::size_t>(modulus));
     for (const auto& p : plan) groups[static_cast<std::size_t>(p.trial % modulus)].push_back(p);
-    std::vector<std::vector<std::vector<phasekv::placement>>> contexts(groups.size());
+    std::vector<std::vector<std::vector<phasekv::diag::placement>>> contexts(groups.size());
     for (std::size_t g = 0; g < groups.size(); ++g) {
       std::sort(groups[g].begin(), groups[g].end(),
                 [](const auto& a, const auto& b) { return a.target_position < b.target_position; });
       for (const auto& p : groups[g]) {
-        auto fits = [&](const std::vector<phasekv::placement>& c) {
+        auto fits = [&](const std::vector<phasekv::diag::placement>& c) {
           return c.back().target_position <= p.target_position - gap &&
                  static_cast<std::int64_t>(c.size()) < j.probe.records;
         };
@@ -273,7 +273,7 @@ int run(const options& o) {
     for (std::size_t g = 0; g < contexts.size(); ++g) {
       if (contexts[g].empty()) continue;
       std::uint64_t state = o.seed * 0x100000001B3ull + g;
-      probe.reseed(phasekv::detail::splitmix64(state));
+      probe.reseed(phasekv::diag::detail::splitmix64(state));
       for (const auto& context : contexts[g]) {
         std::vector<std::int64_t> targets;
         for (const auto& p : context) targets.push_back(p.target_position);
@@ -285,14 +285,14 @@ int run(const options& o) {
         }
       }
     }
-    const phasekv::sweep_result result =
-        phasekv::run_sweep(j.sweep, [&](const phasekv::placement& p) {
+    const phasekv::diag::sweep_result result =
+        phasekv::diag::run_sweep(j.sweep, [&](const phasekv::diag::placement& p) {
       return found[static_cast<std::size_t>(p.residue)][static_cast<std::size_t>(p.trial)] != 0;
     });
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count();
 
     std::printf("== %s (policy %s, stride %lld, window %lld) — %.1f s\n%s\n", j.label.c_str(),
-                phasekv::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.stride),
+                phasekv::diag::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.stride),
                 static_cast<long long>(j.probe.window), seconds, result.to_table().c_str());
     std::fflush(stdout);
 
@@ -300,7 +300,7 @@ int run(const options& o) {
     // alone. The per-residue CSV stays one plain table.
     char extra[512];
     std::snprintf(extra, sizeof extra, "policy,%s\nwindow,%lld\ntokens,%lld\nrecords,%lld\nseed,%llu\n",
-                  phasekv::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.window),
+                  phasekv::diag::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.window),
                   static_cast<long long>(o.tokens), static_cast<long long>(o.records),
                   static_cast<unsigned long long>(o.seed));
     write_file(out_dir / (j.name + ".csv"), result.to_csv());
@@ -308,7 +308,7 @@ int run(const options& o) {
     std::snprintf(extra, sizeof extra,
                   "{\"name\":\"%s\",\"policy\":\"%s\",\"window\":%lld,\"tokens\":%lld,\"records\":%lld,\"seed\":%llu,"
                   "\"sweep\":",
-                  j.name.c_str(), phasekv::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.window),
+                  j.name.c_str(), phasekv::diag::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.window),
                   static_cast<long long>(o.tokens), static_cast<long long>(o.records),
                   static_cast<unsigned long long>(o.seed));
     write_file(out_dir / (j.name + ".json"), extra + result.to_json() + "}\n");
@@ -324,7 +324,7 @@ int run(const options& o) {
     const auto& r = results[i];
     const std::string period = r.period.flat      ? "flat"
                                : !r.has_period() ? "-"
-                                                 : phasekv::detail::format_number(r.period.period, 4);
+                                                 : phasekv::diag::detail::format_number(r.period.period, 4);
     std::printf("%-34s %8.2f %8.2f %10.3g %8s\n", jobs[i].label.c_str(), 100.0 * r.mean, r.gap_points,
                 r.homogeneity.p_value, period.c_str());
   }

@@ -107,7 +107,7 @@ def main():
              "(lab/host/lab_host: compressors → paged_cache → sparse_reader for every attention layer), "
              "after checking that its logits equal PyTorch's on held-out sequences. Accuracy is the argmax "
              "answer to the last question, with the target record's key placed at every residue "
-             "t mod M (phasekv::plan_sweep: matched mean target position per residue); 95% Wilson "
+             "t mod M (phasekv::diag::plan_sweep: matched mean target position per residue); 95% Wilson "
              "intervals are in the per-variant tables.")
     L.append("")
     L.append("| variant | kind | S | W | trained held-out acc. % | sweep mean acc. % | gap (points) | χ² p | period | "
@@ -134,7 +134,7 @@ def main():
     L.append("")
     L.append("Gate concentration: per layer (L0, L1) and stream (K keys, V values), KV head 0, "
              "`exp(H(E[α]))` (static) / `E[exp(H(α))]` (per window), from 1 (one slot) to W (uniform); "
-             "phasekv::write_profile over the calibration sequences, α being the channel-mean slot weight. "
+             "phasekv::diag::write_profile over the calibration sequences, α being the channel-mean slot weight. "
              "Logits: max |torch − phasekv| over 4 held-out sequences at every position; the check passes at "
              "≤ 1e-4 · max(1, max |logit|). Period: phasekv's dominant period of the residue profile, "
              "reported only when the χ² homogeneity test rejects a flat profile (p < 0.05).")

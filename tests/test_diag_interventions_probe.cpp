@@ -35,9 +35,10 @@
 #include "phasekv/diag/statistics.hpp"
 
 using namespace phasekv;
-using phasekv::probe::needle_config;
-using phasekv::probe::needle_policy;
-using phasekv::probe::needle_probe;
+using namespace phasekv::diag;
+using phasekv::diag::probe::needle_config;
+using phasekv::diag::probe::needle_policy;
+using phasekv::diag::probe::needle_probe;
 
 namespace {
 

@@ -22,6 +22,7 @@
 namespace {
 
 using namespace phasekv;
+using namespace phasekv::diag;
 
 struct comma_decimal : std::numpunct<char> {
   char do_decimal_point() const override { return ','; }
@@ -69,7 +70,7 @@ std::string everything_written() {
   axes.y_max = 1500.5;
   std::string message;
   try {
-    detail::fail("field", 1234.5, "a fractional value in a message");
+    phasekv::detail::fail("field", 1234.5, "a fractional value in a message");
   } catch (const config_error& e) {
     message = e.what();
   }

@@ -12,6 +12,7 @@
 #include "phasekv/diag/read_attribution.hpp"
 
 using namespace phasekv;
+using namespace phasekv::diag;
 
 namespace {
 

@@ -14,7 +14,7 @@
 namespace {
 
 using namespace phasekv;
-using namespace phasekv::stats;
+using namespace phasekv::diag::stats;
 
 const double inf = std::numeric_limits<double>::infinity();
 const double not_a_number = std::numeric_limits<double>::quiet_NaN();

@@ -44,7 +44,7 @@ bool tags_balance(const std::string& svg) {
 }  // namespace
 
 TEST_CASE("svg_line_plot draws one polyline per series in a balanced document", "[diag][svg_plot]") {
-  using namespace phasekv::plot;
+  using namespace phasekv::diag::plot;
   std::vector<plot_series> series(3);
   for (int s = 0; s < 3; ++s) {
     series[s].label = "series " + std::to_string(s);
@@ -68,7 +68,7 @@ TEST_CASE("svg_line_plot draws one polyline per series in a balanced document", 
 }
 
 TEST_CASE("svg_line_plot escapes text and leaves out NaN points", "[diag][svg_plot]") {
-  using namespace phasekv::plot;
+  using namespace phasekv::diag::plot;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   plot_series one;
   one.label = "S<4 & W>2 \"mean\" 'pool'";
@@ -89,7 +89,7 @@ TEST_CASE("svg_line_plot escapes text and leaves out NaN points", "[diag][svg_pl
 }
 
 TEST_CASE("svg_line_plot maps data linearly into the plot area", "[diag][svg_plot]") {
-  using namespace phasekv::plot;
+  using namespace phasekv::diag::plot;
   plot_series one;
   one.label = "x";
   one.points = {{0.0, 0.0}, {1.0, 100.0}, {0.5, 150.0}};  // the last is clipped to y_max
@@ -108,7 +108,7 @@ TEST_CASE("svg_line_plot maps data linearly into the plot area", "[diag][svg_plo
 }
 
 TEST_CASE("svg_line_plot rejects empty ranges and tiny pictures", "[diag][svg_plot]") {
-  using namespace phasekv::plot;
+  using namespace phasekv::diag::plot;
   plot_axes axes;
   axes.x_max = axes.x_min;
   CHECK_THROWS_AS(svg_line_plot({}, axes), phasekv::config_error);
@@ -122,7 +122,7 @@ TEST_CASE("svg_line_plot rejects empty ranges and tiny pictures", "[diag][svg_pl
 }
 
 TEST_CASE("svg_line_plot draws boundary lines across the plot area", "[diag][svg_plot]") {
-  using namespace phasekv::plot;
+  using namespace phasekv::diag::plot;
   plot_axes axes;  // the default picture: plot area x in [80, 960 − 60], y in [50, 540 − 70]
   axes.x_min = -0.5;
   axes.x_max = 2.5;
@@ -145,7 +145,7 @@ TEST_CASE("svg_line_plot draws boundary lines across the plot area", "[diag][svg
 }
 
 TEST_CASE("phase_sweep_series puts every stride's boundary phase on the chunk boundaries", "[diag][svg_plot]") {
-  using namespace phasekv;
+  using namespace phasekv::diag;
   for (const std::int64_t stride : {2, 4, 8}) {
     sweep_config config;
     config.stride = stride;  // modulus 2S

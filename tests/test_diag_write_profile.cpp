@@ -19,6 +19,7 @@
 namespace {
 
 using namespace phasekv;
+using namespace phasekv::diag;
 using namespace phasekv_test;
 
 

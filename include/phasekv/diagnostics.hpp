@@ -3,6 +3,10 @@
 // concentration, read attribution by phase, the phase-sweep harness and its statistics,
 // interventions, the synthetic needle probe and the SVG plot. Each header also stands alone.
 //
+// Namespaces: all of it is in phasekv::diag — the statistics in phasekv::diag::stats, the SVG
+// plot in phasekv::diag::plot, the needle probe in phasekv::diag::probe — with the internals in
+// nested `detail` namespaces. The engine (engine.hpp) stays in phasekv and includes none of this.
+//
 // Keep this list complete (scripts/test checks it): every include/phasekv/diag/*.hpp, sorted.
 
 #include "phasekv/version.hpp"

@@ -8,12 +8,12 @@
 //       for the parity test against lab/task.py.
 //   lab_host measure --model DIR --out DIR [--trials N] [--knockout-trials N] [--calibration N]
 //                    [--modulus M] [--seed K] [--cycle-delta D] [--label NAME] [--quiet]
-//       per-residue retrieval accuracy with phasekv::run_sweep (matched target positions, Wilson
+//       per-residue retrieval accuracy with phasekv::diag::run_sweep (matched target positions, Wilson
 //       intervals, χ² homogeneity, gap, dominant period), the write profile and gate
-//       concentration of every compressed stream (phasekv::write_profile), the head knockout map
-//       (phasekv::head_knockout_map, mean ablation) and, for gated W = S models, the gate-cycling
-//       prediction (phasekv::cycle_slot_profile on every slot bias, then a sweep compared with
-//       phasekv::predicted_shift). Writes DIR/measure.json, DIR/sweep.{csv,summary.csv,json}, DIR/*.svg.
+//       concentration of every compressed stream (phasekv::diag::write_profile), the head knockout map
+//       (phasekv::diag::head_knockout_map, mean ablation) and, for gated W = S models, the gate-cycling
+//       prediction (phasekv::diag::cycle_slot_profile on every slot bias, then a sweep compared with
+//       phasekv::diag::predicted_shift). Writes DIR/measure.json, DIR/sweep.{csv,summary.csv,json}, DIR/*.svg.
 //
 // A trial (sweep placement p): the task's sequence with seed 2^63 + 2^62 + (K << 32) + p.trial,
 // its last question asking for the record whose key is at p.target_position (so trial i of every
@@ -165,13 +165,13 @@ int run_task(const arguments& a) {
 
 // ---- measure ---------------------------------------------------------------------------------
 
-std::string num(double x) { return phasekv::detail::json_number(x); }
+std::string num(double x) { return phasekv::diag::detail::json_number(x); }
 
 // `sequences`: how many calibration sequences fed the profile. write_profile indexes tokens by
 // absolute position, so N sequences add up at every position: the per-phase weights are divided
 // by N (the mean weight a token of that phase receives, and the spread of that mean over
 // positions). The concentrations average over windows and need no correction.
-std::string profile_json(const phasekv::write_profile& p, std::int64_t heads, std::int64_t sequences) {
+std::string profile_json(const phasekv::diag::write_profile& p, std::int64_t heads, std::int64_t sequences) {
   const double n = static_cast<double>(sequences);
   std::ostringstream o;
   o << "[";
@@ -192,8 +192,8 @@ std::string profile_json(const phasekv::write_profile& p, std::int64_t heads, st
   return o.str();
 }
 
-phasekv::plot::plot_series series_of(const phasekv::sweep_result& r, const std::string& label, bool dashed = false) {
-  phasekv::plot::plot_series s;
+phasekv::diag::plot::plot_series series_of(const phasekv::diag::sweep_result& r, const std::string& label, bool dashed = false) {
+  phasekv::diag::plot::plot_series s;
   s.label = label;
   s.dashed = dashed;
   for (const auto& row : r.residues) s.points.push_back({double(row.residue), 100.0 * row.estimate, 100.0 * row.ci_low, 100.0 * row.ci_high});
@@ -212,11 +212,11 @@ int run_measure(const arguments& a) {
   const std::string model_dir = a.text("--model");
   lab::model_weights weights = load_or_exit(model_dir);
   const lab::model_config cfg = weights.config;
-  const std::int64_t trials = a.integer("--trials", 64, phasekv::sweep_config::minimum_trials);
+  const std::int64_t trials = a.integer("--trials", 64, phasekv::diag::sweep_config::minimum_trials);
   const std::int64_t ko_trials = a.integer("--knockout-trials", 32, 0);
-  if (ko_trials > 0 && ko_trials < phasekv::sweep_config::minimum_trials)
+  if (ko_trials > 0 && ko_trials < phasekv::diag::sweep_config::minimum_trials)
     bad_option("--knockout-trials", "must be 0 (no knockout map) or at least " +
-                                        std::to_string(phasekv::sweep_config::minimum_trials));
+                                        std::to_string(phasekv::diag::sweep_config::minimum_trials));
   const std::int64_t calibration = a.integer("--calibration", 32, 1);
   const std::int64_t modulus = a.integer("--modulus", 2 * cfg.stride, 2);
   if (modulus % cfg.stride != 0) bad_option("--modulus", "must be a multiple of the model's stride " + std::to_string(cfg.stride));
@@ -231,7 +231,7 @@ int run_measure(const arguments& a) {
 
   const lab::task_config& task = cfg.task;
   const std::int64_t T = task.tokens;
-  phasekv::sweep_config sc;
+  phasekv::diag::sweep_config sc;
   sc.stride = cfg.stride;
   sc.modulus = modulus;
   sc.trials_per_residue = trials;
@@ -249,7 +249,7 @@ int run_measure(const arguments& a) {
 
   auto model = lab::make_engine(weights, T);
   const std::uint64_t base = (1ull << 63) + (1ull << 62) + (seed << 32);
-  auto trial_on = [&](lab::engine& m, const phasekv::placement& p, const lab::forward_options& o) -> bool {
+  auto trial_on = [&](lab::engine& m, const phasekv::diag::placement& p, const lab::forward_options& o) -> bool {
     const lab::task_sequence s = lab::generate(task, base + static_cast<std::uint64_t>(p.trial), p.target_position);
     const lab::matrix logits = m.forward(s.tokens, {p.query_position}, o);
     Eigen::Index best = 0;
@@ -264,7 +264,7 @@ int run_measure(const arguments& a) {
 
   // 1. The sweep.
   const auto t_sweep = clock::now();
-  const phasekv::sweep_result sweep = phasekv::run_sweep(sc, [&](const phasekv::placement& p) { return trial_on(*model, p, {}); });
+  const phasekv::diag::sweep_result sweep = phasekv::diag::run_sweep(sc, [&](const phasekv::diag::placement& p) { return trial_on(*model, p, {}); });
   const double sweep_seconds = std::chrono::duration<double>(clock::now() - t_sweep).count();
   progress("sweep done");
   write_file(out / "sweep.csv", sweep.to_csv());
@@ -276,7 +276,7 @@ int run_measure(const arguments& a) {
   std::vector<std::vector<lab::vector>> head_sums(cfg.layers, std::vector<lab::vector>(cfg.q_heads, lab::vector::Zero(cfg.head_dim)));
   std::vector<std::int64_t> head_counts(cfg.layers, 0);
   phasekv::geometry geom{cfg.stride, cfg.window, 0, phasekv::anchor_mode::block_start};
-  std::vector<phasekv::write_profile> profiles;
+  std::vector<phasekv::diag::write_profile> profiles;
   for (std::int64_t k = 0; k < 2 * cfg.layers; ++k) profiles.emplace_back(geom, cfg.kv_heads);
   {
     lab::forward_options o;
@@ -297,11 +297,11 @@ int run_measure(const arguments& a) {
 
   // 3. Head knockout map over every (layer, query head).
   const std::int64_t heads = cfg.layers * cfg.q_heads;
-  phasekv::knockout_map ko;
+  phasekv::diag::knockout_map ko;
   if (ko_trials > 0) {
-    phasekv::sweep_config kc = sc;
+    phasekv::diag::sweep_config kc = sc;
     kc.trials_per_residue = ko_trials;
-    ko = phasekv::head_knockout_map(kc, heads, [&](const phasekv::placement& p, std::int64_t h) {
+    ko = phasekv::diag::head_knockout_map(kc, heads, [&](const phasekv::diag::placement& p, std::int64_t h) {
       lab::forward_options o;
       if (h >= 0) {
         o.knock_layer = h / cfg.q_heads;
@@ -315,24 +315,24 @@ int run_measure(const arguments& a) {
 
   // 4. Gate cycling (gated, W = S): every slot bias cycled by δ, then the same sweep.
   const bool cycle = cfg.gated() && cfg.window == cfg.stride && delta % cfg.stride != 0;
-  phasekv::sweep_result cycled;
+  phasekv::diag::sweep_result cycled;
   std::vector<double> predicted;
   if (cycle) {
     lab::model_weights shifted = weights;
     for (auto& lw : shifted.layers) {
-      lw.bias_k = phasekv::cycle_slot_profile({lw.bias_k.data(), lw.bias_k.size()}, cfg.window, cfg.stride, delta, cfg.kv_heads);
-      lw.bias_v = phasekv::cycle_slot_profile({lw.bias_v.data(), lw.bias_v.size()}, cfg.window, cfg.stride, delta, cfg.kv_heads);
+      lw.bias_k = phasekv::diag::cycle_slot_profile({lw.bias_k.data(), lw.bias_k.size()}, cfg.window, cfg.stride, delta, cfg.kv_heads);
+      lw.bias_v = phasekv::diag::cycle_slot_profile({lw.bias_v.data(), lw.bias_v.size()}, cfg.window, cfg.stride, delta, cfg.kv_heads);
     }
     auto cycled_model = lab::make_engine(std::move(shifted), T);
-    cycled = phasekv::run_sweep(sc, [&](const phasekv::placement& p) { return trial_on(*cycled_model, p, {}); });
-    predicted = phasekv::predicted_shift(sweep, delta);
+    cycled = phasekv::diag::run_sweep(sc, [&](const phasekv::diag::placement& p) { return trial_on(*cycled_model, p, {}); });
+    predicted = phasekv::diag::predicted_shift(sweep, delta);
     write_file(out / "cycled_sweep.json", cycled.to_json());
     progress("gate cycling done");
   }
 
   // Plots.
   {
-    phasekv::plot::plot_axes ax;
+    phasekv::diag::plot::plot_axes ax;
     ax.title = label + ": retrieval accuracy by target residue (t mod " + std::to_string(modulus) + ")";
     ax.x_label = "residue of the target key position";
     ax.y_label = "accuracy (%)";
@@ -340,36 +340,36 @@ int run_measure(const arguments& a) {
     ax.x_max = double(modulus - 1);
     if (ax.x_max <= ax.x_min) ax.x_max = ax.x_min + 1;
     for (std::int64_t r = 0; r < modulus; ++r) ax.x_ticks.push_back({double(r), std::to_string(r)});
-    std::vector<phasekv::plot::plot_series> s{series_of(sweep, "baseline")};
+    std::vector<phasekv::diag::plot::plot_series> s{series_of(sweep, "baseline")};
     if (cycle) {
       s.push_back(series_of(cycled, "biases cycled by " + std::to_string(delta)));
-      phasekv::plot::plot_series pr;
+      phasekv::diag::plot::plot_series pr;
       pr.label = "predicted shift";
       pr.dashed = true;
       for (std::size_t r = 0; r < predicted.size(); ++r) pr.points.push_back({double(r), 100.0 * predicted[r]});
       s.push_back(pr);
     }
-    write_file(out / "sweep.svg", phasekv::plot::svg_line_plot(s, ax));
+    write_file(out / "sweep.svg", phasekv::diag::plot::svg_line_plot(s, ax));
     if (ko_trials > 0) {
-      phasekv::plot::plot_axes kx = ax;
+      phasekv::diag::plot::plot_axes kx = ax;
       kx.title = label + ": accuracy change when one head is knocked out (mean ablation)";
       kx.y_label = "change in accuracy (points)";
       kx.y_min = -100;
       kx.y_max = 20;
-      std::vector<phasekv::plot::plot_series> ks;
+      std::vector<phasekv::diag::plot::plot_series> ks;
       for (std::int64_t h = 0; h < heads; ++h) {
-        phasekv::plot::plot_series one;
+        phasekv::diag::plot::plot_series one;
         one.label = "layer " + std::to_string(h / cfg.q_heads) + " head " + std::to_string(h % cfg.q_heads);
         for (std::int64_t r = 0; r < modulus; ++r) one.points.push_back({double(r), 100.0 * ko.at(h, r)});
         ks.push_back(one);
       }
-      write_file(out / "knockout.svg", phasekv::plot::svg_line_plot(ks, kx));
+      write_file(out / "knockout.svg", phasekv::diag::plot::svg_line_plot(ks, kx));
     }
   }
 
   // measure.json: everything, for lab/report.py.
   std::ostringstream j;
-  j << "{\"label\":" << phasekv::detail::json_string(label) << ",\"model\":" << phasekv::detail::json_string(model_dir)
+  j << "{\"label\":" << phasekv::diag::detail::json_string(label) << ",\"model\":" << phasekv::diag::detail::json_string(model_dir)
     << ",\"kind\":\"" << cfg.kind << "\",\"stride\":" << cfg.stride << ",\"window\":" << cfg.window
     << ",\"win_tokens\":" << cfg.win_tokens << ",\"kv_heads\":" << cfg.kv_heads << ",\"q_heads\":" << cfg.q_heads
     << ",\"layers\":" << cfg.layers << ",\"seed\":" << seed << ",\"trials_per_residue\":" << trials

@@ -198,7 +198,7 @@ struct forward_options {
   std::vector<std::int64_t>* head_counts = nullptr;      // [layer]: positions summed
   // Write profiles: one per layer and stream (key, value), fed the entries of this sequence
   // with their slot weights (run through a fresh compressor state, so the cache is untouched).
-  std::vector<phasekv::write_profile>* profiles = nullptr;
+  std::vector<phasekv::diag::write_profile>* profiles = nullptr;
 };
 
 class engine {
@@ -381,7 +381,7 @@ class policy_engine final : public engine {
 
   // Entries of this sequence with their slot weights, into profiles[2·layer + stream].
   void profile(std::int64_t l, const phasekv::token_chunk& kc, const phasekv::token_chunk& vc,
-               std::vector<phasekv::write_profile>& profiles) const {
+               std::vector<phasekv::diag::write_profile>& profiles) const {
     const auto& layer = caches_[static_cast<std::size_t>(l)]->compressors();
     phasekv::append_options opt;
     opt.slot_weights = true;

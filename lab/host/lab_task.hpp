@@ -21,7 +21,7 @@ struct task_config {
   std::int64_t context() const { return tokens - 3 * queries + 1; }  // records live in [0, context)
 };
 
-// SplitMix64, the generator of lab/task.py (and of phasekv::detail::splitmix64).
+// SplitMix64, the generator of lab/task.py (and of phasekv::diag::detail::splitmix64).
 class splitmix64 {
  public:
   explicit splitmix64(std::uint64_t seed) : state_(seed) {}

@@ -1,4 +1,4 @@
-# Type stubs of phasekv.plot (the extension's submodule; phasekv::plot in C++).
+# Type stubs of phasekv.plot (the extension's submodule; phasekv::diag::plot in C++).
 
 from typing import Sequence
 

@@ -1,4 +1,4 @@
-# Type stubs of phasekv.stats (the extension's submodule; phasekv::stats in C++).
+# Type stubs of phasekv.stats (the extension's submodule; phasekv::diag::stats in C++).
 
 from typing import Sequence
 

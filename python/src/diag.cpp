@@ -10,6 +10,7 @@
 namespace pyphasekv {
 
 using namespace phasekv;
+using namespace phasekv::diag;
 
 namespace {
 
@@ -33,7 +34,8 @@ void init_diag(const modules& m) {
       .def_readonly("coverage", &phase_weight::coverage)
       .def("__repr__", [](const phase_weight& w) {
         return "PhaseWeight(phase=" + std::to_string(w.phase) + ", tokens=" + std::to_string(w.tokens) +
-               ", mean_weight=" + detail::general(w.mean_weight) + ", coverage=" + detail::general(w.coverage) + ")";
+               ", mean_weight=" + phasekv::detail::general(w.mean_weight) +
+               ", coverage=" + phasekv::detail::general(w.coverage) + ")";
       });
   py::class_<write_profile>(root, "WriteProfile",
                             "Per-phase gate weight and coverage, and the two gate-concentration numbers, of the "

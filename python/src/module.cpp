@@ -59,9 +59,9 @@ PYBIND11_MODULE(PHASEKV_PYTHON_MODULE, m) {
   const pyphasekv::modules modules{
       m,
       m.def_submodule("presets", "Configurations of published models (DeepSeek-V4, NSA): phasekv::presets."),
-      m.def_submodule("stats", "The statistics of a phase sweep: phasekv::stats."),
-      m.def_submodule("plot", "A dependency-free SVG line plot: phasekv::plot."),
-      m.def_submodule("probe", "The synthetic needle-in-a-haystack probe: phasekv::probe."),
+      m.def_submodule("stats", "The statistics of a phase sweep: phasekv::diag::stats."),
+      m.def_submodule("plot", "A dependency-free SVG line plot: phasekv::diag::plot."),
+      m.def_submodule("probe", "The synthetic needle-in-a-haystack probe: phasekv::diag::probe."),
   };
   pyphasekv::init_core(modules);
   pyphasekv::init_compress(modules);

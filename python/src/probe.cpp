@@ -10,7 +10,8 @@
 namespace pyphasekv {
 
 using namespace phasekv;
-using namespace phasekv::probe;
+using namespace phasekv::diag;
+using namespace phasekv::diag::probe;
 
 namespace {
 

@@ -13,6 +13,7 @@
 namespace pyphasekv {
 
 using namespace phasekv;
+using namespace phasekv::diag;
 
 namespace {
 

@@ -12,9 +12,9 @@
 
 namespace phasekv_test {
 
-inline phasekv::probe::needle_config small_probe_config(phasekv::probe::needle_policy policy, std::int64_t stride,
-                                                        std::int64_t window) {
-  phasekv::probe::needle_config c;
+inline phasekv::diag::probe::needle_config small_probe_config(phasekv::diag::probe::needle_policy policy,
+                                                              std::int64_t stride, std::int64_t window) {
+  phasekv::diag::probe::needle_config c;
   c.tokens = 4096;
   c.records = 256;
   c.channels = 128;
@@ -26,10 +26,10 @@ inline phasekv::probe::needle_config small_probe_config(phasekv::probe::needle_p
 }
 
 // needle_sweep groups the plan's targets into non-overlapping haystacks, one build each.
-inline phasekv::sweep_result probe_sweep(const phasekv::probe::needle_config& config, std::int64_t trials_per_residue = 48,
-                                         std::int64_t modulus = 0) {
-  phasekv::probe::needle_probe p(config);
-  phasekv::sweep_config sc;
+inline phasekv::diag::sweep_result probe_sweep(const phasekv::diag::probe::needle_config& config,
+                                               std::int64_t trials_per_residue = 48, std::int64_t modulus = 0) {
+  phasekv::diag::probe::needle_probe p(config);
+  phasekv::diag::sweep_config sc;
   sc.stride = config.effective_stride();
   sc.modulus = modulus;
   sc.trials_per_residue = trials_per_residue;
@@ -37,10 +37,10 @@ inline phasekv::sweep_result probe_sweep(const phasekv::probe::needle_config& co
   sc.span = config.tokens - 64;
   sc.min_distance = 16;
   sc.seed = 3;
-  return phasekv::probe::needle_sweep(p, sc);
+  return phasekv::diag::probe::needle_sweep(p, sc);
 }
 
-inline std::vector<double> residue_accuracy(const phasekv::sweep_result& r) {
+inline std::vector<double> residue_accuracy(const phasekv::diag::sweep_result& r) {
   std::vector<double> a;
   for (const auto& row : r.residues) a.push_back(row.estimate);
   return a;

@@ -20,7 +20,7 @@
 #include "phasekv/core/span.hpp"
 #include "phasekv/diag/phase_sweep.hpp"
 
-namespace phasekv {
+namespace phasekv::diag {
 
 // --- head knockout ------------------------------------------------------------------------------
 
@@ -48,7 +48,7 @@ knockout_map head_knockout_map(const sweep_config& config, std::int64_t heads, T
   using returned = std::decay_t<std::invoke_result_t<Trial&, const placement&, std::int64_t>>;
   static_assert(std::is_same_v<returned, bool> || std::is_floating_point_v<returned>,
                 "head_knockout_map: the trial must return bool or a floating-point probability in [0, 1]");
-  detail::require(heads >= 1, "head_knockout_map: heads", heads, "must be at least 1");
+  phasekv::detail::require(heads >= 1, "head_knockout_map: heads", heads, "must be at least 1");
   config.validate();
   knockout_map out;
   out.heads = heads;
@@ -78,7 +78,7 @@ knockout_map head_knockout_map(const sweep_config& config, std::int64_t heads, T
 // a positive multiple of heads · W.
 inline std::vector<float> cycle_slot_profile(span<const float> params, std::int64_t window, std::int64_t stride,
                                              std::int64_t delta, std::int64_t heads = 1) {
-  using detail::require;
+  using phasekv::detail::require;
   require<input_error>(stride >= 1, "cycle_slot_profile: stride", stride, "must be at least 1");
   require<input_error>(window == stride, "cycle_slot_profile: window", window,
                        "must equal stride = " + std::to_string(stride) +
@@ -111,7 +111,7 @@ inline std::vector<float> cycle_slot_profile(span<const float> params, std::int6
 // on slot 0 — a token before the key, not after it — and no phase retrieves at all
 // (tests/test_diag_interventions_probe.cpp).
 inline std::vector<double> predicted_shift(span<const double> accuracy, std::int64_t stride, std::int64_t delta) {
-  using detail::require;
+  using phasekv::detail::require;
   require<input_error>(stride >= 1, "predicted_shift: stride", stride, "must be at least 1");
   const std::int64_t m = static_cast<std::int64_t>(accuracy.size());
   require<input_error>(m > 0 && m % stride == 0, "predicted_shift: accuracy.size()", m,
@@ -140,11 +140,11 @@ inline std::vector<double> predicted_shift(const sweep_result& baseline, std::in
 // bad base geometry or heads < 1.
 inline std::vector<geometry> staggered_origins(const geometry& base, std::int64_t heads) {
   base.validate();
-  detail::require(heads >= 1, "staggered_origins: heads", heads, "must be at least 1");
+  phasekv::detail::require(heads >= 1, "staggered_origins: heads", heads, "must be at least 1");
   std::vector<geometry> out(static_cast<std::size_t>(heads), base);
   for (std::int64_t h = 0; h < heads; ++h)
     out[static_cast<std::size_t>(h)].origin = floor_mod(base.origin + (h * base.stride) / heads, base.stride);
   return out;
 }
 
-}  // namespace phasekv
+}  // namespace phasekv::diag

@@ -93,7 +93,7 @@
 #include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
-namespace phasekv::probe {
+namespace phasekv::diag::probe {
 
 enum class needle_policy { full_attention, mean_pool, concentrated_gates, rope_after_pool, deepseek_v4_csa };
 
@@ -660,4 +660,4 @@ inline sweep_result needle_sweep(needle_probe& probe, const sweep_config& sweep,
   return run_sweep(sweep, [&](const placement& p) { return value(p); });
 }
 
-}  // namespace phasekv::probe
+}  // namespace phasekv::diag::probe

@@ -45,7 +45,7 @@
 // fewer than sweep_config::minimum_trials valid trials the result is INVALID: its gap, mean,
 // p-value and period are NaN (null in JSON) and the table says so in its first line.
 //
-// Statistics (phasekv::stats). Binary: accuracy with a Wilson 95% interval, Pearson χ²
+// Statistics (phasekv::diag::stats). Binary: accuracy with a Wilson 95% interval, Pearson χ²
 // homogeneity over the M×2 table (flagged approximate when an expected cell is below 5).
 // Probabilities: mean probability with a normal-approximation 95% interval of the mean
 // (mean ± 1.96·s/√n, s the sample standard deviation, clipped to [0, 1]), one-way ANOVA.
@@ -76,7 +76,7 @@
 #include "phasekv/core/text.hpp"
 #include "phasekv/diag/statistics.hpp"
 
-namespace phasekv {
+namespace phasekv::diag {
 
 struct sweep_config {
   static constexpr std::int64_t minimum_trials = 10;  // valid trials per residue (see top)
@@ -94,7 +94,7 @@ struct sweep_config {
   std::int64_t last_target() const { return query_position - min_distance; }
 
   void validate() const {
-    using detail::require;
+    using phasekv::detail::require;
     require(stride >= 1, "stride", stride, "must be at least 1");
     require(modulus >= 0, "modulus", modulus, "must be 0 (meaning 2·stride) or a positive multiple of stride");
     const std::int64_t m = resolved_modulus();
@@ -183,12 +183,12 @@ struct residue_position_stats {
 // can check one it built or filtered itself). Residues are target_position mod `modulus`.
 inline std::vector<residue_position_stats> plan_position_statistics(const std::vector<placement>& plan,
                                                                     std::int64_t modulus) {
-  detail::require<input_error>(modulus >= 1, "modulus", modulus, "must be at least 1");
+  phasekv::detail::require<input_error>(modulus >= 1, "modulus", modulus, "must be at least 1");
   std::vector<residue_position_stats> out(static_cast<std::size_t>(modulus));
   std::vector<std::int64_t> sums(out.size(), 0);
   for (const placement& p : plan) {
-    detail::require<input_error>(p.target_position >= 0, "target_position", p.target_position,
-                                 "must be non-negative");
+    phasekv::detail::require<input_error>(p.target_position >= 0, "target_position", p.target_position,
+                                          "must be non-negative");
     const auto r = static_cast<std::size_t>(p.target_position % modulus);
     ++out[r].count;
     sums[r] += p.target_position;  // exact: equal sums give bit-equal means
@@ -219,8 +219,8 @@ inline std::vector<residue_position_stats> plan_position_statistics(const std::v
 // than M·(needle_tokens + 1).
 // Returns the haystack of each placement, in plan order; haystacks are numbered by first use.
 inline std::vector<std::int64_t> assign_haystacks(const std::vector<placement>& plan, std::int64_t needle_tokens) {
-  detail::require<input_error>(needle_tokens >= 1 && needle_tokens <= (std::int64_t{1} << 20), "needle_tokens",
-                               needle_tokens, "must lie in [1, 2^20]");
+  phasekv::detail::require<input_error>(needle_tokens >= 1 && needle_tokens <= (std::int64_t{1} << 20), "needle_tokens",
+                                        needle_tokens, "must lie in [1, 2^20]");
   std::vector<std::set<std::int64_t>> needles;  // per haystack: its needles' target positions
   std::vector<std::int64_t> haystack(plan.size());
   for (std::size_t i = 0; i < plan.size(); ++i) {
@@ -264,7 +264,7 @@ namespace detail {
 inline std::string format_number(double x, int precision = 10) {
   if (std::isnan(x)) return "nan";
   if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  return general(x, precision);
+  return phasekv::detail::general(x, precision);
 }
 
 inline std::string json_number(double x) { return std::isfinite(x) ? format_number(x, 17) : "null"; }
@@ -335,14 +335,14 @@ struct sweep_result {
 
   // A fixed-width table for a terminal or a log. An invalid sweep starts with "INVALID SWEEP".
   std::string to_table() const {
-    detail::classic_stream out;
+    phasekv::detail::classic_stream out;
     const bool binary = kind == outcome_kind::binary;
     if (!valid) out << "INVALID SWEEP: " << invalid_reason << "\n";
     out << "phase sweep: stride " << config.stride << ", modulus " << config.modulus << ", "
         << config.trials_per_residue << " trials/residue, query at " << config.query_position << ", targets in ["
         << config.first_target() << ", " << config.last_target() << "]\n";
-    using detail::fixed;
-    using detail::right;
+    using phasekv::detail::fixed;
+    using phasekv::detail::right;
     out << right("residue", 8) << ' ' << right("phase", 6) << ' ' << right("valid", 7) << ' ' << right("errored", 7)
         << ' ' << right(binary ? "accuracy%" : "mean_p%", 10) << ' ' << right("95% CI", 19) << '\n';
     for (const auto& r : residues) {
@@ -382,7 +382,7 @@ struct sweep_result {
   // (successes empty for probability sweeps; estimate/CI as fractions; NaN as "nan"). The summary
   // is to_summary_csv() or to_json().
   std::string to_csv() const {
-    detail::classic_stream out;
+    phasekv::detail::classic_stream out;
     const bool binary = kind == outcome_kind::binary;
     out << "residue,phase,planned,valid,errored,successes,estimate,ci_low,ci_high\n";
     for (const auto& r : residues) {
@@ -399,7 +399,7 @@ struct sweep_result {
     using detail::csv_field;
     using detail::format_number;
     const bool reported = has_period();
-    detail::classic_stream out;
+    phasekv::detail::classic_stream out;
     out << "key,value\n"
         << "kind," << (kind == outcome_kind::binary ? "binary" : "probability") << '\n'
         << "valid," << (valid ? "true" : "false") << '\n'
@@ -429,7 +429,7 @@ struct sweep_result {
     using detail::json_number;
     using detail::json_string;
     const bool reported = has_period();
-    detail::classic_stream out;
+    phasekv::detail::classic_stream out;
     out << "{\"kind\":" << json_string(kind == outcome_kind::binary ? "binary" : "probability")
         << ",\"valid\":" << (valid ? "true" : "false") << ",\"invalid_reason\":" << json_string(invalid_reason)
         << ",\"stride\":" << config.stride << ",\"modulus\":" << config.modulus
@@ -618,4 +618,4 @@ sweep_result run_sweep(const sweep_config& config, Trial&& trial) {
   return result;
 }
 
-}  // namespace phasekv
+}  // namespace phasekv::diag

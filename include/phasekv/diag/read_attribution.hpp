@@ -46,7 +46,7 @@
 #include "phasekv/core/span.hpp"
 #include "phasekv/read/read_types.hpp"
 
-namespace phasekv {
+namespace phasekv::diag {
 
 // Records per-slot weights of the entries it is given, by entry index. Use it as (or call it
 // from) the sink of stream_compressor::append with append_options::slot_weights = true.
@@ -57,21 +57,21 @@ class slot_weight_log {
  public:
   // `head` = −1: mean over the entry's KV heads; `head` ≥ 0: that KV head only.
   explicit slot_weight_log(std::int64_t window, std::int64_t head = -1) : window_(window), head_(head) {
-    detail::require(window >= 1 && window <= (std::int64_t{1} << 20), "slot_weight_log: window", window,
-                    "must lie in [1, 2^20]");
-    detail::require(head >= -1, "slot_weight_log: head", head, "must be -1 (mean over KV heads) or a KV head index");
+    phasekv::detail::require(window >= 1 && window <= (std::int64_t{1} << 20), "slot_weight_log: window", window,
+                             "must lie in [1, 2^20]");
+    phasekv::detail::require(head >= -1, "slot_weight_log: head", head, "must be -1 (mean over KV heads) or a KV head index");
   }
 
   void operator()(const entry_view& e) {
     const std::string who = "slot_weight_log: entry " + std::to_string(e.index);
-    detail::require<input_error>(e.slot_weights != nullptr, who + " slot_weights", "null",
-                                 "emit entries with append_options::slot_weights = true");
-    detail::require<input_error>(e.index >= 0, "slot_weight_log: entry.index", e.index, "must be non-negative");
-    detail::require<input_error>(e.window == window_, who + " window", e.window,
-                                 "must equal the log's window = " + std::to_string(window_));
-    detail::require<input_error>(e.kv_heads >= 1, who + " kv_heads", e.kv_heads, "must be at least 1");
-    detail::require<input_error>(head_ < e.kv_heads, who + " kv_heads", e.kv_heads,
-                                 "must exceed the log's head = " + std::to_string(head_));
+    phasekv::detail::require<input_error>(e.slot_weights != nullptr, who + " slot_weights", "null",
+                                          "emit entries with append_options::slot_weights = true");
+    phasekv::detail::require<input_error>(e.index >= 0, "slot_weight_log: entry.index", e.index, "must be non-negative");
+    phasekv::detail::require<input_error>(e.window == window_, who + " window", e.window,
+                                          "must equal the log's window = " + std::to_string(window_));
+    phasekv::detail::require<input_error>(e.kv_heads >= 1, who + " kv_heads", e.kv_heads, "must be at least 1");
+    phasekv::detail::require<input_error>(head_ < e.kv_heads, who + " kv_heads", e.kv_heads,
+                                          "must exceed the log's head = " + std::to_string(head_));
     const std::int64_t W = window_;
     const std::int64_t first_head = head_ < 0 ? 0 : head_;
     const std::int64_t last_head = head_ < 0 ? e.kv_heads : head_ + 1;
@@ -79,8 +79,8 @@ class slot_weight_log {
       for (std::int64_t i = 0; i < W; ++i) {
         const float w = e.slot_weights[h * W + i];
         if (!(std::isfinite(w) && w >= 0.0f))
-          detail::fail<input_error>(who + " slot_weights[head " + std::to_string(h) + "][slot " + std::to_string(i) + "]",
-                                    w, "must be finite and non-negative");
+          phasekv::detail::fail<input_error>(who + " slot_weights[head " + std::to_string(h) + "][slot " + std::to_string(i) + "]",
+                                             w, "must be finite and non-negative");
       }
     // Validated: now write (grow first so nothing is half-written if allocation throws).
     const std::size_t need = static_cast<std::size_t>(e.index) + 1;
@@ -108,8 +108,8 @@ class slot_weight_log {
   // The W weights of entry j; input_error naming the entry if it was never recorded.
   span<const float> weights(std::int64_t j) const {
     if (!has(j))
-      detail::fail<input_error>("slot_weight_log: entry", j,
-                                "was not recorded (log the stream's entries with append_options::slot_weights)");
+      phasekv::detail::fail<input_error>("slot_weight_log: entry", j,
+                                         "was not recorded (log the stream's entries with append_options::slot_weights)");
     return {weights_.data() + static_cast<std::size_t>(j * window_), static_cast<std::size_t>(window_)};
   }
   void clear() noexcept {
@@ -161,7 +161,7 @@ struct token_attribution {
 // entry_mass does not match its selection, a mass is negative or not finite, a selected entry is
 // missing from the log (the message names it), or a selected entry's real slots weigh 0 in total.
 inline token_attribution attribute(const geometry& geom, const slot_weight_log& log, const read_trace& trace) {
-  using detail::require;
+  using phasekv::detail::require;
   geom.validate();
   require<input_error>(log.window() == geom.window, "attribute: log.window", log.window(),
                        "must equal geometry.window = " + std::to_string(geom.window));
@@ -240,7 +240,7 @@ struct target_selection {
 // Throws input_error for a negative target.
 inline target_selection find_target(const geometry& geom, const read_trace& trace, std::int64_t target_token) {
   geom.validate();
-  detail::require<input_error>(target_token >= 0, "find_target: target_token", target_token, "must be non-negative");
+  phasekv::detail::require<input_error>(target_token >= 0, "find_target: target_token", target_token, "must be non-negative");
   target_selection out;
   out.token = target_token;
   out.phase = geom.phase_of(target_token);
@@ -261,4 +261,4 @@ inline target_selection find_target(const geometry& geom, const read_trace& trac
   return out;
 }
 
-}  // namespace phasekv
+}  // namespace phasekv::diag

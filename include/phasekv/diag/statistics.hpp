@@ -37,8 +37,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/span.hpp"
 
-namespace phasekv {
-namespace stats {
+namespace phasekv::diag::stats {
 
 // z for a two-sided 95% interval: Φ⁻¹(0.975).
 inline constexpr double z_95 = 1.959963984540054;
@@ -595,5 +594,4 @@ inline residue_summary summarize_residues(span<const double> accuracy) {
   return out;
 }
 
-}  // namespace stats
-}  // namespace phasekv
+}  // namespace phasekv::diag::stats

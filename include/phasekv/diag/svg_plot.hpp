@@ -29,7 +29,7 @@
 #include "phasekv/core/text.hpp"
 #include "phasekv/diag/phase_sweep.hpp"
 
-namespace phasekv::plot {
+namespace phasekv::diag::plot {
 
 struct plot_point {
   double x = 0.0;
@@ -57,7 +57,7 @@ struct plot_axes {
   int width = 960;   // whole picture, pixels
   int height = 540;
   void validate() const {
-    using detail::require;
+    using phasekv::detail::require;
     require(std::isfinite(x_min) && std::isfinite(x_max) && x_max > x_min, "x_max", x_max,
             "must be finite and greater than x_min = " + phasekv::detail::general(x_min));
     require(std::isfinite(y_min) && std::isfinite(y_max) && y_max > y_min, "y_max", y_max,
@@ -224,4 +224,4 @@ inline plot_series phase_sweep_series(const sweep_result& result, std::string la
   return series;
 }
 
-}  // namespace phasekv::plot
+}  // namespace phasekv::diag::plot

@@ -34,7 +34,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 
-namespace phasekv {
+namespace phasekv::diag {
 
 struct phase_weight {
   std::int64_t phase = 0;
@@ -48,7 +48,7 @@ class write_profile {
  public:
   write_profile(const geometry& geom, std::int64_t kv_heads) : geom_(geom), heads_(kv_heads) {
     geom_.validate();
-    detail::require(kv_heads >= 1, "write_profile.kv_heads", kv_heads, "must be at least 1");
+    phasekv::detail::require(kv_heads >= 1, "write_profile.kv_heads", kv_heads, "must be at least 1");
     slot_sum_.assign(static_cast<std::size_t>(heads_ * geom_.window), 0.0);
     unpadded_slot_sum_.assign(static_cast<std::size_t>(heads_ * geom_.window), 0.0);
     window_effective_sum_.assign(static_cast<std::size_t>(heads_), 0.0);
@@ -57,13 +57,13 @@ class write_profile {
   }
 
   void operator()(const entry_view& e) {
-    detail::require<input_error>(e.slot_weights != nullptr, "write_profile: entry.slot_weights", "null",
-                                 "emit entries with append_options::slot_weights = true");
-    detail::require<input_error>(e.kv_heads == heads_, "write_profile: entry.kv_heads", e.kv_heads,
-                                 "must match the profile's kv_heads = " + std::to_string(heads_));
-    detail::require<input_error>(e.window == geom_.window, "write_profile: entry.window", e.window,
-                                 "must match the profile's window = " + std::to_string(geom_.window));
-    detail::require<input_error>(e.index >= 0, "write_profile: entry.index", e.index, "must be non-negative");
+    phasekv::detail::require<input_error>(e.slot_weights != nullptr, "write_profile: entry.slot_weights", "null",
+                                          "emit entries with append_options::slot_weights = true");
+    phasekv::detail::require<input_error>(e.kv_heads == heads_, "write_profile: entry.kv_heads", e.kv_heads,
+                                          "must match the profile's kv_heads = " + std::to_string(heads_));
+    phasekv::detail::require<input_error>(e.window == geom_.window, "write_profile: entry.window", e.window,
+                                          "must match the profile's window = " + std::to_string(geom_.window));
+    phasekv::detail::require<input_error>(e.index >= 0, "write_profile: entry.index", e.index, "must be non-negative");
     const std::int64_t W = geom_.window;
     const std::int64_t first_real = geom_.first_real_slot(e.index);
     // Validate every weight before touching any state, so a bad entry leaves the profile as it was.
@@ -71,7 +71,7 @@ class write_profile {
       for (std::int64_t i = first_real; i < W; ++i) {
         const float w = e.slot_weights[h * W + i];
         if (!(std::isfinite(w) && w >= 0.0f))
-          detail::fail<input_error>("write_profile: entry " + std::to_string(e.index) + " slot_weights[head " +
+          phasekv::detail::fail<input_error>("write_profile: entry " + std::to_string(e.index) + " slot_weights[head " +
                                         std::to_string(h) + "][slot " + std::to_string(i) + "]",
                                     w, "must be finite and non-negative");
       }
@@ -185,8 +185,8 @@ class write_profile {
   }
 
   void check_head(std::int64_t head) const {
-    detail::require<input_error>(head >= 0 && head < heads_, "write_profile: head", head,
-                                 "must lie in [0, kv_heads = " + std::to_string(heads_) + ")");
+    phasekv::detail::require<input_error>(head >= 0 && head < heads_, "write_profile: head", head,
+                                          "must lie in [0, kv_heads = " + std::to_string(heads_) + ")");
   }
 
   geometry geom_;
@@ -201,4 +201,4 @@ class write_profile {
   std::vector<double> scratch_;                 // one window's normalised α
 };
 
-}  // namespace phasekv
+}  // namespace phasekv::diag
