@@ -128,8 +128,8 @@ TEST_CASE("presets: DeepSeek layers built from their presets append and read, fp
     CHECK(d < 0.02);   // …but close (e4m3: 3 mantissa bits, UE8M0 block scales; 0.0035 here)
   }
   for (const bool v41 : {false, true}) {
-    DYNAMIC_SECTION((v41 ? "V4.1 CSA: S = 2, W = 4" : "V4 CSA: S = 4, W = 8") << ", FP8 K/V, indexer in "
-                                                                               << presets::deepseek_v4_indexer_storage()) {
+    DYNAMIC_SECTION((v41 ? "V4.1 CSA: S = 2, W = 4" : "V4 CSA: S = 4, W = 8")
+                    << ", FP8 K/V, indexer in " << presets::deepseek_v4_indexer_storage()) {
       const geometry g = v41 ? presets::deepseek_v4_1_csa_geometry() : presets::deepseek_v4_csa_geometry();
       const csa_cache::layer layer{
           kv_stream(g, v41 ? presets::deepseek_v4_1_csa_kv() : presets::deepseek_v4_csa_kv()),

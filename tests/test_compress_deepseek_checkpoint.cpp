@@ -259,7 +259,8 @@ TEST_CASE("deepseek: shapes that do not fit are errors naming the field", "[comp
     a[5] = NAN;
     return a;
   }();
-  CHECK_THAT(with([&](auto& u) { u.ape = view(bad_ape); }), Catch::StartsWith("csa.kv.ape[0][5] = nan: must be finite"));
+  CHECK_THAT(with([&](auto& u) { u.ape = view(bad_ape); }),
+             Catch::StartsWith("csa.kv.ape[0][5] = nan: must be finite"));
 
   stream_config two_heads = kv;
   two_heads.kv_heads = 2;
