@@ -52,7 +52,8 @@ struct deepseek_compressor_twin {
     if (!yarn.enabled) return f;
     const double pi = 3.14159265358979323846;
     auto correction = [&](double rotations) {
-      return d * std::log(static_cast<double>(yarn.original_seq_len) / (rotations * 2 * pi)) / (2 * std::log(rope_base));
+      const double context = static_cast<double>(yarn.original_seq_len);
+      return d * std::log(context / (rotations * 2 * pi)) / (2 * std::log(rope_base));
     };
     const double low = std::max(std::floor(correction(yarn.beta_fast)), 0.0);
     double high = std::min(std::ceil(correction(yarn.beta_slow)), d - 1);
@@ -123,9 +124,69 @@ struct deepseek_compressor_twin {
   }
 };
 
+// DeepSeek's freqs_cis as precompute_freqs_cis forms it, in fp32 (torch's float32 tensors):
+//   freqs = 1 / base^(arange(0, R, 2) / R)                                   fp32
+//   YaRN:  low, high from find_correction_range (Python doubles, floor/ceil), ramp =
+//          clamp((arange(R/2) − low) / (high − low), 0, 1) in fp32, smooth = 1 − ramp,
+//          freqs = freqs / factor · (1 − smooth) + freqs · smooth              fp32
+//   angle  = t · freqs (torch.outer of an int64 arange and fp32: fp32),  polar → cos, sin (fp32)
+// with libm's float pow/cos/sin standing in for torch's kernels. cos/sin are [positions][R/2].
+struct fp32_freqs_cis {
+  std::int64_t positions = 0, pairs = 0;
+  std::vector<float> cos, sin;
+};
+
+inline fp32_freqs_cis deepseek_fp32_freqs_cis(const deepseek_compressor_twin& twin, std::int64_t positions) {
+  const std::int64_t pairs = twin.rope_dim / 2;
+  const float d = static_cast<float>(twin.rope_dim);
+  std::vector<float> freqs(static_cast<std::size_t>(pairs));
+  for (std::int64_t k = 0; k < pairs; ++k)
+    freqs[k] = 1.0f / std::pow(static_cast<float>(twin.rope_base), static_cast<float>(2 * k) / d);
+  if (twin.yarn.enabled) {
+    const double pi = 3.14159265358979323846, dd = static_cast<double>(twin.rope_dim);
+    auto correction = [&](double rotations) {
+      return dd * std::log(static_cast<double>(twin.yarn.original_seq_len) / (rotations * 2 * pi)) /
+             (2 * std::log(twin.rope_base));
+    };
+    const double low = std::max(std::floor(correction(twin.yarn.beta_fast)), 0.0);
+    double high = std::min(std::ceil(correction(twin.yarn.beta_slow)), dd - 1);
+    if (low == high) high += 0.001;
+    const float lo = static_cast<float>(low), span = static_cast<float>(high - low);
+    const float factor = static_cast<float>(twin.yarn.factor);
+    for (std::int64_t k = 0; k < pairs; ++k) {
+      const float ramp = std::clamp((static_cast<float>(k) - lo) / span, 0.0f, 1.0f);
+      const float smooth = 1.0f - ramp;
+      const volatile float interpolated = freqs[k] / factor * (1.0f - smooth);
+      const volatile float kept = freqs[k] * smooth;
+      freqs[k] = interpolated + kept;
+    }
+  }
+  fp32_freqs_cis f;
+  f.positions = positions;
+  f.pairs = pairs;
+  f.cos.resize(static_cast<std::size_t>(positions * pairs));
+  f.sin.resize(f.cos.size());
+  for (std::int64_t t = 0; t < positions; ++t)
+    for (std::int64_t k = 0; k < pairs; ++k) {
+      const float angle = static_cast<float>(t) * freqs[k];
+      f.cos[t * pairs + k] = std::cos(angle);
+      f.sin[t * pairs + k] = std::sin(angle);
+    }
+  return f;
+}
+
+// torch's complex64 multiply x · (cos + i·sin) on the CPU: each product rounded to fp32, then one
+// fp32 add (volatile keeps the compiler from fusing them). sign = −1 multiplies by the conjugate.
+inline void rotate_fp32(float& a, float& b, float c, float s, float sign = 1.0f) {
+  s *= sign;
+  const volatile float ac = a * c, bs = b * s, as = a * s, bc = b * c;
+  a = ac - bs;
+  b = as + bc;
+}
+
 // x · wᵀ for x [T][dim] and w [rows][dim], summed in double and rounded to fp32.
-inline std::vector<float> deepseek_project(const std::vector<float>& x, const std::vector<float>& w, std::int64_t tokens,
-                                           std::int64_t dim) {
+inline std::vector<float> deepseek_project(const std::vector<float>& x, const std::vector<float>& w,
+                                           std::int64_t tokens, std::int64_t dim) {
   const std::int64_t rows = static_cast<std::int64_t>(w.size()) / dim;
   std::vector<float> out(static_cast<std::size_t>(tokens * rows));
   for (std::int64_t t = 0; t < tokens; ++t)
