@@ -119,11 +119,57 @@ TEST_CASE("presets: DeepSeek-V4 CSA holds the published numbers", "[compress][pr
   CHECK(compressor.logit_floats_per_token() == 2 * 512);
 
   // The other published geometries.
-  const geometry hca = presets::deepseek_v4_hca_geometry();
-  CHECK((hca.stride == 128 && hca.window == 128 && hca.origin == 0 && hca.anchor == anchor_mode::block_start));
-  CHECK(presets::deepseek_v4_1_csa_geometry().stride == 2);
   const geometry nsa = presets::nsa_compressed_geometry();
   CHECK((nsa.stride == 16 && nsa.window == 32));
+}
+
+TEST_CASE("presets: DeepSeek-V4 HCA and V4.1 CSA have their documented shapes", "[compress][presets]") {
+  STATIC_REQUIRE(std::is_same_v<presets::deepseek_v4_hca_policy, presets::deepseek_v4_csa_policy>);
+  STATIC_REQUIRE(std::is_same_v<presets::deepseek_v4_1_csa_policy, presets::deepseek_v4_csa_policy>);
+  const stream_config csa = presets::deepseek_v4_csa_kv();
+  auto same_maths = [&](const stream_config& c) {
+    INFO(c.name);
+    CHECK(c.kv_heads == 1);
+    CHECK(c.inputs == input_layout::per_branch);
+    CHECK(c.norm_eps == csa.norm_eps);
+    CHECK(c.rope.channels == 64);  // the last 64 channels
+    CHECK(c.rope.base == csa.rope.base);
+    CHECK(c.rope.layout == rope_layout::interleaved);
+    CHECK(c.rope.yarn.enabled);
+    CHECK(c.rope.yarn.factor == csa.rope.yarn.factor);
+    CHECK(c.rope.yarn.original_context == csa.rope.yarn.original_context);
+  };
+
+  // HCA: S = W = 128, one branch, tied 512-channel K/V, no indexer stream.
+  const geometry hca = presets::deepseek_v4_hca_geometry();
+  CHECK((hca.stride == 128 && hca.window == 128 && hca.origin == 0 && hca.anchor == anchor_mode::block_start));
+  const stream_config hkv = presets::deepseek_v4_hca_kv();
+  same_maths(hkv);
+  CHECK(hkv.name == "hca.kv");
+  CHECK(hkv.role == stream_role::key_value);
+  CHECK(hkv.channels == 512);
+  const stream_compressor<presets::deepseek_v4_hca_policy> h(hca, hkv);
+  CHECK(h.views() == 1);
+  CHECK(h.payload_floats_per_token() == 512);
+  CHECK(h.logit_floats_per_token() == 512);
+
+  // V4.1 CSA: S = 2, W = 4 (two branches), otherwise V4's CSA streams.
+  const geometry v41 = presets::deepseek_v4_1_csa_geometry();
+  CHECK((v41.stride == 2 && v41.window == 4 && v41.origin == 0 && v41.anchor == anchor_mode::block_start));
+  const stream_config kv = presets::deepseek_v4_1_csa_kv(), ix = presets::deepseek_v4_1_csa_indexer();
+  same_maths(kv);
+  same_maths(ix);
+  CHECK((kv.name == "v4.1.csa.kv" && kv.role == stream_role::key_value && kv.channels == 512));
+  CHECK((ix.name == "v4.1.csa.indexer" && ix.role == stream_role::indexer && ix.channels == 128));
+  const stream_compressor<presets::deepseek_v4_1_csa_policy> v(v41, kv);
+  CHECK(v.views() == 2);
+  CHECK(v.payload_floats_per_token() == 2 * 512);
+
+  // And they compress as the oracle says: two HCA entries and a partial block; V4.1 entries
+  // every two tokens.
+  check_stream<presets::deepseek_v4_hca_policy>(hca, hkv, 21, 263);
+  check_stream<presets::deepseek_v4_1_csa_policy>(v41, kv, 22, 41);
+  check_stream<presets::deepseek_v4_1_csa_policy>(v41, ix, 23, 41);
 }
 
 TEST_CASE("presets: DeepSeek-V4 CSA streams match the oracle", "[compress][presets]") {

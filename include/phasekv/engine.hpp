@@ -22,6 +22,7 @@
 #include "phasekv/core/text.hpp"
 
 // compress
+#include "phasekv/compress/deepseek_checkpoint.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/entry_view.hpp"
 #include "phasekv/compress/layer_compressor.hpp"

@@ -320,6 +320,22 @@ void init_cache(const modules& m) {
 
   presets.def("deepseek_v4_cache", &presets::deepseek_v4_cache, py::arg("pages"), py::arg("history") = 0,
               "A DeepSeek-V4 CSA or HCA layer's cache: 64 entries a page, a 128-token tied 512-channel window.");
+  presets.def("deepseek_v4_csa_cache", &presets::deepseek_v4_csa_cache, py::arg("pages"), py::arg("history") = 0,
+              "deepseek_v4_cache for a CSA layer (stream 0 K/V, stream 1 indexer keys), fp32 entries");
+  presets.def("deepseek_v4_hca_cache", &presets::deepseek_v4_hca_cache, py::arg("pages"), py::arg("history") = 0,
+              "deepseek_v4_cache for an HCA layer (one K/V stream), fp32 entries");
+  presets.def("deepseek_v4_1_csa_cache", &presets::deepseek_v4_1_csa_cache, py::arg("pages"),
+              py::arg("history") = 0, "deepseek_v4_cache for a V4.1 CSA layer, fp32 entries");
+  presets.def("deepseek_v4_indexer_storage", &presets::deepseek_v4_indexer_storage,
+              "how the precision caches store indexer keys (bf16 until the FP4 storage lands)");
+  presets.def("deepseek_v4_csa_precision_cache", &presets::deepseek_v4_csa_precision_cache, py::arg("pages"),
+              py::arg("history") = 0,
+              "DeepSeek-V4 precision: K/V entries in FP8 (fp8_e4m3_block), indexer keys in "
+              "deepseek_v4_indexer_storage()");
+  presets.def("deepseek_v4_hca_precision_cache", &presets::deepseek_v4_hca_precision_cache, py::arg("pages"),
+              py::arg("history") = 0, "DeepSeek-V4 precision for an HCA layer: K/V entries in FP8");
+  presets.def("deepseek_v4_1_csa_precision_cache", &presets::deepseek_v4_1_csa_precision_cache, py::arg("pages"),
+              py::arg("history") = 0, "DeepSeek-V4 precision for a V4.1 CSA layer");
 }
 
 }  // namespace pyphasekv

@@ -310,6 +310,9 @@ void init_compress(const modules& m) {
   presets.def("deepseek_v4_hca_geometry", &presets::deepseek_v4_hca_geometry, "S = W = 128");
   presets.def("deepseek_v4_hca_kv", &presets::deepseek_v4_hca_kv);
   presets.def("deepseek_v4_1_csa_geometry", &presets::deepseek_v4_1_csa_geometry, "S=2, W=4");
+  presets.attr("deepseek_v4_1_csa_policy") = py::cast(policy_kind::deepseek_v4);
+  presets.def("deepseek_v4_1_csa_kv", &presets::deepseek_v4_1_csa_kv, "V4.1's tied K/V: as V4's CSA");
+  presets.def("deepseek_v4_1_csa_indexer", &presets::deepseek_v4_1_csa_indexer, "V4.1's indexer keys: as V4's CSA");
   presets.def("nsa_compressed_geometry", &presets::nsa_compressed_geometry, "S=16, W=32");
 }
 

@@ -227,6 +227,7 @@ void init_read(const modules& m) {
               "64 query heads, tied 512-channel K/V on stream 0, indexer (64 heads) on stream 1, top 512, sink, "
               "de-rotated output");
   presets.def("deepseek_v4_hca_reader", &presets::deepseek_v4_hca_reader, "the same heads, no indexer");
+  presets.def("deepseek_v4_1_csa_reader", &presets::deepseek_v4_1_csa_reader, "V4.1's CSA layer: as V4's CSA");
 }
 
 }  // namespace pyphasekv

@@ -30,6 +30,34 @@ def test_presets_hold_the_published_numbers():
     assert P.deepseek_v4_hca_reader().indexer_stream is None
 
 
+def test_hca_and_v4_1_presets_and_the_precision_caches():
+    hca = P.deepseek_v4_hca_kv()
+    assert (hca.channels, hca.kv_heads, hca.rope.channels, hca.inputs) == (512, 1, 64, pk.InputLayout.per_branch)
+    kv, ix = P.deepseek_v4_1_csa_kv(), P.deepseek_v4_1_csa_indexer()
+    assert (kv.name, kv.channels, ix.name, ix.channels) == ("v4.1.csa.kv", 512, "v4.1.csa.indexer", 128)
+    assert P.deepseek_v4_1_csa_policy == pk.Policy.deepseek_v4
+    r = P.deepseek_v4_1_csa_reader()
+    assert (r.query_heads, r.indexer_stream, r.top_k) == (64, 1, 512)
+    for make in (P.deepseek_v4_csa_cache, P.deepseek_v4_hca_cache, P.deepseek_v4_1_csa_cache):
+        c = make(6, history=2)
+        assert (c.page_size, c.pages, c.history, c.storage, c.stream_storage) == (64, 6, 2, pk.StorageType.f32, [])
+    fp8, ixs = pk.StorageType.fp8_e4m3_block, P.deepseek_v4_indexer_storage()
+    assert ixs == pk.StorageType.bf16  # until the FP4 indexer storage lands
+    assert P.deepseek_v4_csa_precision_cache(6).stream_storage == [fp8, ixs]
+    assert P.deepseek_v4_1_csa_precision_cache(6).stream_storage == [fp8, ixs]
+    assert P.deepseek_v4_hca_precision_cache(6).stream_storage == [fp8]
+    # An HCA layer from its presets: one 584-byte FP8 stream.
+    cache = pk.PagedCache(P.deepseek_v4_hca_policy, P.deepseek_v4_hca_geometry(), [hca],
+                          P.deepseek_v4_hca_precision_cache(4))
+    assert cache.shape().streams[0].storage == fp8
+    seq = cache.create()
+    rng = np.random.default_rng(3)
+    payload = rng.standard_normal((130, 1, 1, 512), dtype=np.float32)
+    logits = rng.standard_normal((130, 1, 1, 512), dtype=np.float32)
+    cache.append(seq, [(payload, logits)], rng.standard_normal((130, 1, 512), dtype=np.float32))
+    assert cache.read_entries(seq).shape == (1, 1, 512)
+
+
 def test_stream_params_take_array_likes_and_validate():
     p = pk.StreamParams(slot_bias=[0.5] * 8, norm_weight=np.ones(4))
     assert p.slot_bias.dtype == np.float32 and p.slot_bias.shape == (8,)

@@ -1,10 +1,17 @@
 #pragma once
 // Cache configurations of published models, next to their compressor presets
 // (compress/presets.hpp) and reader presets (read/presets.hpp). Capacities are the host's choice.
+//
+// Two kinds per DeepSeek layer: the default keeps every stream in fp32 (what phasekv checks
+// against its double-precision oracles); the *_precision_cache variants store entries the way
+// DeepSeek-V4's reference code does — the K/V stream as FP8 (storage_type::fp8_e4m3_block:
+// e4m3fn codes with UE8M0 scales, the 64 RoPE channels in bf16; cache/fp8.hpp) and the indexer
+// keys in deepseek_v4_indexer_storage(). The raw window stays an fp32 ring in both.
 
 #include <cstdint>
 
 #include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/cache/storage.hpp"
 
 namespace phasekv::presets {
 
@@ -21,6 +28,59 @@ inline cache_config deepseek_v4_cache(std::int64_t pages, std::int64_t history =
   c.window.kv_heads = 1;
   c.window.key_channels = 512;
   c.window.value_channels = 0;  // tied
+  return c;
+}
+
+// The same per layer kind, named after it (stream 0: K/V; CSA stream 1: indexer keys).
+inline cache_config deepseek_v4_csa_cache(std::int64_t pages, std::int64_t history = 0) {
+  cache_config c = deepseek_v4_cache(pages, history);
+  c.name = "dsv4.csa";
+  return c;
+}
+
+inline cache_config deepseek_v4_hca_cache(std::int64_t pages, std::int64_t history = 0) {
+  cache_config c = deepseek_v4_cache(pages, history);
+  c.name = "dsv4.hca";
+  return c;
+}
+
+// V4.1's CSA layer (S = 2, W = 4): the window and pages as V4's (our assumption).
+inline cache_config deepseek_v4_1_csa_cache(std::int64_t pages, std::int64_t history = 0) {
+  cache_config c = deepseek_v4_cache(pages, history);
+  c.name = "dsv4.1.csa";
+  return c;
+}
+
+// How the lightning indexer's compressed keys are stored in the precision caches.
+// ---------------------------------------------------------------------------------------------
+// >>> FP4 PLUGS IN HERE (issue 13). DeepSeek-V4 runs its indexer on FP4 keys and queries
+// (fp4_act_quant); the FP4 storage type is being built on its own branch. Until it lands, the
+// keys are kept in bf16 — the dtype of the reference code's indexer cache — and read by the fp32
+// or bf16 indexer (reader_config::precision). Every precision preset takes the indexer's
+// storage from this one function.
+// ---------------------------------------------------------------------------------------------
+inline storage_type deepseek_v4_indexer_storage() { return storage_type::bf16; }
+
+// DeepSeek-V4 precision: the K/V stream in FP8, 584 bytes per 512-channel entry instead of 2048,
+// read bit-identically to fp32 entries holding the dequantized values.
+inline cache_config deepseek_v4_csa_precision_cache(std::int64_t pages, std::int64_t history = 0) {
+  cache_config c = deepseek_v4_csa_cache(pages, history);
+  c.name = "dsv4.csa.precision";
+  c.stream_storage = {storage_type::fp8_e4m3_block, deepseek_v4_indexer_storage()};
+  return c;
+}
+
+inline cache_config deepseek_v4_hca_precision_cache(std::int64_t pages, std::int64_t history = 0) {
+  cache_config c = deepseek_v4_hca_cache(pages, history);
+  c.name = "dsv4.hca.precision";
+  c.stream_storage = {storage_type::fp8_e4m3_block};  // no indexer
+  return c;
+}
+
+inline cache_config deepseek_v4_1_csa_precision_cache(std::int64_t pages, std::int64_t history = 0) {
+  cache_config c = deepseek_v4_1_csa_cache(pages, history);
+  c.name = "dsv4.1.csa.precision";
+  c.stream_storage = {storage_type::fp8_e4m3_block, deepseek_v4_indexer_storage()};
   return c;
 }
 

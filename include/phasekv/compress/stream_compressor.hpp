@@ -142,6 +142,8 @@ class stream_compressor {
       require_finite(chunk.payload, "payload");
       if constexpr (gated) require_finite(chunk.logits, "logits");
     }
+    if constexpr (has_rope_v<Policy>)
+      if (config_.rope.table) check_rope_positions(state, chunk);
   }
 
   // Appends the chunk and calls sink(const entry_view&) for each entry it completes, in order.
@@ -266,6 +268,29 @@ class stream_compressor {
                                     std::to_string(static_cast<std::int64_t>(k) / per_token) + ", element " +
                                     std::to_string(static_cast<std::int64_t>(k) % per_token) + "]",
                                 s[k], "must be finite (append_options.check_finite is on)");
+    }
+  }
+
+  // With a host RoPE table, every position the entries this chunk completes rotate at must be
+  // one of its rows: the anchors (RoPE after pooling; they grow with the entry index) or the
+  // slots' tokens (before pooling; the latest is the last entry's last slot).
+  void check_rope_positions(const stream_state& s, const token_chunk& chunk) const {
+    const std::int64_t first = s.entries_, last = geom_.completed_entries(s.tokens_ + chunk.tokens);
+    if (last <= first) return;
+    const rope_table& table = *config_.rope.table;
+    auto beyond = [&](const std::string& what, std::int64_t position) {
+      detail::fail<input_error>(config_.name + ": " + what, position,
+                                "must lie in rope.table's positions [0, " + std::to_string(table.positions) +
+                                    "): the host's RoPE table is too short for this append");
+    };
+    if constexpr (rope_after) {
+      for (const std::int64_t j : {first, last - 1}) {
+        const std::int64_t p = geom_.anchor_position(j);
+        if (!table.covers(p)) beyond("RoPE position (anchor) of entry " + std::to_string(j), p);
+      }
+    } else {
+      const std::int64_t p = geom_.slot_token(last - 1, geom_.window - 1);
+      if (!table.covers(p)) beyond("RoPE position of token", p);
     }
   }
 

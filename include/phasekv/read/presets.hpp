@@ -32,4 +32,12 @@ inline reader_config deepseek_v4_hca_reader() {
   return r;
 }
 
+// DeepSeek-V4.1 CSA layer (S = 2, W = 4): heads, indexer and top-k as V4-Flash's CSA (our
+// assumption: only the stride is published).
+inline reader_config deepseek_v4_1_csa_reader() {
+  reader_config r = deepseek_v4_csa_reader();
+  r.name = "v4.1.csa.reader";
+  return r;
+}
+
 }  // namespace phasekv::presets

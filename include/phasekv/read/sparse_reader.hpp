@@ -352,6 +352,11 @@ class sparse_reader {
     if (v.stream_count != shape_.streams.size())
       detail::fail<input_error>(field(i, "view.stream_count"), v.stream_count,
                                 "must be the layer's stream count, " + std::to_string(shape_.streams.size()));
+    if (config_.derotate_output && !rope_.covers(t))
+      detail::fail<input_error>(field(i, "request.position"), t,
+                                "must lie in the key stream's rope.table positions [0, " +
+                                    std::to_string(rope_.table()->positions) +
+                                    "): the output is rotated back at it with the host's table");
     const std::int64_t candidates = shape_.geom.visible_entries(t);
     // Top-k ranks entries by 64-bit keys that hold a 32-bit index (top_k.hpp).
     if (config_.top_k > 0 && candidates > max_selectable_entries)

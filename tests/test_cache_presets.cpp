@@ -1,0 +1,151 @@
+// The cache and reader presets of DeepSeek's layers (cache/presets.hpp, read/presets.hpp): their
+// documented numbers, and each layer built from its compressor, cache and reader presets —
+// default fp32 and DeepSeek-V4 precision (FP8 K/V entries) — appends and reads.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "oracle/random_inputs.hpp"
+#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/cache/presets.hpp"
+#include "phasekv/compress/presets.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/read/presets.hpp"
+#include "phasekv/read/sparse_reader.hpp"
+
+namespace {
+
+using namespace phasekv;
+using i64 = std::int64_t;
+using kv_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
+using csa_cache = paged_cache<kv_stream, kv_stream>;
+using hca_cache = paged_cache<kv_stream>;
+
+std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
+
+void check_window(const cache_config& c, i64 pages, i64 history) {
+  CHECK(c.page_size == 64);
+  CHECK(c.pages == pages);
+  CHECK(c.history == history);
+  CHECK(c.storage == storage_type::f32);
+  CHECK(c.window.tokens == 128);
+  CHECK(c.window.kv_heads == 1);
+  CHECK(c.window.key_channels == 512);
+  CHECK(c.window.value_channels == 0);
+}
+
+// Appends `tokens` random tokens to every stream of a fresh sequence and reads the last one.
+template <class Cache>
+std::vector<float> append_and_read(Cache& cache, const reader_config& rc, i64 tokens, std::uint32_t seed,
+                                   read_trace& trace) {
+  std::mt19937 rng(seed);
+  const sequence_id seq = cache.create();
+  typename Cache::chunks in;
+  std::vector<std::vector<float>> buffers;
+  buffers.reserve(2 * Cache::stream_count);
+  const auto& layer = cache.compressors();
+  for (std::size_t k = 0; k < Cache::stream_count; ++k) {
+    const i64 channels = layer.config(k).channels, views = layer.geom().branches();
+    buffers.push_back(phasekv_test::random_uniform(rng, sz(tokens * views * channels), -1.0f, 1.0f));
+    buffers.push_back(phasekv_test::random_uniform(rng, sz(tokens * views * channels), -2.0f, 2.0f));
+    in[k] = token_chunk{tokens, buffers[2 * k], buffers[2 * k + 1]};
+  }
+  const auto window = phasekv_test::random_uniform(rng, sz(tokens * 512), -1.0f, 1.0f);
+  cache.append(seq, in, window);
+
+  const auto queries = phasekv_test::random_uniform(rng, sz(rc.query_heads * 512), -1.0f, 1.0f);
+  const auto iq = phasekv_test::random_uniform(rng, sz(rc.indexer_heads * 128), -1.0f, 1.0f);
+  const auto iw = phasekv_test::random_uniform(rng, sz(rc.indexer_heads), 0.0f, 1.0f);
+  const auto sinks = phasekv_test::random_uniform(rng, sz(rc.query_heads), -1.0f, 1.0f);
+  sparse_reader reader(cache, rc);
+  std::vector<float> out(sz(reader.output_floats()));
+  reader.read(cache, seq, read_request{tokens - 1, queries, iq, iw, sinks}, out.data(), &trace);
+  return out;
+}
+
+double max_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - double(b[i])));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("presets: DeepSeek cache presets hold their documented numbers", "[cache][presets]") {
+  check_window(presets::deepseek_v4_cache(10, 5), 10, 5);
+  for (const cache_config& c : {presets::deepseek_v4_csa_cache(7), presets::deepseek_v4_hca_cache(7),
+                                presets::deepseek_v4_1_csa_cache(7)}) {
+    INFO(c.name);
+    check_window(c, 7, 0);
+    CHECK(c.stream_storage.empty());  // fp32 is the default
+  }
+  const storage_type fp8 = storage_type::fp8_e4m3_block;
+  const storage_type indexer = presets::deepseek_v4_indexer_storage();
+  CHECK(indexer == storage_type::bf16);  // until the FP4 indexer storage lands (issue 13)
+  for (const cache_config& c : {presets::deepseek_v4_csa_precision_cache(9, 3),
+                                presets::deepseek_v4_1_csa_precision_cache(9, 3)}) {
+    INFO(c.name);
+    check_window(c, 9, 3);
+    CHECK(c.stream_storage == std::vector<storage_type>{fp8, indexer});
+  }
+  const cache_config hca = presets::deepseek_v4_hca_precision_cache(9, 3);
+  check_window(hca, 9, 3);
+  CHECK(hca.stream_storage == std::vector<storage_type>{fp8});
+  CHECK(presets::deepseek_v4_csa_precision_cache(1).name != presets::deepseek_v4_csa_cache(1).name);
+
+  const reader_config csa = presets::deepseek_v4_csa_reader(), v41 = presets::deepseek_v4_1_csa_reader(),
+                      h = presets::deepseek_v4_hca_reader();
+  CHECK((v41.query_heads == csa.query_heads && v41.key_stream == 0 && v41.value_stream == 0 &&
+         v41.indexer_stream == 1 && v41.top_k == 512 && v41.indexer_heads == 64 && v41.sink &&
+         v41.derotate_output));
+  CHECK(v41.name != csa.name);
+  CHECK((h.query_heads == 64 && h.indexer_stream == no_stream && h.top_k == 0 && h.indexer_heads == 0 && h.sink &&
+         h.derotate_output));
+}
+
+TEST_CASE("presets: DeepSeek layers built from their presets append and read, fp32 and FP8",
+          "[cache][read][presets]") {
+  SECTION("HCA: S = W = 128, one FP8 stream, every complete entry read") {
+    const geometry g = presets::deepseek_v4_hca_geometry();
+    const hca_cache::layer layer{kv_stream(g, presets::deepseek_v4_hca_kv())};
+    hca_cache fp32(layer, presets::deepseek_v4_hca_cache(8)), fp8(layer, presets::deepseek_v4_hca_precision_cache(8));
+    CHECK(fp32.pool(0).layout().entry_stride_bytes == 2048);
+    CHECK(fp8.pool(0).layout().entry_stride_bytes == 584);
+    read_trace a, b;
+    const reader_config rc = presets::deepseek_v4_hca_reader();
+    const auto x = append_and_read(fp32, rc, 300, 7, a), y = append_and_read(fp8, rc, 300, 7, b);
+    CHECK(a.candidates == 2);  // tokens 0–255 complete two entries
+    CHECK(a.selected == std::vector<std::int64_t>{0, 1});
+    CHECK(b.selected == a.selected);
+    CHECK(a.window_first == 300 - 128);
+    const double d = max_abs_difference(x, y);
+    CHECK(d > 0.0);    // FP8 entries are not the fp32 ones…
+    CHECK(d < 0.02);   // …but close (e4m3: 3 mantissa bits, UE8M0 block scales; 0.0035 here)
+  }
+  for (const bool v41 : {false, true}) {
+    DYNAMIC_SECTION((v41 ? "V4.1 CSA: S = 2, W = 4" : "V4 CSA: S = 4, W = 8")
+                    << ", FP8 K/V, indexer in " << presets::deepseek_v4_indexer_storage()) {
+      const geometry g = v41 ? presets::deepseek_v4_1_csa_geometry() : presets::deepseek_v4_csa_geometry();
+      const csa_cache::layer layer{
+          kv_stream(g, v41 ? presets::deepseek_v4_1_csa_kv() : presets::deepseek_v4_csa_kv()),
+          kv_stream(g, v41 ? presets::deepseek_v4_1_csa_indexer() : presets::deepseek_v4_csa_indexer())};
+      const cache_config cc =
+          v41 ? presets::deepseek_v4_1_csa_precision_cache(40) : presets::deepseek_v4_csa_precision_cache(40);
+      csa_cache cache(layer, cc);
+      CHECK(cache.pool(0).layout().entry_stride_bytes == 584);
+      CHECK(cache.pool(1).config().storage == presets::deepseek_v4_indexer_storage());
+      reader_config rc = v41 ? presets::deepseek_v4_1_csa_reader() : presets::deepseek_v4_csa_reader();
+      rc.top_k = 64;  // a selection out of the 600 / 300 candidates
+      read_trace trace;
+      const auto out = append_and_read(cache, rc, 1200, 11, trace);
+      CHECK(trace.candidates == 1200 / g.stride);
+      CHECK(trace.selected.size() == 64);
+      CHECK(std::all_of(out.begin(), out.end(), [](float v) { return std::isfinite(v); }));
+    }
+  }
+}
