@@ -460,7 +460,7 @@ def analyze(
             raise ProtocolError(f"{where}: trial_id = {trial_id}: must have exactly one of 'outcome' and 'error'")
         if has_outcome:
             value = r["outcome"]
-            if not isinstance(value, (bool, int, float)) or value is None:
+            if not isinstance(value, (bool, int, float)):
                 raise ProtocolError(f"{where}: trial_id = {trial_id}: outcome = {value!r}: must be true, false or a number")
         by_trial.setdefault(trial_id, []).append(r)
 

@@ -232,8 +232,8 @@ def test_probability_outcomes_make_a_probability_sweep():
     assert analysis.outcomes[3] == 1.0
     records[4]["outcome"] = 1.5  # outside [0, 1]: errored, as in C++
     assert sweep.analyze(p, records).result.errored_trials == 1
-    binary = sweep.analyze(p, [sweep.outcome_record(t, True) for t in p.trials], kind=pk.OutcomeKind.probability)
-    assert binary.result.kind == pk.OutcomeKind.probability
+    forced = sweep.analyze(p, [sweep.outcome_record(t, True) for t in p.trials], kind=pk.OutcomeKind.probability)
+    assert forced.result.kind == pk.OutcomeKind.probability
 
 
 def test_outcome_lines_that_break_the_protocol_are_named(tmp_path):
