@@ -34,6 +34,7 @@
 #include "phasekv/compress/stream_state.hpp"
 
 // cache
+#include "phasekv/cache/fp4.hpp"
 #include "phasekv/cache/fp8.hpp"
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/model_cache.hpp"
