@@ -14,7 +14,12 @@
 //   - whole heads byte for byte against the oracle (every channel count 32 … 1024; zeros, signed
 //     zeros, tiny and huge magnitudes, NaN, Inf, a transform that overflows fp32), and their
 //     dequantization equal to the oracle's values for every code at every scale byte;
-//   - a hand-made 128-channel key whose every byte is written out here (the nibble order).
+//   - a hand-made 128-channel key whose every byte is written out here (the nibble order);
+//   - page pools and paged caches: the 68-byte stride in the pool, the sequence views and the CSR
+//     view; entries quantized as the oracle quantizes the compressor's fp32 output; 17 bytes per
+//     token of indexer keys in memory(); snapshots that restore FP4 streams byte for byte and
+//     refuse to turn them into anything else;
+//   - errors that name the field.
 
 #include <catch2/catch.hpp>
 
@@ -27,12 +32,22 @@
 #include <vector>
 
 #include "oracle/fp4_format.hpp"
+#include "oracle/message_of.hpp"
+#include "oracle/random_inputs.hpp"
 #include "phasekv/cache/fp4.hpp"
+#include "phasekv/cache/page_pool.hpp"
+#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/cache/snapshot.hpp"
 #include "phasekv/cache/storage.hpp"
+#include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/compress/presets.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
 
 namespace {
 
 using namespace phasekv;
+using Catch::Matchers::Contains;
+using phasekv_test::message_of;
 namespace oracle = phasekv_test::fp4;
 using i64 = std::int64_t;
 
@@ -417,4 +432,248 @@ TEST_CASE("fp4: a hand-made 128-channel key, byte by byte", "[cache][fp4]") {
   std::vector<float> x(128);
   hadamard_transform(y.data(), 128, x.data());
   CHECK(quantize(x) == oracle::encode_head(x.data(), 128));
+}
+
+// ---- pools and caches ---------------------------------------------------------------------------
+
+namespace {
+
+page_pool_config fp4_pool(i64 kv_heads, i64 channels, i64 page_size) {
+  page_pool_config pc;
+  pc.name = "ix";
+  pc.page_size = page_size;
+  pc.kv_heads = kv_heads;
+  pc.channels = channels;
+  pc.storage = storage_type::fp4_e2m1_hadamard;
+  pc.capacity = 4;
+  return pc;
+}
+
+}  // namespace
+
+TEST_CASE("fp4: a page pool lays heads and entries out at the documented strides", "[cache][fp4][page_pool]") {
+  struct shape {
+    i64 kv_heads, channels, page_size, head_bytes;
+  };
+  for (const shape& s : {shape{1, 128, 64, 68}, shape{3, 32, 5, 17}, shape{2, 256, 3, 136}, shape{1, 1024, 7, 544}}) {
+    INFO("kv_heads " << s.kv_heads << ", channels " << s.channels);
+    page_pool pool(fp4_pool(s.kv_heads, s.channels, s.page_size));
+    const page_layout& l = pool.layout();
+    CHECK(l.storage == storage_type::fp4_e2m1_hadamard);
+    CHECK(l.element_bytes == 1);
+    CHECK(l.rope_channels == 0);
+    CHECK(l.head_stride_bytes == s.head_bytes);
+    CHECK(l.head_stride == s.head_bytes);
+    CHECK(l.entry_stride_bytes == s.kv_heads * s.head_bytes);
+    CHECK(l.page_stride_bytes == (s.page_size * l.entry_stride_bytes + 63) / 64 * 64);
+    CHECK(l.page_stride == l.page_stride_bytes);
+    CHECK(l.fp4().bytes == s.head_bytes);
+    CHECK(l.values_per_entry() == s.kv_heads * s.channels);
+
+    std::mt19937 rng(1505);
+    page_id pages[2];
+    pool.allocate(2, pages);
+    std::vector<std::vector<float>> entries;
+    for (page_id p : pages)
+      for (i64 slot = 0; slot < s.page_size; ++slot) {
+        std::vector<float> entry;
+        for (i64 h = 0; h < s.kv_heads; ++h) {
+          const auto x = exact_sum_values(rng, s.channels, -20 - static_cast<int>(h));
+          entry.insert(entry.end(), x.begin(), x.end());
+        }
+        entries.push_back(entry);
+        pool.write_entry(p, slot, entries.back().data());
+      }
+    std::size_t e = 0;
+    for (page_id p : pages)
+      for (i64 slot = 0; slot < s.page_size; ++slot, ++e) {
+        std::vector<float> back(sz(s.kv_heads * s.channels));
+        pool.read_entry(p, slot, back.data());
+        for (i64 h = 0; h < s.kv_heads; ++h) {
+          const auto want = oracle::encode_head(entries[e].data() + h * s.channels, s.channels);
+          const std::byte* at = pool.base() + p * l.page_stride_bytes + slot * l.entry_stride_bytes + h * l.head_stride_bytes;
+          CHECK(std::memcmp(at, want.data(), want.size()) == 0);
+          const auto values = oracle::decode_head(want.data(), s.channels);  // the stored, transformed values
+          for (i64 c = 0; c < s.channels; ++c) CHECK(static_cast<double>(back[sz(h * s.channels + c)]) == values[sz(c)]);
+        }
+      }
+    pool.copy_entries(pages[0], pages[1], s.page_size - 1);
+    CHECK(std::memcmp(pool.data(pages[1]), pool.data(pages[0]), sz((s.page_size - 1) * l.entry_stride_bytes)) == 0);
+  }
+}
+
+TEST_CASE("fp4: shapes and calls a pool cannot take are errors that name the field", "[cache][fp4][errors]") {
+  for (i64 channels : {100, 16, 48, 2048}) {
+    INFO("channels " << channels);
+    const auto config = fp4_pool(1, channels, 4);
+    CHECK_THAT(message_of<config_error>([&] { config.validate(); }),
+               Contains("ix.channels = " + std::to_string(channels) +
+                        ": must be a power of two in [32, 1024] for fp4_e2m1_hadamard storage"));
+  }
+  auto config = fp4_pool(1, 128, 4);
+  config.rope_channels = 64;
+  CHECK_THAT(message_of<config_error>([&] { page_pool{config}; }),
+             Contains("ix.rope_channels = 64: must be 0 for fp4_e2m1_hadamard storage"));
+
+  float values[4] = {1, 2, 3, 4};
+  unsigned char bytes[16] = {};
+  CHECK_THAT(message_of<input_error>([&] { store_row(values, bytes, 4, storage_type::fp4_e2m1_hadamard); }),
+             Contains("storage_type = fp4_e2m1_hadamard: is stored in blocks"));
+  CHECK_THAT(message_of<input_error>([&] { load_row(bytes, values, 4, storage_type::fp4_e2m1_hadamard); }),
+             Contains("storage_type = fp4_e2m1_hadamard"));
+  CHECK(std::string(to_string(storage_type::fp4_e2m1_hadamard)) == "fp4_e2m1_hadamard");
+  CHECK(bytes_per_element(storage_type::fp4_e2m1_hadamard) == 1);
+  CHECK(is_valid(storage_type::fp4_e2m1_hadamard));
+  CHECK(is_block_storage(storage_type::fp4_e2m1_hadamard));
+  CHECK(is_block_storage(storage_type::fp8_e4m3_block));
+  CHECK(!is_row_storage(storage_type::fp4_e2m1_hadamard));
+  CHECK(!is_valid(static_cast<storage_type>(5)));
+}
+
+namespace {
+
+using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
+using csa_cache = paged_cache<csa_stream, csa_stream>;
+
+csa_stream make_csa_stream(stream_config c, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  const geometry g = presets::deepseek_v4_csa_geometry();
+  stream_params p;
+  p.slot_bias = phasekv_test::random_bias(rng, sz(c.kv_heads * g.window * c.channels));
+  p.norm_weight = phasekv_test::random_norm_weight(rng, sz(c.channels));
+  return csa_stream(g, std::move(c), std::move(p));
+}
+
+cache_config csa_config(const std::string& name, i64 page_size, std::vector<storage_type> storage) {
+  cache_config c;
+  c.name = name;
+  c.page_size = page_size;
+  c.pages = 40;
+  c.stream_storage = std::move(storage);
+  c.window = raw_window_config{16, 1, 512, 0};
+  return c;
+}
+
+void append_random(csa_cache& a, csa_cache& b, sequence_id sa, sequence_id sb, i64 tokens, std::mt19937& rng) {
+  const i64 views = presets::deepseek_v4_csa_geometry().branches();
+  const auto kv = phasekv_test::random_uniform(rng, sz(tokens * views * 512), -1.0f, 1.0f);
+  const auto kv_logits = phasekv_test::random_uniform(rng, sz(tokens * views * 512), -2.0f, 2.0f);
+  const auto ix = phasekv_test::random_uniform(rng, sz(tokens * views * 128), -1.0f, 1.0f);
+  const auto ix_logits = phasekv_test::random_uniform(rng, sz(tokens * views * 128), -2.0f, 2.0f);
+  const auto window = phasekv_test::random_uniform(rng, sz(tokens * 512), -1.0f, 1.0f);
+  const csa_cache::chunks in = {token_chunk{tokens, kv, kv_logits}, token_chunk{tokens, ix, ix_logits}};
+  a.append(sa, in, window);
+  b.append(sb, in, window);
+}
+
+}  // namespace
+
+TEST_CASE("fp4: a DeepSeek-V4 cache quantizes the indexer's entries; views have the 68-byte stride; 17 bytes a token",
+          "[cache][fp4]") {
+  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
+                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const storage_type fp4 = storage_type::fp4_e2m1_hadamard, fp8 = storage_type::fp8_e4m3_block;
+  for (i64 page_size : {1, 7, 64}) {
+    INFO("page_size " << page_size);
+    csa_cache quantized(layer, csa_config("fp4", page_size, {fp8, fp4}));
+    csa_cache exact(layer, csa_config("f32", page_size, {}));
+    CHECK(quantized.pool(1).layout().rope_channels == 0);  // the transform mixes the RoPE channels in
+    CHECK(quantized.pool(1).layout().entry_stride_bytes == 68);
+    CHECK(quantized.shape().streams[1].storage == fp4);
+
+    std::mt19937 rng(1506);
+    const sequence_id a = quantized.create(), b = exact.create();
+    for (i64 n : {3, 1, 40, 9, 2}) append_random(quantized, exact, a, b, n, rng);
+    const sequence_id fork = quantized.fork(a), exact_fork = exact.fork(b);
+    append_random(quantized, exact, fork, exact_fork, 6, rng);
+
+    for (const auto& [seq, twin] : {std::pair<sequence_id, sequence_id>{a, b}, {fork, exact_fork}}) {
+      const sequence_view v = quantized.view_of(seq);
+      const paged_view csr = quantized.view(span<const sequence_id>(&seq, 1), 1);
+      CHECK(csr.layout.entry_stride_bytes == 68);
+      CHECK(csr.layout.head_stride_bytes == 68);
+      CHECK(csr.layout.page_stride_bytes == (page_size * 68 + 63) / 64 * 64);
+      const stream_view& sv = v.streams[1];
+      CHECK(sv.layout.entry_stride_bytes == 68);
+      for (i64 j = 0; j < sv.entries; ++j) {
+        // The bytes a host finds by the CSR arithmetic are the oracle's transform and
+        // quantization of the fp32 cache's entry (the compressor's output).
+        std::vector<float> entry(128);
+        exact.read_entry(twin, 1, j, entry.data());
+        const auto want = oracle::encode_head(entry.data(), 128);
+        const std::byte* at = sv.base + sv.pages[sz(j / page_size)] * sv.layout.page_stride_bytes +
+                              (j % page_size) * sv.layout.entry_stride_bytes;
+        const std::byte* via_csr = csr.base + csr.indices[sz(csr.indptr[0] + j / page_size)] * csr.layout.page_stride_bytes +
+                                   (j % page_size) * csr.layout.entry_stride_bytes;
+        CHECK(via_csr == at);
+        INFO("entry " << j);
+        CHECK(std::memcmp(at, want.data(), want.size()) == 0);
+      }
+    }
+    // memory(): 584 bytes per K/V entry, 68 per indexer key: 17 bytes per token of indexer keys.
+    const sequence_memory m = quantized.memory(a);
+    const i64 entries = quantized.entries(a, 1);
+    CHECK(quantized.entries(a, 0) == entries);
+    CHECK(m.entry_bytes == entries * 584 + entries * 68);
+    CHECK(68 / presets::deepseek_v4_csa_geometry().stride == 17);
+    const sequence_memory f32 = exact.memory(b);
+    CHECK(f32.entry_bytes - m.entry_bytes == entries * (2048 - 584) + entries * (512 - 68));
+  }
+}
+
+TEST_CASE("fp4: only an indexer stream may be stored in FP4; shared pools must match", "[cache][fp4][errors]") {
+  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
+                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const storage_type fp4 = storage_type::fp4_e2m1_hadamard;
+  // The K/V stream (512 channels: a valid FP4 count) is not an indexer.
+  CHECK_THAT(message_of<config_error>([&] { csa_cache(layer, csa_config("c", 8, {fp4, fp4})); }),
+             Contains("c.stream_storage[0] = fp4_e2m1_hadamard: is for indexer streams only"));
+  cache_config all = csa_config("d", 8, {});
+  all.storage = fp4;
+  CHECK_THAT(message_of<config_error>([&] { csa_cache(layer, all); }),
+             Contains("d.storage = fp4_e2m1_hadamard: is for indexer streams only"));
+  auto shared = std::make_shared<page_pool>(fp4_pool(1, 128, 8));
+  cache_config c = csa_config("e", 8, {storage_type::f32, storage_type::bf16});
+  c.shared_pools = {nullptr, shared};
+  CHECK_THAT(message_of<config_error>([&] { csa_cache cache(layer, c); }),
+             Contains("e.shared_pools[1] = ix: stores fp4_e2m1_hadamard, the stream stores bf16"));
+  c.stream_storage = {storage_type::f32, fp4};
+  CHECK_NOTHROW(csa_cache(layer, c));
+}
+
+TEST_CASE("fp4: snapshots move FP4 streams byte for byte and into nothing else", "[cache][fp4][snapshot]") {
+  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
+                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const storage_type fp4 = storage_type::fp4_e2m1_hadamard, fp8 = storage_type::fp8_e4m3_block;
+  csa_cache source(layer, csa_config("src", 7, {fp8, fp4})), twin(layer, csa_config("twin", 7, {fp8, fp4}));
+  std::mt19937 rng(1507);
+  const sequence_id seq = source.create(), unused = twin.create();
+  append_random(source, twin, seq, unused, 61, rng);
+  const std::vector<std::byte> bytes = snapshot(source, seq);
+
+  csa_cache destination(layer, csa_config("dst", 5, {fp8, fp4}));  // another page size
+  const sequence_id moved = restore(destination, bytes);
+  const sequence_view a = source.view_of(seq), b = destination.view_of(moved);
+  REQUIRE(a.streams[1].entries == b.streams[1].entries);
+  for (i64 j = 0; j < a.streams[1].entries; ++j) {
+    const auto at = [](const stream_view& s, i64 e) {
+      return s.base + s.pages[sz(e / s.layout.page_size)] * s.layout.page_stride_bytes + (e % s.layout.page_size) * 68;
+    };
+    CHECK(std::memcmp(at(a.streams[1], j), at(b.streams[1], j), 68) == 0);
+  }
+  // FP4 into f32 (or anything else) is refused: the values are in the transformed basis.
+  for (const storage_type other : {storage_type::f32, storage_type::bf16}) {
+    csa_cache wrong(layer, csa_config("wrong", 7, {fp8, other}));
+    CHECK_THAT(message_of<input_error>([&] { restore(wrong, bytes); }),
+               Contains("entries are stored as fp4_e2m1_hadamard; the cache stores " + std::string(to_string(other))));
+    CHECK(wrong.sequences() == 0);
+  }
+  // And nothing converts into FP4.
+  csa_cache f32_source(layer, csa_config("f32", 7, {fp8, storage_type::f32}));
+  const sequence_id s32 = f32_source.create();
+  csa_cache scratch(layer, csa_config("scratch", 7, {fp8, storage_type::f32}));
+  const sequence_id s_unused = scratch.create();
+  append_random(f32_source, scratch, s32, s_unused, 13, rng);
+  CHECK_THAT(message_of<input_error>([&] { restore(destination, snapshot(f32_source, s32)); }),
+             Contains("entries are stored as f32; the cache stores fp4_e2m1_hadamard"));
 }
