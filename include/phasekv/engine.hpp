@@ -49,6 +49,7 @@
 // read
 #include "phasekv/read/attention_kernel.hpp"
 #include "phasekv/read/indexer_bf16_kernel.hpp"
+#include "phasekv/read/indexer_fp4_kernel.hpp"
 #include "phasekv/read/indexer_kernel.hpp"
 #include "phasekv/read/presets.hpp"
 #include "phasekv/read/read_types.hpp"

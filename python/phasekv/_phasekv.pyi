@@ -391,6 +391,7 @@ class PagedCache:
 class IndexerPrecision:
     f32: ClassVar[IndexerPrecision]
     bf16: ClassVar[IndexerPrecision]
+    fp4: ClassVar[IndexerPrecision]
     __members__: ClassVar[dict[str, IndexerPrecision]]
     def __init__(self, value: int) -> None: ...
     def __int__(self) -> int: ...
