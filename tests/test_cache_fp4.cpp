@@ -295,6 +295,20 @@ TEST_CASE("fp4: the Hadamard transform equals a dense matrix product in double",
         norm += static_cast<double>(v) * v;
       }
       hadamard_transform(wide.data(), n, got.data());
+      // Where the sums round, the result is still the stated butterflies' in double, bit for bit
+      // (whatever SIMD width ran them): passes h = 1, 2, 4, … over pairs (j, j + h).
+      std::vector<double> butterflies(wide.begin(), wide.end());
+      for (i64 h = 1; h < n; h *= 2)
+        for (i64 i = 0; i < n; i += 2 * h)
+          for (i64 j = i; j < i + h; ++j) {
+            const double a = butterflies[sz(j)], b = butterflies[sz(j + h)];
+            butterflies[sz(j)] = a + b;
+            butterflies[sz(j + h)] = a - b;
+          }
+      std::size_t differ = 0;
+      for (i64 i = 0; i < n; ++i)
+        differ += bits_of(got[sz(i)]) != bits_of(static_cast<float>(butterflies[sz(i)] * hadamard_scale(n) + 0.0));
+      CHECK(differ == 0);
       const std::vector<double> exact = oracle::hadamard_double(wide.data(), n);
       std::size_t outside = 0;
       for (i64 i = 0; i < n; ++i) {

@@ -57,7 +57,10 @@
 // exponent 4 or more above its least, a NaN block) is scored by the portable path; a query
 // outside them sends the whole read there. Heads lie in lanes (16 per register, 4 registers per
 // 64-head block), a tile of 4 keys keeps 16 accumulators in registers, and one broadcast of four
-// key bytes feeds four vpdpbusd: 86% of this machine's int8 peak on DeepSeek-V4's shape.
+// key bytes feeds four vpdpbusd. Keys are planned 16 at a time (their scale bytes gathered) and
+// unpacked up to 16 KiB at a time before any is scored. On DeepSeek-V4's shape (64 heads, 128
+// channels) it runs at about three quarters of this machine's measured int8 dot-product peak
+// (bench_read: BM_sparse_decode_v4_precision, indexer_of_int8_peak).
 
 #include <algorithm>
 #include <cmath>
@@ -260,23 +263,6 @@ struct indexer_fp4 {
     p.shifted = true;
   }
 
-  // Per key of a tile: the least scale byte, and whether the SIMD path may score it.
-  struct key_plan {
-    int least = 0;
-    bool fast = false;
-  };
-
-  static key_plan plan(const std::byte* key, const fp4_head_layout& layout) noexcept {
-    int lo = 255, hi = 0;
-    for (std::int64_t b = 0; b < layout.blocks; ++b) {
-      const int byte = static_cast<std::uint8_t>(key[layout.scale_offset + b]);
-      lo = std::min(lo, byte);
-      hi = std::max(hi, byte);
-    }
-    // (A scale byte 0, 2^−127, which the quantizer never writes, would make 2^F subnormal.)
-    return {lo, lo >= 1 && hi != ue8m0_nan && hi - lo <= max_shift};
-  }
-
   // The four tables (shift 0 … 3) of K' + 96 by code, one per 128-bit lane.
   static __m512i shifted_tables() noexcept {
     alignas(64) std::int8_t t[64];
@@ -321,31 +307,78 @@ struct indexer_fp4 {
     return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
   }
 
+  // Unpacked codes of up to this many bytes are scored at a time: 128 keys of 128 channels.
+  static constexpr std::int64_t unpacked_bytes = 16384;
+  static constexpr std::int64_t max_run = unpacked_bytes / 128;
+
+  // key_plan for keys[0 … 16) (lanes past n left alone), from their scale bytes gathered four
+  // at a time: least[j] the least byte, bit j of the result whether the SIMD path may score it.
+  static std::uint32_t plan16(const std::byte* keys, std::int64_t stride, std::int64_t n, const fp4_head_layout& layout,
+                              std::int32_t* least) noexcept {
+    const __mmask16 live = static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
+    const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32(static_cast<int>(stride)));
+    const __m512i byte = _mm512_set1_epi32(0xFF);
+    __m512i lo = byte, hi = _mm512_setzero_si512();
+    for (std::int64_t run = 0; run < layout.channels / 128; ++run) {
+      const __m512i four = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offsets,
+                                                       keys + layout.scale_offset + 4 * run, 1);
+      // The least and greatest of each lane's four bytes, in its low byte.
+      __m512i small = _mm512_min_epu8(four, _mm512_srli_epi32(four, 8));
+      small = _mm512_min_epu8(small, _mm512_srli_epi32(small, 16));
+      __m512i large = _mm512_max_epu8(four, _mm512_srli_epi32(four, 8));
+      large = _mm512_max_epu8(large, _mm512_srli_epi32(large, 16));
+      lo = _mm512_min_epu32(lo, _mm512_and_si512(small, byte));
+      hi = _mm512_max_epu32(hi, _mm512_and_si512(large, byte));
+    }
+    _mm512_storeu_si512(least, lo);
+    // lo ≥ 1 (2^F a normal fp32), hi ≠ 0xFF (no NaN block), hi − lo ≤ 3.
+    const __mmask16 fast = _mm512_cmpge_epu32_mask(lo, _mm512_set1_epi32(1)) &
+                           _mm512_cmpneq_epu32_mask(hi, byte) &
+                           _mm512_cmple_epu32_mask(_mm512_sub_epi32(hi, lo), _mm512_set1_epi32(max_shift));
+    return static_cast<std::uint32_t>(fast & live);
+  }
+
   static void score_simd(const prepared& p, const std::byte* keys, std::int64_t stride, std::int64_t count,
                          float* out) noexcept {
     const fp4_head_layout layout = fp4_head_layout::of(p.channels);
     const __m512i tables = shifted_tables();
-    for (std::int64_t j = 0; j < count; ++j) out[j] = 0.0f;
-    for (std::int64_t hb = 0; hb < p.head_blocks; ++hb) {
-      std::int64_t j = 0;
-      for (; j + tile_entries <= count; j += tile_entries) tile<tile_entries>(p, hb, layout, tables, keys + j * stride, stride, out + j);
-      const std::byte* k = keys + j * stride;
-      switch (count - j) {  // the last few entries in one tile
-        case 3: tile<3>(p, hb, layout, tables, k, stride, out + j); break;
-        case 2: tile<2>(p, hb, layout, tables, k, stride, out + j); break;
-        case 1: tile<1>(p, hb, layout, tables, k, stride, out + j); break;
-        default: break;
+    const std::int64_t run = unpacked_bytes / p.channels;  // keys unpacked at a time, a multiple of 16
+    alignas(64) std::uint8_t unpacked[unpacked_bytes];
+    alignas(64) std::int32_t least[max_run];
+    alignas(64) float key_scale[max_run];
+    std::uint32_t fast[max_run / 16];
+    for (std::int64_t first = 0; first < count; first += run) {
+      const std::int64_t n = std::min(run, count - first);
+      const std::byte* base = keys + first * stride;
+      for (std::int64_t j = 0; j < n; j += 16) fast[j / 16] = plan16(base + j * stride, stride, n - j, layout, least + j);
+      // Every key of the run unpacked before any is scored (its scale 2^F beside it).
+      for (std::int64_t j = 0; j < n; ++j) {
+        unpack(base + j * stride, layout, least[j], tables, unpacked + j * p.channels);
+        key_scale[j] = detail::float_from_bits(static_cast<std::uint32_t>(least[j]) << 23);
+        out[first + j] = 0.0f;
       }
+      for (std::int64_t hb = 0; hb < p.head_blocks; ++hb) {
+        std::int64_t j = 0;
+        for (; j + tile_entries <= n; j += tile_entries)
+          tile<tile_entries>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j);
+        switch (n - j) {  // the last few entries in one tile
+          case 3: tile<3>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j); break;
+          case 2: tile<2>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j); break;
+          case 1: tile<1>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j); break;
+          default: break;
+        }
+      }
+      // Keys the shifted codes cannot hold exactly: the portable path, which is the definition.
+      for (std::int64_t j = 0; j < n; ++j)
+        if ((fast[j / 16] >> (j % 16) & 1u) == 0) out[first + j] = score_one(p, base + j * stride);
     }
-    // Keys the shifted codes cannot hold exactly: the portable path, which is the definition.
-    for (std::int64_t j = 0; j < count; ++j)
-      if (!plan(keys + j * stride, layout).fast) out[j] = score_one(p, keys + j * stride);
   }
 
   // acc + the four-byte dot products of u (unsigned) and v (signed) per int32 lane: vpdpbusd. In
   // inline assembly because GCC 12 allocates the intrinsic's accumulator badly: it copies every
-  // accumulator to another register and back around each instruction, which cost a third of
-  // the kernel's speed (160 against 310 GMAC/s on this machine, tile of 4 keys).
+  // accumulator to another register and back around each instruction, which cost about half the
+  // kernel's speed here (Clang's intrinsic was no better; with this, both compilers run alike).
   static __m512i dpbusd(__m512i acc, __m512i u, __m512i v) noexcept {
     __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(v));
     return acc;
@@ -354,15 +387,8 @@ struct indexer_fp4 {
   // NE keys against head block hb: NE · 4 int32 accumulators (16 for NE = 4: enough independent
   // chains to cover vpdpbusd's latency, few enough to stay in registers with the query groups).
   template <std::int64_t NE>
-  PHASEKV_FLATTEN static void tile(const prepared& p, std::int64_t hb, const fp4_head_layout& layout, __m512i tables,
-                                   const std::byte* keys, std::int64_t stride, float* out) noexcept {
-    alignas(64) std::uint8_t unpacked[NE][fp4_max_channels];
-    float key_scale[NE];
-    simd::unroll<NE>([&](auto e) {
-      const key_plan kp = plan(keys + e * stride, layout);
-      unpack(keys + e * stride, layout, kp.least, tables, unpacked[e]);
-      key_scale[e] = detail::float_from_bits(static_cast<std::uint32_t>(kp.least) << 23);  // 2^F
-    });
+  PHASEKV_FLATTEN static void tile(const prepared& p, std::int64_t hb, const std::uint8_t* unpacked,
+                                   const float* key_scale, float* out) noexcept {
     const std::int64_t slots = p.channels / 128 * slots_per_run;
     const std::int8_t* q = p.q_t.data() + hb * slots * block_heads * 4;
     __m512i acc[NE][4];
@@ -375,7 +401,7 @@ struct indexer_fp4 {
       const __m512i q2 = _mm512_load_si512(q + 128), q3 = _mm512_load_si512(q + 192);
       simd::unroll<NE>([&](auto e) {
         std::int32_t four;  // bytes 4s … 4s + 3 of key e's unpacked codes
-        std::memcpy(&four, unpacked[e] + 4 * s, sizeof four);
+        std::memcpy(&four, unpacked + e * p.channels + 4 * s, sizeof four);
         const __m512i kb = _mm512_set1_epi32(four);
         acc[e][0] = dpbusd(acc[e][0], kb, q0);
         acc[e][1] = dpbusd(acc[e][1], kb, q1);
