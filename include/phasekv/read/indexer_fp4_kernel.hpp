@@ -19,10 +19,11 @@
 // where each P_b is an exact integer (|P_b| ≤ 32 · 144 = 4608: int32, even int16) and each term
 // an exact double (|P_b| < 2^13, exponent in [−254, 250]). The portable path sums the terms in
 // double, block after block (acc = fma(P_b, 2^(e_b − 1) · 2^(f_b − 1), acc)): exact whenever the
-// terms of one head and key lie within 38 binades of each other (4 · 4608 · 2^span < 2^53 — e.g.
-// whenever the query's and the key's block exponents each span at most 19; after the transform a
-// vector's blocks have similar scales and span 0 to 2 binades). Only then do the two paths below
-// promise anything beyond determinism, and there both give
+// nonzero terms of one head and key lie within 38 binades of each other (4 · 4608 · 2^span <
+// 2^53 — e.g. whenever the query's and the key's block exponents each span at most 19; a block of
+// zeros adds an exact 0 at any scale; after the transform a vector's blocks have similar scales,
+// 0 to 2 binades apart). Only there do the two paths below promise more than determinism and
+// agreement with each other, and there both give
 //
 //   d_hj = fp32(q̂_h · k̂_j)        the exact dot product rounded once to fp32 (nearest even)
 //
