@@ -32,6 +32,18 @@
 //                                   largest difference from the fp32 step's, relative to its
 //                                   largest value (the FP8 rounding; the selection is the same,
 //                                   checked). Its floor reads the selected entries' 584 bytes each.
+//   BM_sparse_decode_v4_precision/ctx/cold  the step at DeepSeek-V4's precision: FP8 K/V entries and
+//                                   the FP4 indexer (fp4_e2m1_hadamard keys, 68 bytes each instead
+//                                   of 512; queries Hadamard-transformed and quantized per read;
+//                                   exact int8 dot products, AVX-512 VNNI). fp32_over_v4: the fp32
+//                                   step's time over this one's, paired in-run; same_selection:
+//                                   the share of the fp32 step's selection it also selects (FP4
+//                                   reorders near ties); indexer_bytes_per_token: 17; indexer_ms /
+//                                   indexer_of_int8_peak: the FP4 scoring of every candidate alone
+//                                   (the kernel page by page, warm) and its int8 floor over that
+//                                   time. Its floor: the selected entries' 584 bytes and every
+//                                   candidate's 68, the indexer's multiply-adds at the measured int8
+//                                   dot-product peak, attention at the FMA peak.
 //   BM_batched_decode               sparse_reader::read_batch over 32 sequences of 32K tokens in
 //                                   the same shape, 16 of them forked from one shared 16K prefix
 //                                   (batch_setup): of_roofline against the sum of the sequences'
@@ -391,15 +403,20 @@ void BM_dense_decode(benchmark::State& state) {
 // entries and the window rows, and do the indexer's and the attention's multiply-adds.
 // With bf16 indexer keys: half their bytes, and the indexer's multiply-adds at the bf16 peak.
 // With FP8 entries: 584 bytes per selected entry (the window stays fp32).
-bench::roofline sparse_roofline(std::int64_t candidates, bool bf16_indexer = false, bool fp8_entries = false) {
+// With FP4 indexer keys: 68 bytes per key, and the indexer's multiply-adds at the int8 peak.
+bench::roofline sparse_roofline(std::int64_t candidates, bool bf16_indexer = false, bool fp8_entries = false,
+                                bool fp4_indexer = false) {
   const double selected = static_cast<double>(std::min(kTopK, candidates)), keys = selected + kWindow;
   const double indexer_flops = 2.0 * kIndexerHeads * kIndexerChannels * static_cast<double>(candidates);
   const double entry_bytes = fp8_entries ? static_cast<double>(fp8_head_layout::of(kChannels, 64).bytes) : 4.0 * kChannels;
+  const double key_bytes = fp4_indexer    ? static_cast<double>(fp4_head_layout::of(kIndexerChannels).bytes)
+                           : bf16_indexer ? 2.0 * kIndexerChannels
+                                          : 4.0 * kIndexerChannels;
   bench::roofline r;
-  r.bytes = (bf16_indexer ? 2.0 : 4.0) * static_cast<double>(candidates) * kIndexerChannels + selected * entry_bytes +
+  r.bytes = key_bytes * static_cast<double>(candidates) + selected * entry_bytes +
             4.0 * (kWindow * kChannels + 2.0 * kQueryHeads * kChannels + kIndexerHeads * (kIndexerChannels + 1));
   r.flops = 2.0 * 2.0 * kQueryHeads * kChannels * keys;
-  (bf16_indexer ? r.bf16_flops : r.flops) += indexer_flops;
+  (fp4_indexer ? r.int8_ops : bf16_indexer ? r.bf16_flops : r.flops) += indexer_flops;
   return r;
 }
 
@@ -542,6 +559,90 @@ void BM_sparse_decode_fp8(benchmark::State& state) {
   state.counters["rel_error_vs_fp32"] = difference / std::max(largest, 1e-30);
   state.counters["entry_bytes"] = static_cast<double>(w->cache.pool(0).layout().entry_stride_bytes);
   sparse_roofline(fp32.candidates, false, true).report(state);
+}
+
+// The step at DeepSeek-V4's precision (see the header comment). Checks: a finite output, and a
+// selection that shares at least a quarter of the fp32 step's (FP4 rounds queries and keys to
+// 3 bits of magnitude; test_read_fp4.cpp checks the maths exactly).
+void BM_sparse_decode_v4_precision(benchmark::State& state) {
+  const std::int64_t tokens = state.range(0);
+  const bool cold = state.range(1) != 0;
+  sparse_setup& fp32 = sparse(tokens, 64);
+  if (!fp32.error.empty()) return state.SkipWithError(fp32.error.c_str());
+  static std::map<std::int64_t, std::unique_ptr<sparse_workload>> workloads;
+  auto& w = workloads[tokens];
+  if (!w) {
+    w = std::make_unique<sparse_workload>("bench_read_v4", tokens, 64, false, storage_type::fp8_e4m3_block, true);
+    w->fill();
+  }
+  read_trace v4_trace, fp32_trace;
+  w->reader.read(w->cache, w->seq, w->request(), w->out.data(), &v4_trace);
+  fp32.reader.read(fp32.cache, fp32.seq, fp32.request(), fp32.out.data(), &fp32_trace);
+  std::vector<std::int64_t> a = v4_trace.selected, b = fp32_trace.selected, common;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
+  // A sanity bound only: on these random keys many scores lie within FP4's rounding of the cut,
+  // so the selections differ in a good part (same_selection); unrelated selections would share
+  // 512 / 32768 of their entries.
+  if (4 * common.size() < b.size()) return state.SkipWithError("the FP4 indexer's selection strays from fp32's");
+  for (float v : w->out)
+    if (!std::isfinite(v)) return state.SkipWithError("the V4-precision output is not finite");
+
+  // The FP4 scoring alone: every candidate's key, page by page, as the reader runs it (warm,
+  // median of 9).
+  const std::int64_t candidates = fp32.candidates;
+  const page_pool& pool = w->cache.pool(1);
+  const auto& table = w->cache.page_table(w->seq, 1);
+  kernels::indexer_fp4_queries prepared;
+  kernels::indexer_fp4::prepare(w->indexer_queries.data(), w->indexer_weights.data(), kIndexerHeads, kIndexerChannels,
+                                prepared);
+  std::vector<float> scores(static_cast<std::size_t>(candidates));
+  auto score_all = [&] {
+    for (std::int64_t first = 0; first < candidates; first += 64) {
+      const std::byte* keys = pool.base() + table[static_cast<std::size_t>(first / 64)] * pool.layout().page_stride_bytes;
+      kernels::indexer_fp4::score(prepared, keys, pool.layout().entry_stride_bytes, std::min<std::int64_t>(64, candidates - first),
+                                  scores.data() + first);
+    }
+    benchmark::DoNotOptimize(scores.data());
+  };
+  std::vector<double> indexer_times;
+  score_all();
+  for (int round = 0; round < 9; ++round) {
+    const double t0 = thread_seconds();
+    score_all();
+    indexer_times.push_back(thread_seconds() - t0);
+  }
+  const double indexer_time = median(indexer_times);
+  const double indexer_ops = 2.0 * kIndexerHeads * kIndexerChannels * static_cast<double>(candidates);
+
+  auto paired = [&](auto&& baseline, auto&& candidate) {
+    if (!cold) return paired_speedup(thread_seconds, baseline, candidate);
+    std::vector<double> ratios;
+    for (int round = 0; round < 9; ++round) {
+      evict_caches();
+      double t0 = thread_seconds();
+      baseline();
+      const double base = thread_seconds() - t0;
+      evict_caches();
+      t0 = thread_seconds();
+      candidate();
+      ratios.push_back(base / (thread_seconds() - t0));
+    }
+    return median(ratios);
+  };
+  const double speedup = paired([&] { fp32.step(); }, [&] { w->step(); });
+  run_steps(state, cold, [&] { w->step(); });
+  benchmark::DoNotOptimize(w->out.data());
+  state.counters["fp32_over_v4"] = speedup;
+  state.counters["same_selection"] = static_cast<double>(common.size()) / static_cast<double>(b.size());
+  state.counters["indexer_bytes_per_token"] =
+      static_cast<double>(pool.layout().entry_stride_bytes) / static_cast<double>(w->cache.compressors().geom().stride);
+  state.counters["entry_bytes"] = static_cast<double>(w->cache.pool(0).layout().entry_stride_bytes);
+  state.counters["indexer_ms"] = 1e3 * indexer_time;
+  state.counters["indexer_of_int8_peak"] = indexer_ops / int8_dot_peak() / indexer_time;
+  state.counters["simd_indexer"] = prepared.shifted ? 1.0 : 0.0;
+  sparse_roofline(candidates, false, true, true).report(state);
 }
 
 // ---- batched decode ----------------------------------------------------------------------------
@@ -780,6 +881,10 @@ BENCHMARK(BM_sparse_decode_threads)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_sparse_decode_bf16_indexer)->ArgName("ctx")->Arg(131072)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_sparse_decode_fp8)
+    ->ArgNames({"ctx", "cold"})
+    ->ArgsProduct({{131072}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_sparse_decode_v4_precision)
     ->ArgNames({"ctx", "cold"})
     ->ArgsProduct({{131072}, {0, 1}})
     ->Unit(benchmark::kMillisecond);

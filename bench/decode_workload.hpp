@@ -73,16 +73,20 @@ inline csa_cache::layer csa_layer() {
 
 // A cache for `tokens` tokens in pages of `page_size` entries (one entry per S = 4 tokens, plus a
 // spare page), fp32 — or with bf16 indexer keys, or K/V entries stored as `kv_storage` (FP8:
-// fp8_e4m3_block) — with the raw window the reader attends to. `name` names it in errors.
+// fp8_e4m3_block), or FP4 indexer keys (fp4_e2m1_hadamard) — with the raw window the reader
+// attends to. `name` names it in errors.
 inline phasekv::cache_config decode_cache_config(const std::string& name, std::int64_t tokens, std::int64_t page_size,
                                                  bool bf16_indexer = false,
-                                                 phasekv::storage_type kv_storage = phasekv::storage_type::f32) {
+                                                 phasekv::storage_type kv_storage = phasekv::storage_type::f32,
+                                                 bool fp4_indexer = false) {
   phasekv::cache_config c;
   c.name = name;
   c.page_size = page_size;
   c.pages = (tokens / 4 + page_size - 1) / page_size + 1;
   c.storage = phasekv::storage_type::f32;
-  c.stream_storage = {kv_storage, bf16_indexer ? phasekv::storage_type::bf16 : phasekv::storage_type::f32};
+  c.stream_storage = {kv_storage, fp4_indexer    ? phasekv::storage_type::fp4_e2m1_hadamard
+                                  : bf16_indexer ? phasekv::storage_type::bf16
+                                                 : phasekv::storage_type::f32};
   c.window.tokens = kWindow;
   c.window.kv_heads = 1;
   c.window.key_channels = kChannels;
@@ -90,7 +94,8 @@ inline phasekv::cache_config decode_cache_config(const std::string& name, std::i
   return c;
 }
 
-inline phasekv::reader_config decode_reader_config(const std::string& name, bool bf16_indexer = false) {
+inline phasekv::reader_config decode_reader_config(const std::string& name, bool bf16_indexer = false,
+                                                   bool fp4_indexer = false) {
   phasekv::reader_config r;
   r.name = name + ".reader";
   r.query_heads = kQueryHeads;
@@ -102,6 +107,7 @@ inline phasekv::reader_config decode_reader_config(const std::string& name, bool
   r.sink = true;
   r.derotate_output = true;
   if (bf16_indexer) r.precision = phasekv::indexer_precision::bf16;
+  if (fp4_indexer) r.precision = phasekv::indexer_precision::fp4;
   return r;
 }
 
@@ -149,14 +155,15 @@ struct sparse_workload {
   std::vector<float> out = std::vector<float>(static_cast<std::size_t>(kQueryHeads * kChannels));
 
   // `name` names the cache and (with ".reader") the reader in errors. bf16_indexer: the indexer
-  // keys stored and scored in bf16 (reader_config::precision); kv_storage: the K/V entries'.
+  // keys stored and scored in bf16 (reader_config::precision); kv_storage: the K/V entries';
+  // fp4_indexer: the indexer keys stored and scored in FP4 (DeepSeek-V4's indexer).
   sparse_workload(const std::string& name, std::int64_t context, std::int64_t page, bool bf16_indexer = false,
-                  phasekv::storage_type kv_storage = phasekv::storage_type::f32)
+                  phasekv::storage_type kv_storage = phasekv::storage_type::f32, bool fp4_indexer = false)
       : tokens(context),
         page_size(page),
-        cache(csa_layer(), decode_cache_config(name, context, page, bf16_indexer, kv_storage)),
+        cache(csa_layer(), decode_cache_config(name, context, page, bf16_indexer, kv_storage, fp4_indexer)),
         seq(cache.create()),
-        reader(cache, decode_reader_config(name, bf16_indexer)) {
+        reader(cache, decode_reader_config(name, bf16_indexer, fp4_indexer)) {
     for (float& w : indexer_weights) w = 0.5f * (w + 1.0f) / static_cast<float>(kIndexerHeads);  // positive
   }
   sparse_workload(const sparse_workload&) = delete;  // the reader points at this cache

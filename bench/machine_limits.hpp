@@ -16,9 +16,13 @@
 //   bf16_dot_peak()   bf16 dot-product peak of one core, FLOP/s (a multiply-add counts two), as
 //                     fma_peak but with vdpbf16ps (two products per fp32 lane); fma_peak() in
 //                     builds without AVX512-BF16, where bf16 work runs as fp32 FMAs.
+//   int8_dot_peak()   int8 dot-product peak of one core, OP/s (a multiply-add counts two), as
+//                     fma_peak but with vpdpbusd (AVX-512 VNNI: 64 u8 × s8 products per
+//                     instruction, four summed into each int32 lane); fma_peak() in builds without
+//                     VNNI, where the FP4 indexer's portable path runs instead.
 //   roofline          a kernel's floor, max(bytes / bandwidth, flops / peak + bf16 flops / bf16
-//                     peak): no implementation of that work on one core can take less time.
-//                     efficiency = floor / time.
+//                     peak + int8 ops / int8 peak): no implementation of that work on one core can
+//                     take less time. efficiency = floor / time.
 //
 // Times are CPU time of the calling thread (thread_seconds), as in the benchmarks themselves.
 
@@ -34,6 +38,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "phasekv/read/indexer_bf16_kernel.hpp"  // PHASEKV_HAS_BF16_DOT
+#include "phasekv/read/indexer_fp4_kernel.hpp"   // PHASEKV_HAS_INT8_DOT
 
 namespace bench {
 
@@ -134,15 +139,53 @@ inline double bf16_dot_peak() {
 #endif
 }
 
-// The least time a kernel moving `bytes` to or from memory and doing `flops` in fp32 and
-// `bf16_flops` in bf16 dot products can take on one core.
+inline double int8_dot_peak() {
+#if PHASEKV_HAS_INT8_DOT
+  static const double peak = [] {
+    constexpr std::int64_t steps = 4'000'000;
+    const __m512i x = _mm512_set1_epi32(0x01020304), y = _mm512_set1_epi32(0x01FF01FF);  // −2 a step: no overflow
+    double best = 0.0;
+    for (int pass = 0; pass < 5; ++pass) {
+      // Twelve different starts: chains that start equal are one chain to the compiler (it merges
+      // identical computations), which would time one instruction per step and count twelve.
+      __m512i a0 = _mm512_set1_epi32(1), a1 = _mm512_set1_epi32(2), a2 = _mm512_set1_epi32(3),
+              a3 = _mm512_set1_epi32(4), a4 = _mm512_set1_epi32(5), a5 = _mm512_set1_epi32(6),
+              a6 = _mm512_set1_epi32(7), a7 = _mm512_set1_epi32(8), a8 = _mm512_set1_epi32(9),
+              a9 = _mm512_set1_epi32(10), a10 = _mm512_set1_epi32(11), a11 = _mm512_set1_epi32(12);
+      const double t0 = thread_seconds();
+      for (std::int64_t i = 0; i < steps; ++i) {
+        a0 = _mm512_dpbusd_epi32(a0, x, y), a1 = _mm512_dpbusd_epi32(a1, x, y), a2 = _mm512_dpbusd_epi32(a2, x, y);
+        a3 = _mm512_dpbusd_epi32(a3, x, y), a4 = _mm512_dpbusd_epi32(a4, x, y), a5 = _mm512_dpbusd_epi32(a5, x, y);
+        a6 = _mm512_dpbusd_epi32(a6, x, y), a7 = _mm512_dpbusd_epi32(a7, x, y), a8 = _mm512_dpbusd_epi32(a8, x, y);
+        a9 = _mm512_dpbusd_epi32(a9, x, y), a10 = _mm512_dpbusd_epi32(a10, x, y), a11 = _mm512_dpbusd_epi32(a11, x, y);
+      }
+      const double seconds = thread_seconds() - t0;
+      const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                                           _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)),
+                                                            _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11))));
+      benchmark::DoNotOptimize(sum);
+      best = std::max(best, 12.0 * 2.0 * 64.0 * static_cast<double>(steps) / seconds);
+    }
+    std::fprintf(stderr, "machine: int8 dot-product peak of one core, measured: %.1f GOP/s\n", best * 1e-9);
+    return best;
+  }();
+  return peak;
+#else
+  return fma_peak();
+#endif
+}
+
+// The least time a kernel moving `bytes` to or from memory and doing `flops` in fp32,
+// `bf16_flops` in bf16 dot products and `int8_ops` in int8 dot products can take on one core.
 struct roofline {
   double bytes = 0.0;
   double flops = 0.0;
   double bf16_flops = 0.0;
+  double int8_ops = 0.0;
 
   double floor_seconds() const {
-    const double compute = flops / fma_peak() + (bf16_flops > 0.0 ? bf16_flops / bf16_dot_peak() : 0.0);
+    const double compute = flops / fma_peak() + (bf16_flops > 0.0 ? bf16_flops / bf16_dot_peak() : 0.0) +
+                           (int8_ops > 0.0 ? int8_ops / int8_dot_peak() : 0.0);
     return std::max(bytes / read_bandwidth(), compute);
   }
 

@@ -35,6 +35,7 @@
 #include "phasekv/compress/stream_state.hpp"
 
 // cache
+#include "phasekv/cache/fp4.hpp"
 #include "phasekv/cache/fp8.hpp"
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/model_cache.hpp"
@@ -49,6 +50,7 @@
 // read
 #include "phasekv/read/attention_kernel.hpp"
 #include "phasekv/read/indexer_bf16_kernel.hpp"
+#include "phasekv/read/indexer_fp4_kernel.hpp"
 #include "phasekv/read/indexer_kernel.hpp"
 #include "phasekv/read/presets.hpp"
 #include "phasekv/read/read_types.hpp"

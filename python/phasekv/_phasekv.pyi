@@ -265,6 +265,7 @@ class StorageType:
     bf16: ClassVar[StorageType]
     f16: ClassVar[StorageType]
     fp8_e4m3_block: ClassVar[StorageType]
+    fp4_e2m1_hadamard: ClassVar[StorageType]
     __members__: ClassVar[dict[str, StorageType]]
     def __init__(self, value: int) -> None: ...
     def __int__(self) -> int: ...
@@ -391,6 +392,7 @@ class PagedCache:
 class IndexerPrecision:
     f32: ClassVar[IndexerPrecision]
     bf16: ClassVar[IndexerPrecision]
+    fp4: ClassVar[IndexerPrecision]
     __members__: ClassVar[dict[str, IndexerPrecision]]
     def __init__(self, value: int) -> None: ...
     def __int__(self) -> int: ...

@@ -77,7 +77,8 @@ void init_cache(const modules& m) {
       .value("f32", storage_type::f32)
       .value("bf16", storage_type::bf16)
       .value("f16", storage_type::f16)
-      .value("fp8_e4m3_block", storage_type::fp8_e4m3_block);
+      .value("fp8_e4m3_block", storage_type::fp8_e4m3_block)
+      .value("fp4_e2m1_hadamard", storage_type::fp4_e2m1_hadamard);
 
   struct_binding<raw_window_config>(root, "RawWindowConfig", "The raw local window a sequence keeps.")
       .field("tokens", &raw_window_config::tokens, "N_win; 0 keeps no window")

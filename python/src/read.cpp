@@ -74,7 +74,8 @@ void init_read(const modules& m) {
 
   py::enum_<indexer_precision>(root, "IndexerPrecision", "What the lightning indexer multiplies.")
       .value("f32", indexer_precision::f32)
-      .value("bf16", indexer_precision::bf16);
+      .value("bf16", indexer_precision::bf16)
+      .value("fp4", indexer_precision::fp4);
 
   // indexer_stream is a std::size_t with no_stream for "none": None in Python.
   struct_binding<reader_config>(root, "ReaderConfig",

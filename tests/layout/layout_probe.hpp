@@ -74,6 +74,7 @@ layout_report PHASEKV_LAYOUT_PROBE() {
   PHASEKV_LAYOUT(openmp_executor);
   PHASEKV_LAYOUT(kernels::indexer_queries);
   PHASEKV_LAYOUT(kernels::indexer_bf16_queries);
+  PHASEKV_LAYOUT(kernels::indexer_fp4_queries);
   PHASEKV_LAYOUT(kernels::attention_queries);
 #undef PHASEKV_LAYOUT
   r.types.push_back({"sparse_reader::sequence_work", detail::layout_access::sequence_work_size(),

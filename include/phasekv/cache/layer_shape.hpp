@@ -34,7 +34,8 @@ struct raw_window_config {
 
 // One stream's entries: kv_heads × channels elements of `storage`, and whether the policy that
 // wrote them rotated them by RoPE (only then does `rope` mean anything). fp8_e4m3_block entries
-// keep the last stored_rope_channels() channels of each head in bf16.
+// keep the last stored_rope_channels() channels of each head in bf16; fp4_e2m1_hadamard entries
+// (an indexer stream's only) hold every channel transformed and quantized (cache/fp4.hpp).
 struct stream_shape {
   std::string name = "stream";
   stream_role role = stream_role::key_value;

@@ -26,6 +26,11 @@
 // rope_channels). page_pool_config::rope_channels says how many trailing channels are RoPE
 // channels; it must be 0 for the other storage types, whose channels are all alike.
 //
+// fp4_e2m1_hadamard (cache/fp4.hpp) is laid out the same way with a head of
+// fp4_head_layout::of(channels).bytes bytes — channels / 2 bytes of e2m1 codes, then one scale
+// byte per 32 channels, no padding: 68 bytes for DeepSeek-V4's 128-channel indexer keys. Its
+// channel count must be a power of two from 32 to 1024 (the Hadamard transform, the blocks).
+//
 // Memory: one contiguous block from the config's page_memory (the host's arena, pinned or
 // huge-page memory; by default anonymous memory the OS commits on first write, page_memory.hpp).
 // The pool never touches a page before handing it out and hands out the lowest free pages
@@ -70,6 +75,7 @@
 #include <utility>
 #include <vector>
 
+#include "phasekv/cache/fp4.hpp"
 #include "phasekv/cache/fp8.hpp"
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/storage.hpp"
@@ -104,6 +110,10 @@ struct page_pool_config {
     require(kv_heads >= 1, name + ".kv_heads", kv_heads, "must be at least 1");
     require(channels >= 1, name + ".channels", channels, "must be at least 1");
     require(is_valid(storage), name + ".storage", static_cast<int>(storage), "is not a storage_type");
+    if (storage == storage_type::fp4_e2m1_hadamard)
+      require(is_fp4_channel_count(channels), name + ".channels", channels,
+              "must be a power of two in [32, 1024] for fp4_e2m1_hadamard storage (a Hadamard transform "
+              "over the head, a scale per 32 channels)");
     if (storage == storage_type::fp8_e4m3_block)
       require(rope_channels >= 0 && rope_channels <= channels, name + ".rope_channels", rope_channels,
               "must lie in [0, channels = " + std::to_string(channels) + "]");
@@ -113,12 +123,15 @@ struct page_pool_config {
     require(capacity >= 1, name + ".capacity", capacity, "must be at least 1");
     require(capacity <= std::numeric_limits<page_id>::max(), name + ".capacity", capacity,
             "must be at most 2^31 - 1 (page ids are 32-bit)");
-    // Multiply step by step so no product can overflow before it is checked. An fp8 head counts
-    // as its bytes (at most 2 · channels + 8, so the channel count is bounded first).
+    // Multiply step by step so no product can overflow before it is checked. A block head counts
+    // as its bytes (fp8: at most 2 · channels + 8, so the channel count is bounded first; fp4:
+    // fewer than channels).
     std::int64_t bytes = bytes_per_element(storage), per_head = channels;
     if (storage == storage_type::fp8_e4m3_block) {
       require(channels <= max_pool_bytes / 4, name + ".channels", channels, "makes the pool larger than 2^48 bytes");
       per_head = fp8_head_layout::of(channels, rope_channels).bytes;
+    } else if (storage == storage_type::fp4_e2m1_hadamard) {
+      per_head = fp4_head_layout::of(channels).bytes;
     }
     const std::pair<const char*, std::int64_t> factors[] = {
         {"channels", per_head}, {"kv_heads", kv_heads}, {"page_size", page_size}, {"capacity", capacity}};
@@ -132,7 +145,8 @@ struct page_pool_config {
 
 // Where an element lives inside the pool, in elements and in bytes, ready to hand to a host
 // kernel (FlashInfer's stride_page / stride_n / stride_h; channels have stride 1). For
-// fp8_e4m3_block the element is a byte and a head is fp8() bytes (see the header comment).
+// fp8_e4m3_block the element is a byte and a head is fp8() bytes, for fp4_e2m1_hadamard fp4()
+// bytes (see the header comment).
 struct page_layout {
   std::int64_t page_size = 0;
   std::int64_t kv_heads = 0;
@@ -140,7 +154,7 @@ struct page_layout {
   storage_type storage = storage_type::f32;
   std::int64_t element_bytes = 0;
 
-  std::int64_t head_stride = 0;   // = channels (fp8: the head's bytes)
+  std::int64_t head_stride = 0;   // = channels (fp8, fp4: the head's bytes)
   std::int64_t entry_stride = 0;  // = kv_heads · head_stride
   std::int64_t page_stride = 0;   // = page_size · entry_stride, rounded up to a multiple of 64 bytes
 
@@ -156,6 +170,8 @@ struct page_layout {
   std::int64_t values_per_entry() const noexcept { return kv_heads * channels; }
   // The block layout of one head (fp8_e4m3_block only).
   fp8_head_layout fp8() const noexcept { return fp8_head_layout::of(channels, rope_channels); }
+  // The block layout of one head (fp4_e2m1_hadamard only).
+  fp4_head_layout fp4() const noexcept { return fp4_head_layout::of(channels); }
 
   // The element size and the head and entry strides of packed entries of this shape; the page
   // fields are left 0. Expects a valid shape (page_pool_config::validate's rules).
@@ -167,7 +183,9 @@ struct page_layout {
     layout.storage = storage;
     layout.element_bytes = bytes_per_element(storage);
     layout.rope_channels = rope_channels;
-    layout.head_stride = storage == storage_type::fp8_e4m3_block ? layout.fp8().bytes : channels;
+    layout.head_stride = storage == storage_type::fp8_e4m3_block      ? layout.fp8().bytes
+                         : storage == storage_type::fp4_e2m1_hadamard ? layout.fp4().bytes
+                                                                      : channels;
     layout.entry_stride = kv_heads * layout.head_stride;
     layout.head_stride_bytes = layout.head_stride * layout.element_bytes;
     layout.entry_stride_bytes = layout.entry_stride * layout.element_bytes;
@@ -186,31 +204,41 @@ struct page_layout {
 };
 
 // Converts `count` entries of fp32 values (values_per_entry() each, head-major) into the layout's
-// storage at dst, entry after entry entry_stride_bytes apart; load_entries converts back (exactly:
-// every stored value is an fp32 value). dst and src need the alignment of the storage's element
-// (2 bytes for bf16/f16, 4 for f32; none for fp8_e4m3_block).
+// storage at dst, entry after entry entry_stride_bytes apart (fp8: quantized; fp4: transformed
+// and quantized); load_entries converts back — exactly, every stored value being an fp32 value;
+// for fp4_e2m1_hadamard the stored values are those of the transformed keys (cache/fp4.hpp).
+// dst and src need the alignment of the storage's element (2 bytes for bf16/f16, 4 for f32;
+// none for the block types).
 inline void store_entries(const page_layout& layout, const float* values, std::int64_t count, std::byte* dst) {
-  if (layout.storage != storage_type::fp8_e4m3_block) {
+  const auto head_values = [&](std::int64_t e, std::int64_t h) { return values + (e * layout.kv_heads + h) * layout.channels; };
+  const auto head_bytes = [&](std::int64_t e, std::int64_t h) { return dst + e * layout.entry_stride_bytes + h * layout.head_stride_bytes; };
+  if (layout.storage == storage_type::fp8_e4m3_block) {
+    const fp8_head_layout head = layout.fp8();
+    for (std::int64_t e = 0; e < count; ++e)
+      for (std::int64_t h = 0; h < layout.kv_heads; ++h) fp8_quantize_head(head_values(e, h), head, head_bytes(e, h));
+  } else if (layout.storage == storage_type::fp4_e2m1_hadamard) {
+    const fp4_head_layout head = layout.fp4();
+    for (std::int64_t e = 0; e < count; ++e)
+      for (std::int64_t h = 0; h < layout.kv_heads; ++h) fp4_quantize_head(head_values(e, h), head, head_bytes(e, h));
+  } else {
     store_row(values, dst, count * layout.values_per_entry(), layout.storage);
-    return;
   }
-  const fp8_head_layout head = layout.fp8();
-  for (std::int64_t e = 0; e < count; ++e)
-    for (std::int64_t h = 0; h < layout.kv_heads; ++h)
-      fp8_quantize_head(values + (e * layout.kv_heads + h) * layout.channels, head,
-                        dst + e * layout.entry_stride_bytes + h * layout.head_stride_bytes);
 }
 
 inline void load_entries(const page_layout& layout, const std::byte* src, std::int64_t count, float* values) {
-  if (layout.storage != storage_type::fp8_e4m3_block) {
+  const auto head_values = [&](std::int64_t e, std::int64_t h) { return values + (e * layout.kv_heads + h) * layout.channels; };
+  const auto head_bytes = [&](std::int64_t e, std::int64_t h) { return src + e * layout.entry_stride_bytes + h * layout.head_stride_bytes; };
+  if (layout.storage == storage_type::fp8_e4m3_block) {
+    const fp8_head_layout head = layout.fp8();
+    for (std::int64_t e = 0; e < count; ++e)
+      for (std::int64_t h = 0; h < layout.kv_heads; ++h) fp8_dequantize_head(head_bytes(e, h), head, head_values(e, h));
+  } else if (layout.storage == storage_type::fp4_e2m1_hadamard) {
+    const fp4_head_layout head = layout.fp4();
+    for (std::int64_t e = 0; e < count; ++e)
+      for (std::int64_t h = 0; h < layout.kv_heads; ++h) fp4_dequantize_head(head_bytes(e, h), head, head_values(e, h));
+  } else {
     load_row(src, values, count * layout.values_per_entry(), layout.storage);
-    return;
   }
-  const fp8_head_layout head = layout.fp8();
-  for (std::int64_t e = 0; e < count; ++e)
-    for (std::int64_t h = 0; h < layout.kv_heads; ++h)
-      fp8_dequantize_head(src + e * layout.entry_stride_bytes + h * layout.head_stride_bytes, head,
-                          values + (e * layout.kv_heads + h) * layout.channels);
 }
 
 namespace detail {
@@ -341,7 +369,8 @@ class page_pool {
   }
 
   // Stores one entry (kv_heads × channels fp32, head-major) at `slot`, converted to the storage
-  // type (fp8_e4m3_block: quantized, cache/fp8.hpp).
+  // type (fp8_e4m3_block: quantized, cache/fp8.hpp; fp4_e2m1_hadamard: transformed and
+  // quantized, cache/fp4.hpp).
   void write_entry(page_id id, std::int64_t slot, const float* values) {
     require_allocated(id, "write_entry");
     require_slot(slot, "write_entry");
@@ -349,7 +378,8 @@ class page_pool {
     store_entries(layout_, values, 1, page_bytes(id) + slot * layout_.entry_stride_bytes);
   }
 
-  // Loads the entry at `slot` into out (kv_heads × channels fp32).
+  // Loads the entry at `slot` into out (kv_heads × channels fp32; fp4_e2m1_hadamard: the stored,
+  // transformed values).
   void read_entry(page_id id, std::int64_t slot, float* out) const {
     require_allocated(id, "read_entry");
     require_slot(slot, "read_entry");

@@ -77,7 +77,9 @@ struct cache_config {
   // Per stream, overriding `storage` (empty: every stream uses `storage`) — e.g. bf16 indexer
   // keys next to fp32 KV entries, for reader_config::indexer_precision = bf16. An
   // fp8_e4m3_block stream keeps its rope config's channels in bf16 when its policy applies RoPE
-  // (DeepSeek-V4: 448 e4m3 channels + 64 bf16, 584 bytes an entry; cache/fp8.hpp).
+  // (DeepSeek-V4: 448 e4m3 channels + 64 bf16, 584 bytes an entry; cache/fp8.hpp). An indexer
+  // stream may be stored as fp4_e2m1_hadamard (DeepSeek-V4: 68 bytes an entry, cache/fp4.hpp), for
+  // reader_config::precision = indexer_precision::fp4; no other role may.
   std::vector<storage_type> stream_storage;
   std::int64_t history = 0;          // tokens remove_suffix may roll back beyond the minimum
   raw_window_config window;
@@ -143,7 +145,8 @@ struct sequence_memory {
 //   address = base + page · layout.page_stride_bytes + slot · layout.entry_stride_bytes
 //             + head · layout.head_stride_bytes + channel · layout.element_bytes
 // (fp8_e4m3_block: the head's block layout starts at the address without the channel term —
-// 584 bytes per entry for DeepSeek-V4, FlashMLA's layout; cache/fp8.hpp).
+// 584 bytes per entry for DeepSeek-V4, FlashMLA's layout; cache/fp8.hpp; fp4_e2m1_hadamard
+// likewise, 68 bytes per DeepSeek-V4 indexer key, cache/fp4.hpp).
 // It is the batch of the rows' stream views (sequence_view.hpp, what the reader reads) with the
 // CSR arrays derived from them. The view does not own anything; it is valid until the next call
 // that writes the cache.
@@ -181,6 +184,12 @@ class paged_cache {
       p.channels = stream_shape(k).second;
       p.storage = config_.stream_storage.empty() ? config_.storage : config_.stream_storage[k];
       p.rope_channels = p.storage == storage_type::fp8_e4m3_block ? stored_rope_channels(k) : 0;
+      if (p.storage == storage_type::fp4_e2m1_hadamard && stream_role_of(k) != stream_role::indexer)
+        detail::fail<config_error>(config_.name + (config_.stream_storage.empty() ? std::string(".storage")
+                                                                                   : ".stream_storage[" + std::to_string(k) + "]"),
+                                   to_string(p.storage),
+                                   "is for indexer streams only (their keys are scored in the transformed basis, never "
+                                   "attended to); stream " + std::to_string(k) + " has another role");
       p.capacity = config_.pages;
       p.memory = config_.memory;
       const bool shared = !config_.shared_pools.empty() && config_.shared_pools[k] != nullptr;
@@ -716,6 +725,14 @@ class paged_cache {
       if (i == k && layer_.applies_rope(k)) channels = c.config().rope.channels;
     });
     return channels;
+  }
+
+  stream_role stream_role_of(std::size_t k) const {
+    stream_role role = stream_role::key_value;
+    for_each_stream([&](std::size_t i, const auto& c) {
+      if (i == k) role = c.config().role;
+    });
+    return role;
   }
 
   std::pair<std::int64_t, std::int64_t> stream_shape(std::size_t k) const {

@@ -54,10 +54,10 @@ inline cache_config deepseek_v4_1_csa_cache(std::int64_t pages, std::int64_t his
 // How the lightning indexer's compressed keys are stored in the precision caches.
 // ---------------------------------------------------------------------------------------------
 // >>> FP4 PLUGS IN HERE (issue 13). DeepSeek-V4 runs its indexer on FP4 keys and queries
-// (fp4_act_quant); the FP4 storage type is being built on its own branch. Until it lands, the
-// keys are kept in bf16 — the dtype of the reference code's indexer cache — and read by the fp32
-// or bf16 indexer (reader_config::precision). Every precision preset takes the indexer's
-// storage from this one function.
+// (fp4_act_quant): storage_type::fp4_e2m1_hadamard (cache/fp4.hpp), read only by
+// indexer_precision::fp4. The presets keep bf16 keys — the dtype of the reference code's indexer
+// cache, readable by the fp32 or bf16 indexer — until matching precision reader presets exist;
+// every precision preset takes the indexer's storage from this one function.
 // ---------------------------------------------------------------------------------------------
 inline storage_type deepseek_v4_indexer_storage() { return storage_type::bf16; }
 

@@ -8,7 +8,7 @@
 //   std::vector<std::byte> bytes = snapshot(prefill_cache, seq);           // or snapshot_into()
 //   sequence_id moved = restore(decode_cache, bytes);                      // a new sequence
 //
-// What a snapshot holds: every stream's entries (as stored: fp32, bf16, fp16 or FP8 blocks), every stream's
+// What a snapshot holds: every stream's entries (as stored: fp32, bf16, fp16, FP8 or FP4 blocks), every stream's
 // compressor state (counts and the ring of pending inputs), the raw window ring with its first
 // kept token, the token count, and a fingerprint of the configuration those bytes assume.
 //
@@ -26,7 +26,9 @@
 //     entries are copied byte for byte, so a restored fp8 cache reads bit-identically), or
 //     bf16/f16/fp8_e4m3_block into f32 (exact widening: every stored value is an fp32 value).
 //     Everything else is rejected as lossy: f32 into bf16/f16/fp8, bf16 ↔ f16, and any type into
-//     fp8 but fp8 (re-quantizing rounds again);
+//     fp8 but fp8 (re-quantizing rounds again). fp4_e2m1_hadamard entries restore only as
+//     fp4_e2m1_hadamard, byte for byte: their values are the indexer keys in the transformed
+//     basis (cache/fp4.hpp), which no other storage type means;
 //   - cache_config::history. The rings are re-laid: the compressor ring (W + history rows) and the
 //     window ring (window.tokens + history rows) keep token t in row t mod rows, so restore copies
 //     each kept token's row to its row in the destination's ring. A destination with a smaller
@@ -91,7 +93,7 @@
 //       u32 rope (1 none, 2 after pooling, 3 before pooling), u32 norm (1 none, 2 RMSNorm),
 //       u32 role (stream_role + 1), i64 channels, i64 kv_heads, u32 inputs (input_layout + 1),
 //       u32 storage (storage_type + 1, as the entries are written: 1 f32, 2 bf16, 3 f16,
-//       4 fp8_e4m3_block),
+//       4 fp8_e4m3_block, 5 fp4_e2m1_hadamard),
 //       i64 rope.channels, f64 rope.base, u32 rope.layout (rope_layout + 1), u32 yarn.enabled,
 //       f64 yarn.factor, i64 yarn.original_context, f64 yarn.beta_fast, f64 yarn.beta_slow
 //       (the RoPE fields all 0 for a policy without RoPE, the YaRN ones 0 when it is off),
@@ -108,7 +110,8 @@
 //                 elements of the stream's storage type, entry after entry (no page padding);
 //                 for fp8_e4m3_block, entries × kv_heads heads of fp8_head_layout::of(channels,
 //                 rope.channels).bytes bytes each (cache/fp8.hpp; rope.channels as in the
-//                 stream's fingerprint, 0 without RoPE)
+//                 stream's fingerprint, 0 without RoPE); for fp4_e2m1_hadamard, entries ×
+//                 kv_heads heads of fp4_head_layout::of(channels).bytes bytes each (cache/fp4.hpp)
 //     S … 2S−1    stream k compressor state: i64 tokens, i64 entries, i64 ring_rows (= window +
 //                 history), i64 intact_from (tokens [intact_from, tokens) have their inputs in
 //                 the ring), then f32 payload ring [ring_rows][kv_heads·views·channels] and f32
@@ -255,6 +258,7 @@ inline std::string storage_name(std::uint32_t code) {
     case 2: return "bf16";
     case 3: return "f16";
     case 4: return "fp8_e4m3_block";
+    case 5: return "fp4_e2m1_hadamard";
   }
   return "unknown (" + std::to_string(code) + ")";
 }
@@ -579,7 +583,11 @@ inline void check_compatible(const fingerprint& s, const fingerprint& c) {
     same(k, "slot_bias", a.slot_bias, b.slot_bias, parameter);
     same(k, "norm_weight", a.norm_weight, b.norm_weight, parameter);
     same(k, "slot_profile", a.slot_profile, b.slot_profile, parameter);
-    if (a.storage < 1 || a.storage > 4) fail<input_error>("snapshot: " + name(k, "storage"), a.storage, "is not a storage type");
+    if (a.storage < 1 || a.storage > 5) fail<input_error>("snapshot: " + name(k, "storage"), a.storage, "is not a storage type");
+    if (a.storage != b.storage && a.storage == code_of(storage_type::fp4_e2m1_hadamard))
+      throw input_error("snapshot: " + name(k, "entries are stored as ") + storage_name(a.storage) +
+                        "; the cache stores " + storage_name(b.storage) +
+                        " (FP4 indexer keys hold the keys in the transformed basis: they restore only as fp4_e2m1_hadamard)");
     if (a.storage != b.storage && b.storage != code_of(storage_type::f32))
       throw input_error("snapshot: " + name(k, "entries are stored as ") + storage_name(a.storage) +
                         "; the cache stores " + storage_name(b.storage) +
@@ -1116,7 +1124,7 @@ struct snapshot_access {
       std::byte* destination = pool.data(pages[page]);
       if (from.storage == layout.storage) {
         crc = crc32c_copy(destination, src, bytes, crc);
-      } else {  // bf16/f16/fp8 into f32 (check_compatible allowed nothing else)
+      } else {  // bf16/f16/fp8 into f32 (check_compatible allowed nothing else; fp4 only into fp4)
         crc = crc32c(src, bytes, crc);
         const void* row = src;
         // The 16-bit rows need aligned elements; fp8 blocks are read byte by byte.

@@ -13,6 +13,12 @@
 //         it is stored entry by entry (page_pool.hpp: store_entries, load_entries), never as a
 //         row of equal elements, so the row functions below reject it. Its unit of layout is the
 //         byte (bytes_per_element = 1: a code), but an entry is not channels × 1 bytes.
+//   fp4_e2m1_hadamard
+//         DeepSeek-V4's FP4 indexer keys: per head, the values transformed by a scaled Hadamard
+//         matrix, then e2m1 codes two to a byte in blocks of 32 channels with a UE8M0 scale per
+//         block — 68 bytes for 128 channels (cache/fp4.hpp). Block storage like fp8_e4m3_block
+//         (bytes_per_element = 1, entries converted whole), for indexer streams only: its values
+//         are the keys in the transformed basis, which only the FP4 indexer reads.
 //
 // Narrowing rounds to nearest, ties to even, independent of the FPU's rounding mode and of
 // FTZ/DAZ (the scalar paths are pure integer arithmetic):
@@ -45,12 +51,18 @@
 
 namespace phasekv {
 
-enum class storage_type { f32, bf16, f16, fp8_e4m3_block };
+enum class storage_type { f32, bf16, f16, fp8_e4m3_block, fp4_e2m1_hadamard };
 
-// The size of one stored element: a value of f32/bf16/f16, one code of fp8_e4m3_block (whose
-// entries also hold bf16 values and scales: fp8_head_layout gives their size).
+// Whether entries are stored as a block layout per head (FP8, FP4) rather than as rows of equal
+// elements: their unit of layout is the byte, and they convert entry by entry.
+constexpr bool is_block_storage(storage_type type) noexcept {
+  return type == storage_type::fp8_e4m3_block || type == storage_type::fp4_e2m1_hadamard;
+}
+
+// The size of one stored element: a value of f32/bf16/f16, one byte of a block storage type
+// (whose heads' sizes fp8_head_layout and fp4_head_layout give).
 constexpr std::int64_t bytes_per_element(storage_type type) noexcept {
-  return type == storage_type::f32 ? 4 : type == storage_type::fp8_e4m3_block ? 1 : 2;
+  return type == storage_type::f32 ? 4 : is_block_storage(type) ? 1 : 2;
 }
 
 // Whether every channel is one element of bytes_per_element bytes (store_row and load_row apply).
@@ -64,6 +76,7 @@ inline const char* to_string(storage_type type) noexcept {
     case storage_type::bf16: return "bf16";
     case storage_type::f16: return "f16";
     case storage_type::fp8_e4m3_block: return "fp8_e4m3_block";
+    case storage_type::fp4_e2m1_hadamard: return "fp4_e2m1_hadamard";
   }
   return "unknown";
 }
@@ -71,7 +84,7 @@ inline const char* to_string(storage_type type) noexcept {
 inline std::ostream& operator<<(std::ostream& out, storage_type type) { return out << to_string(type); }
 
 inline bool is_valid(storage_type type) noexcept {
-  return is_row_storage(type) || type == storage_type::fp8_e4m3_block;
+  return is_row_storage(type) || is_block_storage(type);
 }
 
 namespace detail {
@@ -311,7 +324,8 @@ inline void store_row(const float* src, void* dst, std::int64_t n, storage_type 
       for (std::int64_t i = detail::store_f16_simd(src, out, n); i < n; ++i) out[i] = float_to_f16(src[i]);
       return;
     }
-    case storage_type::fp8_e4m3_block: return;  // rejected by row_arguments_ok
+    case storage_type::fp8_e4m3_block:
+    case storage_type::fp4_e2m1_hadamard: return;  // rejected by row_arguments_ok
   }
 }
 
@@ -338,7 +352,8 @@ inline void load_row(const void* src, float* dst, std::int64_t n, storage_type t
       for (std::int64_t i = detail::load_f16_simd(in, dst, n); i < n; ++i) dst[i] = f16_to_float(in[i]);
       return;
     }
-    case storage_type::fp8_e4m3_block: return;  // rejected by row_arguments_ok
+    case storage_type::fp8_e4m3_block:
+    case storage_type::fp4_e2m1_hadamard: return;  // rejected by row_arguments_ok
   }
 }
 

@@ -19,8 +19,11 @@ inline constexpr std::size_t no_stream = static_cast<std::size_t>(-1);
 // What the lightning indexer multiplies: fp32 queries and keys (widened from the indexer
 // stream's storage), or — bf16 — queries rounded to bf16 against keys stored in bf16
 // (indexer_bf16_kernel.hpp): products exact, sums in fp32, twice the throughput with AVX512-BF16
-// and half the key bytes. Attention itself always runs in fp32.
-enum class indexer_precision { f32, bf16 };
+// and half the key bytes; or — fp4 — DeepSeek-V4's FP4 indexer: queries Hadamard-transformed and
+// quantized to e2m1 like the keys, which must be stored as fp4_e2m1_hadamard (cache/fp4.hpp),
+// scored with exact integer dot products (indexer_fp4_kernel.hpp; AVX-512 VNNI where present), a
+// 68-byte key instead of 512. Attention itself always runs in fp32.
+enum class indexer_precision { f32, bf16, fp4 };
 
 struct reader_config {
   std::string name = "reader";
@@ -31,7 +34,9 @@ struct reader_config {
   std::size_t indexer_stream = no_stream;
   std::int64_t top_k = 0;        // 0: attend to every candidate; > 0 needs an indexer stream
   std::int64_t indexer_heads = 0;
-  indexer_precision precision = indexer_precision::f32;  // bf16: the indexer stream must be stored in bf16
+  // bf16: the indexer stream must be stored in bf16; fp4: in fp4_e2m1_hadamard (and a stream
+  // stored so needs fp4).
+  indexer_precision precision = indexer_precision::f32;
   bool sink = false;             // read_request.sinks holds one logit per query head
   bool derotate_output = false;  // tied K/V with RoPE: rotate the output back by the query position
 };

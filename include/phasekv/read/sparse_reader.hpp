@@ -44,7 +44,9 @@
 // executor.
 //
 // Indexer scores come from a fused xsimd kernel over whole pages (indexer_kernel.hpp; in bf16,
-// indexer_bf16_kernel.hpp, when reader_config::precision asks for it); attention runs a kernel
+// indexer_bf16_kernel.hpp, when reader_config::precision asks for it; on FP4 keys and queries,
+// indexer_fp4_kernel.hpp: the queries Hadamard-transformed and quantized once per read, exact
+// integer dot products, DeepSeek-V4's indexer); attention runs a kernel
 // with the query heads in SIMD lanes (attention_kernel.hpp) over row pointers: the selected
 // entries and the window tokens are read where they lie (fp32 storage), never gathered; FP8
 // entries (fp8_e4m3_block) are dequantized inside the kernel's passes, and the read is
@@ -84,6 +86,7 @@
 #include "phasekv/core/span.hpp"
 #include "phasekv/read/attention_kernel.hpp"
 #include "phasekv/read/indexer_bf16_kernel.hpp"
+#include "phasekv/read/indexer_fp4_kernel.hpp"
 #include "phasekv/read/indexer_kernel.hpp"
 #include "phasekv/read/read_types.hpp"
 #include "phasekv/read/softmax_state.hpp"
@@ -183,14 +186,19 @@ class sparse_reader {
     softmax_state total;
   };
 
+  // Which kernel scores a read's indexer keys.
+  enum class indexer_path { f32, bf16_dot, fp4 };
+
   // One sequence of a read in flight: its plan and its scratch (kept across reads).
   struct sequence_work {
     const read_item* item = nullptr;
     std::int64_t position = 0, candidates = 0, top_k = 0, n_entries = 0, w_first = 0, n_win = 0;
     std::int64_t chunk = 0, chunks = 0;
-    bool tracing = false, bf16_dot = false;
+    bool tracing = false;
+    indexer_path path = indexer_path::f32;
     kernels::indexer_queries indexer_queries;
     kernels::indexer_bf16_queries indexer_bf16_queries;  // used only where the bf16 kernel is built
+    kernels::indexer_fp4_queries indexer_fp4_queries;    // fp4 precision
     std::vector<float> rounded_queries;  // bf16 precision without the bf16 kernel
     std::vector<float> scores, rope_cos;
     std::vector<score_task> score_tasks;
@@ -225,6 +233,9 @@ class sparse_reader {
                 "must lie in [0, channels = " + std::to_string(st.channels) +
                     "]: fp8_e4m3_block keeps the RoPE channels of a stream that applies RoPE in bf16");
       }
+      if (st.storage == storage_type::fp4_e2m1_hadamard)
+        require(is_fp4_channel_count(st.channels), f + ".channels", st.channels,
+                "must be a power of two in [32, 1024] for fp4_e2m1_hadamard storage");
     }
     require(config_.query_heads >= 1, n + ".query_heads", config_.query_heads, "must be at least 1");
     require(config_.query_heads <= limits::max_heads, n + ".query_heads", config_.query_heads, "must be at most 2^16");
@@ -239,6 +250,10 @@ class sparse_reader {
             "must be below 2^31 (selected entries are reported as 32-bit indices)");
     const stream_shape& keys = shape_.streams[config_.key_stream];
     const stream_shape& values = shape_.streams[config_.value_stream];
+    // FP4 entries are indexer keys in the transformed basis (cache/fp4.hpp): nothing to attend to.
+    for (const auto& [field, stream] : {std::pair<const char*, const stream_shape*>{".key_stream", &keys}, {".value_stream", &values}})
+      require(stream->storage != storage_type::fp4_e2m1_hadamard, n + field, "'" + stream->name + "'",
+              "is stored as fp4_e2m1_hadamard, which only the FP4 indexer reads (attention needs another storage type)");
     kv_heads_ = keys.kv_heads;
     key_channels_ = keys.channels;
     value_channels_ = values.channels;
@@ -271,6 +286,14 @@ class sparse_reader {
         require(ix.storage == storage_type::bf16, n + ".precision", "bf16",
                 std::string("needs the indexer stream stored in bf16 (cache_config.stream_storage), not ") +
                     to_string(ix.storage));
+      if (config_.precision == indexer_precision::fp4)
+        require(ix.storage == storage_type::fp4_e2m1_hadamard, n + ".precision", "fp4",
+                std::string("needs the indexer stream stored in fp4_e2m1_hadamard (cache_config.stream_storage), not ") +
+                    to_string(ix.storage));
+      else
+        require(ix.storage != storage_type::fp4_e2m1_hadamard, n + ".precision",
+                config_.precision == indexer_precision::bf16 ? "bf16" : "f32",
+                "must be fp4 for an indexer stream stored in fp4_e2m1_hadamard (its keys are in the transformed basis)");
     }
     if (config_.derotate_output) {
       require(config_.key_stream == config_.value_stream, n + ".derotate_output", "true",
@@ -414,7 +437,7 @@ class sparse_reader {
     if (l.storage != st.storage) bad("layout.storage", to_string(l.storage), std::string("must be the stream's ") + to_string(st.storage));
     if (l.kv_heads != st.kv_heads) bad("layout.kv_heads", l.kv_heads, "must be the stream's " + std::to_string(st.kv_heads));
     if (l.channels != st.channels) bad("layout.channels", l.channels, "must be the stream's " + std::to_string(st.channels));
-    const bool fp8 = st.storage == storage_type::fp8_e4m3_block;
+    const bool fp8 = st.storage == storage_type::fp8_e4m3_block, blocks = is_block_storage(st.storage);
     const std::int64_t rope = fp8 ? stored_rope_channels(st) : 0;
     if (l.rope_channels != rope)
       bad("layout.rope_channels", l.rope_channels,
@@ -426,11 +449,12 @@ class sparse_reader {
     if (l.page_size < 1 || l.page_size > limits::max_tokens) bad("layout.page_size", l.page_size, "must lie in [1, 2^48]");
     if (l.head_stride != packed.head_stride || l.head_stride_bytes != packed.head_stride_bytes)
       bad("layout.head_stride", l.head_stride,
-          fp8 ? "must be the fp8 head's bytes = " + std::to_string(packed.head_stride) + " (packed heads)"
-              : "must be channels = " + std::to_string(l.channels) + " (packed heads)");
+          blocks ? std::string(fp8 ? "must be the fp8" : "must be the fp4") + " head's bytes = " +
+                       std::to_string(packed.head_stride) + " (packed heads)"
+                 : "must be channels = " + std::to_string(l.channels) + " (packed heads)");
     if (l.entry_stride != packed.entry_stride || l.entry_stride_bytes != packed.entry_stride_bytes)
       bad("layout.entry_stride", l.entry_stride,
-          (fp8 ? "must be kv_heads × head bytes = " : "must be kv_heads × channels = ") +
+          (blocks ? "must be kv_heads × head bytes = " : "must be kv_heads × channels = ") +
               std::to_string(packed.entry_stride) + " (packed entries)");
     std::int64_t payload = 0;
     if (!detail::product_within(l.page_size, l.entry_stride_bytes, limits::max_bytes, payload) ||
@@ -555,7 +579,7 @@ class sparse_reader {
     const read_item& it = *w.item;
     const read_request& r = it.request;
     if (w.chunks > 0) {
-      w.bf16_dot = prepare_indexer(w, r);
+      w.path = prepare_indexer(w, r);
       w.scores.resize(static_cast<std::size_t>(w.candidates));
       w.score_tasks.resize(static_cast<std::size_t>(w.chunks));
     }
@@ -571,16 +595,22 @@ class sparse_reader {
     }
   }
 
-  // The indexer queries in the layout of the kernel that will score them; true when that is the
-  // bf16 dot-product kernel (bf16 precision, AVX512-BF16, an even channel count).
-  bool prepare_indexer(sequence_work& w, const read_request& r) {
+  // The indexer queries in the layout of the kernel that will score them: the bf16 dot-product
+  // kernel (bf16 precision, AVX512-BF16, an even channel count), the FP4 kernel (fp4 precision),
+  // or the fp32 kernel.
+  indexer_path prepare_indexer(sequence_work& w, const read_request& r) {
     const float* queries = r.indexer_queries.data();
+    if (config_.precision == indexer_precision::fp4) {
+      kernels::indexer_fp4::prepare(queries, r.indexer_weights.data(), config_.indexer_heads, indexer_channels_,
+                                    w.indexer_fp4_queries);
+      return indexer_path::fp4;
+    }
     if (config_.precision == indexer_precision::bf16) {
 #if PHASEKV_HAS_BF16_DOT
       if (kernels::indexer_bf16::supports(indexer_channels_)) {
         kernels::indexer_bf16::prepare(queries, r.indexer_weights.data(), config_.indexer_heads, indexer_channels_,
                                        w.indexer_bf16_queries);
-        return true;
+        return indexer_path::bf16_dot;
       }
 #endif
       w.rounded_queries.resize(r.indexer_queries.size());
@@ -589,7 +619,7 @@ class sparse_reader {
     }
     kernels::indexer<>::prepare(queries, r.indexer_weights.data(), config_.indexer_heads, indexer_channels_,
                                 w.indexer_queries);
-    return false;
+    return indexer_path::f32;
   }
 
   // Scores I_j of one chunk of whole pages into w.scores, and the chunk's top k.
@@ -602,8 +632,12 @@ class sparse_reader {
     for (std::int64_t j = first; j < last; j += page_size) {
       const std::int64_t count = std::min(page_size, last - j);
       const std::byte* bytes = sv.base + sv.pages[static_cast<std::size_t>(j / page_size)] * layout.page_stride_bytes;
+      if (w.path == indexer_path::fp4) {
+        kernels::indexer_fp4::score(w.indexer_fp4_queries, bytes, layout.entry_stride_bytes, count, w.scores.data() + j);
+        continue;
+      }
 #if PHASEKV_HAS_BF16_DOT
-      if (w.bf16_dot) {
+      if (w.path == indexer_path::bf16_dot) {
         kernels::indexer_bf16::score(w.indexer_bf16_queries, reinterpret_cast<const std::uint16_t*>(bytes),
                                      layout.entry_stride, count, w.scores.data() + j);
         continue;

@@ -1,0 +1,430 @@
+#pragma once
+// The lightning indexer on FP4 keys and queries (reader_config::precision = indexer_precision::fp4),
+// as DeepSeek-V4 runs it (issue 13, docs/DESIGN.md §9):
+//
+//   I_j = Σ_h w_h · ReLU(q̂_h · k̂_j)
+//
+// with w_h the weights as the host hands them over (DeepSeek-V4: weights_proj(x) · 128^−0.5 ·
+// 64^−0.5); k̂_j the indexer key of entry j as stored in fp4_e2m1_hadamard (cache/fp4.hpp) —
+// transformed by C^−1/2·H_C, quantized to e2m1 codes with one power-of-two scale per 32
+// channels; q̂_h query head h transformed and quantized the same way here, once per read
+// (prepare). The transform is orthogonal, so q̂·k̂ approximates q·k; the approximation is the
+// quantization's alone.
+//
+// The arithmetic, exact where it can be. Write Q_i = 2·e2m1 of a query code and K_i of a key
+// code, integers in [−12, 12], and e_b, f_b the block exponents of query and key (s = 2^e). Then
+//
+//   q̂_h · k̂_j = Σ_b P_b · 2^(e_b + f_b − 2),     P_b = Σ_{i in block b} Q_i · K_i
+//
+// where each P_b is an exact integer (|P_b| ≤ 32 · 144 = 4608: int32, even int16) and each term
+// an exact double (|P_b| < 2^13, exponent in [−254, 250]). The portable path sums the terms in
+// double, block after block (acc = fma(P_b, 2^(e_b − 1) · 2^(f_b − 1), acc)): exact whenever the
+// nonzero terms of one head and key lie within 38 binades of each other (4 · 4608 · 2^span <
+// 2^53 — e.g. whenever the query's and the key's block exponents each span at most 19; a block of
+// zeros adds an exact 0 at any scale; after the transform a vector's blocks have similar scales,
+// 0 to 2 binades apart). Only there do the two paths below promise more than determinism and
+// agreement with each other, and there both give
+//
+//   d_hj = fp32(q̂_h · k̂_j)        the exact dot product rounded once to fp32 (nearest even)
+//
+// equal to a double-precision evaluation of the same dequantized values (tests/test_read_fp4.cpp).
+// A NaN block (scale byte 0xFF, cache/fp4.hpp) makes d NaN. Then, per key, in fp32:
+//
+//   r_h = d_h if d_h > 0, else 0              (NaN → 0, as the fp32 kernel's max(d, 0) does)
+//   heads in blocks of 64, each of 16 lanes × 4 groups: lane l of block B accumulates
+//     a_l = fma(r_h, w_h, a_l) over h = 64B + 16g + l, g = 0, 1, 2, 3 (from a_l = +0)
+//   s_B = ((a_l + a_{l+8}) then + the same at distance 4, 2, 1): a_0 after four pairwise halvings
+//   I_j = (0 + s_0) + s_1 + …                  (over head blocks, in order)
+//
+// with true fused multiply-adds on both paths (never a product rounded first), so that the
+// portable path and the SIMD path give the same bits for every key — and for every key whose
+// exact dot products are representable as above, the same bits as the defining formula.
+//
+// The SIMD path (AVX-512 VNNI: __AVX512VNNI__ with AVX512F/BW, 128-channel multiples; else the
+// portable path runs). It folds the block scales into the integer codes, so that a whole key is
+// one int32 dot product per head: with E_h = min_b e_hb and F_j = min_b f_jb, Q'_i = Q_i ·
+// 2^(e_b − E_h) and K'_i = K_i · 2^(f_b − F_j), and
+//
+//   q̂_h · k̂_j = P' · 2^(E_h − 2) · 2^(F_j),     P' = Σ_i Q'_i · K'_i
+//
+// exactly. When every block exponent lies within 3 of the vector's least (and, for a key, the least
+// scale byte is not 0: 2^−127 is no normal fp32), |Q'|, |K'| ≤ 96 fit in
+// int8, and vpdpbusd (unsigned × signed bytes, four products per int32 lane) computes P' with the
+// key as the unsigned side, K' + 96 ∈ [0, 192], and the query's correction −96·Σ_i Q'_i loaded as
+// the accumulator's start: |P'| ≤ C · 96 · 96 < 2^24 for C ≤ 1024, so P' is exact in fp32, and
+// P' · 2^(E_h − 2) is exact for E_h ∈ [−124, 105]; the product by 2^F_j then rounds once: d_hj
+// again, bit for bit. Keys are unpacked 64 bytes (4 blocks) at a time with vpshufb, whose
+// per-128-bit-lane tables hold each block's shifted codes. A key outside those bounds (a block
+// exponent 4 or more above its least, a NaN block) is scored by the portable path; a query
+// outside them sends the whole read there. Heads lie in lanes (16 per register, 4 registers per
+// 64-head block), a tile of 4 keys keeps 16 accumulators in registers, and one broadcast of four
+// key bytes feeds four vpdpbusd. Keys are planned 16 at a time (their scale bytes gathered) and
+// unpacked up to 16 KiB at a time before any is scored. On DeepSeek-V4's shape (64 heads, 128
+// channels) it runs at about three quarters of this machine's measured int8 dot-product peak
+// (bench_read: BM_sparse_decode_v4_precision, indexer_of_int8_peak).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "phasekv/cache/fp4.hpp"
+#include "phasekv/simd/batch.hpp"
+#include "phasekv/simd/unroll.hpp"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define PHASEKV_HAS_INT8_DOT 1
+#else
+#define PHASEKV_HAS_INT8_DOT 0
+#endif
+
+namespace phasekv::kernels {
+
+// Whether this build scores FP4 indexer keys with vpdpbusd.
+inline constexpr bool has_int8_dot = PHASEKV_HAS_INT8_DOT != 0;
+
+// The queries of one read, transformed and quantized, in the layouts of both paths. The same
+// layout in every build (the reader holds one); the SIMD fields stay empty where that path is
+// not compiled in.
+struct indexer_fp4_queries {
+  std::int64_t heads = 0, channels = 0, blocks = 0, head_blocks = 0;
+  std::vector<std::int8_t> codes;  // [heads][channels]: Q = 2·e2m1
+  std::vector<double> scales;      // [heads][blocks]: 2^(e − 1), NaN for a NaN block
+  std::vector<float> weights;      // [heads]
+  std::vector<std::uint8_t> scale_bytes;  // [heads][blocks]: the UE8M0 bytes (scratch of prepare)
+  // The SIMD path: whether it may run (every head's exponents within 3 of its least, that least
+  // in [−124, 105], no NaN block), and its operands, heads padded to 64 per block with zeros.
+  bool shifted = false;
+  simd::aligned_vector<std::int8_t> q_t;         // [head block][slot][group][16 heads][4 bytes]: Q'
+  simd::aligned_vector<std::int32_t> start;      // [padded heads]: −96 · Σ_i Q'_i
+  simd::aligned_vector<float> head_scale, w;     // [padded heads]: 2^(E − 2); weight (0 for padding)
+};
+
+struct indexer_fp4 {
+  using prepared = indexer_fp4_queries;
+
+  static constexpr std::int64_t block_heads = 64;  // heads per register block: 4 groups of 16
+  static constexpr std::int64_t lanes = 16;
+  static constexpr std::int64_t tile_entries = 4;
+  static constexpr int max_shift = 3;   // block exponents above the least that int8 codes absorb
+  static constexpr int key_offset = 96;  // K' + 96 ∈ [0, 192]: the unsigned side of vpdpbusd
+
+  // Channel counts the SIMD path takes (whole 64-byte runs of codes); every FP4 count otherwise.
+  static constexpr bool simd_supports(std::int64_t channels) noexcept {
+    return has_int8_dot && channels % 128 == 0 && channels <= fp4_max_channels;
+  }
+
+  // Transforms and quantizes queries [heads][channels] (cache/fp4.hpp: fp4_quantize_head) and
+  // lays them out for both paths. `channels` must pass is_fp4_channel_count.
+  static void prepare(const float* queries, const float* weights, std::int64_t heads, std::int64_t channels,
+                      prepared& p) {
+    const fp4_head_layout layout = fp4_head_layout::of(channels);
+    p.heads = heads;
+    p.channels = channels;
+    p.blocks = layout.blocks;
+    p.head_blocks = (heads + block_heads - 1) / block_heads;
+    p.codes.resize(static_cast<std::size_t>(heads * channels));
+    p.scales.resize(static_cast<std::size_t>(heads * layout.blocks));
+    p.weights.assign(weights, weights + heads);
+    p.scale_bytes.resize(static_cast<std::size_t>(heads * layout.blocks));
+    std::byte bytes[fp4_max_channels / 2 + fp4_max_channels / fp4_block_channels];
+    for (std::int64_t h = 0; h < heads; ++h) {
+      fp4_quantize_head(queries + h * channels, layout, bytes);
+      std::int8_t* codes = p.codes.data() + h * channels;
+      for (std::int64_t i = 0; i < layout.scale_offset; ++i) {
+        const auto byte = static_cast<std::uint8_t>(bytes[i]);
+        codes[2 * i] = e2m1_twice[byte & 0x0Fu];
+        codes[2 * i + 1] = e2m1_twice[byte >> 4];
+      }
+      for (std::int64_t b = 0; b < layout.blocks; ++b) {
+        const auto byte = static_cast<std::uint8_t>(bytes[layout.scale_offset + b]);
+        p.scale_bytes[static_cast<std::size_t>(h * layout.blocks + b)] = byte;
+        p.scales[static_cast<std::size_t>(h * layout.blocks + b)] = half_scale(byte);
+      }
+    }
+    p.shifted = false;
+#if PHASEKV_HAS_INT8_DOT
+    if (simd_supports(channels)) prepare_shifted(p.scale_bytes.data(), p);
+#endif
+  }
+
+  // out[j] = I_j for `count` FP4 keys at keys + j · stride (kv_heads = 1: one head per entry).
+  // The SIMD path where this build and the queries allow it, the portable path otherwise.
+  static void score(const prepared& p, const std::byte* keys, std::int64_t stride, std::int64_t count,
+                    float* out) noexcept {
+#if PHASEKV_HAS_INT8_DOT
+    if (p.shifted) {
+      score_simd(p, keys, stride, count, out);
+      return;
+    }
+#endif
+    score_portable(p, keys, stride, count, out);
+  }
+
+  // The definition, key by key, in scalar code; callable in every build (the tests hold the SIMD
+  // path to it).
+  static void score_portable(const prepared& p, const std::byte* keys, std::int64_t stride, std::int64_t count,
+                             float* out) noexcept {
+    for (std::int64_t j = 0; j < count; ++j) out[j] = score_one(p, keys + j * stride);
+  }
+
+  // I of one key.
+  static float score_one(const prepared& p, const std::byte* key) noexcept {
+    const fp4_head_layout layout = fp4_head_layout::of(p.channels);
+    std::int8_t k[fp4_max_channels];
+    double key_scale[fp4_max_channels / fp4_block_channels];
+    for (std::int64_t c = 0; c < p.channels; ++c) k[c] = e2m1_twice[fp4_code(key, c)];
+    for (std::int64_t b = 0; b < p.blocks; ++b) key_scale[b] = half_scale(static_cast<std::uint8_t>(key[layout.scale_offset + b]));
+    float total = 0.0f;
+    for (std::int64_t hb = 0; hb < p.head_blocks; ++hb) {
+      float a[lanes] = {};
+      for (std::int64_t g = 0; g < block_heads / lanes; ++g)
+        for (std::int64_t l = 0; l < lanes; ++l) {
+          const std::int64_t h = hb * block_heads + g * lanes + l;
+          if (h >= p.heads) continue;  // padding: fma(0, 0, a) = a
+          const std::int8_t* q = p.codes.data() + h * p.channels;
+          const double* q_scale = p.scales.data() + h * p.blocks;
+          double acc = 0.0;
+          for (std::int64_t b = 0; b < p.blocks; ++b) {
+            std::int32_t dot = 0;
+            for (std::int64_t i = b * fp4_block_channels; i < (b + 1) * fp4_block_channels; ++i)
+              dot += static_cast<std::int32_t>(q[i]) * static_cast<std::int32_t>(k[i]);
+            acc = std::fma(static_cast<double>(dot), q_scale[b] * key_scale[b], acc);
+          }
+          const auto d = static_cast<float>(acc);
+          const float r = d > 0.0f ? d : 0.0f;
+          a[l] = std::fma(r, p.weights[static_cast<std::size_t>(h)], a[l]);
+        }
+      total += halve(a);
+    }
+    return total;
+  }
+
+ private:
+  // 2^(b − 128) = 2^(k − 1) for a scale byte b = k + 127; NaN for 0xFF.
+  static double half_scale(std::uint8_t byte) noexcept {
+    return byte == ue8m0_nan ? std::numeric_limits<double>::quiet_NaN() : std::ldexp(1.0, static_cast<int>(byte) - 128);
+  }
+
+  // The 16 lanes summed in the order the header states: halves at distance 8, 4, 2, 1.
+  static float halve(float* a) noexcept {
+    for (std::int64_t width = lanes / 2; width >= 1; width /= 2)
+      for (std::int64_t l = 0; l < width; ++l) a[l] = a[l] + a[l + width];
+    return a[0];
+  }
+
+#if PHASEKV_HAS_INT8_DOT
+  // Slots of a 128-channel run of codes: 32 dwords of unpacked keys, 16 of even channels then 16
+  // of odd ones (see unpack).
+  static constexpr std::int64_t slots_per_run = 32;
+
+  // The channel the u-th byte of slot s (of run 0) holds.
+  static constexpr std::int64_t slot_channel(std::int64_t s, std::int64_t u) noexcept {
+    return s < 16 ? 2 * (4 * s + u) : 2 * (4 * (s - 16) + u) + 1;
+  }
+
+  static void prepare_shifted(const std::uint8_t* scale_bytes, prepared& p) {
+    const std::int64_t padded = p.head_blocks * block_heads, slots = p.channels / 128 * slots_per_run;
+    std::vector<int> least(static_cast<std::size_t>(p.heads));
+    for (std::int64_t h = 0; h < p.heads; ++h) {
+      int lo = 255, hi = 0;
+      for (std::int64_t b = 0; b < p.blocks; ++b) {
+        const int byte = scale_bytes[h * p.blocks + b];
+        lo = std::min(lo, byte);
+        hi = std::max(hi, byte);
+      }
+      // E = lo − 127 must lie in [−124, 105]; a NaN block (0xFF) exceeds every bound.
+      if (hi == ue8m0_nan || hi - lo > max_shift || lo - 127 < -124 || lo - 127 > 105) return;
+      least[static_cast<std::size_t>(h)] = lo;
+    }
+    p.q_t.assign(static_cast<std::size_t>(p.head_blocks * slots * block_heads * 4), 0);
+    p.start.assign(static_cast<std::size_t>(padded), 0);
+    p.head_scale.assign(static_cast<std::size_t>(padded), 1.0f);
+    p.w.assign(static_cast<std::size_t>(padded), 0.0f);
+    for (std::int64_t h = 0; h < p.heads; ++h) {
+      const int lo = least[static_cast<std::size_t>(h)];
+      const std::int64_t hb = h / block_heads, g = (h % block_heads) / lanes, lane = h % lanes;
+      std::int32_t sum = 0;
+      for (std::int64_t s = 0; s < slots; ++s)
+        for (std::int64_t u = 0; u < 4; ++u) {
+          const std::int64_t c = s / slots_per_run * 128 + slot_channel(s % slots_per_run, u);
+          const int shift = scale_bytes[h * p.blocks + c / fp4_block_channels] - lo;
+          const auto q = static_cast<std::int8_t>(p.codes[static_cast<std::size_t>(h * p.channels + c)] * (1 << shift));
+          p.q_t[static_cast<std::size_t>((((hb * slots + s) * 4 + g) * lanes + lane) * 4 + u)] = q;
+          sum += q;
+        }
+      p.start[static_cast<std::size_t>(h)] = -key_offset * sum;
+      p.head_scale[static_cast<std::size_t>(h)] = std::ldexp(1.0f, lo - 127 - 2);
+      p.w[static_cast<std::size_t>(h)] = p.weights[static_cast<std::size_t>(h)];
+    }
+    p.shifted = true;
+  }
+
+  // The four tables (shift 0 … 3) of K' + 96 by code, one per 128-bit lane.
+  static __m512i shifted_tables() noexcept {
+    alignas(64) std::int8_t t[64];
+    for (int shift = 0; shift < 4; ++shift)
+      for (int code = 0; code < 16; ++code) t[16 * shift + code] = static_cast<std::int8_t>(key_offset + e2m1_twice[code] * (1 << shift));
+    return _mm512_load_si512(t);
+  }
+
+  // The key's codes as bytes K' + 96 into out[0 … channels): per 128-channel run, its 64 even
+  // channels (byte i: channel 2i) then its 64 odd ones (channel 2i + 1), each block's codes
+  // shifted by its exponent above `least` (clamped to 3: a key the SIMD path does not score may
+  // have anything there).
+  static void unpack(const std::byte* key, const fp4_head_layout& layout, int least, __m512i tables,
+                     std::uint8_t* out) noexcept {
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+    // For 128-bit lane L: its 8-byte halves select scale byte L of the broadcast dword (below).
+    const __m512i pick = _mm512_set_epi64(static_cast<long long>(0xFFFFFFFFFFFFFF03ull), static_cast<long long>(0xFFFFFFFFFFFFFF03ull),
+                                          static_cast<long long>(0xFFFFFFFFFFFFFF02ull), static_cast<long long>(0xFFFFFFFFFFFFFF02ull),
+                                          static_cast<long long>(0xFFFFFFFFFFFFFF01ull), static_cast<long long>(0xFFFFFFFFFFFFFF01ull),
+                                          static_cast<long long>(0xFFFFFFFFFFFFFF00ull), static_cast<long long>(0xFFFFFFFFFFFFFF00ull));
+    const __m512i odd = _mm512_set_epi64(1, 0, 1, 0, 1, 0, 1, 0);
+    for (std::int64_t run = 0; run < layout.channels / 128; ++run) {
+      std::uint32_t four;  // the run's four scale bytes
+      std::memcpy(&four, key + layout.scale_offset + 4 * run, sizeof four);
+      __m512i shift = _mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(four)), pick);  // qword lanes: scale byte
+      shift = _mm512_min_epu64(_mm512_sub_epi64(shift, _mm512_set1_epi64(least)), _mm512_set1_epi64(max_shift));
+      const __m512i index = _mm512_add_epi64(_mm512_add_epi64(shift, shift), odd);
+      const __m512i table = _mm512_permutexvar_epi64(index, tables);
+      const __m512i packed = _mm512_loadu_si512(key + 64 * run);
+      const __m512i even = _mm512_and_si512(packed, low_nibbles);
+      const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+      _mm512_store_si512(out + 128 * run, _mm512_shuffle_epi8(table, even));
+      _mm512_store_si512(out + 128 * run + 64, _mm512_shuffle_epi8(table, high));
+    }
+  }
+
+  // The tree of the header: halves at distance 8, 4, 2, 1.
+  static float halve(__m512 s) noexcept {
+    const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+    const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+    return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+  }
+
+  // Unpacked codes of up to this many bytes are scored at a time: 128 keys of 128 channels.
+  static constexpr std::int64_t unpacked_bytes = 16384;
+  static constexpr std::int64_t max_run = unpacked_bytes / 128;
+
+  // key_plan for keys[0 … 16) (lanes past n left alone), from their scale bytes gathered four
+  // at a time: least[j] the least byte, bit j of the result whether the SIMD path may score it.
+  static std::uint32_t plan16(const std::byte* keys, std::int64_t stride, std::int64_t n, const fp4_head_layout& layout,
+                              std::int32_t* least) noexcept {
+    const __mmask16 live = static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
+    const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32(static_cast<int>(stride)));
+    const __m512i byte = _mm512_set1_epi32(0xFF);
+    __m512i lo = byte, hi = _mm512_setzero_si512();
+    for (std::int64_t run = 0; run < layout.channels / 128; ++run) {
+      const __m512i four = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offsets,
+                                                       keys + layout.scale_offset + 4 * run, 1);
+      // The least and greatest of each lane's four bytes, in its low byte.
+      __m512i small = _mm512_min_epu8(four, _mm512_srli_epi32(four, 8));
+      small = _mm512_min_epu8(small, _mm512_srli_epi32(small, 16));
+      __m512i large = _mm512_max_epu8(four, _mm512_srli_epi32(four, 8));
+      large = _mm512_max_epu8(large, _mm512_srli_epi32(large, 16));
+      lo = _mm512_min_epu32(lo, _mm512_and_si512(small, byte));
+      hi = _mm512_max_epu32(hi, _mm512_and_si512(large, byte));
+    }
+    _mm512_storeu_si512(least, lo);
+    // lo ≥ 1 (2^F a normal fp32), hi ≠ 0xFF (no NaN block), hi − lo ≤ 3.
+    const __mmask16 fast = _mm512_cmpge_epu32_mask(lo, _mm512_set1_epi32(1)) &
+                           _mm512_cmpneq_epu32_mask(hi, byte) &
+                           _mm512_cmple_epu32_mask(_mm512_sub_epi32(hi, lo), _mm512_set1_epi32(max_shift));
+    return static_cast<std::uint32_t>(fast & live);
+  }
+
+  static void score_simd(const prepared& p, const std::byte* keys, std::int64_t stride, std::int64_t count,
+                         float* out) noexcept {
+    const fp4_head_layout layout = fp4_head_layout::of(p.channels);
+    const __m512i tables = shifted_tables();
+    const std::int64_t run = unpacked_bytes / p.channels;  // keys unpacked at a time, a multiple of 16
+    alignas(64) std::uint8_t unpacked[unpacked_bytes];
+    alignas(64) std::int32_t least[max_run];
+    alignas(64) float key_scale[max_run];
+    std::uint32_t fast[max_run / 16];
+    for (std::int64_t first = 0; first < count; first += run) {
+      const std::int64_t n = std::min(run, count - first);
+      const std::byte* base = keys + first * stride;
+      for (std::int64_t j = 0; j < n; j += 16) fast[j / 16] = plan16(base + j * stride, stride, n - j, layout, least + j);
+      // Every key of the run unpacked before any is scored (its scale 2^F beside it).
+      for (std::int64_t j = 0; j < n; ++j) {
+        unpack(base + j * stride, layout, least[j], tables, unpacked + j * p.channels);
+        key_scale[j] = detail::float_from_bits(static_cast<std::uint32_t>(least[j]) << 23);
+        out[first + j] = 0.0f;
+      }
+      for (std::int64_t hb = 0; hb < p.head_blocks; ++hb) {
+        std::int64_t j = 0;
+        for (; j + tile_entries <= n; j += tile_entries)
+          tile<tile_entries>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j);
+        switch (n - j) {  // the last few entries in one tile
+          case 3: tile<3>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j); break;
+          case 2: tile<2>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j); break;
+          case 1: tile<1>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j); break;
+          default: break;
+        }
+      }
+      // Keys the shifted codes cannot hold exactly: the portable path, which is the definition.
+      for (std::int64_t j = 0; j < n; ++j)
+        if ((fast[j / 16] >> (j % 16) & 1u) == 0) out[first + j] = score_one(p, base + j * stride);
+    }
+  }
+
+  // acc + the four-byte dot products of u (unsigned) and v (signed) per int32 lane: vpdpbusd. In
+  // inline assembly because GCC 12 allocates the intrinsic's accumulator badly: it copies every
+  // accumulator to another register and back around each instruction, which cost about half the
+  // kernel's speed here (Clang's intrinsic was no better; with this, both compilers run alike).
+  static __m512i dpbusd(__m512i acc, __m512i u, __m512i v) noexcept {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(v));
+    return acc;
+  }
+
+  // NE keys against head block hb: NE · 4 int32 accumulators (16 for NE = 4: enough independent
+  // chains to cover vpdpbusd's latency, few enough to stay in registers with the query groups).
+  template <std::int64_t NE>
+  PHASEKV_FLATTEN static void tile(const prepared& p, std::int64_t hb, const std::uint8_t* unpacked,
+                                   const float* key_scale, float* out) noexcept {
+    const std::int64_t slots = p.channels / 128 * slots_per_run;
+    const std::int8_t* q = p.q_t.data() + hb * slots * block_heads * 4;
+    __m512i acc[NE][4];
+    simd::unroll<4>([&](auto g) {
+      const __m512i start = _mm512_load_si512(p.start.data() + hb * block_heads + g * lanes);
+      simd::unroll<NE>([&](auto e) { acc[e][g] = start; });
+    });
+    for (std::int64_t s = 0; s < slots; ++s, q += block_heads * 4) {
+      const __m512i q0 = _mm512_load_si512(q), q1 = _mm512_load_si512(q + 64);
+      const __m512i q2 = _mm512_load_si512(q + 128), q3 = _mm512_load_si512(q + 192);
+      simd::unroll<NE>([&](auto e) {
+        std::int32_t four;  // bytes 4s … 4s + 3 of key e's unpacked codes
+        std::memcpy(&four, unpacked + e * p.channels + 4 * s, sizeof four);
+        const __m512i kb = _mm512_set1_epi32(four);
+        acc[e][0] = dpbusd(acc[e][0], kb, q0);
+        acc[e][1] = dpbusd(acc[e][1], kb, q1);
+        acc[e][2] = dpbusd(acc[e][2], kb, q2);
+        acc[e][3] = dpbusd(acc[e][3], kb, q3);
+      });
+    }
+    const __m512 zero = _mm512_setzero_ps();
+    simd::unroll<NE>([&](auto e) {
+      const __m512 f = _mm512_set1_ps(key_scale[e]);
+      __m512 a = zero;
+      simd::unroll<4>([&](auto g) {
+        const std::int64_t h = hb * block_heads + g * lanes;
+        // P' exact in fp32; times 2^(E − 2) exact; times 2^F: the one rounding.
+        __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[e][g]), _mm512_load_ps(p.head_scale.data() + h));
+        d = _mm512_mul_ps(d, f);
+        a = _mm512_fmadd_ps(_mm512_max_ps(d, zero), _mm512_load_ps(p.w.data() + h), a);
+      });
+      out[e] += halve(a);
+    });
+  }
+#endif
+};
+
+}  // namespace phasekv::kernels
