@@ -1,13 +1,15 @@
 // The cache and reader presets of DeepSeek's layers (cache/presets.hpp, read/presets.hpp): their
 // documented numbers, and each layer built from its compressor, cache and reader presets —
-// default fp32 and DeepSeek-V4 precision (FP8 K/V entries) — appends and reads.
+// default fp32 and DeepSeek-V4 precision (FP8 K/V entries, FP4 indexer keys) — appends and reads.
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "oracle/random_inputs.hpp"
@@ -42,9 +44,10 @@ void check_window(const cache_config& c, i64 pages, i64 history) {
 // Appends `tokens` random tokens to every stream of a fresh sequence and reads the last one.
 template <class Cache>
 std::vector<float> append_and_read(Cache& cache, const reader_config& rc, i64 tokens, std::uint32_t seed,
-                                   read_trace& trace) {
+                                   read_trace& trace, sequence_id* created = nullptr) {
   std::mt19937 rng(seed);
   const sequence_id seq = cache.create();
+  if (created != nullptr) *created = seq;
   typename Cache::chunks in;
   std::vector<std::vector<float>> buffers;
   buffers.reserve(2 * Cache::stream_count);
@@ -86,7 +89,7 @@ TEST_CASE("presets: DeepSeek cache presets hold their documented numbers", "[cac
   }
   const storage_type fp8 = storage_type::fp8_e4m3_block;
   const storage_type indexer = presets::deepseek_v4_indexer_storage();
-  CHECK(indexer == storage_type::bf16);  // until the FP4 indexer storage lands (issue 13)
+  CHECK(indexer == storage_type::fp4_e2m1_hadamard);  // DeepSeek-V4's indexer keys
   for (const cache_config& c : {presets::deepseek_v4_csa_precision_cache(9, 3),
                                 presets::deepseek_v4_1_csa_precision_cache(9, 3)}) {
     INFO(c.name);
@@ -106,6 +109,21 @@ TEST_CASE("presets: DeepSeek cache presets hold their documented numbers", "[cac
   CHECK(v41.name != csa.name);
   CHECK((h.query_heads == 64 && h.indexer_stream == no_stream && h.top_k == 0 && h.indexer_heads == 0 && h.sink &&
          h.derotate_output));
+  CHECK(csa.precision == indexer_precision::f32);  // fp32 stays the default
+
+  // The precision readers: the same heads and selection, the indexer in FP4.
+  for (const auto& [plain, precise] : {std::pair{csa, presets::deepseek_v4_csa_precision_reader()},
+                                       std::pair{v41, presets::deepseek_v4_1_csa_precision_reader()},
+                                       std::pair{h, presets::deepseek_v4_hca_precision_reader()}}) {
+    INFO(precise.name);
+    CHECK(precise.name != plain.name);
+    CHECK(precise.precision == (plain.indexer_stream == no_stream ? indexer_precision::f32 : indexer_precision::fp4));
+    CHECK((precise.query_heads == plain.query_heads && precise.key_stream == plain.key_stream &&
+           precise.value_stream == plain.value_stream && precise.indexer_stream == plain.indexer_stream &&
+           precise.top_k == plain.top_k && precise.indexer_heads == plain.indexer_heads &&
+           precise.sink == plain.sink && precise.derotate_output == plain.derotate_output &&
+           precise.scale == plain.scale));
+  }
 }
 
 TEST_CASE("presets: DeepSeek layers built from their presets append and read, fp32 and FP8",
@@ -136,16 +154,37 @@ TEST_CASE("presets: DeepSeek layers built from their presets append and read, fp
           kv_stream(g, v41 ? presets::deepseek_v4_1_csa_indexer() : presets::deepseek_v4_csa_indexer())};
       const cache_config cc =
           v41 ? presets::deepseek_v4_1_csa_precision_cache(40) : presets::deepseek_v4_csa_precision_cache(40);
-      csa_cache cache(layer, cc);
+      csa_cache cache(layer, cc), fp32(layer, v41 ? presets::deepseek_v4_1_csa_cache(40) : presets::deepseek_v4_csa_cache(40));
       CHECK(cache.pool(0).layout().entry_stride_bytes == 584);
+      CHECK(cache.pool(1).layout().entry_stride_bytes == 68);  // 64 B of e2m1 codes + 4 UE8M0 scales
       CHECK(cache.pool(1).config().storage == presets::deepseek_v4_indexer_storage());
-      reader_config rc = v41 ? presets::deepseek_v4_1_csa_reader() : presets::deepseek_v4_csa_reader();
-      rc.top_k = 64;  // a selection out of the 600 / 300 candidates
-      read_trace trace;
-      const auto out = append_and_read(cache, rc, 1200, 11, trace);
+      reader_config rc =
+          v41 ? presets::deepseek_v4_1_csa_precision_reader() : presets::deepseek_v4_csa_precision_reader();
+      reader_config plain = v41 ? presets::deepseek_v4_1_csa_reader() : presets::deepseek_v4_csa_reader();
+      rc.top_k = plain.top_k = 64;  // a selection out of the 600 / 300 candidates
+      // FP4 keys are read only by the FP4 indexer: the fp32 reader refuses the precision cache.
+      CHECK_THROWS_AS(sparse_reader(cache, plain), config_error);
+      read_trace trace, reference;
+      sequence_id seq = 0, seq32 = 0;
+      const auto out = append_and_read(cache, rc, 1200, 11, trace, &seq);
+      append_and_read(fp32, plain, 1200, 11, reference, &seq32);  // the same numbers in fp32
       CHECK(trace.candidates == 1200 / g.stride);
       CHECK(trace.selected.size() == 64);
       CHECK(std::all_of(out.begin(), out.end(), [](float v) { return std::isfinite(v); }));
+      // Per compressed token: 584 + 68 bytes against 2048 + 512 in fp32 (146 + 17 per token at S = 4).
+      const sequence_memory m = cache.memory(seq), m32 = fp32.memory(seq32);
+      CHECK(m.entry_bytes == (1200 / g.stride) * (584 + 68));
+      CHECK(m32.entry_bytes == (1200 / g.stride) * (2048 + 512));
+      // FP4 scores rank like the fp32 ones up to FP4's rounding: most of the top 64 are shared
+      // (random keys put many scores within the rounding of the cut; unrelated sets share ~6).
+      std::vector<std::int64_t> a = trace.selected, b = reference.selected;
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      std::vector<std::int64_t> shared;
+      std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(shared));
+      INFO("shared " << shared.size());
+      CHECK(shared.size() >= 32);
+      CHECK(shared.size() < 64);  // and FP4 is not fp32
     }
   }
 }

@@ -328,11 +328,11 @@ void init_cache(const modules& m) {
   presets.def("deepseek_v4_1_csa_cache", &presets::deepseek_v4_1_csa_cache, py::arg("pages"),
               py::arg("history") = 0, "deepseek_v4_cache for a V4.1 CSA layer, fp32 entries");
   presets.def("deepseek_v4_indexer_storage", &presets::deepseek_v4_indexer_storage,
-              "how the precision caches store indexer keys (bf16 until the FP4 storage lands)");
+              "how the precision caches store indexer keys: fp4_e2m1_hadamard (68 bytes per 128-channel key)");
   presets.def("deepseek_v4_csa_precision_cache", &presets::deepseek_v4_csa_precision_cache, py::arg("pages"),
               py::arg("history") = 0,
-              "DeepSeek-V4 precision: K/V entries in FP8 (fp8_e4m3_block), indexer keys in "
-              "deepseek_v4_indexer_storage()");
+              "DeepSeek-V4 precision: K/V entries in FP8 (fp8_e4m3_block), indexer keys in FP4 "
+              "(deepseek_v4_indexer_storage()); read with deepseek_v4_csa_precision_reader()");
   presets.def("deepseek_v4_hca_precision_cache", &presets::deepseek_v4_hca_precision_cache, py::arg("pages"),
               py::arg("history") = 0, "DeepSeek-V4 precision for an HCA layer: K/V entries in FP8");
   presets.def("deepseek_v4_1_csa_precision_cache", &presets::deepseek_v4_1_csa_precision_cache, py::arg("pages"),

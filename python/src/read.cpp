@@ -229,6 +229,13 @@ void init_read(const modules& m) {
               "de-rotated output");
   presets.def("deepseek_v4_hca_reader", &presets::deepseek_v4_hca_reader, "the same heads, no indexer");
   presets.def("deepseek_v4_1_csa_reader", &presets::deepseek_v4_1_csa_reader, "V4.1's CSA layer: as V4's CSA");
+  presets.def("deepseek_v4_csa_precision_reader", &presets::deepseek_v4_csa_precision_reader,
+              "the reader of deepseek_v4_csa_precision_cache: the CSA reader with the FP4 indexer "
+              "(IndexerPrecision.fp4)");
+  presets.def("deepseek_v4_hca_precision_reader", &presets::deepseek_v4_hca_precision_reader,
+              "the reader of deepseek_v4_hca_precision_cache: the HCA reader (no indexer)");
+  presets.def("deepseek_v4_1_csa_precision_reader", &presets::deepseek_v4_1_csa_precision_reader,
+              "the reader of deepseek_v4_1_csa_precision_cache: V4.1's CSA reader with the FP4 indexer");
 }
 
 }  // namespace pyphasekv

@@ -46,9 +46,10 @@ def rng():
     return np.random.default_rng(12345)
 
 
-def csa_layer(rng, pages=64, history=0, window=128):
-    """DeepSeek-V4 CSA: tied 512-channel K/V and 128-channel indexer keys, S=4, W=8."""
-    config = P.deepseek_v4_cache(pages, history)
+def csa_layer(rng, pages=64, history=0, window=128, precision=False):
+    """DeepSeek-V4 CSA: tied 512-channel K/V and 128-channel indexer keys, S=4, W=8; with
+    precision, stored as DeepSeek-V4 does (FP8 entries, FP4 indexer keys)."""
+    config = (P.deepseek_v4_csa_precision_cache if precision else P.deepseek_v4_cache)(pages, history)
     config.window.tokens = window
     streams = [P.deepseek_v4_csa_kv(), P.deepseek_v4_csa_indexer()]
     cache = pk.PagedCache(P.deepseek_v4_csa_policy, P.deepseek_v4_csa_geometry(), streams, config)

@@ -38,11 +38,18 @@ def test_hca_and_v4_1_presets_and_the_precision_caches():
     assert P.deepseek_v4_1_csa_policy == pk.Policy.deepseek_v4
     r = P.deepseek_v4_1_csa_reader()
     assert (r.query_heads, r.indexer_stream, r.top_k) == (64, 1, 512)
+    for plain, precise in ((P.deepseek_v4_csa_reader(), P.deepseek_v4_csa_precision_reader()),
+                           (r, P.deepseek_v4_1_csa_precision_reader()),
+                           (P.deepseek_v4_hca_reader(), P.deepseek_v4_hca_precision_reader())):
+        assert precise.name != plain.name
+        assert plain.precision == pk.IndexerPrecision.f32
+        assert precise.precision == (pk.IndexerPrecision.f32 if plain.indexer_stream is None else pk.IndexerPrecision.fp4)
+        assert (precise.query_heads, precise.indexer_stream, precise.top_k) == (plain.query_heads, plain.indexer_stream, plain.top_k)
     for make in (P.deepseek_v4_csa_cache, P.deepseek_v4_hca_cache, P.deepseek_v4_1_csa_cache):
         c = make(6, history=2)
         assert (c.page_size, c.pages, c.history, c.storage, c.stream_storage) == (64, 6, 2, pk.StorageType.f32, [])
     fp8, ixs = pk.StorageType.fp8_e4m3_block, P.deepseek_v4_indexer_storage()
-    assert ixs == pk.StorageType.bf16  # until the FP4 indexer storage lands
+    assert ixs == pk.StorageType.fp4_e2m1_hadamard  # DeepSeek-V4 indexer keys
     assert P.deepseek_v4_csa_precision_cache(6).stream_storage == [fp8, ixs]
     assert P.deepseek_v4_1_csa_precision_cache(6).stream_storage == [fp8, ixs]
     assert P.deepseek_v4_hca_precision_cache(6).stream_storage == [fp8]

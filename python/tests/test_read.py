@@ -88,6 +88,27 @@ def test_csa_read_equals_the_oracle(rng):
         np.testing.assert_allclose(batch_lse[0], lse, rtol=1e-5)
 
 
+def test_csa_precision_preset_reads_fp8_entries_with_the_fp4_indexer(rng):
+    layer = csa_layer(rng, precision=True)
+    seq = layer.cache.create()
+    layer.append(seq, 2100)  # 525 entries, of which the FP4 indexer picks 512
+    rc = P.deepseek_v4_csa_precision_reader()
+    assert rc.precision == pk.IndexerPrecision.fp4
+    with pytest.raises(pk.ConfigError, match="precision"):  # FP4 keys need the FP4 indexer
+        pk.SparseReader(layer.cache, P.deepseek_v4_csa_reader())
+    reader = pk.SparseReader(layer.cache, rc)
+    q, iq, iw, sinks = csa_inputs(rng, rc)
+    trace = pk.ReadTrace()
+    out = reader.read(layer.cache, seq, 2099, q, iq, iw, sinks, trace=trace)
+    assert trace.candidates == 525 and len(trace.selected) == 512
+    # Attention over the FP8 entries (read back dequantized) and the window, on the FP4
+    # indexer's selection, is the float64 oracle's.
+    want, *_ = oracle(layer, seq, 2099, rc, q, sinks=sinks, selected=list(trace.selected))
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=2e-6)
+    memory = layer.cache.memory(seq)
+    assert memory.entry_bytes == 525 * (584 + 68)  # 146 + 17 bytes per token at S = 4
+
+
 def test_mean_layer_reads_every_entry_and_the_window(rng):
     layer = mean_layer(rng, raw_window=16)
     seq = layer.cache.create()

@@ -6,7 +6,8 @@
 // against its double-precision oracles); the *_precision_cache variants store entries the way
 // DeepSeek-V4's reference code does — the K/V stream as FP8 (storage_type::fp8_e4m3_block:
 // e4m3fn codes with UE8M0 scales, the 64 RoPE channels in bf16; cache/fp8.hpp) and the indexer
-// keys in deepseek_v4_indexer_storage(). The raw window stays an fp32 ring in both.
+// keys as FP4 (deepseek_v4_indexer_storage()), read by the *_precision_reader presets of
+// read/presets.hpp. The raw window stays an fp32 ring in both.
 
 #include <cstdint>
 
@@ -51,18 +52,16 @@ inline cache_config deepseek_v4_1_csa_cache(std::int64_t pages, std::int64_t his
   return c;
 }
 
-// How the lightning indexer's compressed keys are stored in the precision caches.
-// ---------------------------------------------------------------------------------------------
-// >>> FP4 PLUGS IN HERE (issue 13). DeepSeek-V4 runs its indexer on FP4 keys and queries
-// (fp4_act_quant): storage_type::fp4_e2m1_hadamard (cache/fp4.hpp), read only by
-// indexer_precision::fp4. The presets keep bf16 keys — the dtype of the reference code's indexer
-// cache, readable by the fp32 or bf16 indexer — until matching precision reader presets exist;
-// every precision preset takes the indexer's storage from this one function.
-// ---------------------------------------------------------------------------------------------
-inline storage_type deepseek_v4_indexer_storage() { return storage_type::bf16; }
+// How the lightning indexer's compressed keys are stored in the precision caches: as DeepSeek-V4
+// runs its indexer (fp4_act_quant after a Hadamard transform), storage_type::fp4_e2m1_hadamard —
+// 64 bytes of e2m1 codes and 4 UE8M0 scales per 128-channel key (cache/fp4.hpp), 68 bytes
+// instead of 512. Keys stored so are read only by indexer_precision::fp4, which the matching
+// reader presets set (read/presets.hpp: deepseek_v4_csa_precision_reader and its V4.1 twin).
+inline storage_type deepseek_v4_indexer_storage() { return storage_type::fp4_e2m1_hadamard; }
 
 // DeepSeek-V4 precision: the K/V stream in FP8, 584 bytes per 512-channel entry instead of 2048,
-// read bit-identically to fp32 entries holding the dequantized values.
+// read bit-identically to fp32 entries holding the dequantized values; the CSA layers' indexer
+// keys in FP4. Per compressed token of a CSA layer: 584 + 68 = 652 bytes against 2048 + 512.
 inline cache_config deepseek_v4_csa_precision_cache(std::int64_t pages, std::int64_t history = 0) {
   cache_config c = deepseek_v4_csa_cache(pages, history);
   c.name = "dsv4.csa.precision";

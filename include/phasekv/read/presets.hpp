@@ -40,4 +40,30 @@ inline reader_config deepseek_v4_1_csa_reader() {
   return r;
 }
 
+// The readers of the DeepSeek-V4 precision caches (cache/presets.hpp: *_precision_cache): the
+// same heads and selection, the indexer in DeepSeek-V4's FP4 (indexer_precision::fp4: queries
+// Hadamard-transformed and quantized to e2m1 like the stored keys, scores as exact integer dot
+// products). Attention reads the FP8 entries directly, so the K/V side needs no setting.
+inline reader_config deepseek_v4_csa_precision_reader() {
+  reader_config r = deepseek_v4_csa_reader();
+  r.name = "csa.precision.reader";
+  r.precision = indexer_precision::fp4;
+  return r;
+}
+
+// HCA has no indexer: its precision reader is the plain one (FP8 entries need no setting),
+// named after the cache it reads.
+inline reader_config deepseek_v4_hca_precision_reader() {
+  reader_config r = deepseek_v4_hca_reader();
+  r.name = "hca.precision.reader";
+  return r;
+}
+
+inline reader_config deepseek_v4_1_csa_precision_reader() {
+  reader_config r = deepseek_v4_1_csa_reader();
+  r.name = "v4.1.csa.precision.reader";
+  r.precision = indexer_precision::fp4;
+  return r;
+}
+
 }  // namespace phasekv::presets
