@@ -34,6 +34,7 @@
 #include "phasekv/cache/fp8.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/cache/snapshot.hpp"
 #include "phasekv/cache/storage.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/presets.hpp"
@@ -289,6 +290,25 @@ TEST_CASE("fp8: heads quantize byte for byte like the oracle, and decode to its 
       INFO("first differing byte " << first_difference);
       CHECK(first_difference == -1);
       CHECK(decodes_like_oracle(got, channels, rope) == "");
+
+      // Rounding in place (the FP8 raw window) gives the values the oracle's bytes decode to,
+      // and rounds them to themselves unless one came back as Inf (none of these trials).
+      std::vector<float> rounded = x;
+      fp8_round_head(rounded.data(), fp8_head_layout::of(channels, rope));
+      const std::vector<double> decoded = oracle::decode_head(want.data(), {channels, rope});
+      std::vector<float> again = rounded;
+      fp8_round_head(again.data(), fp8_head_layout::of(channels, rope));
+      i64 wrong = -1, moved = -1;
+      for (i64 c = 0; c < channels && wrong < 0; ++c) {
+        const double d = decoded[sz(c)], r = rounded[sz(c)];
+        if (std::isnan(d) ? !std::isnan(r) : bits_of(static_cast<float>(d)) != bits_of(rounded[sz(c)])) wrong = c;
+      }
+      for (i64 c = 0; c < channels && moved < 0; ++c)
+        if (std::isnan(rounded[sz(c)]) ? !std::isnan(again[sz(c)]) : bits_of(rounded[sz(c)]) != bits_of(again[sz(c)]))
+          moved = c;
+      INFO("first wrongly rounded channel " << wrong << ", first channel moved by a second rounding " << moved);
+      CHECK(wrong == -1);
+      CHECK(moved == -1);
     }
   }
 }
@@ -614,4 +634,77 @@ TEST_CASE("fp8: a pool shared by an fp8 stream must keep the same RoPE channels"
   auto right = std::make_shared<page_pool>(fp8_pool(1, 512, 64, 8));
   c.shared_pools = {right, nullptr};
   CHECK_NOTHROW(csa_cache(layer, c));
+}
+
+TEST_CASE("fp8: an FP8 raw window keeps the values FP8 heads hold; reads, forks and snapshots see them",
+          "[cache][fp8][window]") {
+  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
+                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  cache_config fp8_window = csa_config("fp8w", 8, {storage_type::fp8_e4m3_block, storage_type::bf16});
+  fp8_window.window.precision = storage_type::fp8_e4m3_block;
+  fp8_window.window.rope_channels = 64;
+  fp8_window.history = 5;
+  cache_config plain = fp8_window;
+  plain.name = "f32w";
+  plain.window.precision = storage_type::f32;
+  plain.window.rope_channels = 0;
+  csa_cache quantized(layer, fp8_window), exact(layer, plain);
+  CHECK(quantized.shape().window.precision == storage_type::fp8_e4m3_block);
+  CHECK(quantized.shape().window.rope_channels == 64);
+
+  std::mt19937 rng(1307);
+  const sequence_id a = quantized.create(), b = exact.create();
+  for (i64 n : {5, 1, 13, 2}) append_random(quantized, exact, a, b, n, rng);
+  const sequence_id fork = quantized.fork(a);
+  // Each held window row is the oracle's FP8 decoding of the row the host handed over (the fp32
+  // cache keeps it as it came); the first 448 channels are e4m3 times a scale, the last 64 bf16.
+  auto matches_oracle = [&](sequence_id seq) {
+    i64 wrong = -1;
+    for (i64 t = quantized.window_first(seq); t < quantized.tokens(seq) && wrong < 0; ++t) {
+      const float* held = quantized.window_key(seq, t);
+      const float* given = exact.window_key(b, t);
+      const auto bytes = oracle::encode_head(given, {512, 64});
+      const std::vector<double> want = oracle::decode_head(bytes.data(), {512, 64});
+      for (i64 c = 0; c < 512 && wrong < 0; ++c)
+        if (static_cast<double>(held[c]) != want[sz(c)]) wrong = t;
+    }
+    return wrong;
+  };
+  CHECK(quantized.window_first(a) == 21 - 16 - 5);
+  CHECK(matches_oracle(a) == -1);
+  CHECK(matches_oracle(fork) == -1);
+  // Not the input: at least one row moved.
+  CHECK(std::memcmp(quantized.window_key(a, 20), exact.window_key(b, 20), 512 * sizeof(float)) != 0);
+
+  // A snapshot of the FP8 window restores the same rows, into an FP8 window or an fp32 one; an
+  // fp32 window's snapshot restored into an FP8 window is rounded like an append.
+  const std::vector<std::byte> image = snapshot(quantized, a);
+  const sequence_id back = restore(quantized, image);
+  CHECK(matches_oracle(back) == -1);
+  csa_cache other(layer, plain);
+  const sequence_id widened = restore(other, image);
+  for (i64 t = other.window_first(widened); t < 21; ++t)
+    CHECK(std::memcmp(other.window_key(widened, t), quantized.window_key(a, t), 512 * sizeof(float)) == 0);
+  const sequence_id rounded = restore(quantized, snapshot(exact, b));
+  CHECK(matches_oracle(rounded) == -1);
+}
+
+TEST_CASE("fp8: raw window precisions a cache cannot take are errors that name the field",
+          "[cache][fp8][window][errors]") {
+  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
+                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  cache_config c = csa_config("w", 8, {});
+  c.window.precision = storage_type::bf16;
+  CHECK_THAT(message_of<config_error>([&] { csa_cache cache(layer, c); }),
+             Contains("w.window.precision = 1: must be f32 or fp8_e4m3_block"));
+  c.window.precision = storage_type::fp8_e4m3_block;
+  c.window.rope_channels = 513;
+  CHECK_THAT(message_of<config_error>([&] { csa_cache cache(layer, c); }),
+             Contains("w.window.rope_channels = 513: must lie in [0, window.key_channels]"));
+  c.window.rope_channels = -1;
+  CHECK_THROWS_AS(csa_cache(layer, c), config_error);
+  c.window.precision = storage_type::f32;
+  c.window.rope_channels = 64;
+  CHECK_THAT(message_of<config_error>([&] { csa_cache cache(layer, c); }),
+             Contains("w.window.rope_channels = 64: must be 0 unless window.precision is fp8_e4m3_block"));
 }

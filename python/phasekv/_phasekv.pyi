@@ -279,8 +279,17 @@ class RawWindowConfig:
     kv_heads: int
     key_channels: int
     value_channels: int
+    precision: StorageType
+    rope_channels: int
     def __init__(
-        self, *, tokens: int = 0, kv_heads: int = 1, key_channels: int = 0, value_channels: int = 0
+        self,
+        *,
+        tokens: int = 0,
+        kv_heads: int = 1,
+        key_channels: int = 0,
+        value_channels: int = 0,
+        precision: StorageType = ...,
+        rope_channels: int = 0,
     ) -> None: ...
 
 class CacheConfig:

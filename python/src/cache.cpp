@@ -85,6 +85,10 @@ void init_cache(const modules& m) {
       .field("kv_heads", &raw_window_config::kv_heads)
       .field("key_channels", &raw_window_config::key_channels)
       .field("value_channels", &raw_window_config::value_channels, "0: tied K/V")
+      .field("precision", &raw_window_config::precision,
+             "f32, or fp8_e4m3_block: rows rounded to DeepSeek-V4's FP8 values on append")
+      .field("rope_channels", &raw_window_config::rope_channels,
+             "fp8_e4m3_block: the last channels of a key head, kept in bf16 (else 0)")
       .done();
   struct_binding<cache_config>(root, "CacheConfig",
                                "A paged cache's pools, history and raw window (cache/paged_cache.hpp). The host "
@@ -329,6 +333,8 @@ void init_cache(const modules& m) {
               py::arg("history") = 0, "deepseek_v4_cache for a V4.1 CSA layer, fp32 entries");
   presets.def("deepseek_v4_indexer_storage", &presets::deepseek_v4_indexer_storage,
               "how the precision caches store indexer keys: fp4_e2m1_hadamard (68 bytes per 128-channel key)");
+  presets.def("deepseek_v4_precision_window", &presets::deepseek_v4_precision_window,
+              "the precision caches' raw window: 128 tokens, FP8 values, the 64 RoPE channels in bf16");
   presets.def("deepseek_v4_csa_precision_cache", &presets::deepseek_v4_csa_precision_cache, py::arg("pages"),
               py::arg("history") = 0,
               "DeepSeek-V4 precision: K/V entries in FP8 (fp8_e4m3_block), indexer keys in FP4 "

@@ -38,7 +38,43 @@ class Layer:
         return self.cache.append(seq, chunks, keys)
 
     def window_key_rows(self, seq):
-        return np.concatenate(self.window_keys[seq])[:, 0, :]
+        """The window rows the cache should hold: the inputs, FP8-rounded for an FP8 window."""
+        rows = np.concatenate(self.window_keys[seq])[:, 0, :]
+        w = self.cache.config.window
+        return fp8_round_oracle(rows, w.rope_channels) if w.precision == pk.StorageType.fp8_e4m3_block else rows
+
+
+def e4m3fn_oracle(v):
+    """Round float32 values in [-448, 448] to the nearest e4m3fn value, ties to even (from the format:
+    exponent bias 7, 3 mantissa bits, normals from 2^-6, subnormal step 2^-9)."""
+    v = v.astype(np.float64)
+    e = np.floor(np.log2(np.maximum(np.abs(v), 2.0**-6)))
+    step = 2.0 ** (e - 3)
+    return (np.round(v / step) * step).astype(np.float32)
+
+
+def bf16_oracle(x):
+    """float32 to the nearest bf16 (ties to even), as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)
+
+
+def fp8_round_oracle(x, rope_channels=0):
+    """DeepSeek-V4's FP8 values of rows x[..., C] (finite): per block of 64 of the first C - rope
+    channels s = 2^ceil(log2(max(amax, 1e-4) / 448)), value e4m3fn(x / s) * s; the last rope
+    channels rounded to bf16."""
+    x = np.asarray(x, dtype=np.float32)
+    quantized = x.shape[-1] - rope_channels
+    out = x.copy()
+    for first in range(0, quantized, 64):
+        block = x[..., first : min(quantized, first + 64)]
+        amax = np.maximum(np.abs(block).max(axis=-1, keepdims=True), np.float32(1e-4))
+        mantissa, exponent = np.frexp(amax * np.float32(1.0 / 448.0))
+        scale = np.ldexp(np.float32(1.0), np.where(mantissa == 0.5, exponent - 1, exponent)).astype(np.float32)
+        out[..., first : first + block.shape[-1]] = e4m3fn_oracle(np.clip(block / scale, -448, 448)) * scale
+    if rope_channels:
+        out[..., quantized:] = bf16_oracle(x[..., quantized:])
+    return out
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import phasekv as pk
-from conftest import csa_layer, mean_layer, random_chunk
+from conftest import bf16_oracle, csa_layer, fp8_round_oracle, mean_layer, random_chunk
 
 P = pk.presets
 
@@ -122,19 +122,8 @@ def test_bf16_stream_storage_is_read_back_rounded(rng):
     seq = cache.create()
     x = rng.standard_normal((5, 1, 1, 16), dtype=np.float32)
     cache.append(seq, [x])
-    bits = x.reshape(5, 1, 16).view(np.uint32)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)  # RNE to bf16
-    assert np.array_equal(cache.read_entries(seq), rounded)
+    assert np.array_equal(cache.read_entries(seq), bf16_oracle(x.reshape(5, 1, 16)))
     assert cache.shape().streams[0].storage == pk.StorageType.bf16
-
-
-def e4m3fn_oracle(v):
-    """Round float32 values in [-448, 448] to the nearest e4m3fn value, ties to even (from the format:
-    exponent bias 7, 3 mantissa bits, normals from 2^-6, subnormal step 2^-9)."""
-    v = v.astype(np.float64)
-    e = np.floor(np.log2(np.maximum(np.abs(v), 2.0**-6)))
-    step = 2.0 ** (e - 3)
-    return (np.round(v / step) * step).astype(np.float32)
 
 
 def test_fp8_stream_storage_is_read_back_block_quantized(rng):
@@ -148,9 +137,5 @@ def test_fp8_stream_storage_is_read_back_block_quantized(rng):
     x = rng.standard_normal((6, 1, 1, 128), dtype=np.float32) * np.float32(3.0)
     x[1, 0, 0, :64] *= np.float32(1e-7)  # a block below the 1e-4 amax floor
     cache.append(seq, [x])
-    blocks = x.reshape(6, 2, 64)
-    amax = np.maximum(np.abs(blocks).max(axis=2, keepdims=True), np.float32(1e-4))
-    mantissa, exponent = np.frexp(amax * np.float32(1.0 / 448.0))
-    scale = np.ldexp(np.float32(1.0), np.where(mantissa == 0.5, exponent - 1, exponent)).astype(np.float32)
-    expected = (e4m3fn_oracle(np.clip(blocks / scale, -448, 448)) * scale).reshape(6, 1, 128)
+    expected = fp8_round_oracle(x.reshape(6, 1, 128))
     assert np.array_equal(cache.read_entries(seq), expected)

@@ -107,6 +107,13 @@ def test_csa_precision_preset_reads_fp8_entries_with_the_fp4_indexer(rng):
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=2e-6)
     memory = layer.cache.memory(seq)
     assert memory.entry_bytes == 525 * (584 + 68)  # 146 + 17 bytes per token at S = 4
+    # The window holds the FP8 values of the rows handed over (the oracle read above used them).
+    window = P.deepseek_v4_precision_window()
+    assert (window.precision, window.rope_channels) == (pk.StorageType.fp8_e4m3_block, 64)
+    given = np.concatenate(layer.window_keys[seq])[2099, 0]
+    held = layer.cache.window_key(seq, 2099)
+    assert np.array_equal(held.reshape(-1), layer.window_key_rows(seq)[2099])
+    assert not np.array_equal(held.reshape(-1), given)
 
 
 def test_mean_layer_reads_every_entry_and_the_window(rng):

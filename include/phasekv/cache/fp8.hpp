@@ -236,6 +236,22 @@ inline void fp8_dequantize_head(const std::byte* head, const fp8_head_layout& l,
   fp8_decode_channels(head, l, 0, l.channels, out);
 }
 
+namespace detail {
+
+// The UE8M0 scale byte of the block values[first, last): ue8m0_nan when a value is NaN or ±Inf.
+inline std::uint8_t fp8_block_scale_byte(const float* values, std::int64_t first, std::int64_t last) noexcept {
+  float amax = fp8_amax_floor;
+  bool finite = true;
+  for (std::int64_t c = first; c < last; ++c) {
+    const float magnitude = std::fabs(values[c]);
+    finite = finite && magnitude <= detail::float_from_bits(0x7F7FFFFFu);  // false for NaN and Inf
+    amax = std::max(amax, magnitude);
+  }
+  return finite ? fp8_scale_byte(amax) : ue8m0_nan;
+}
+
+}  // namespace detail
+
 // Quantizes one head's channels values[0 … channels) into the l.bytes bytes at `head` (every byte
 // written, padding as 0). No alignment needed.
 inline void fp8_quantize_head(const float* values, const fp8_head_layout& l, std::byte* head) noexcept {
@@ -243,21 +259,13 @@ inline void fp8_quantize_head(const float* values, const fp8_head_layout& l, std
   for (std::int64_t b = 0; b < l.blocks; ++b) {
     const std::int64_t first = b * fp8_head_layout::block_channels;
     const std::int64_t last = std::min(l.quantized, first + fp8_head_layout::block_channels);
-    float amax = fp8_amax_floor;
-    bool finite = true;
-    for (std::int64_t c = first; c < last; ++c) {
-      const float magnitude = std::fabs(values[c]);
-      finite = finite && magnitude <= detail::float_from_bits(0x7F7FFFFFu);  // false for NaN and Inf
-      amax = std::max(amax, magnitude);
-    }
-    if (!finite) {
+    const std::uint8_t scale_byte = detail::fp8_block_scale_byte(values, first, last);
+    head[l.scale_offset + b] = std::byte{scale_byte};
+    if (scale_byte == ue8m0_nan) {
       std::memset(head + first, 0x7F, static_cast<std::size_t>(last - first));
-      head[l.scale_offset + b] = std::byte{ue8m0_nan};
       continue;
     }
-    const std::uint8_t scale_byte = fp8_scale_byte(amax);
     const float scale = ue8m0_to_float(scale_byte);  // 2^-22 … 2^120: exact, normal
-    head[l.scale_offset + b] = std::byte{scale_byte};
     for (std::int64_t c = first; c < last; ++c)
       head[c] = std::byte{float_to_e4m3(std::clamp(values[c] / scale, -e4m3_max, e4m3_max))};
   }
@@ -265,6 +273,28 @@ inline void fp8_quantize_head(const float* values, const fp8_head_layout& l, std
     const std::uint16_t bits = float_to_bf16(values[l.quantized + r]);
     std::memcpy(head + l.rope_offset + 2 * r, &bits, sizeof bits);
   }
+}
+
+// Replaces one head's values[0 … channels) in place by what an FP8 head of layout l holds:
+// fp8_dequantize_head(fp8_quantize_head(values)) bit for bit (a NaN block as NaN), without the
+// bytes. Rounded values round to themselves (a block whose amax fell to 224·s rescales to s/2
+// and every code doubles exactly) unless a value came back as ±Inf (|x| ≥ 1.9375 · 2^127), whose
+// block then turns NaN. The raw window of an fp8_e4m3_block window (raw_window_config) keeps its
+// rows this way.
+inline void fp8_round_head(float* values, const fp8_head_layout& l) noexcept {
+  for (std::int64_t b = 0; b < l.blocks; ++b) {
+    const std::int64_t first = b * fp8_head_layout::block_channels;
+    const std::int64_t last = std::min(l.quantized, first + fp8_head_layout::block_channels);
+    const std::uint8_t scale_byte = detail::fp8_block_scale_byte(values, first, last);
+    if (scale_byte == ue8m0_nan) {
+      std::fill(values + first, values + last, e4m3_to_float(0x7F));
+      continue;
+    }
+    const float scale = ue8m0_to_float(scale_byte);
+    for (std::int64_t c = first; c < last; ++c)
+      values[c] = e4m3_to_float(float_to_e4m3(std::clamp(values[c] / scale, -e4m3_max, e4m3_max))) * scale;
+  }
+  for (std::int64_t r = l.quantized; r < l.channels; ++r) values[r] = bf16_to_float(float_to_bf16(values[r]));
 }
 
 }  // namespace phasekv

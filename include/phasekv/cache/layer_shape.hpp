@@ -25,11 +25,20 @@
 namespace phasekv {
 
 // The raw local window a sequence keeps next to its compressed entries.
+//
+// precision: f32 keeps the rows as the host hands them over. fp8_e4m3_block keeps each head of
+// each row as the values DeepSeek-V4's FP8 format holds (cache/fp8.hpp: e4m3 codes with a UE8M0
+// scale per 64 channels, the last rope_channels of a key head in bf16; value heads of an untied
+// window have no RoPE channels) — the model quantizes its raw window as its entries. The ring
+// stays fp32 rows of those values (exact in fp32), so reads and views need no second path; the
+// rounding happens once, on append. rope_channels is 0 unless the precision is FP8.
 struct raw_window_config {
   std::int64_t tokens = 0;          // N_win; 0 keeps no window
   std::int64_t kv_heads = 1;
   std::int64_t key_channels = 0;
   std::int64_t value_channels = 0;  // 0: tied K/V, the keys are also the values
+  storage_type precision = storage_type::f32;  // f32 or fp8_e4m3_block
+  std::int64_t rope_channels = 0;   // fp8_e4m3_block: the last ones of a key head, kept in bf16
 };
 
 // One stream's entries: kv_heads × channels elements of `storage`, and whether the policy that

@@ -46,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "phasekv/cache/fp8.hpp"
 #include "phasekv/cache/layer_shape.hpp"  // raw_window_config
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/sequence_view.hpp"
@@ -112,6 +113,14 @@ struct cache_config {
               window.key_channels, "must lie in [1, 2^20]");
       require(window.value_channels >= 0 && window.value_channels <= limits::max_channels,
               name + ".window.value_channels", window.value_channels, "must lie in [0, 2^20] (0 = tied K/V)");
+      require(window.precision == storage_type::f32 || window.precision == storage_type::fp8_e4m3_block,
+              name + ".window.precision", static_cast<int>(window.precision), "must be f32 or fp8_e4m3_block");
+      require(window.precision == storage_type::fp8_e4m3_block
+                  ? window.rope_channels >= 0 && window.rope_channels <= window.key_channels
+                  : window.rope_channels == 0,
+              name + ".window.rope_channels", window.rope_channels,
+              window.precision == storage_type::fp8_e4m3_block ? "must lie in [0, window.key_channels]"
+                                                                : "must be 0 unless window.precision is fp8_e4m3_block");
       // Rows × (key + value floats) × 4 bytes: the ring every sequence allocates.
       const std::int64_t floats = window.kv_heads * (window.key_channels + window.value_channels);
       detail::checked_product(window.tokens + history, floats, limits::max_bytes / 4, name + ".window.tokens",
@@ -685,8 +694,22 @@ class paged_cache {
         std::memcpy(s.window_values.data() + row * window_value_floats(),
                     values.data() + (t - t0) * window_value_floats(),
                     static_cast<std::size_t>(window_value_floats()) * sizeof(float));
+      round_window_row(s, row);
     }
     s.window_first = std::max(s.window_first, t_end - rows);
+  }
+
+  // An fp8_e4m3_block window keeps the values its FP8 heads would hold (raw_window_config).
+  void round_window_row(sequence& s, std::int64_t row) const noexcept {
+    const raw_window_config& w = config_.window;
+    if (w.precision != storage_type::fp8_e4m3_block) return;
+    const fp8_head_layout keys = fp8_head_layout::of(w.key_channels, w.rope_channels);
+    for (std::int64_t h = 0; h < w.kv_heads; ++h)
+      fp8_round_head(s.window_keys.data() + row * window_key_floats() + h * w.key_channels, keys);
+    if (tied_window()) return;
+    const fp8_head_layout values = fp8_head_layout::of(w.value_channels, 0);
+    for (std::int64_t h = 0; h < w.kv_heads; ++h)
+      fp8_round_head(s.window_values.data() + row * window_value_floats() + h * w.value_channels, values);
   }
 
   std::int64_t window_row(const sequence& s, std::int64_t t) const {

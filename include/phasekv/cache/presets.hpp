@@ -7,7 +7,8 @@
 // DeepSeek-V4's reference code does — the K/V stream as FP8 (storage_type::fp8_e4m3_block:
 // e4m3fn codes with UE8M0 scales, the 64 RoPE channels in bf16; cache/fp8.hpp) and the indexer
 // keys as FP4 (deepseek_v4_indexer_storage()), read by the *_precision_reader presets of
-// read/presets.hpp. The raw window stays an fp32 ring in both.
+// read/presets.hpp — and the raw window's rows rounded to the same FP8 values as the entries
+// (raw_window_config::precision; DeepSeek-V4 quantizes its window tokens like its entries).
 
 #include <cstdint>
 
@@ -59,11 +60,20 @@ inline cache_config deepseek_v4_1_csa_cache(std::int64_t pages, std::int64_t his
 // reader presets set (read/presets.hpp: deepseek_v4_csa_precision_reader and its V4.1 twin).
 inline storage_type deepseek_v4_indexer_storage() { return storage_type::fp4_e2m1_hadamard; }
 
+// The raw window of the precision caches: FP8 values, the 64 RoPE channels in bf16.
+inline raw_window_config deepseek_v4_precision_window() {
+  raw_window_config w = deepseek_v4_cache(1).window;
+  w.precision = storage_type::fp8_e4m3_block;
+  w.rope_channels = 64;
+  return w;
+}
+
 // DeepSeek-V4 precision: the K/V stream in FP8, 584 bytes per 512-channel entry instead of 2048,
 // read bit-identically to fp32 entries holding the dequantized values; the CSA layers' indexer
 // keys in FP4. Per compressed token of a CSA layer: 584 + 68 = 652 bytes against 2048 + 512.
 inline cache_config deepseek_v4_csa_precision_cache(std::int64_t pages, std::int64_t history = 0) {
   cache_config c = deepseek_v4_csa_cache(pages, history);
+  c.window = deepseek_v4_precision_window();
   c.name = "dsv4.csa.precision";
   c.stream_storage = {storage_type::fp8_e4m3_block, deepseek_v4_indexer_storage()};
   return c;
@@ -71,6 +81,7 @@ inline cache_config deepseek_v4_csa_precision_cache(std::int64_t pages, std::int
 
 inline cache_config deepseek_v4_hca_precision_cache(std::int64_t pages, std::int64_t history = 0) {
   cache_config c = deepseek_v4_hca_cache(pages, history);
+  c.window = deepseek_v4_precision_window();
   c.name = "dsv4.hca.precision";
   c.stream_storage = {storage_type::fp8_e4m3_block};  // no indexer
   return c;
@@ -78,6 +89,7 @@ inline cache_config deepseek_v4_hca_precision_cache(std::int64_t pages, std::int
 
 inline cache_config deepseek_v4_1_csa_precision_cache(std::int64_t pages, std::int64_t history = 0) {
   cache_config c = deepseek_v4_1_csa_cache(pages, history);
+  c.window = deepseek_v4_precision_window();
   c.name = "dsv4.1.csa.precision";
   c.stream_storage = {storage_type::fp8_e4m3_block, deepseek_v4_indexer_storage()};
   return c;

@@ -37,7 +37,10 @@
 //     far as both histories allow — exactly as far as it could in a cache with min(source,
 //     destination) history that received the same tokens — and, once history more tokens have
 //     been appended, as far as the destination's own history allows. With equal histories the
-//     rings are copied verbatim and the restored state equals the source's (stream_state ==).
+//     rings are copied verbatim and the restored state equals the source's (stream_state ==);
+//   - the raw window's precision (raw_window_config): the rows are fp32 either way, and a
+//     destination whose window is fp8_e4m3_block rounds them to FP8 values as append does (rows
+//     from an FP8 window are unchanged by it).
 // Not checked: the SIMD architecture the destination's compressors and reader run with. Later
 // appends and reads are bit-identical when both sides run the same build on the same kind of
 // machine; another instruction set may change summation orders (not the snapshot's meaning).
@@ -1064,6 +1067,9 @@ struct snapshot_access {
         re_ring(values, source_window_rows, record->window_values.data(), rows, window_value_floats,
                 record->window_first, tokens);
       }
+      // An FP8 window holds FP8 values whatever the snapshot came from (a no-op on rows an FP8
+      // window wrote: rounded values round to themselves).
+      for (std::int64_t row = 0; row < rows; ++row) cache.round_window_row(*record, row);
     }
 
     // Page ids, reserved so that nothing below allocates memory until the sequence table does.
