@@ -884,9 +884,10 @@ BENCHMARK(BM_sparse_decode_fp8)
     ->ArgNames({"ctx", "cold"})
     ->ArgsProduct({{131072}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
+// 4096 as well: the context of the PyTorch peer's short V4-precision case (bench/peer/run).
 BENCHMARK(BM_sparse_decode_v4_precision)
     ->ArgNames({"ctx", "cold"})
-    ->ArgsProduct({{131072}, {0, 1}})
+    ->ArgsProduct({{4096, 131072}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_batched_decode)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_batched_decode_threads)->ArgName("threads")->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);

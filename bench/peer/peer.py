@@ -4,7 +4,9 @@
 Reads what peer_dump wrote (manifest.json + raw .bin arrays), recomputes every case in PyTorch the
 way a PyTorch user would write it (whole-tensor ops, BLAS GEMMs, torch.topk, a sink-aware
 logsumexp; no Python loop over tokens or entries — the write path loops over the W = 8 window
-slots, each op covering every entry at once), checks the results against phasekv's, and
+slots, each op covering every entry at once; at DeepSeek-V4's precision it dequantizes the
+cache's stored FP8/FP4 bytes by table lookups and simulates the FP4 queries with torch ops, as
+DeepSeek's reference code simulates quantization), checks the results against phasekv's, and
 times each case at the requested thread counts. With --phasekv-json it also reads the Google
 Benchmark JSON of the matching phasekv benchmarks and prints a side-by-side table and one
 `name: value` line per ratio.
@@ -16,9 +18,15 @@ Checks (exit status 1 when one fails):
               best score s_k: fp32 scores summed in different orders may swap entries whose
               scores tie or nearly tie at the boundary, and either choice is a correct top-k.
               The output is then also compared on phasekv's own selection.
+  V4 precision  (FP8 entries, FP4 indexer) outputs and every candidate's indexer score within
+              1e-5 * max|phasekv|: the dequantized values are exact in fp32 and each head's
+              dot product is exact in the GEMM (integers times powers of two), so only the fp32
+              order of the head sum and of the attention differ.
 
 Timing: only the step phasekv's benchmark times, on tensors already loaded (the prefill of 32768
-tokens for the write cases; the decode step given the cache contents for the read cases). Median
+tokens for the write cases; the decode step given the cache contents for the read cases — at V4
+precision the stored bytes, so the step includes dequantizing every indexer key and the selected
+entries, and transforming and quantizing the indexer queries, as phasekv's step does). Median
 of repeated runs after warm-up, wall clock (time.perf_counter), under torch.inference_mode().
 Thread count n means torch.set_num_threads(n) and, because Debian's torch calls the system BLAS
 without telling it how many threads to use, openblas_set_num_threads(n) as well.
@@ -45,8 +53,9 @@ import torch
 
 REL_TOL = 1e-4        # output agreement, relative to max |phasekv|
 TIE_TOL = 1e-5        # near-tie allowance at the k-th indexer score
+V4_REL_TOL = 1e-5     # V4 precision: scores (every candidate's) and output, relative to max |phasekv|
 
-DTYPES = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
+DTYPES = {"float32": "<f4", "float64": "<f8", "int64": "<i8", "uint8": "u1"}
 
 
 # ---- environment -------------------------------------------------------------------------------
@@ -241,8 +250,10 @@ class SparseDecode:
         if p["kv_heads"] != 1:
             raise SystemExit("peer: the sparse case is written for one KV head (MQA)")
         self.p = p
-        self.kv = case["kv_entries"]                 # [n, C]: the compressed cache, contiguous
-        self.index_keys = case["indexer_entries"]    # [n, Ci]
+        # [n, C] and [n, Ci]: the compressed cache, contiguous (absent at V4 precision, whose
+        # subclass reads the stored bytes instead)
+        self.kv = case.arrays.get("kv_entries")
+        self.index_keys = case.arrays.get("indexer_entries")
         self.window = case["window_rows"]            # [N_win, C], RoPE'd at their own positions
         self.q = case["queries"]                     # [Hq, C]
         index_q = case["indexer_queries"]
@@ -254,17 +265,18 @@ class SparseDecode:
         self.index_q_t = index_q.t().contiguous()  # [Ci, Hi]: one GEMM per step
         self.index_w = case["indexer_weights"]       # [Hi]
         self.sinks = case["sinks"]                   # [Hq]
-        self.k = min(p["top_k"], self.kv.shape[0])
+        n, channels = p["candidates"], p["kv_heads"] * p["channels"]
+        self.k = min(p["top_k"], n)
         self.scale = p["scale"]
         self.inv_freq = rope_inv_freq(p)
         self.position = torch.tensor([p["position"]])
-        n, hi = self.index_keys.shape[0], self.index_w.shape[0]
+        hi = self.index_w.shape[0]
         self.head_scores = torch.empty((n, hi))
         self.scores_buf = torch.empty(n)
         self.top = (torch.empty(self.k), torch.empty(self.k, dtype=torch.int64))
-        self.keys = torch.empty((self.k + self.window.shape[0], self.kv.shape[1]))
+        self.keys = torch.empty((self.k + self.window.shape[0], channels))
         self.logits = torch.empty((self.q.shape[0], self.keys.shape[0]))
-        self.out = torch.empty((self.q.shape[0], self.kv.shape[1]))
+        self.out = torch.empty((self.q.shape[0], channels))
 
     def scores(self):
         # I_j = sum_h w_h relu(q_h . k_j): one [n, Ci] x [Ci, Hi] GEMM, ReLU in place, a GEMV.
@@ -274,9 +286,17 @@ class SparseDecode:
     def select(self):
         return torch.topk(self.scores(), self.k, sorted=False, out=self.top)[1]
 
+    def exact_scores(self):
+        """The indexer scores in float64, for the near-tie allowance of the selection check."""
+        return torch.relu(self.index_keys.double() @ self.index_q_t.double()) @ self.index_w.double()
+
+    def gather(self, selected, rows):
+        """rows <- the selected entries as fp32 rows."""
+        torch.index_select(self.kv, 0, selected, out=rows)
+
     def attend(self, selected):
         keys = self.keys  # [selected entries; window rows]: tied K/V, so also the values
-        torch.index_select(self.kv, 0, selected, out=keys[: len(selected)])
+        self.gather(selected, keys[: len(selected)])
         keys[len(selected):].copy_(self.window)
         logits = torch.mm(self.q, keys.t(), out=self.logits).mul_(self.scale)
         # Joint softmax with the sink in the denominator only, the logsumexp formed in place:
@@ -293,6 +313,169 @@ class SparseDecode:
     def __call__(self):
         selected = self.select()
         return self.attend(selected), selected
+
+
+# ---- DeepSeek-V4 precision: the stored formats, as torch ops ---------------------------------------
+
+def e4m3fn_values():
+    """[256] fp32: the value of each e4m3fn byte (OCP FP8 E4M3, "fn": finite, no infinities):
+    sign, 4 exponent bits e with bias 7, 3 mantissa bits m; (8 + m)·2^(e − 10) for e ≥ 1,
+    m·2^−9 for e = 0, NaN for S.1111.111. This torch has no torch.float8_e4m3fn (1.13; later
+    ones do), so a table indexed by the code plays the part of .view(float8_e4m3fn).float()."""
+    code = torch.arange(256, dtype=torch.int64)
+    e, m = ((code >> 3) & 0xF).double(), (code & 0x7).double()
+    value = torch.where(e == 0, m * 2.0 ** -9, (8.0 + m) * torch.pow(2.0, e - 10.0))  # exact in float64
+    value = torch.where(code >= 0x80, -value, value)
+    value[(code & 0x7F) == 0x7F] = math.nan
+    return value.float()  # every value is exact in fp32
+
+
+def ue8m0_values():
+    """[256] fp32: 2^(b − 127) for each UE8M0 scale byte b (b = 0 gives the fp32 subnormal
+    2^−127), NaN for 0xFF."""
+    value = torch.pow(2.0, torch.arange(256, dtype=torch.float64) - 127.0)
+    value[0xFF] = math.nan
+    return value.float()
+
+
+def e2m1_byte_values():
+    """[256] complex64: the two e2m1 values of one byte of FP4 codes as (real, imaginary) —
+    channel 2i in the low nibble, channel 2i + 1 in the high one (cache/fp4.hpp, the order of
+    torch.float4_e2m1fn_x2 in later torches). Codes 0–7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6 and codes
+    8–15 their negatives. A complex element holds the pair so that one lookup per byte writes both
+    channels, and view_as_real of the result is the channels in order: a row lookup in a [256, 2]
+    fp32 table (index_select, embedding) took 4.3 ms for the 128K step's 2M bytes, this 0.9 ms."""
+    grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    nibble = torch.tensor(grid + [-v for v in grid])
+    byte = torch.arange(256)
+    return torch.view_as_complex(torch.stack([nibble[byte & 0xF], nibble[byte >> 4]], dim=1).contiguous())
+
+
+E4M3FN, UE8M0, E2M1_BYTE = e4m3fn_values(), ue8m0_values(), e2m1_byte_values()
+
+
+def hadamard_scale(n):
+    """The float64 nearest n^−1/2 for n = 2^m: 2^−m/2, or sqrt(0.5)·2^−(m−1)/2 for odd m (sqrt is
+    correctly rounded; 1 / math.sqrt(128) is one ulp below the nearest)."""
+    m = n.bit_length() - 1
+    return math.ldexp(math.sqrt(0.5) if m % 2 else 1.0, -(m // 2))
+
+
+def sylvester_hadamard(n):
+    """Sylvester's Hadamard matrix H_n in float64: H_1 = [1], H_2m = [[H_m, H_m], [H_m, −H_m]]."""
+    h = torch.ones((1, 1), dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)], dim=0)
+    return h
+
+
+def fp4_simulate(y, block):
+    """DeepSeek-V4's FP4 quantization of y [..., C] in blocks of `block` channels, returned
+    dequantized (q·s, exact in fp32), as a quantize-dequantize simulation computes it:
+
+      amax = max(max |y|, 6·2^−126),  s = 2^k,  k = ceil(log2(amax / 6)),
+      q = e2m1(clamp(y / s, −6, 6)), round to nearest, ties to even."""
+    b = y.reshape(*y.shape[:-1], y.shape[-1] // block, block)
+    amax = b.abs().amax(dim=-1, keepdim=True).clamp_(min=6.0 * 2.0 ** -126)
+    # k from frexp: amax / 6 (in fp32, as cache/fp4.hpp says DeepSeek evaluates it) = f·2^e with f in [0.5, 1), so
+    # ceil(log2) is e, or e − 1 when f = 0.5 (a power of two). torch.log2 would round a quotient a
+    # few ulps above 2^k down to k; frexp reads k off exactly. s comes from the UE8M0 table,
+    # the stored byte k + 127, exactly.
+    fraction, exponent = torch.frexp(amax / 6.0)
+    s = UE8M0[(exponent - (fraction == 0.5).int() + 127).long()]
+    v = b / s  # exact: s is a power of two (and |v| ≤ 6 since amax ≤ 6·s)
+    a = v.abs().clamp_(max=6.0)
+    # The e2m1 grid is spaced 0.5 below 2, 1 in [2, 4) and 2 in [4, 6]; in each range the points
+    # with an even mantissa bit are the even multiples of the spacing. So torch.round (half to
+    # even) of a / spacing rounds to nearest with ties to the even code: 0.25 → 0, 0.75 → 1,
+    # 1.25 → 1, 1.75 → 2, 2.5 → 2, 3.5 → 4, 5 → 4; a value that rounds up into the next range
+    # lands on that range's first point, which it shares.
+    spacing = torch.where(a < 2.0, 0.5, torch.where(a < 4.0, 1.0, 2.0))
+    q = torch.round(a / spacing).mul_(spacing).copysign_(v)
+    return (q * s).reshape(y.shape)
+
+
+class SparseDecodeV4(SparseDecode):
+    """The decode step at DeepSeek-V4's precision, from the cache's stored bytes.
+
+    K/V entries (fp8_e4m3_block, 584 bytes): e4m3fn codes of the first N = 448 channels with a
+    UE8M0 scale per 64, the 64 RoPE channels in bf16; the selected entries are dequantized per
+    step (code value · scale, bf16 widened), exact in fp32. Indexer keys (fp4_e2m1_hadamard, 68
+    bytes): e2m1 codes of the Hadamard-transformed key with a UE8M0 scale per 32, dequantized per
+    step. Indexer queries: y = 128^−1/2 · H_128 · q (a GEMM by ±1 in float64 — its sums of these
+    fp32 inputs are exact — times the float64 nearest 128^−1/2, rounded to fp32: the value
+    phasekv's float64 butterflies give, cache/fp4.hpp), then fp4_simulate. Then the scores as in fp32:
+    I_j = Σ_h w_h ReLU(q̂_h · k̂_j), one fp32 GEMM of the dequantized values, in which every
+    product and partial sum is exact (integers times powers of two), so each q̂_h · k̂_j is
+    exact and only the head sum's fp32 order differs from phasekv's."""
+
+    def __init__(self, case):
+        super().__init__(case)  # the fp32 case's buffers, window, queries, sinks, RoPE
+        p = self.p
+        if p.get("kv_storage") != "fp8_e4m3_block" or p.get("indexer_storage") != "fp4_e2m1_hadamard":
+            raise SystemExit(f"peer: {case.name}: expects fp8_e4m3_block entries and fp4_e2m1_hadamard keys")
+        self.kv_bytes = case["kv_entry_bytes"]         # [n, 584] uint8, the stored entries
+        self.ix_bytes = case["indexer_entry_bytes"]    # [n, 68] uint8, the stored indexer keys
+        self.n_q, self.rope_at = p["fp8_quantized_channels"], p["fp8_rope_offset"]
+        self.fp8_scale_at, self.fp8_blocks = p["fp8_scale_offset"], p["fp8_blocks"]
+        self.fp8_block = p["fp8_block_channels"]
+        if self.n_q != self.fp8_blocks * self.fp8_block:
+            raise SystemExit("peer: the FP8 case is written for whole blocks of codes")
+        self.fp4_scale_at, self.fp4_block = p["fp4_scale_offset"], p["fp4_block_channels"]
+        n, ci = self.kv_bytes.shape[0], p["indexer_channels"]
+        self.index_q = case["indexer_queries"]         # [Hi, Ci] fp32, as the host hands them over
+        # The transform's ±1 matrix as a buffer, made once; its scale is applied after the sums.
+        self.hadamard, self.hadamard_scale = sylvester_hadamard(ci), hadamard_scale(ci)
+        # Per-step buffers (see the module docstring): code indices, dequantized keys, scales.
+        self.ix_codes = torch.empty((n, self.fp4_scale_at), dtype=torch.int64)
+        self.ix_scale_codes = torch.empty((n, ci // self.fp4_block), dtype=torch.int64)
+        self.ix_keys = torch.empty((n, ci))
+        self.ix_scales = torch.empty((n, ci // self.fp4_block))
+        self.sel_bytes = torch.empty((self.k, self.kv_bytes.shape[1]), dtype=torch.uint8)
+        self.kv_codes = torch.empty((self.k, self.n_q), dtype=torch.int64)
+        self.kv_scale_codes = torch.empty((self.k, self.fp8_blocks), dtype=torch.int64)
+        self.kv_values = torch.empty((self.k, self.n_q))
+        self.kv_scales = torch.empty((self.k, self.fp8_blocks))
+        self.index_q_hat_t = None
+
+    def quantized_queries(self):
+        """q̂ [Ci, Hi]: the indexer queries transformed and FP4-simulated, transposed for the GEMM."""
+        # H is symmetric: the rows of q times H are the (H q_h)ᵀ.
+        y = (self.index_q.double() @ self.hadamard).mul_(self.hadamard_scale).float()
+        return fp4_simulate(y, self.fp4_block).t()
+
+    def dequantized_keys(self):
+        """k̂ [n, Ci]: every indexer key's stored codes times its block scales."""
+        n, ci = self.ix_keys.shape
+        self.ix_codes.copy_(self.ix_bytes[:, : self.fp4_scale_at])   # uint8 -> int64 indices
+        torch.gather(E2M1_BYTE, 0, self.ix_codes.view(-1), out=torch.view_as_complex(self.ix_keys.view(-1, 2)))
+        self.ix_scale_codes.copy_(self.ix_bytes[:, self.fp4_scale_at:])
+        torch.index_select(UE8M0, 0, self.ix_scale_codes.view(-1), out=self.ix_scales.view(-1))
+        self.ix_keys.view(n, -1, self.fp4_block).mul_(self.ix_scales[:, :, None])
+        return self.ix_keys
+
+    def scores(self):
+        self.index_q_hat_t = self.quantized_queries()
+        torch.mm(self.dequantized_keys(), self.index_q_hat_t, out=self.head_scores).relu_()
+        return torch.mv(self.head_scores, self.index_w, out=self.scores_buf)
+
+    def exact_scores(self):
+        # The same dequantized values in float64: each dot product exact, the head sum nearly so.
+        self.scores()
+        return torch.relu(self.ix_keys.double() @ self.index_q_hat_t.double()) @ self.index_w.double()
+
+    def gather(self, selected, rows):
+        """rows <- the selected entries dequantized: codes · block scale, then the bf16 RoPE channels."""
+        k, nq, block = len(selected), self.n_q, self.fp8_block
+        raw = torch.index_select(self.kv_bytes, 0, selected, out=self.sel_bytes[:k])
+        self.kv_codes[:k].copy_(raw[:, :nq])
+        torch.index_select(E4M3FN, 0, self.kv_codes[:k].view(-1), out=self.kv_values[:k].view(-1))
+        self.kv_scale_codes[:k].copy_(raw[:, self.fp8_scale_at: self.fp8_scale_at + self.fp8_blocks])
+        torch.index_select(UE8M0, 0, self.kv_scale_codes[:k].view(-1), out=self.kv_scales[:k].view(-1))
+        torch.mul(self.kv_values[:k].view(k, -1, block), self.kv_scales[:k, :, None],
+                  out=rows[:, :nq].view(k, -1, block))
+        rope = rows.shape[1] - nq
+        rows[:, nq:].copy_(raw[:, self.rope_at: self.rope_at + 2 * rope].view(torch.bfloat16))
 
 
 class DenseDecode:
@@ -326,7 +509,7 @@ def check_selection(step, selected, reference):
         return False, f"{len(mine)} torch ids, {len(theirs)} phasekv ids, expected {len(reference)}"
     if mine == theirs:
         return True, "same set"
-    exact = torch.relu(step.index_keys.double() @ step.index_q_t.double()) @ step.index_w.double()
+    exact = step.exact_scores()
     kth = torch.topk(exact, step.k).values[-1].item()
     allowance = TIE_TOL * max(1.0, abs(kth))
     differing = sorted(mine ^ theirs)
@@ -335,6 +518,25 @@ def check_selection(step, selected, reference):
     if far:
         return False, f"ids {far[:8]} differ and are not near-ties of the k-th score {kth:.9g}"
     return True, note
+
+
+def in_phasekv_order(head_scores, weights):
+    """I_j from relu'd head scores [n, H] (H a multiple of 64) summed in the FP4 kernel's order
+    (read/indexer_fp4_kernel.hpp): lane l of 16 accumulates fma(r_h, w_h, a_l) over heads
+    h = 16g + l, then halves at distance 8, 4, 2, 1, then head blocks in order. A diagnostic, not
+    the peer's maths: if the torch head scores are phasekv's bit for bit, this gives phasekv's
+    scores bit for bit. Each fma is a float64 product (exact: 24 × 24 bits) and sum, then fp32 —
+    the sum is exact too unless the two terms lie more than 29 binades apart."""
+    r, w = head_scores.double(), weights.double()
+    total = torch.zeros(r.shape[0], dtype=torch.float64)
+    for block in range(0, r.shape[1], 64):
+        a = torch.zeros(r.shape[0], 16, dtype=torch.float64)
+        for g in range(block, block + 64, 16):
+            a = (r[:, g: g + 16] * w[g: g + 16] + a).float().double()
+        for width in (8, 4, 2, 1):
+            a = (a[:, :width] + a[:, width: 2 * width]).float().double()
+        total = (total + a[:, 0]).float().double()
+    return total.float()
 
 
 def run_checks(case, step):
@@ -357,8 +559,16 @@ def run_checks(case, step):
                 err_same = relative_error(step.attend(case["selected"]), want)
                 result["max_rel_error_on_phasekv_selection"] = err_same
                 result["ok"] = sel_ok and err_same <= REL_TOL
-            scores = step.scores()[case["selected"]]
-            result["score_rel_error"] = relative_error(scores, case["selected_scores"])
+            scores = step.scores()
+            result["score_rel_error"] = relative_error(scores[case["selected"]], case["selected_scores"])
+            if "indexer_scores" in case.arrays:
+                # V4 precision: every candidate's score, and the tighter tolerance on scores and
+                # output (the dequantized values are exact, so only fp32 summation orders differ).
+                result["score_rel_error"] = relative_error(scores, case["indexer_scores"])
+                same_bits = (in_phasekv_order(step.head_scores, step.index_w) == case["indexer_scores"])
+                result["scores_bit_equal_in_phasekv_order"] = same_bits.double().mean().item()
+                errors = [result["score_rel_error"], result.get("max_rel_error_on_phasekv_selection", err)]
+                result["ok"] = sel_ok and max(errors) <= V4_REL_TOL
             return result
         got = step()
         err = relative_error(got, case["output"])
@@ -396,7 +606,7 @@ def label(case):
         return f"prefill_{size}_" + case.name.replace("write_csa_", "csa_")
     context = case.p["context"]
     size = f"{context // 1024}k" if context % 1024 == 0 else str(context)
-    suffix = "_bf16_indexer" if case.p.get("indexer_precision") == "bf16" else ""
+    suffix = {"bf16": "_bf16_indexer", "fp4": "_v4_precision"}.get(case.p.get("indexer_precision"), "")
     return f"{LABELS[case.kind]}_{size}{suffix}"
 
 
@@ -489,7 +699,10 @@ def main():
 
     results, failed = [], False
     for case in load(args.dump):
-        step = {"compress": Compressor, "sparse": SparseDecode, "dense": DenseDecode}[case.kind](case)
+        step = {"compress": Compressor, "sparse": SparseDecode, "dense": DenseDecode}[case.kind]
+        if case.kind == "sparse" and case.p.get("indexer_precision") == "fp4":
+            step = SparseDecodeV4
+        step = step(case)
         set_threads(1)
         result = {"case": case.name, "label": label(case), "benchmark": case.p.get("benchmark") or None,
                   "benchmark_threads": case.p.get("benchmark_threads")}
@@ -505,7 +718,10 @@ def main():
                 result["torch_cpu_ms_1t"] = cpu_seconds * 1e3
         status = "ok" if result["ok"] else "FAILED"
         print(f"peer: {case.name}: check {status} (max rel error {result['max_rel_error']:.2e}"
-              + (f", {result['selection']}" if "selection" in result else "") + "), torch "
+              + (f", {result['selection']}" if "selection" in result else "")
+              + (f", scores {result['score_rel_error']:.2e}" if "score_rel_error" in result else "")
+              + (f", {result['scores_bit_equal_in_phasekv_order']:.1%} of the scores bit-equal in phasekv's sum order"
+                 if "scores_bit_equal_in_phasekv_order" in result else "") + "), torch "
               + ", ".join(f"{n}t {result['torch_ms'][n]:.3f} ms" for n in threads), file=sys.stderr)
         failed |= not result["ok"]
         results.append(result)

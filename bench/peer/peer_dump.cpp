@@ -16,9 +16,16 @@
 //   sparse_bf16_indexer_ctx131072     the same step of BM_sparse_decode_bf16_indexer: indexer
 //                                     keys stored and scored in bf16 (dumped as their exact fp32
 //                                     values); the peer rounds the indexer queries to bf16.
+//   sparse_v4_precision_ctx<N>        the same step of BM_sparse_decode_v4_precision, DeepSeek-V4's
+//                                     precision: the K/V entries' stored bytes (fp8_e4m3_block,
+//                                     584 per entry: e4m3fn codes, bf16 RoPE channels, UE8M0
+//                                     scales) and the indexer keys' (fp4_e2m1_hadamard, 68 per
+//                                     entry: e2m1 codes, UE8M0 scales), as a host would hand its
+//                                     pages to PyTorch; the fp32 window rows, the queries and the
+//                                     reader's output, selection and every candidate's FP4 score.
 //   dense_ctx<N>                      bench_read's dense baseline over the first N raw tokens.
 //
-// Files: OUT_DIR/<case>.<array>.bin, raw little-endian float32 / int64 / float64, row-major, and
+// Files: OUT_DIR/<case>.<array>.bin, raw little-endian float32 / int64 / float64 / uint8, row-major, and
 // OUT_DIR/manifest.json naming each array's file, dtype and shape, plus each case's parameters.
 // The dense cases share one key/value file of the largest context (a context of N reads its first
 // N rows, as in bench_read), so it is written once.
@@ -41,6 +48,7 @@
 #include <phasekv/compress/presets.hpp>
 #include <phasekv/compress/stream_compressor.hpp>
 #include <phasekv/core/rope.hpp>
+#include <phasekv/read/indexer_fp4_kernel.hpp>
 #include <phasekv/read/sparse_reader.hpp>
 
 #include "../decode_workload.hpp"
@@ -109,10 +117,12 @@ class dump_writer {
  private:
   template <class T>
   static std::string dtype() {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int64_t>,
-                  "the manifest knows float32, float64 and int64");
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int64_t> ||
+                      std::is_same_v<T, std::uint8_t>,
+                  "the manifest knows float32, float64, int64 and uint8");
     if constexpr (std::is_same_v<T, float>) return "float32";
     else if constexpr (std::is_same_v<T, double>) return "float64";
+    else if constexpr (std::is_same_v<T, std::uint8_t>) return "uint8";
     else return "int64";
   }
   void raw_param(const std::string& key, const std::string& json) {
@@ -215,11 +225,36 @@ void dump_write(dump_writer& w, const std::string& name, const stream_config& co
 // bench_read's sparse_setup: decode_workload.hpp's sparse_workload, filled from the same seeds
 // (and the same page size, which seeds the indexer's inputs), so the cache, the request and the
 // reader's output are the benchmark's own.
-// bf16_indexer: bench_read's BM_sparse_decode_bf16_indexer — indexer keys stored and scored in
-// bf16; the dumped keys are their bf16 values (exact in fp32), the queries stay fp32 (the peer
-// rounds them as the reader does).
-void dump_sparse(dump_writer& w, std::int64_t tokens, bool bf16_indexer = false) {
-  sparse_workload d("peer_dump", tokens, kPageSize, bf16_indexer);
+enum class sparse_variant {
+  fp32,          // BM_sparse_decode: everything in fp32
+  bf16_indexer,  // BM_sparse_decode_bf16_indexer: indexer keys stored and scored in bf16; the dumped
+                 // keys are their bf16 values (exact in fp32), the queries stay fp32 (the peer
+                 // rounds them as the reader does)
+  v4_precision,  // BM_sparse_decode_v4_precision: FP8 K/V entries, FP4 indexer keys and queries;
+                 // the entries are dumped as their stored bytes (the peer dequantizes them)
+};
+
+// The stored bytes of entries [0, n) of `stream`, entry after entry: entry j is page
+// page_table[j / page_size], slot j % page_size — the lookup a host makes to hand its pages to
+// another framework (paged_cache.hpp's interop addresses).
+std::vector<std::uint8_t> stored_entries(const csa_cache& cache, sequence_id seq, std::size_t stream, std::int64_t n) {
+  const page_pool& pool = cache.pool(stream);
+  const page_layout& layout = pool.layout();
+  const auto& table = cache.page_table(seq, stream);
+  const std::int64_t entry_bytes = layout.entry_stride_bytes, page_size = layout.page_size;
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(n * entry_bytes));
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::byte* at = pool.base() + table[static_cast<std::size_t>(j / page_size)] * layout.page_stride_bytes +
+                          (j % page_size) * entry_bytes;
+    std::memcpy(bytes.data() + j * entry_bytes, at, static_cast<std::size_t>(entry_bytes));
+  }
+  return bytes;
+}
+
+void dump_sparse(dump_writer& w, std::int64_t tokens, sparse_variant variant = sparse_variant::fp32) {
+  const bool bf16_indexer = variant == sparse_variant::bf16_indexer, v4 = variant == sparse_variant::v4_precision;
+  sparse_workload d("peer_dump", tokens, kPageSize, bf16_indexer, v4 ? storage_type::fp8_e4m3_block : storage_type::f32,
+                    v4);
   d.fill();
   const csa_cache& cache = d.cache;
   const sequence_id seq = d.seq;
@@ -229,25 +264,54 @@ void dump_sparse(dump_writer& w, std::int64_t tokens, bool bf16_indexer = false)
 
   // What the cache holds, through its public accessors: entry j of a stream is page
   // page_table[j / page_size], slot j % page_size, converted to fp32 (read_entry does exactly that
-  // lookup); window rows by token.
+  // lookup) — or, at V4 precision, its stored bytes; window rows by token (an fp32 ring in every
+  // variant).
   const geometry& geom = cache.compressors().geom();
   const std::int64_t candidates = geom.visible_entries(request.position);
   if (cache.entries(seq, 0) < candidates || cache.entries(seq, 1) < candidates || trace.candidates != candidates)
     throw std::logic_error("peer_dump: the cache holds fewer entries than the reader's candidates");
-  std::vector<float> kv_entries(static_cast<std::size_t>(candidates * kChannels));
-  std::vector<float> ix_entries(static_cast<std::size_t>(candidates * kIndexerChannels));
-  for (std::int64_t j = 0; j < candidates; ++j) {
-    cache.read_entry(seq, 0, j, kv_entries.data() + j * kChannels);
-    cache.read_entry(seq, 1, j, ix_entries.data() + j * kIndexerChannels);
+  std::vector<float> kv_entries, ix_entries;
+  std::vector<std::uint8_t> kv_bytes, ix_bytes;
+  if (v4) {
+    kv_bytes = stored_entries(cache, seq, 0, candidates);
+    ix_bytes = stored_entries(cache, seq, 1, candidates);
+  } else {
+    kv_entries.resize(static_cast<std::size_t>(candidates * kChannels));
+    ix_entries.resize(static_cast<std::size_t>(candidates * kIndexerChannels));
+    for (std::int64_t j = 0; j < candidates; ++j) {
+      cache.read_entry(seq, 0, j, kv_entries.data() + j * kChannels);
+      cache.read_entry(seq, 1, j, ix_entries.data() + j * kIndexerChannels);
+    }
   }
   const std::int64_t n_win = request.position + 1 - trace.window_first;
   std::vector<float> window(static_cast<std::size_t>(n_win * kChannels));
   for (std::int64_t i = 0; i < n_win; ++i)
     std::copy_n(cache.window_key(seq, trace.window_first + i), kChannels, window.data() + i * kChannels);
 
+  // At V4 precision, every candidate's indexer score as the reader's FP4 kernel gives it (the
+  // trace holds the selected ones only): the queries prepared and the pages scored as
+  // sparse_reader does, checked against the trace's scores of the selected entries, bit for bit.
+  std::vector<float> ix_scores;
+  if (v4) {
+    const page_pool& pool = cache.pool(1);
+    const auto& table = cache.page_table(seq, 1);
+    kernels::indexer_fp4_queries prepared;
+    kernels::indexer_fp4::prepare(d.indexer_queries.data(), d.indexer_weights.data(), kIndexerHeads, kIndexerChannels,
+                                  prepared);
+    ix_scores.resize(static_cast<std::size_t>(candidates));
+    for (std::int64_t first = 0; first < candidates; first += kPageSize)
+      kernels::indexer_fp4::score(prepared, pool.base() + table[static_cast<std::size_t>(first / kPageSize)] * pool.layout().page_stride_bytes,
+                                  pool.layout().entry_stride_bytes, std::min(kPageSize, candidates - first),
+                                  ix_scores.data() + first);
+    for (std::size_t r = 0; r < trace.selected.size(); ++r)
+      if (std::memcmp(&ix_scores[static_cast<std::size_t>(trace.selected[r])], &trace.scores[r], sizeof(float)) != 0)
+        throw std::logic_error("peer_dump: the FP4 kernel's score of a selected entry differs from the reader's");
+  }
+
   const stream_config& kv_config = cache.compressors().config(0);
   const rope_rotation rope(kv_config.rope, kv_config.channels);
-  w.begin_case(std::string(bf16_indexer ? "sparse_bf16_indexer_ctx" : "sparse_ctx") + std::to_string(tokens), "sparse");
+  const char* prefix = v4 ? "sparse_v4_precision_ctx" : bf16_indexer ? "sparse_bf16_indexer_ctx" : "sparse_ctx";
+  w.begin_case(prefix + std::to_string(tokens), "sparse");
   w.param("context", tokens);
   w.param("position", request.position);
   w.param("stride", geom.stride);
@@ -266,15 +330,37 @@ void dump_sparse(dump_writer& w, std::int64_t tokens, bool bf16_indexer = false)
   w.param("derotate_output", true);
   w.param("scale", 1.0 / std::sqrt(static_cast<double>(kChannels)));  // reader_config.scale 0 = 1/sqrt(C)
   rope_params_json(w, kv_config.rope);
-  w.param("indexer_precision", std::string(bf16_indexer ? "bf16" : "f32"));
-  if (bf16_indexer) {
+  w.param("indexer_precision", std::string(v4 ? "fp4" : bf16_indexer ? "bf16" : "f32"));
+  if (v4) {
+    // The two block layouts (cache/fp8.hpp, cache/fp4.hpp), so the peer slices the bytes by what
+    // the format says rather than by numbers of its own.
+    const fp8_head_layout kv = cache.pool(0).layout().fp8();
+    const fp4_head_layout ix = cache.pool(1).layout().fp4();
+    w.param("kv_storage", std::string("fp8_e4m3_block"));
+    w.param("fp8_quantized_channels", kv.quantized);
+    w.param("fp8_rope_offset", kv.rope_offset);
+    w.param("fp8_scale_offset", kv.scale_offset);
+    w.param("fp8_block_channels", fp8_head_layout::block_channels);
+    w.param("fp8_blocks", kv.blocks);
+    w.param("indexer_storage", std::string("fp4_e2m1_hadamard"));
+    w.param("fp4_scale_offset", ix.scale_offset);
+    w.param("fp4_block_channels", fp4_head_layout::block_channels);
+    w.param("benchmark", "BM_sparse_decode_v4_precision/ctx:" + std::to_string(tokens) + "/cold:0");
+  } else if (bf16_indexer) {
     w.param("benchmark", "BM_sparse_decode_bf16_indexer/ctx:" + std::to_string(tokens));
   } else {
     w.param("benchmark", "BM_sparse_decode/ctx:" + std::to_string(tokens) + "/page:64/cold:0");
     w.param("benchmark_threads", "BM_sparse_decode_threads/ctx:" + std::to_string(tokens) + "/threads:2");
   }
-  w.array("kv_entries", kv_entries.data(), {candidates, kv_config.kv_heads * kv_config.channels});
-  w.array("indexer_entries", ix_entries.data(), {candidates, kIndexerChannels});
+  if (v4) {
+    const std::int64_t kv_entry = cache.pool(0).layout().entry_stride_bytes, ix_entry = cache.pool(1).layout().entry_stride_bytes;
+    w.array("kv_entry_bytes", kv_bytes.data(), {candidates, kv_entry});
+    w.array("indexer_entry_bytes", ix_bytes.data(), {candidates, ix_entry});
+    w.array("indexer_scores", ix_scores.data(), {candidates});
+  } else {
+    w.array("kv_entries", kv_entries.data(), {candidates, kv_config.kv_heads * kv_config.channels});
+    w.array("indexer_entries", ix_entries.data(), {candidates, kIndexerChannels});
+  }
   w.array("window_rows", window.data(), {n_win, kChannels});
   w.array("queries", d.queries.data(), {kQueryHeads, kChannels});
   w.array("indexer_queries", d.indexer_queries.data(), {kIndexerHeads, kIndexerChannels});
@@ -285,7 +371,7 @@ void dump_sparse(dump_writer& w, std::int64_t tokens, bool bf16_indexer = false)
   w.array("selected_scores", trace.scores.data(), {static_cast<std::int64_t>(trace.scores.size())});
   w.array("rope_inv_freq", rope.inverse_frequencies().data(), {rope.pairs()});
   w.end_case();
-  std::fprintf(stderr, "peer_dump: sparse ctx=%lld: %lld entries, %zu selected\n", static_cast<long long>(tokens),
+  std::fprintf(stderr, "peer_dump: %s%lld: %lld entries, %zu selected\n", prefix, static_cast<long long>(tokens),
                static_cast<long long>(candidates), trace.selected.size());
 }
 
@@ -354,7 +440,8 @@ int main(int argc, char** argv) {
     dump_write(w, "write_csa_indexer", presets::deepseek_v4_csa_indexer(), 102);
     for (std::int64_t tokens : contexts) dump_sparse(w, tokens);
     for (std::int64_t tokens : contexts)
-      if (tokens == kBf16IndexerContext) dump_sparse(w, tokens, true);
+      if (tokens == kBf16IndexerContext) dump_sparse(w, tokens, sparse_variant::bf16_indexer);
+    for (std::int64_t tokens : contexts) dump_sparse(w, tokens, sparse_variant::v4_precision);
     dump_dense(w, contexts);
     w.write_manifest();
     std::fprintf(stderr, "peer_dump: wrote %s/manifest.json\n", dir.c_str());
