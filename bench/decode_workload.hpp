@@ -91,6 +91,10 @@ inline phasekv::cache_config decode_cache_config(const std::string& name, std::i
   c.window.kv_heads = 1;
   c.window.key_channels = kChannels;
   c.window.value_channels = 0;  // tied
+  if (kv_storage == phasekv::storage_type::fp8_e4m3_block) {  // DeepSeek-V4 keeps FP8 window values too
+    c.window.precision = phasekv::storage_type::fp8_e4m3_block;
+    c.window.rope_channels = 64;
+  }
   return c;
 }
 

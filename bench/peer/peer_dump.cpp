@@ -21,7 +21,8 @@
 //                                     584 per entry: e4m3fn codes, bf16 RoPE channels, UE8M0
 //                                     scales) and the indexer keys' (fp4_e2m1_hadamard, 68 per
 //                                     entry: e2m1 codes, UE8M0 scales), as a host would hand its
-//                                     pages to PyTorch; the fp32 window rows, the queries and the
+//                                     pages to PyTorch; the window rows (fp32 rows holding FP8
+//                                     values, raw_window_config::precision), the queries and the
 //                                     reader's output, selection and every candidate's FP4 score.
 //   dense_ctx<N>                      bench_read's dense baseline over the first N raw tokens.
 //
@@ -265,7 +266,7 @@ void dump_sparse(dump_writer& w, std::int64_t tokens, sparse_variant variant = s
   // What the cache holds, through its public accessors: entry j of a stream is page
   // page_table[j / page_size], slot j % page_size, converted to fp32 (read_entry does exactly that
   // lookup) — or, at V4 precision, its stored bytes; window rows by token (an fp32 ring in every
-  // variant).
+  // variant; at V4 precision its rows hold FP8 values).
   const geometry& geom = cache.compressors().geom();
   const std::int64_t candidates = geom.visible_entries(request.position);
   if (cache.entries(seq, 0) < candidates || cache.entries(seq, 1) < candidates || trace.candidates != candidates)
