@@ -242,8 +242,10 @@ class HostErrors(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             export(make_model("gated", 4, 4, 8, 1), TASK.__dict__, tmp)
             path = os.path.join(tmp, "model.txt")
-            text = open(path).read().replace("kind gated", "kind mean")
-            open(path, "w").write(text)
+            with open(path) as f:
+                text = f.read().replace("kind gated", "kind mean")
+            with open(path, "w") as f:
+                f.write(text)
             r = self.run_host("task", "--model", tmp, "--seed", "1")
             self.assertEqual(r.returncode, 2)
             self.assertIn("is not part of a 'mean' model", r.stderr)
@@ -252,8 +254,10 @@ class HostErrors(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             export(make_model("mean", 8, 8, 8, 1), TASK.__dict__, tmp)
             path = os.path.join(tmp, "weights.bin")
-            data = open(path, "rb").read()
-            open(path, "wb").write(data[:-4])
+            with open(path, "rb") as f:
+                data = f.read()
+            with open(path, "wb") as f:
+                f.write(data[:-4])
             r = self.run_host("task", "--model", tmp, "--seed", "1")
             self.assertEqual(r.returncode, 2)
             self.assertIn("ends inside tensor final_norm", r.stderr)
