@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "oracle/fp4_format.hpp"
+#include "oracle/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/fp4.hpp"
@@ -544,48 +545,14 @@ TEST_CASE("fp4: shapes and calls a pool cannot take are errors that name the fie
   CHECK(!is_valid(static_cast<storage_type>(5)));
 }
 
-namespace {
-
-using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
-using csa_cache = paged_cache<csa_stream, csa_stream>;
-
-csa_stream make_csa_stream(stream_config c, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  stream_params p;
-  p.slot_bias = phasekv_test::random_bias(rng, sz(c.kv_heads * g.window * c.channels));
-  p.norm_weight = phasekv_test::random_norm_weight(rng, sz(c.channels));
-  return csa_stream(g, std::move(c), std::move(p));
-}
-
-cache_config csa_config(const std::string& name, i64 page_size, std::vector<storage_type> storage) {
-  cache_config c;
-  c.name = name;
-  c.page_size = page_size;
-  c.pages = 40;
-  c.stream_storage = std::move(storage);
-  c.window = raw_window_config{16, 1, 512, 0};
-  return c;
-}
-
-void append_random(csa_cache& a, csa_cache& b, sequence_id sa, sequence_id sb, i64 tokens, std::mt19937& rng) {
-  const i64 views = presets::deepseek_v4_csa_geometry().branches();
-  const auto kv = phasekv_test::random_uniform(rng, sz(tokens * views * 512), -1.0f, 1.0f);
-  const auto kv_logits = phasekv_test::random_uniform(rng, sz(tokens * views * 512), -2.0f, 2.0f);
-  const auto ix = phasekv_test::random_uniform(rng, sz(tokens * views * 128), -1.0f, 1.0f);
-  const auto ix_logits = phasekv_test::random_uniform(rng, sz(tokens * views * 128), -2.0f, 2.0f);
-  const auto window = phasekv_test::random_uniform(rng, sz(tokens * 512), -1.0f, 1.0f);
-  const csa_cache::chunks in = {token_chunk{tokens, kv, kv_logits}, token_chunk{tokens, ix, ix_logits}};
-  a.append(sa, in, window);
-  b.append(sb, in, window);
-}
-
-}  // namespace
+using phasekv_test::append_random;
+using phasekv_test::csa_cache;
+using phasekv_test::csa_config;
+using phasekv_test::make_csa_layer;
 
 TEST_CASE("fp4: a DeepSeek-V4 cache quantizes the indexer's entries; views have the 68-byte stride; 17 bytes a token",
           "[cache][fp4]") {
-  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
-                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const csa_cache::layer layer = make_csa_layer();
   const storage_type fp4 = storage_type::fp4_e2m1_hadamard, fp8 = storage_type::fp8_e4m3_block;
   for (i64 page_size : {1, 7, 64}) {
     INFO("page_size " << page_size);
@@ -636,8 +603,7 @@ TEST_CASE("fp4: a DeepSeek-V4 cache quantizes the indexer's entries; views have 
 }
 
 TEST_CASE("fp4: only an indexer stream may be stored in FP4; shared pools must match", "[cache][fp4][errors]") {
-  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
-                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const csa_cache::layer layer = make_csa_layer();
   const storage_type fp4 = storage_type::fp4_e2m1_hadamard;
   // The K/V stream (512 channels: a valid FP4 count) is not an indexer.
   CHECK_THAT(message_of<config_error>([&] { csa_cache(layer, csa_config("c", 8, {fp4, fp4})); }),
@@ -656,8 +622,7 @@ TEST_CASE("fp4: only an indexer stream may be stored in FP4; shared pools must m
 }
 
 TEST_CASE("fp4: snapshots move FP4 streams byte for byte and into nothing else", "[cache][fp4][snapshot]") {
-  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
-                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const csa_cache::layer layer = make_csa_layer();
   const storage_type fp4 = storage_type::fp4_e2m1_hadamard, fp8 = storage_type::fp8_e4m3_block;
   csa_cache source(layer, csa_config("src", 7, {fp8, fp4})), twin(layer, csa_config("twin", 7, {fp8, fp4}));
   std::mt19937 rng(1507);

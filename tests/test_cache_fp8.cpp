@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "oracle/fp8_format.hpp"
+#include "oracle/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/fp8.hpp"
@@ -531,48 +532,14 @@ TEST_CASE("fp8: shapes and calls a pool cannot take are errors that name the fie
   CHECK(!is_row_storage(storage_type::fp8_e4m3_block));
 }
 
-namespace {
-
-using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
-using csa_cache = paged_cache<csa_stream, csa_stream>;
-
-csa_stream make_csa_stream(stream_config c, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  stream_params p;
-  p.slot_bias = phasekv_test::random_bias(rng, sz(c.kv_heads * g.window * c.channels));
-  p.norm_weight = phasekv_test::random_norm_weight(rng, sz(c.channels));
-  return csa_stream(g, std::move(c), std::move(p));
-}
-
-cache_config csa_config(const std::string& name, i64 page_size, std::vector<storage_type> storage) {
-  cache_config c;
-  c.name = name;
-  c.page_size = page_size;
-  c.pages = 40;
-  c.stream_storage = std::move(storage);
-  c.window = raw_window_config{16, 1, 512, 0};
-  return c;
-}
-
-void append_random(csa_cache& a, csa_cache& b, sequence_id sa, sequence_id sb, i64 tokens, std::mt19937& rng) {
-  const i64 views = presets::deepseek_v4_csa_geometry().branches();
-  const auto kv = phasekv_test::random_uniform(rng, sz(tokens * views * 512), -1.0f, 1.0f);
-  const auto kv_logits = phasekv_test::random_uniform(rng, sz(tokens * views * 512), -2.0f, 2.0f);
-  const auto ix = phasekv_test::random_uniform(rng, sz(tokens * views * 128), -1.0f, 1.0f);
-  const auto ix_logits = phasekv_test::random_uniform(rng, sz(tokens * views * 128), -2.0f, 2.0f);
-  const auto window = phasekv_test::random_uniform(rng, sz(tokens * 512), -1.0f, 1.0f);
-  const csa_cache::chunks in = {token_chunk{tokens, kv, kv_logits}, token_chunk{tokens, ix, ix_logits}};
-  a.append(sa, in, window);
-  b.append(sb, in, window);
-}
-
-}  // namespace
+using phasekv_test::append_random;
+using phasekv_test::csa_cache;
+using phasekv_test::csa_config;
+using phasekv_test::make_csa_layer;
 
 TEST_CASE("fp8: a DeepSeek-V4 cache quantizes the compressor's entries; views have the 584-byte stride",
           "[cache][fp8]") {
-  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
-                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const csa_cache::layer layer = make_csa_layer();
   const storage_type fp8 = storage_type::fp8_e4m3_block;
   for (i64 page_size : {1, 7, 64}) {
     INFO("page_size " << page_size);
@@ -624,8 +591,7 @@ TEST_CASE("fp8: a DeepSeek-V4 cache quantizes the compressor's entries; views ha
 }
 
 TEST_CASE("fp8: a pool shared by an fp8 stream must keep the same RoPE channels", "[cache][fp8][errors]") {
-  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
-                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const csa_cache::layer layer = make_csa_layer();
   auto shared = std::make_shared<page_pool>(fp8_pool(1, 512, 0, 8));  // 512 channels, no RoPE channels
   cache_config c = csa_config("fp8", 8, {storage_type::fp8_e4m3_block, storage_type::bf16});
   c.shared_pools = {shared, nullptr};
@@ -638,8 +604,7 @@ TEST_CASE("fp8: a pool shared by an fp8 stream must keep the same RoPE channels"
 
 TEST_CASE("fp8: an FP8 raw window keeps the values FP8 heads hold; reads, forks and snapshots see them",
           "[cache][fp8][window]") {
-  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
-                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const csa_cache::layer layer = make_csa_layer();
   cache_config fp8_window = csa_config("fp8w", 8, {storage_type::fp8_e4m3_block, storage_type::bf16});
   fp8_window.window.precision = storage_type::fp8_e4m3_block;
   fp8_window.window.rope_channels = 64;
@@ -691,8 +656,7 @@ TEST_CASE("fp8: an FP8 raw window keeps the values FP8 heads hold; reads, forks 
 
 TEST_CASE("fp8: raw window precisions a cache cannot take are errors that name the field",
           "[cache][fp8][window][errors]") {
-  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
-                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const csa_cache::layer layer = make_csa_layer();
   cache_config c = csa_config("w", 8, {});
   c.window.precision = storage_type::bf16;
   CHECK_THAT(message_of<config_error>([&] { csa_cache cache(layer, c); }),

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "oracle/fp4_format.hpp"
+#include "oracle/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/layer_shape.hpp"
@@ -44,6 +45,7 @@
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/core/executor.hpp"
 #include "phasekv/read/indexer_fp4_kernel.hpp"
+#include "phasekv/read/presets.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
 namespace {
@@ -486,30 +488,14 @@ TEST_CASE("fp4 read: a restored snapshot reads bit-identically", "[read][fp4][sn
 
 namespace {
 
-using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
-using csa_cache = paged_cache<csa_stream, csa_stream>;
+using phasekv_test::csa_cache;
+using phasekv_test::make_csa_layer;
 
-csa_stream make_csa_stream(stream_config c, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  stream_params p;
-  p.slot_bias = phasekv_test::random_bias(rng, sz(c.kv_heads * g.window * c.channels));
-  p.norm_weight = phasekv_test::random_norm_weight(rng, sz(c.channels));
-  return csa_stream(g, std::move(c), std::move(p));
-}
-
+// The CSA reader preset with the FP4 indexer, selecting top_k, named "dsv4" in errors.
 reader_config dsv4_reader(i64 top_k) {
-  reader_config rc;
+  reader_config rc = presets::deepseek_v4_csa_precision_reader();
   rc.name = "dsv4";
-  rc.query_heads = 64;
-  rc.key_stream = 0;
-  rc.value_stream = 0;
-  rc.indexer_stream = 1;
   rc.top_k = top_k;
-  rc.indexer_heads = 64;
-  rc.precision = indexer_precision::fp4;
-  rc.sink = true;
-  rc.derotate_output = true;
   return rc;
 }
 
@@ -538,8 +524,7 @@ void append_csa(csa_cache& cache, sequence_id seq, i64 n, std::mt19937& rng) {
 
 TEST_CASE("fp4 read: DeepSeek-V4 CSA with FP8 entries and the FP4 indexer selects the oracle's top-k",
           "[read][fp4][csa]") {
-  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
-                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const csa_cache::layer layer = make_csa_layer();
   std::mt19937 rng(1605);
   for (const i64 page_size : {64, 5}) {
     INFO("page_size " << page_size);
@@ -570,8 +555,7 @@ TEST_CASE("fp4 read: DeepSeek-V4 CSA with FP8 entries and the FP4 indexer select
 }
 
 TEST_CASE("fp4 read: configurations and views that do not fit are errors naming the field", "[read][fp4][errors]") {
-  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
-                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const csa_cache::layer layer = make_csa_layer();
   csa_cache cache(layer, dsv4_cache(8, storage_type::f32, fp4));
   csa_cache plain(layer, dsv4_cache(8, storage_type::f32, storage_type::f32));
   // fp4 precision needs FP4 keys; FP4 keys need fp4 precision.

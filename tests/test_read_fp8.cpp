@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "oracle/fp8_format.hpp"
+#include "oracle/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/layer_shape.hpp"
@@ -36,6 +37,7 @@
 #include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/core/executor.hpp"
+#include "phasekv/read/presets.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
 namespace {
@@ -373,37 +375,21 @@ TEST_CASE("fp8 read: bit-identical to the fp32 read of the dequantized entries, 
 
 namespace {
 
-using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
-using csa_cache = paged_cache<csa_stream, csa_stream>;
+using phasekv_test::csa_cache;
+using phasekv_test::make_csa_layer;
 
-csa_stream make_csa_stream(stream_config c, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  stream_params p;
-  p.slot_bias = phasekv_test::random_bias(rng, sz(c.kv_heads * g.window * c.channels));
-  p.norm_weight = phasekv_test::random_norm_weight(rng, sz(c.channels));
-  return csa_stream(g, std::move(c), std::move(p));
-}
-
+// The CSA reader preset, selecting top_k, named "dsv4" in errors.
 reader_config dsv4_reader(i64 top_k) {
-  reader_config rc;
+  reader_config rc = presets::deepseek_v4_csa_reader();
   rc.name = "dsv4";
-  rc.query_heads = 64;
-  rc.key_stream = 0;
-  rc.value_stream = 0;
-  rc.indexer_stream = 1;
   rc.top_k = top_k;
-  rc.indexer_heads = 64;
-  rc.sink = true;
-  rc.derotate_output = true;
   return rc;
 }
 
 }  // namespace
 
 TEST_CASE("fp8 read: DeepSeek-V4 CSA with 584-byte entries reads like its dequantized twin", "[read][fp8][csa]") {
-  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
-                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const csa_cache::layer layer = make_csa_layer();
   std::mt19937 rng(1402);
   for (const auto& [page_size, indexer_storage] :
        {std::pair<i64, storage_type>{64, storage_type::bf16}, {5, fp8}, {1, storage_type::f32}}) {
@@ -451,8 +437,7 @@ TEST_CASE("fp8 read: DeepSeek-V4 CSA with 584-byte entries reads like its dequan
 
 TEST_CASE("fp8 read: a view or shape that does not match the FP8 layout is an error naming the field",
           "[read][fp8][errors]") {
-  const csa_cache::layer layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
-                               make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
+  const csa_cache::layer layer = make_csa_layer();
   cache_config cc;
   cc.name = "dsv4";
   cc.page_size = 8;

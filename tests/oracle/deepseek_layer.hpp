@@ -1,0 +1,67 @@
+#pragma once
+// A DeepSeek-V4 CSA layer for the storage tests (FP8 entries, FP4 indexer keys): its two streams
+// with seeded random learned parameters, a small cache configuration, and random appends of the
+// same tokens to two caches (a quantized one and its fp32 twin, whose entries are the oracle's
+// input).
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "oracle/random_inputs.hpp"
+#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/compress/presets.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
+
+namespace phasekv_test {
+
+using csa_stream = phasekv::stream_compressor<phasekv::presets::deepseek_v4_csa_policy>;
+using csa_cache = phasekv::paged_cache<csa_stream, csa_stream>;
+
+// A stream of the CSA preset (K/V or indexer config) with random slot bias and norm weight.
+inline csa_stream make_csa_stream(phasekv::stream_config c, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  const phasekv::geometry g = phasekv::presets::deepseek_v4_csa_geometry();
+  phasekv::stream_params p;
+  p.slot_bias = random_bias(rng, static_cast<std::size_t>(c.kv_heads * g.window * c.channels));
+  p.norm_weight = random_norm_weight(rng, static_cast<std::size_t>(c.channels));
+  return csa_stream(g, std::move(c), std::move(p));
+}
+
+// Both streams: K/V (512 channels) and indexer keys (128).
+inline csa_cache::layer make_csa_layer() {
+  return csa_cache::layer(make_csa_stream(phasekv::presets::deepseek_v4_csa_kv(), 1),
+                          make_csa_stream(phasekv::presets::deepseek_v4_csa_indexer(), 2));
+}
+
+// 40 pages of `page_size` entries per stream, stored as `storage`, and a 16-token tied window.
+inline phasekv::cache_config csa_config(const std::string& name, std::int64_t page_size,
+                                        std::vector<phasekv::storage_type> storage) {
+  phasekv::cache_config c;
+  c.name = name;
+  c.page_size = page_size;
+  c.pages = 40;
+  c.stream_storage = std::move(storage);
+  c.window = phasekv::raw_window_config{16, 1, 512, 0};
+  return c;
+}
+
+// Appends the same `tokens` random tokens to sequence sa of a and sb of b.
+inline void append_random(csa_cache& a, csa_cache& b, phasekv::sequence_id sa, phasekv::sequence_id sb,
+                          std::int64_t tokens, std::mt19937& rng) {
+  const std::int64_t views = phasekv::presets::deepseek_v4_csa_geometry().branches();
+  auto sz = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+  const auto kv = random_uniform(rng, sz(tokens * views * 512), -1.0f, 1.0f);
+  const auto kv_logits = random_uniform(rng, sz(tokens * views * 512), -2.0f, 2.0f);
+  const auto ix = random_uniform(rng, sz(tokens * views * 128), -1.0f, 1.0f);
+  const auto ix_logits = random_uniform(rng, sz(tokens * views * 128), -2.0f, 2.0f);
+  const auto window = random_uniform(rng, sz(tokens * 512), -1.0f, 1.0f);
+  const csa_cache::chunks in = {phasekv::token_chunk{tokens, kv, kv_logits}, phasekv::token_chunk{tokens, ix, ix_logits}};
+  a.append(sa, in, window);
+  b.append(sb, in, window);
+}
+
+}  // namespace phasekv_test
