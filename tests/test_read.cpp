@@ -36,6 +36,7 @@
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/scalar_attention.hpp"
+#include "oracle/thread_executor.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/presets.hpp"
@@ -1400,30 +1401,7 @@ TEST_CASE("sparse_reader: bad configurations throw config_error naming the field
 
 namespace {
 
-// A host's thread pool, as simply as possible: `threads` std::threads per run(), taking tasks
-// from a shared counter (optionally last task first), so pieces really run concurrently and out
-// of order.
-class thread_executor final : public executor {
- public:
-  thread_executor(int threads, bool reverse) : threads_(threads), reverse_(reverse) {}
-  std::int64_t concurrency() const noexcept override { return threads_; }
-  void run(std::int64_t tasks, task_function task, void* context) noexcept override {
-    std::atomic<std::int64_t> next{0};
-    auto work = [&] {
-      for (std::int64_t i; (i = next.fetch_add(1)) < tasks;) task(context, reverse_ ? tasks - 1 - i : i);
-    };
-    std::vector<std::thread> pool;
-    for (int k = 1; k < threads_; ++k) pool.emplace_back(work);
-    work();
-    for (std::thread& t : pool) t.join();
-    ++runs;
-  }
-  std::int64_t runs = 0;
-
- private:
-  int threads_;
-  bool reverse_;
-};
+using phasekv_test::thread_executor;
 
 bool same_trace(const read_trace& a, const read_trace& b) {
   return a.candidates == b.candidates && a.selected == b.selected && a.scores == b.scores &&

@@ -30,6 +30,7 @@
 #include "oracle/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
+#include "oracle/thread_executor.hpp"
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/sequence_view.hpp"
@@ -64,25 +65,7 @@ bool same_trace(const read_trace& a, const read_trace& b) {
          a.window_token_mass == b.window_token_mass && a.window_mass == b.window_mass && a.sink_mass == b.sink_mass;
 }
 
-// A host's thread pool: `threads` std::threads per run(), tasks from a shared counter.
-class thread_executor final : public executor {
- public:
-  explicit thread_executor(int threads) : threads_(threads) {}
-  std::int64_t concurrency() const noexcept override { return threads_; }
-  void run(std::int64_t tasks, task_function task, void* context) noexcept override {
-    std::atomic<std::int64_t> next{0};
-    auto work = [&] {
-      for (std::int64_t i; (i = next.fetch_add(1)) < tasks;) task(context, i);
-    };
-    std::vector<std::thread> pool;
-    for (int k = 1; k < threads_; ++k) pool.emplace_back(work);
-    work();
-    for (std::thread& t : pool) t.join();
-  }
-
- private:
-  int threads_;
-};
+using phasekv_test::thread_executor;
 
 // ---- the dequantized twin of a sequence ---------------------------------------------------------
 

@@ -35,6 +35,7 @@
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/scalar_attention.hpp"
+#include "oracle/thread_executor.hpp"
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/sequence_view.hpp"
@@ -76,25 +77,7 @@ bool same_trace(const read_trace& a, const read_trace& b) {
 
 using phasekv_test::message_of;
 
-// A host's thread pool: `threads` std::threads per run(), tasks from a shared counter, last first.
-class thread_executor final : public executor {
- public:
-  explicit thread_executor(int threads) : threads_(threads) {}
-  std::int64_t concurrency() const noexcept override { return threads_; }
-  void run(std::int64_t tasks, task_function task, void* context) noexcept override {
-    std::atomic<std::int64_t> next{0};
-    auto work = [&] {
-      for (std::int64_t i; (i = next.fetch_add(1)) < tasks;) task(context, tasks - 1 - i);
-    };
-    std::vector<std::thread> pool;
-    for (int k = 1; k < threads_; ++k) pool.emplace_back(work);
-    work();
-    for (std::thread& t : pool) t.join();
-  }
-
- private:
-  int threads_;
-};
+using phasekv_test::thread_executor;
 
 stream_config make_stream(const std::string& name, stream_role role, i64 kv_heads, i64 channels) {
   stream_config c;
@@ -447,7 +430,7 @@ template <class Cache>
 void check_world(Cache& cache, const world_spec& s, std::mt19937& rng) {
   const reader_config rc = reader_for(s, "views");
   sparse_reader reader(cache, rc), batched(cache.shape(), rc), threaded(cache.shape(), rc);
-  thread_executor pool(3);
+  thread_executor pool(3, true);
   threaded.set_executor(pool);
 
   // A shared prefix, forks of it that go on on their own, and one independent sequence.
@@ -1142,7 +1125,7 @@ TEST_CASE("views: batched reads of different sequences while another thread appe
   });
   auto read_pairs = [&](std::size_t first) {
     sparse_reader reader(cache.shape(), rc);
-    thread_executor pool(2);
+    thread_executor pool(2, true);
     reader.set_executor(pool);
     std::vector<float> out(sz(2 * out_floats)), lse(sz(2 * s.query_heads()));
     for (int round = 0; round < 15; ++round) {
