@@ -205,9 +205,13 @@ class stream_compressor {
     if (state.rows_bf16_.size() != bf16_row_pointers()) state.rows_bf16_.assign(bf16_row_pointers(), nullptr);
     if (state.ahead_.size() != ahead_rows()) state.ahead_.assign(ahead_rows(), simd::prefetch_row{});
     const std::int64_t last_entry = geom_.completed_entries(state.tokens_ + chunk.tokens);
+    // Before any entry, so a failure changes nothing observable: capacity_error, like make_state.
     if ((chunk.payload_is_bf16() || chunk.logits_are_bf16()) && last_entry > state.entries_ &&
         state.widened_.size() != widened_floats())
-      state.widened_.assign(widened_floats(), 0.0f);  // before any entry: a failure changes nothing
+      detail::allocate_or_fail([&] { state.widened_.assign(widened_floats(), 0.0f); },
+                               config_.name + ": bf16 rows widened per entry (floats)",
+                               static_cast<std::int64_t>(widened_floats()),
+                               static_cast<std::int64_t>(widened_floats() * sizeof(float)));
     const std::size_t input_bytes = (chunk.payload.size() + chunk.logits.size()) * sizeof(float) +
                                     (chunk.payload_bf16.size() + chunk.logits_bf16.size()) * sizeof(std::uint16_t);
     const bool prefetch = static_cast<std::int64_t>(input_bytes) >= kernels::prefetch_min_bytes;
