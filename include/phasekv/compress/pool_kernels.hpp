@@ -149,9 +149,12 @@ struct pool {
       batch m = s[0];
       unroll<N - 1>([&](auto i) { m = xsimd::max(m, s[i + 1]); });
       unroll<N>([&](auto i) { s[i] = simd::exp_bounded_above(s[i] - m); });
-      // den = 0 + e_0 + e_1 + …, num = fma(e_i, x_i, …) from 0, as in the two-pass path.
+      // den = 0 + e_0 + e_1 + …, num = fma(e_i, x_i, …) from 0, as in the two-pass path. The
+      // first term is an fma from 0 too, not a product: GCC contracts a product into whatever
+      // it meets after inlining, and inlining differs between instantiations (fp32 or bf16
+      // rows), which made bf16 rows pool differently from their widenings (measured: W = 6).
       batch den = s[0];
-      batch num = s[0] * load(x[0] + c);
+      batch num = xsimd::fma(s[0], load(x[0] + c), batch(0.0f));
       unroll<N - 1>([&](auto i) {
         den += s[i + 1];
         num = xsimd::fma(s[i + 1], load(x[i + 1] + c), num);
@@ -159,7 +162,8 @@ struct pool {
       (num / den).store_unaligned(out + c);
       if (weight_sums) {
         const batch inv = batch(1.0f) / den;
-        unroll<N>([&](auto i) { weight_sums[i] += simd::reduce_add(s[i] * inv); });
+        // (An fma from 0 for the same reason: a bare product could be contracted into the sum.)
+        unroll<N>([&](auto i) { weight_sums[i] += simd::reduce_add(xsimd::fma(s[i], inv, batch(0.0f))); });
       }
     }
     return c;
@@ -186,7 +190,7 @@ struct pool {
       if (weight_sums) {
         const batch inv = batch(1.0f) / den;
         for (std::int64_t i = 0; i < slots; ++i)
-          weight_sums[i] += simd::reduce_add(batch::load_unaligned(alpha_scratch + i * lanes) * inv);
+          weight_sums[i] += simd::reduce_add(xsimd::fma(batch::load_unaligned(alpha_scratch + i * lanes), inv, batch(0.0f)));
       }
     }
     return c;
