@@ -17,11 +17,21 @@
 // L3 and the mean one (16 MiB) fit, so mean pooling reported 1.7× its "bound". Decode keeps
 // 4096 tokens: it measures the per-append overhead, and its ratio is for comparison only — an
 // engine hands over each token just after computing it, from cache, so no memory bound applies.
+//
+// prefill_bf16 gives the same prefill its payload and logits as bf16 bits (token_chunk::
+// payload_bf16 / logits_bf16), as a DeepSeek-V4 host holds them: half the input bytes, and the
+// bound counts those (2 bytes an input element; entries are still written in fp32). Its inputs
+// are the fp32 ones rounded to bf16, and its entries are those of the fp32 path on the widened
+// values, bit for bit (tests/test_compress_bf16_inputs.cpp), so only the bytes differ.
+// prefill_warm and prefill_bf16_warm run the same prefill on kWarm tokens whose inputs stay in
+// the caches between iterations: the arithmetic alone, the floor under the prefill from memory
+// (their of_bandwidth_bound is for comparison only).
 
 #include <benchmark/benchmark.h>
 
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -38,6 +48,7 @@ using namespace phasekv;
 constexpr std::int64_t kChannels = 512;
 constexpr std::int64_t kPrefill = 32768;
 constexpr std::int64_t kDecode = 4096;
+constexpr std::int64_t kWarm = 1024;  // DeepSeek-V4 CSA: 8 MiB of fp32 inputs, 4 MiB of bf16
 
 using bench::read_bandwidth;  // machine_limits.hpp: re-measured per call, best so far
 using bench::thread_seconds;
@@ -60,16 +71,35 @@ template <class Compressor>
 struct fixture {
   Compressor compressor;
   std::vector<float> payload, logits, entries;
+  std::vector<std::uint16_t> payload_bf16, logits_bf16;  // bf16 inputs only: the fp32 ones rounded
+  bool bf16 = false;
 
-  fixture(Compressor c, std::int64_t tokens) : compressor(std::move(c)) {
+  fixture(Compressor c, std::int64_t tokens, bool bf16_inputs = false) : compressor(std::move(c)), bf16(bf16_inputs) {
     payload.resize(static_cast<std::size_t>(tokens * compressor.payload_floats_per_token()));
     logits.resize(static_cast<std::size_t>(tokens * compressor.logit_floats_per_token()));
     fill_normal(payload, 0);
     fill_normal(logits, 12345);
     entries.resize(static_cast<std::size_t>(compressor.geom().completed_entries(tokens) * entry_floats()));
+    if (bf16) {  // sized once, as the fp32 buffers are (no reallocation while growing)
+      payload_bf16.resize(payload.size());
+      logits_bf16.resize(logits.size());
+      for (std::size_t k = 0; k < payload.size(); ++k) payload_bf16[k] = float_to_bf16(payload[k]);
+      for (std::size_t k = 0; k < logits.size(); ++k) logits_bf16[k] = float_to_bf16(logits[k]);
+      std::vector<float>().swap(payload);  // the fp32 copies would only take memory
+      std::vector<float>().swap(logits);
+    }
   }
   std::int64_t entry_floats() const { return compressor.floats_per_entry(); }
   token_chunk chunk(std::int64_t first, std::int64_t tokens) const {
+    if (bf16) {
+      token_chunk c;
+      c.tokens = tokens;
+      c.payload_bf16 = {payload_bf16.data() + first * compressor.payload_floats_per_token(),
+                        static_cast<std::size_t>(tokens * compressor.payload_floats_per_token())};
+      c.logits_bf16 = {logits_bf16.data() + first * compressor.logit_floats_per_token(),
+                       static_cast<std::size_t>(tokens * compressor.logit_floats_per_token())};
+      return c;
+    }
     return token_chunk{tokens,
                        {payload.data() + first * compressor.payload_floats_per_token(),
                         static_cast<std::size_t>(tokens * compressor.payload_floats_per_token())},
@@ -80,12 +110,13 @@ struct fixture {
   void store(const entry_view& e) {
     std::copy_n(e.values, entry_floats(), entries.data() + e.index * entry_floats());
   }
-  // Bytes one pass over `tokens` tokens must move: inputs read, entries written.
+  // Bytes one pass over `tokens` tokens must move: inputs read (4 or 2 bytes an element),
+  // entries written (fp32).
   double bytes_moved(std::int64_t tokens) const {
     const double read = static_cast<double>(tokens * (compressor.payload_floats_per_token() +
                                                       compressor.logit_floats_per_token()));
     const double written = static_cast<double>(compressor.geom().completed_entries(tokens) * entry_floats());
-    return (read + written) * sizeof(float);
+    return read * (bf16 ? sizeof(std::uint16_t) : sizeof(float)) + written * sizeof(float);
   }
 };
 
@@ -101,16 +132,30 @@ void report(benchmark::State& state, const fixture<Compressor>& f, std::int64_t 
 
 // One prefill of kPrefill tokens per iteration, into a fresh state.
 template <class Compressor>
-void prefill(benchmark::State& state, Compressor c) {
+void prefill(benchmark::State& state, Compressor c, bool bf16 = false, std::int64_t tokens = kPrefill) {
   const double bandwidth = read_bandwidth();
-  fixture<Compressor> f(std::move(c), kPrefill);
-  const token_chunk chunk = f.chunk(0, kPrefill);
+  fixture<Compressor> f(std::move(c), tokens, bf16);
+  const token_chunk chunk = f.chunk(0, tokens);
   for (auto _ : state) {
     stream_state s = f.compressor.make_state();
     f.compressor.append(s, chunk, [&](const entry_view& e) { f.store(e); });
     benchmark::DoNotOptimize(f.entries.data());
   }
-  report(state, f, kPrefill, bandwidth);
+  report(state, f, tokens, bandwidth);
+}
+
+// The same with bf16 payload and logits; and both on inputs that stay in the caches.
+template <class Compressor>
+void prefill_bf16(benchmark::State& state, Compressor c) {
+  prefill(state, std::move(c), true);
+}
+template <class Compressor>
+void prefill_warm(benchmark::State& state, Compressor c) {
+  prefill(state, std::move(c), false, kWarm);
+}
+template <class Compressor>
+void prefill_bf16_warm(benchmark::State& state, Compressor c) {
+  prefill(state, std::move(c), true, kWarm);
 }
 
 // Token-by-token appends of kDecode tokens.
@@ -168,6 +213,9 @@ BENCHMARK_CAPTURE(prefill, mean_rope_before, make<mean_rope_before>(true))->Unit
 BENCHMARK_CAPTURE(prefill, vector_gates_norm_rope_after, make<vector_gates_norm_rope_after>(true))
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(prefill, deepseek_v4_csa, dsv4())->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(prefill_bf16, deepseek_v4_csa, dsv4())->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(prefill_warm, deepseek_v4_csa, dsv4())->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(prefill_bf16_warm, deepseek_v4_csa, dsv4())->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(decode, mean, make<mean>())->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(decode, vector_gates, make<vector_gates>())->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(decode, deepseek_v4_csa, dsv4())->Unit(benchmark::kMicrosecond);

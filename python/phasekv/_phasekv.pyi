@@ -18,7 +18,9 @@ from . import stats as stats
 FloatArray = NDArray[np.float32]
 # What an input argument accepts: an array NumPy can view as float32 C-contiguous memory.
 FloatInput = Any
-# One stream's chunk: a payload array, or (payload, logits).
+# One stream's chunk: a payload array, or (payload, logits). Payload and logits may each also be
+# bf16 bits instead of float32: a uint16 array (or int16, as torch's bf16 `.view(torch.int16)`
+# gives), read in place; it means exactly its float32 widening (bits << 16), bit for bit.
 Chunk = Union[FloatInput, Tuple[FloatInput, Union[FloatInput, None]]]
 
 __version__: str
@@ -256,7 +258,9 @@ class Compressor:
     def append(
         self, state: CompressorState, payload: FloatInput, logits: FloatInput | None = None, *,
         slot_weights: bool = False, check_finite: bool = False,
-    ) -> Entries: ...
+    ) -> Entries:
+        """payload and logits: float32, or uint16/int16 arrays of bf16 bits (each independently);
+        bf16 inputs give exactly the entries of their float32 widening."""
 
 # ---- cache --------------------------------------------------------------------------------------
 

@@ -181,7 +181,8 @@ void init_cache(const modules& m) {
           py::arg("seq"), py::arg("chunks"), py::arg("window_keys") = py::none(), py::arg("window_values") = py::none(),
           py::kw_only(), py::arg("check_finite") = false,
           "Appends the same new tokens to every stream — chunks[k] is stream k's payload, or (payload, logits) "
-          "for gated policies, token axis first — and to the raw window (window_keys [tokens][kv_heads][key "
+          "for gated policies, token axis first; payload and logits each float32 or bf16 bits as uint16/int16, "
+          "exactly their float32 widening — and to the raw window (window_keys [tokens][kv_heads][key "
           "channels], RoPE'd; window_values likewise, None when tied). Returns the entries emitted per stream.")
       .def(
           "fork", [](layer_cache& c, sequence_id seq) { return exclusive(c, [&](auto& x) { return x.fork(seq); }); },

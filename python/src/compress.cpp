@@ -8,13 +8,38 @@ namespace pyphasekv {
 
 using namespace phasekv;
 
+// bf16 inputs arrive as their raw bits: uint16, or int16 as torch's bf16 `.view(torch.int16)`
+// (then `.numpy()`) gives them — the same bits, read in place.
+bool holds_bf16_bits(const py::array& a) {
+  return py::isinstance<py::array_t<std::uint16_t>>(a) || py::isinstance<py::array_t<std::int16_t>>(a);
+}
+
+// A chunk input read in place as fp32 or as bf16 bits, whichever its dtype is.
+void chunk_input(const py::array& a, const std::string& name, span<const float>& fp32,
+                 span<const std::uint16_t>& bf16) {
+  if (!holds_bf16_bits(a)) {
+    if (!py::isinstance<py::array_t<float>>(a))
+      throw py::type_error(name + ".dtype = " + py::str(a.dtype()).cast<std::string>() +
+                           ": must be float32, or uint16/int16 holding bf16 bits (phasekv reads arrays in "
+                           "place and never converts them: pass x.astype(...))");
+    fp32 = input<float>(a, name);
+    return;
+  }
+  if (!(a.flags() & py::array::c_style))
+    throw py::value_error(name + " = " + describe_array(a) +
+                          ": must be C-contiguous (phasekv reads it in place: pass np.ascontiguousarray(x))");
+  if (!(a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_))
+    throw py::value_error(name + " = " + describe_array(a) + ": must be aligned to its element size");
+  bf16 = span<const std::uint16_t>(static_cast<const std::uint16_t*>(a.data()), static_cast<std::size_t>(a.size()));
+}
+
 token_chunk chunk_of(const py::object& payload, const py::object& logits, const std::string& name,
                      std::vector<py::array>& keep) {
   keep.push_back(py::array::ensure(payload));
   const py::array& p = keep.back();
   if (!p) throw py::type_error(name + " payload: must be an array");
   token_chunk chunk;
-  chunk.payload = input<float>(p, name + " payload");
+  chunk_input(p, name + " payload", chunk.payload, chunk.payload_bf16);
   // The token count comes from the leading axis: a flat array would make every size error
   // read as a token-count error.
   if (p.ndim() < 2)
@@ -22,7 +47,11 @@ token_chunk chunk_of(const py::object& payload, const py::object& logits, const 
         name + " payload = " + describe_array(p) +
         ": needs a leading token axis, shape (tokens, kv_heads, views, channels) or (tokens, floats)");
   chunk.tokens = static_cast<std::int64_t>(p.shape(0));
-  chunk.logits = optional_input<float>(logits, name + " logits", keep);
+  if (!logits.is_none()) {
+    keep.push_back(py::array::ensure(logits));
+    if (!keep.back()) throw py::type_error(name + " logits: must be an array (or None)");
+    chunk_input(keep.back(), name + " logits", chunk.logits, chunk.logits_bf16);
+  }
   return chunk;
 }
 
@@ -296,7 +325,9 @@ void init_compress(const modules& m) {
           py::arg("state"), py::arg("payload"), py::arg("logits") = py::none(), py::kw_only(),
           py::arg("slot_weights") = false, py::arg("check_finite") = false,
           "Appends tokens (payload [tokens][kv_heads][views][channels], logits likewise with gate channels, "
-          "None without gates) and returns the entries they complete. The GIL is released.");
+          "None without gates) and returns the entries they complete. Payload and logits are each float32, or "
+          "bf16 bits as uint16 (or int16, torch's bf16 .view(torch.int16)): a bf16 input gives exactly the "
+          "entries of its float32 widening, bit for bit, reading half the bytes. The GIL is released.");
 
   // ---- presets (compress/presets.hpp) ----
   py::module_ presets = m.presets;

@@ -185,3 +185,49 @@ def test_compressor_accessors():
     assert (c.views, c.gate_channels, c.logit_floats_per_token, c.floats_per_entry) == (2, 512, 1024, 512)
     assert [c.view_of_slot(i) for i in range(8)] == [1, 1, 1, 1, 0, 0, 0, 0]
     assert pk.views_per_token(pk.InputLayout.per_slot, g) == 8
+
+
+def _bf16_bits(x):
+    """float32 → bf16 bits (round to nearest even, as torch does) as uint16, and their exact
+    float32 widening (bits << 16)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    widened = (rounded.astype(np.uint32) << 16).view(np.float32)
+    return rounded, widened
+
+
+def test_bf16_chunks_equal_the_float32_chunks_of_their_widening(rng):
+    g = P.deepseek_v4_csa_geometry()
+    c = pk.Compressor(P.deepseek_v4_csa_policy, g, P.deepseek_v4_csa_kv())
+    payload, logits = random_chunk(rng, P.deepseek_v4_csa_kv(), 37, g, pk.Policy.deepseek_v4)
+    (p16, p32), (l16, l32) = _bf16_bits(payload), _bf16_bits(logits)
+    wide = c.append(c.make_state(), p32, l32, slot_weights=True)
+    assert len(wide.index) == 9
+    # Both bf16, one of each, int16 bits (torch's bf16 .view(torch.int16)), split across appends.
+    for pay, log in ((p16, l16), (p16, l32), (p32, l16), (p16.view(np.int16), l16.view(np.int16))):
+        e = c.append(c.make_state(), pay, log, slot_weights=True)
+        assert e.values.tobytes() == wide.values.tobytes()
+        assert e.slot_weights.tobytes() == wide.slot_weights.tobytes()
+    state, parts = c.make_state(), []
+    for k, (a, b) in enumerate([(0, 1), (1, 6), (6, 7), (7, 30), (30, 37)]):
+        pay = (p16 if k % 2 == 0 else p32)[a:b]
+        parts.append(c.append(state, pay, l16[a:b]).values)
+    assert np.concatenate(parts).tobytes() == wide.values.tobytes()
+
+    # Through the cache, and the errors: NaN bits with check_finite, other dtypes.
+    layer = csa_layer(rng)
+    a, b = layer.cache.create(), layer.cache.create()
+    ix = P.deepseek_v4_csa_indexer()
+    ip, il = random_chunk(rng, ix, 37, g, pk.Policy.deepseek_v4)
+    (ip16, ip32), (il16, il32) = _bf16_bits(ip), _bf16_bits(il)
+    keys = rng.standard_normal((37, 1, 512), dtype=np.float32)
+    layer.cache.append(a, [(p32, l32), (ip32, il32)], keys)
+    layer.cache.append(b, [(p16, l16), (ip16, il16)], keys)
+    for k in range(2):
+        assert layer.cache.read_entries(a, k).tobytes() == layer.cache.read_entries(b, k).tobytes()
+    nan = p16.copy()
+    nan[3, 0, 1, 7] = 0x7FC0
+    with pytest.raises(pk.InputError, match=r"chunk.payload_bf16\[token 3, element 519\]"):
+        c.append(c.make_state(), nan, l16, check_finite=True)
+    with pytest.raises(TypeError, match="uint16/int16 holding bf16 bits"):
+        c.append(c.make_state(), payload.astype(np.float64), logits)

@@ -10,14 +10,27 @@
 namespace phasekv {
 
 // New tokens for one stream, in the layout described in stream_config.hpp.
+//
+// The payload, and independently the logits, come in exactly one of two forms: fp32, or bf16 as
+// raw bit patterns (little-endian std::uint16_t, what torch's bf16 `.view(torch.int16)` holds;
+// DeepSeek-V4 computes its projections in bf16). A bf16 input means exactly its fp32 widening
+// (bits << 16, exact): every entry is bit-identical to the one the fp32 form of the widened values
+// gives — for every policy, chunking and mix of forms across appends — but the write path reads
+// the bf16 rows in place, half the bytes, instead of a host first widening them in an extra pass.
+// Giving both forms of one input (both non-empty) is an input_error.
 struct token_chunk {
   std::int64_t tokens = 0;
   span<const float> payload;  // [tokens][kv_heads][views][channels]
   span<const float> logits;   // [tokens][kv_heads][views][gate_channels]; empty unless gated
+  span<const std::uint16_t> payload_bf16 = {};  // the payload as bf16 bits, instead of `payload`
+  span<const std::uint16_t> logits_bf16 = {};   // the logits as bf16 bits, instead of `logits`
+
+  bool payload_is_bf16() const noexcept { return !payload_bf16.empty(); }
+  bool logits_are_bf16() const noexcept { return !logits_bf16.empty(); }
 };
 
 struct append_options {
-  bool check_finite = false;  // reject NaN/Inf in the chunk (an O(n) scan)
+  bool check_finite = false;  // reject NaN/Inf in the chunk, either form (an O(n) scan)
   bool slot_weights = false;  // give each entry its per-slot weights (mean over channels)
 };
 

@@ -17,12 +17,18 @@
 // Measured on Zen 5: 10–20% faster (medians) for mean and gated pooling when the input comes from
 // memory, but 20–33% slower for gated pooling when it is still in the L3, where the hardware
 // keeps up and the prefetches only cost issue slots. The caller decides (prefetch_min_bytes).
+//
+// Payload and logit rows are fp32 or bf16 bits (std::uint16_t), each kernel a template on the
+// row types. A bf16 row is loaded by widening (simd/bf16.hpp: exact), and everything after the
+// load is the same code, so a kernel on bf16 rows gives bit for bit what it gives on their fp32
+// widenings — while a prefill reads half the input bytes. Bias rows are always fp32.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "phasekv/simd/batch.hpp"
+#include "phasekv/simd/bf16.hpp"
 #include "phasekv/simd/exp.hpp"
 #include "phasekv/simd/prefetch.hpp"
 #include "phasekv/simd/unroll.hpp"
@@ -38,27 +44,34 @@ inline constexpr std::int64_t prefetch_min_bytes = std::int64_t{16} << 20;
 
 using simd::line_floats;
 using simd::prefetch;
+using simd::prefetch_row;
+using simd::to_float;
 
 template <class Arch>
 struct pool {
   using batch = xsimd::batch<float, Arch>;
   static constexpr std::int64_t lanes = static_cast<std::int64_t>(batch::size);
 
+  // lanes consecutive channels of a row (fp32, or bf16 widened exactly) as fp32.
+  static batch load(const float* p) noexcept { return batch::load_unaligned(p); }
+  static batch load(const std::uint16_t* p) noexcept { return simd::load<Arch>(p); }
+
   // out[c] = Σ_i w[i] · x[i][c], c ∈ [0, channels). Four named accumulators hide FMA latency
   // (GCC spills an array of batches to the stack).
-  static void weighted_sum(const float* const* x, const float* w, std::int64_t slots, std::int64_t channels,
-                           float* out, const float* const* ahead = nullptr, std::int64_t ahead_rows = 0) noexcept {
+  template <class X>
+  static void weighted_sum(const X* const* x, const float* w, std::int64_t slots, std::int64_t channels,
+                           float* out, const prefetch_row* ahead = nullptr, std::int64_t ahead_rows = 0) noexcept {
     std::int64_t c = 0;
     for (; c + 4 * lanes <= channels; c += 4 * lanes) {
-      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch(ahead[k] + c, 4 * lanes);
+      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch(ahead[k], c, 4 * lanes);
       batch a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
       for (std::int64_t i = 0; i < slots; ++i) {
         const batch wi(w[i]);
-        const float* xi = x[i] + c;
-        a0 = xsimd::fma(wi, batch::load_unaligned(xi), a0);
-        a1 = xsimd::fma(wi, batch::load_unaligned(xi + lanes), a1);
-        a2 = xsimd::fma(wi, batch::load_unaligned(xi + 2 * lanes), a2);
-        a3 = xsimd::fma(wi, batch::load_unaligned(xi + 3 * lanes), a3);
+        const X* xi = x[i] + c;
+        a0 = xsimd::fma(wi, load(xi), a0);
+        a1 = xsimd::fma(wi, load(xi + lanes), a1);
+        a2 = xsimd::fma(wi, load(xi + 2 * lanes), a2);
+        a3 = xsimd::fma(wi, load(xi + 3 * lanes), a3);
       }
       a0.store_unaligned(out + c);
       a1.store_unaligned(out + c + lanes);
@@ -67,12 +80,12 @@ struct pool {
     }
     for (; c + lanes <= channels; c += lanes) {
       batch a(0.0f);
-      for (std::int64_t i = 0; i < slots; ++i) a = xsimd::fma(batch(w[i]), batch::load_unaligned(x[i] + c), a);
+      for (std::int64_t i = 0; i < slots; ++i) a = xsimd::fma(batch(w[i]), load(x[i] + c), a);
       a.store_unaligned(out + c);
     }
     for (; c < channels; ++c) {
       float a = 0.0f;
-      for (std::int64_t i = 0; i < slots; ++i) a = std::fma(w[i], x[i][c], a);
+      for (std::int64_t i = 0; i < slots; ++i) a = std::fma(w[i], to_float(x[i][c]), a);
       out[c] = a;
     }
   }
@@ -87,9 +100,10 @@ struct pool {
   // reloading the logits from L1. Both run the sums in ascending slot order from 0 with the same
   // exp, so either gives the same entry, bit for bit.
 
-  static void vector_gated(const float* const* x, const float* const* logit, const float* const* bias,
+  template <class X, class L>
+  static void vector_gated(const X* const* x, const L* const* logit, const float* const* bias,
                            std::int64_t slots, std::int64_t channels, float* out, float* weight_sums,
-                           float* alpha_scratch, const float* const* ahead = nullptr,
+                           float* alpha_scratch, const prefetch_row* ahead = nullptr,
                            std::int64_t ahead_rows = 0) noexcept {
     std::int64_t c = 0;
     switch (slots) {
@@ -106,73 +120,77 @@ struct pool {
     }
     // The last channels % lanes channels, one at a time (libm's exp: few enough not to matter).
     for (; c < channels; ++c) {
-      float m = logit[0][c] + bias[0][c];
-      for (std::int64_t i = 1; i < slots; ++i) m = std::max(m, logit[i][c] + bias[i][c]);
+      float m = to_float(logit[0][c]) + bias[0][c];
+      for (std::int64_t i = 1; i < slots; ++i) m = std::max(m, to_float(logit[i][c]) + bias[i][c]);
       float num = 0.0f, den = 0.0f;
       for (std::int64_t i = 0; i < slots; ++i) {
-        const float e = std::exp(logit[i][c] + bias[i][c] - m);
+        const float e = std::exp(to_float(logit[i][c]) + bias[i][c] - m);
         den += e;
-        num = std::fma(e, x[i][c], num);
+        num = std::fma(e, to_float(x[i][c]), num);
       }
       out[c] = num / den;
       if (weight_sums)
-        for (std::int64_t i = 0; i < slots; ++i) weight_sums[i] += std::exp(logit[i][c] + bias[i][c] - m) / den;
+        for (std::int64_t i = 0; i < slots; ++i)
+          weight_sums[i] += std::exp(to_float(logit[i][c]) + bias[i][c] - m) / den;
     }
   }
 
   // The whole batches of vector_gated for exactly N slots; returns where the tail starts.
-  template <std::int64_t N>
-  static std::int64_t vector_gated_unrolled(const float* const* x, const float* const* logit,
+  template <std::int64_t N, class X, class L>
+  static std::int64_t vector_gated_unrolled(const X* const* x, const L* const* logit,
                                             const float* const* bias, std::int64_t channels, float* out,
-                                            float* weight_sums, const float* const* ahead,
+                                            float* weight_sums, const prefetch_row* ahead,
                                             std::int64_t ahead_rows) noexcept {
     std::int64_t c = 0;
     for (; c + lanes <= channels; c += lanes) {
-      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch(ahead[k] + c, lanes);
+      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch(ahead[k], c, lanes);
       batch s[N];
-      unroll<N>([&](auto i) { s[i] = batch::load_unaligned(logit[i] + c) + batch::load_unaligned(bias[i] + c); });
+      unroll<N>([&](auto i) { s[i] = load(logit[i] + c) + batch::load_unaligned(bias[i] + c); });
       batch m = s[0];
       unroll<N - 1>([&](auto i) { m = xsimd::max(m, s[i + 1]); });
       unroll<N>([&](auto i) { s[i] = simd::exp_bounded_above(s[i] - m); });
-      // den = 0 + e_0 + e_1 + …, num = fma(e_i, x_i, …) from 0, as in the two-pass path.
+      // den = 0 + e_0 + e_1 + …, num = fma(e_i, x_i, …) from 0, as in the two-pass path. The
+      // first term is an fma from 0 too, not a product: GCC contracts a product into whatever
+      // it meets after inlining, and inlining differs between instantiations (fp32 or bf16
+      // rows), which made bf16 rows pool differently from their widenings (measured: W = 6).
       batch den = s[0];
-      batch num = s[0] * batch::load_unaligned(x[0] + c);
+      batch num = xsimd::fma(s[0], load(x[0] + c), batch(0.0f));
       unroll<N - 1>([&](auto i) {
         den += s[i + 1];
-        num = xsimd::fma(s[i + 1], batch::load_unaligned(x[i + 1] + c), num);
+        num = xsimd::fma(s[i + 1], load(x[i + 1] + c), num);
       });
       (num / den).store_unaligned(out + c);
       if (weight_sums) {
         const batch inv = batch(1.0f) / den;
-        unroll<N>([&](auto i) { weight_sums[i] += simd::reduce_add(s[i] * inv); });
+        // (An fma from 0 for the same reason: a bare product could be contracted into the sum.)
+        unroll<N>([&](auto i) { weight_sums[i] += simd::reduce_add(xsimd::fma(s[i], inv, batch(0.0f))); });
       }
     }
     return c;
   }
 
-  static std::int64_t vector_gated_two_pass(const float* const* x, const float* const* logit,
+  template <class X, class L>
+  static std::int64_t vector_gated_two_pass(const X* const* x, const L* const* logit,
                                             const float* const* bias, std::int64_t slots, std::int64_t channels,
                                             float* out, float* weight_sums, float* alpha_scratch,
-                                            const float* const* ahead, std::int64_t ahead_rows) noexcept {
+                                            const prefetch_row* ahead, std::int64_t ahead_rows) noexcept {
     std::int64_t c = 0;
     for (; c + lanes <= channels; c += lanes) {
-      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch(ahead[k] + c, lanes);
-      batch m = batch::load_unaligned(logit[0] + c) + batch::load_unaligned(bias[0] + c);
-      for (std::int64_t i = 1; i < slots; ++i)
-        m = xsimd::max(m, batch::load_unaligned(logit[i] + c) + batch::load_unaligned(bias[i] + c));
+      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch(ahead[k], c, lanes);
+      batch m = load(logit[0] + c) + batch::load_unaligned(bias[0] + c);
+      for (std::int64_t i = 1; i < slots; ++i) m = xsimd::max(m, load(logit[i] + c) + batch::load_unaligned(bias[i] + c));
       batch num(0.0f), den(0.0f);
       for (std::int64_t i = 0; i < slots; ++i) {
-        const batch e = simd::exp_bounded_above(batch::load_unaligned(logit[i] + c) +
-                                                batch::load_unaligned(bias[i] + c) - m);
+        const batch e = simd::exp_bounded_above(load(logit[i] + c) + batch::load_unaligned(bias[i] + c) - m);
         den += e;
-        num = xsimd::fma(e, batch::load_unaligned(x[i] + c), num);
+        num = xsimd::fma(e, load(x[i] + c), num);
         if (weight_sums) e.store_unaligned(alpha_scratch + i * lanes);
       }
       (num / den).store_unaligned(out + c);
       if (weight_sums) {
         const batch inv = batch(1.0f) / den;
         for (std::int64_t i = 0; i < slots; ++i)
-          weight_sums[i] += simd::reduce_add(batch::load_unaligned(alpha_scratch + i * lanes) * inv);
+          weight_sums[i] += simd::reduce_add(xsimd::fma(batch::load_unaligned(alpha_scratch + i * lanes), inv, batch(0.0f)));
       }
     }
     return c;

@@ -13,6 +13,14 @@
 // Appending a sequence token by token, in any chunks, or as one prefill emits bit-identical
 // entries: each entry is computed by the same kernel from the same rows, in the same order.
 //
+// Inputs may be fp32 or bf16 bits (token_chunk), per chunk and per input. A bf16 input is its
+// exact fp32 widening: the kernels load bf16 rows by widening them and then run the same
+// arithmetic in the same order, so entries are bit-identical to the fp32 path on the widened
+// values, whatever the policy, the chunking or the mix of forms across appends. The pending ring
+// stays fp32 (commit() widens bf16 rows into it). An entry whose rows all lie in a bf16 chunk
+// reads them in place; one that also needs ring rows widens its chunk rows into a small scratch
+// first (the first ⌈W/S⌉ entries of a chunk, and every entry of a one-token decode step).
+//
 // Errors: a call the configuration cannot accept throws input_error before anything changes.
 // Inputs are not scanned for NaN/Inf unless append_options::check_finite is on; unchecked, they
 // follow IEEE arithmetic into the entries (memory-safe, but the entries are then not finite).
@@ -38,6 +46,8 @@
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/simd/batch.hpp"
+#include "phasekv/simd/bf16.hpp"
+#include "phasekv/simd/prefetch.hpp"
 
 namespace phasekv {
 
@@ -108,6 +118,8 @@ class stream_compressor {
           s.logit_ring_.assign(static_cast<std::size_t>(rows * logits_per_token_), 0.0f);
           s.scratch_.assign(scratch_floats(), 0.0f);
           s.rows_.assign(row_pointers(), nullptr);
+          s.rows_bf16_.assign(bf16_row_pointers(), nullptr);
+          s.ahead_.assign(ahead_rows(), simd::prefetch_row{});
         },
         field, history, floats * 4);
     return s;
@@ -132,15 +144,41 @@ class stream_compressor {
                                     ", " + std::to_string(payload_per_token_) + "+" +
                                     std::to_string(logits_per_token_) +
                                     " input floats per token): make it with this compressor's make_state()");
-    check_span(chunk.payload, chunk.tokens, payload_per_token_, "payload", "tokens × kv_heads × views × channels");
-    if constexpr (gated)
-      check_span(chunk.logits, chunk.tokens, logits_per_token_, "logits", "tokens × kv_heads × views × gate channels");
-    else if (!chunk.logits.empty())
-      detail::fail<input_error>(n + ": chunk.logits.size()", chunk.logits.size(),
-                                "must be 0: this pooling policy reads no gate logits");
+    // Each input in exactly one form: the bf16 one when it is given, else the fp32 one.
+    if (!chunk.payload.empty() && !chunk.payload_bf16.empty())
+      detail::fail<input_error>(n + ": chunk.payload_bf16.size()", chunk.payload_bf16.size(),
+                                "must be 0 when chunk.payload (fp32) is given (size " +
+                                    std::to_string(chunk.payload.size()) + "): give the payload in one form");
+    if (chunk.payload_is_bf16())
+      check_span(chunk.payload_bf16, chunk.tokens, payload_per_token_, "payload_bf16",
+                 "tokens × kv_heads × views × channels");
+    else
+      check_span(chunk.payload, chunk.tokens, payload_per_token_, "payload", "tokens × kv_heads × views × channels");
+    if constexpr (gated) {
+      if (!chunk.logits.empty() && !chunk.logits_bf16.empty())
+        detail::fail<input_error>(n + ": chunk.logits_bf16.size()", chunk.logits_bf16.size(),
+                                  "must be 0 when chunk.logits (fp32) is given (size " +
+                                      std::to_string(chunk.logits.size()) + "): give the logits in one form");
+      if (chunk.logits_are_bf16())
+        check_span(chunk.logits_bf16, chunk.tokens, logits_per_token_, "logits_bf16",
+                   "tokens × kv_heads × views × gate channels");
+      else
+        check_span(chunk.logits, chunk.tokens, logits_per_token_, "logits", "tokens × kv_heads × views × gate channels");
+    } else {
+      if (!chunk.logits.empty())
+        detail::fail<input_error>(n + ": chunk.logits.size()", chunk.logits.size(),
+                                  "must be 0: this pooling policy reads no gate logits");
+      if (!chunk.logits_bf16.empty())
+        detail::fail<input_error>(n + ": chunk.logits_bf16.size()", chunk.logits_bf16.size(),
+                                  "must be 0: this pooling policy reads no gate logits");
+    }
     if (options.check_finite) {
-      require_finite(chunk.payload, "payload");
-      if constexpr (gated) require_finite(chunk.logits, "logits");
+      if (chunk.payload_is_bf16()) require_finite(chunk.payload_bf16, "payload_bf16");
+      else require_finite(chunk.payload, "payload");
+      if constexpr (gated) {
+        if (chunk.logits_are_bf16()) require_finite(chunk.logits_bf16, "logits_bf16");
+        else require_finite(chunk.logits, "logits");
+      }
     }
     if constexpr (has_rope_v<Policy>)
       if (config_.rope.table) check_rope_positions(state, chunk);
@@ -164,25 +202,42 @@ class stream_compressor {
   std::int64_t emit(stream_state& state, const token_chunk& chunk, Sink&& sink, const append_options& options = {}) const {
     if (state.scratch_.size() != scratch_floats()) state.scratch_.assign(scratch_floats(), 0.0f);
     if (state.rows_.size() != row_pointers()) state.rows_.assign(row_pointers(), nullptr);
+    if (state.rows_bf16_.size() != bf16_row_pointers()) state.rows_bf16_.assign(bf16_row_pointers(), nullptr);
+    if (state.ahead_.size() != ahead_rows()) state.ahead_.assign(ahead_rows(), simd::prefetch_row{});
     const std::int64_t last_entry = geom_.completed_entries(state.tokens_ + chunk.tokens);
-    const bool prefetch = static_cast<std::int64_t>((chunk.payload.size() + chunk.logits.size()) * sizeof(float)) >=
-                          kernels::prefetch_min_bytes;
+    // Before any entry, so a failure changes nothing observable: capacity_error, like make_state.
+    if ((chunk.payload_is_bf16() || chunk.logits_are_bf16()) && last_entry > state.entries_ &&
+        state.widened_.size() != widened_floats())
+      detail::allocate_or_fail([&] { state.widened_.assign(widened_floats(), 0.0f); },
+                               config_.name + ": bf16 rows widened per entry (floats)",
+                               static_cast<std::int64_t>(widened_floats()),
+                               static_cast<std::int64_t>(widened_floats() * sizeof(float)));
+    const std::size_t input_bytes = (chunk.payload.size() + chunk.logits.size()) * sizeof(float) +
+                                    (chunk.payload_bf16.size() + chunk.logits_bf16.size()) * sizeof(std::uint16_t);
+    const bool prefetch = static_cast<std::int64_t>(input_bytes) >= kernels::prefetch_min_bytes;
     for (std::int64_t j = state.entries_; j < last_entry; ++j)
       sink(compute_entry(state, chunk, j, options.slot_weights, prefetch && j + 1 < last_entry));
     return last_entry - state.entries_;
   }
 
-  // Keeps the last W + history tokens' inputs (future entries need at most W − 1 of them).
+  // Keeps the last W + history tokens' inputs (future entries need at most W − 1 of them), in
+  // fp32: bf16 rows are widened (exactly) into the ring.
   void commit(stream_state& s, const token_chunk& chunk) const noexcept {
     const std::int64_t t0 = s.tokens_, t_end = t0 + chunk.tokens;
     for (std::int64_t t = std::max(t0, t_end - s.ring_rows_); t < t_end; ++t) {
       const std::int64_t row = floor_mod(t, s.ring_rows_);
-      std::memcpy(s.payload_ring_.data() + row * payload_per_token_,
-                  chunk.payload.data() + (t - t0) * payload_per_token_,
-                  static_cast<std::size_t>(payload_per_token_) * sizeof(float));
-      if constexpr (gated)
-        std::memcpy(s.logit_ring_.data() + row * logits_per_token_, chunk.logits.data() + (t - t0) * logits_per_token_,
-                    static_cast<std::size_t>(logits_per_token_) * sizeof(float));
+      float* payload = s.payload_ring_.data() + row * payload_per_token_;
+      if (chunk.payload_is_bf16())
+        simd::widen<Arch>(chunk.payload_bf16.data() + (t - t0) * payload_per_token_, payload, payload_per_token_);
+      else
+        simd::widen(chunk.payload.data() + (t - t0) * payload_per_token_, payload, payload_per_token_);
+      if constexpr (gated) {
+        float* logits = s.logit_ring_.data() + row * logits_per_token_;
+        if (chunk.logits_are_bf16())
+          simd::widen<Arch>(chunk.logits_bf16.data() + (t - t0) * logits_per_token_, logits, logits_per_token_);
+        else
+          simd::widen(chunk.logits.data() + (t - t0) * logits_per_token_, logits, logits_per_token_);
+      }
     }
     s.tokens_ = t_end;
     s.entries_ = geom_.completed_entries(t_end);
@@ -224,9 +279,16 @@ class stream_compressor {
                                     w * kernel::lanes + 2 * half + 2 * w * half + w * 2 * half);
   }
 
-  // Row pointers of compute_entry: x, logit, bias, their RoPE-before twins (W each), and the
-  // next entry's payload and logit rows (2·W).
-  std::size_t row_pointers() const noexcept { return static_cast<std::size_t>(8 * geom_.window); }
+  // Row pointers of compute_entry: x, logit, bias and their RoPE-before twins (W each); the bf16
+  // payload and logit rows read in place and the logits' RoPE-before twins (W each); the next
+  // entry's payload and logit rows (2·W).
+  std::size_t row_pointers() const noexcept { return static_cast<std::size_t>(6 * geom_.window); }
+  std::size_t bf16_row_pointers() const noexcept { return static_cast<std::size_t>(3 * geom_.window); }
+  std::size_t ahead_rows() const noexcept { return static_cast<std::size_t>(2 * geom_.window); }
+  // One head's W payload rows and W logit rows widened from a bf16 chunk.
+  std::size_t widened_floats() const noexcept {
+    return static_cast<std::size_t>(geom_.window * (config_.channels + gates_));
+  }
 
   // A state fits when it was made by a compressor of this geometry and per-token shape: it holds
   // only the host's inputs and counters, so any such compressor may continue it (e.g. one with
@@ -246,7 +308,8 @@ class stream_compressor {
 
   // `tokens` × `per_token` must equal the span's size; the product is formed only when it cannot
   // overflow (a huge token count with a small span is an error, not a wrapped-around match).
-  void check_span(span<const float> s, std::int64_t tokens, std::int64_t per_token, const char* what,
+  template <class T>
+  void check_span(span<const T> s, std::int64_t tokens, std::int64_t per_token, const char* what,
                   const char* shape) const {
     if (s.data() == nullptr && s.size() != 0)
       detail::fail<input_error>(config_.name + ": chunk." + what + ".data()", "null",
@@ -261,14 +324,20 @@ class stream_compressor {
   }
 
   void require_finite(span<const float> s, const char* what) const {
-    for (std::size_t k = 0; k < s.size(); ++k) {
-      if (std::isfinite(s[k])) continue;
-      const std::int64_t per_token = what[0] == 'p' ? payload_per_token_ : logits_per_token_;
-      detail::fail<input_error>(config_.name + ": chunk." + what + "[token " +
-                                    std::to_string(static_cast<std::int64_t>(k) / per_token) + ", element " +
-                                    std::to_string(static_cast<std::int64_t>(k) % per_token) + "]",
-                                s[k], "must be finite (append_options.check_finite is on)");
-    }
+    for (std::size_t k = 0; k < s.size(); ++k)
+      if (!std::isfinite(s[k])) not_finite(k, s[k], what);
+  }
+  // bf16 is not finite when its exponent bits are all ones (±Inf, NaN), as for fp32.
+  void require_finite(span<const std::uint16_t> s, const char* what) const {
+    for (std::size_t k = 0; k < s.size(); ++k)
+      if (!simd::bf16_is_finite(s[k])) not_finite(k, simd::bf16_to_float(s[k]), what);
+  }
+  [[noreturn]] void not_finite(std::size_t k, float value, const char* what) const {
+    const std::int64_t per_token = what[0] == 'p' ? payload_per_token_ : logits_per_token_;
+    detail::fail<input_error>(config_.name + ": chunk." + what + "[token " +
+                                  std::to_string(static_cast<std::int64_t>(k) / per_token) + ", element " +
+                                  std::to_string(static_cast<std::int64_t>(k) % per_token) + "]",
+                              value, "must be finite (append_options.check_finite is on)");
   }
 
   // With a host RoPE table, every position the entries this chunk completes rotate at must be
@@ -294,7 +363,8 @@ class stream_compressor {
     }
   }
 
-  // Token t's input rows: from the chunk if it arrived in this call, else from the ring.
+  // Token t's input rows: from the chunk if it arrived in this call, else from the ring (fp32).
+  // The fp32 forms serve ring rows and fp32 chunks; the bf16 ones rows of a bf16 chunk.
   const float* payload_row(const stream_state& s, const token_chunk& chunk, std::int64_t t) const noexcept {
     return t >= s.tokens_ ? chunk.payload.data() + (t - s.tokens_) * payload_per_token_
                           : s.payload_ring_.data() + floor_mod(t, s.ring_rows_) * payload_per_token_;
@@ -302,6 +372,25 @@ class stream_compressor {
   const float* logit_row(const stream_state& s, const token_chunk& chunk, std::int64_t t) const noexcept {
     return t >= s.tokens_ ? chunk.logits.data() + (t - s.tokens_) * logits_per_token_
                           : s.logit_ring_.data() + floor_mod(t, s.ring_rows_) * logits_per_token_;
+  }
+  const std::uint16_t* payload_row_bf16(const stream_state& s, const token_chunk& chunk, std::int64_t t) const noexcept {
+    return chunk.payload_bf16.data() + (t - s.tokens_) * payload_per_token_;
+  }
+  const std::uint16_t* logit_row_bf16(const stream_state& s, const token_chunk& chunk, std::int64_t t) const noexcept {
+    return chunk.logits_bf16.data() + (t - s.tokens_) * logits_per_token_;
+  }
+  // Elements [offset, …) of token t's payload or logit row, wherever and in whatever form it is.
+  simd::prefetch_row payload_prefetch(const stream_state& s, const token_chunk& chunk, std::int64_t t,
+                                      std::int64_t offset) const noexcept {
+    if (t >= s.tokens_ && chunk.payload_is_bf16())
+      return {reinterpret_cast<const unsigned char*>(payload_row_bf16(s, chunk, t) + offset), 2};
+    return {reinterpret_cast<const unsigned char*>(payload_row(s, chunk, t) + offset), 4};
+  }
+  simd::prefetch_row logit_prefetch(const stream_state& s, const token_chunk& chunk, std::int64_t t,
+                                    std::int64_t offset) const noexcept {
+    if (t >= s.tokens_ && chunk.logits_are_bf16())
+      return {reinterpret_cast<const unsigned char*>(logit_row_bf16(s, chunk, t) + offset), 2};
+    return {reinterpret_cast<const unsigned char*>(logit_row(s, chunk, t) + offset), 4};
   }
 
   // `next_follows`: entry j + 1 is computed next in the same call and its rows are to be
@@ -327,7 +416,22 @@ class stream_compressor {
     const float** x_rot = bias + W;
     const float** logit_rot = x_rot + W;
     const float** bias_rot = logit_rot + W;
-    const float** ahead = bias_rot + W;  // 2·W rows
+    const std::uint16_t** x16 = s.rows_bf16_.data();
+    const std::uint16_t** logit16 = x16 + W;
+    const std::uint16_t** logit16_rot = logit16 + W;
+    simd::prefetch_row* ahead = s.ahead_.data();  // 2·W rows
+
+    // How this entry reads a bf16 input: in place when every one of its rows lies in the chunk;
+    // otherwise some come from the (fp32) ring, and the chunk's rows are widened into `widened`
+    // so that the kernel sees one row type. Either way the kernel pools the same fp32 values.
+    bool all_in_chunk = true;
+    for (std::int64_t k = 0; k < n; ++k) all_in_chunk = all_in_chunk && geom_.slot_token(j, first + k) >= s.tokens_;
+    const bool payload_in_place = chunk.payload_is_bf16() && all_in_chunk;
+    const bool payload_widen = chunk.payload_is_bf16() && !all_in_chunk;
+    const bool logits_in_place = gated && chunk.logits_are_bf16() && all_in_chunk;
+    const bool logits_widen = gated && chunk.logits_are_bf16() && !all_in_chunk;
+    float* widened_x = payload_widen || logits_widen ? s.widened_.data() : nullptr;  // [W][C]
+    float* widened_logit = widened_x ? widened_x + W * C : nullptr;                   // [W][gates]
 
     if (want_weights) std::fill(slot_weights, slot_weights + H * W, 0.0f);
     if constexpr (rope_before)
@@ -339,58 +443,86 @@ class stream_compressor {
       for (std::int64_t k = 0; k < n; ++k) {
         const std::int64_t slot = first + k, t = geom_.slot_token(j, slot);
         const std::int64_t view = h * views_ + view_of_slot(slot);
-        x[k] = payload_row(s, chunk, t) + view * C;
+        if (payload_in_place) {
+          x16[k] = payload_row_bf16(s, chunk, t) + view * C;
+        } else if (payload_widen && t >= s.tokens_) {
+          simd::widen<Arch>(payload_row_bf16(s, chunk, t) + view * C, widened_x + k * C, C);
+          x[k] = widened_x + k * C;
+        } else {
+          x[k] = payload_row(s, chunk, t) + view * C;
+        }
         if constexpr (gated) {
-          logit[k] = logit_row(s, chunk, t) + view * gates_;
+          if (logits_in_place) {
+            logit16[k] = logit_row_bf16(s, chunk, t) + view * gates_;
+          } else if (logits_widen && t >= s.tokens_) {
+            simd::widen<Arch>(logit_row_bf16(s, chunk, t) + view * gates_, widened_logit + k * gates_, gates_);
+            logit[k] = widened_logit + k * gates_;
+          } else {
+            logit[k] = logit_row(s, chunk, t) + view * gates_;
+          }
           bias[k] = params_.slot_bias.empty() ? zero_bias_.data()
                                               : params_.slot_bias.data() + (h * W + slot) * gates_;
         }
       }
 
-      // Weights shared by all channels (everything but vector gates).
-      if constexpr (!vector_gates) shared_weights(logit, bias, first, n, weights);
-
-      const std::int64_t plain = C - (rope_before ? R : 0);  // channels pooled straight from the rows
-      float* sums = want_weights ? slot_weights + h * W + first : nullptr;
       // The rows the next entry of this call will read, for the kernels to prefetch (see
-      // pool_kernels.hpp). Its scalar-gate logits are one float per token: fetched here.
-      std::int64_t ahead_rows = 0;
+      // pool_kernels.hpp). Its scalar-gate logits are one element per token: fetched here.
+      std::int64_t ahead_count = 0;
       if (next_follows) {
         for (std::int64_t slot = geom_.first_real_slot(j + 1); slot < W; ++slot) {
           const std::int64_t t = geom_.slot_token(j + 1, slot);
           const std::int64_t view = h * views_ + view_of_slot(slot);
-          ahead[ahead_rows++] = payload_row(s, chunk, t) + view * C;
-          if constexpr (vector_gates) ahead[ahead_rows++] = logit_row(s, chunk, t) + view * gates_;
-          else if constexpr (gated) kernels::prefetch(logit_row(s, chunk, t) + view * gates_, 1);
+          ahead[ahead_count++] = payload_prefetch(s, chunk, t, view * C);
+          if constexpr (vector_gates) ahead[ahead_count++] = logit_prefetch(s, chunk, t, view * gates_);
+          else if constexpr (gated) simd::prefetch_bytes(logit_prefetch(s, chunk, t, view * gates_).data, 1);
         }
-      }
-      if constexpr (vector_gates) {
-        kernel::vector_gated(x, logit, bias, n, plain, out, sums, alpha, ahead, ahead_rows);
-      } else {
-        kernel::weighted_sum(x, weights, n, plain, out, ahead, ahead_rows);
-        if (sums) std::copy(weights, weights + n, sums);
       }
 
-      if constexpr (rope_before) {
-        // Rotate each slot's RoPE channels at its own position, then pool those channels.
-        for (std::int64_t k = 0; k < n; ++k) {
-          float* r = rotated + k * R;
-          std::memcpy(r, x[k] + plain, static_cast<std::size_t>(R) * sizeof(float));
-          rope_local_.apply(r, slot_cos + k * half, slot_sin + k * half);
-          x_rot[k] = r;
+      const auto pool_head = [&](const auto* const* xs, const auto* const* logits) {
+        // Weights shared by all channels (everything but vector gates).
+        if constexpr (!vector_gates) shared_weights(logits, bias, first, n, weights);
+
+        const std::int64_t plain = C - (rope_before ? R : 0);  // channels pooled straight from the rows
+        float* sums = want_weights ? slot_weights + h * W + first : nullptr;
+        if constexpr (vector_gates) {
+          kernel::vector_gated(xs, logits, bias, n, plain, out, sums, alpha, ahead, ahead_count);
+        } else {
+          kernel::weighted_sum(xs, weights, n, plain, out, ahead, ahead_count);
+          if (sums) std::copy(weights, weights + n, sums);
+        }
+
+        if constexpr (rope_before) {
+          // Rotate each slot's RoPE channels at its own position (widened to fp32 if bf16), then
+          // pool those channels.
+          for (std::int64_t k = 0; k < n; ++k) {
+            float* r = rotated + k * R;
+            simd::widen(xs[k] + plain, r, R);
+            rope_local_.apply(r, slot_cos + k * half, slot_sin + k * half);
+            x_rot[k] = r;
+            if constexpr (vector_gates) bias_rot[k] = bias[k] + plain;
+          }
           if constexpr (vector_gates) {
-            logit_rot[k] = logit[k] + plain;
-            bias_rot[k] = bias[k] + plain;
+            const auto logits_rot = rows_like(logits, logit_rot, logit16_rot);
+            for (std::int64_t k = 0; k < n; ++k) logits_rot[k] = logits[k] + plain;
+            kernel::vector_gated(x_rot, logits_rot, bias_rot, n, R, out + plain, sums, alpha);
+          } else {
+            kernel::weighted_sum(x_rot, weights, n, R, out + plain);
           }
         }
-        if constexpr (vector_gates)
-          kernel::vector_gated(x_rot, logit_rot, bias_rot, n, R, out + plain, sums, alpha);
-        else
-          kernel::weighted_sum(x_rot, weights, n, R, out + plain);
+      };
+      if constexpr (gated) {
+        if (payload_in_place && logits_in_place) pool_head(x16, logit16);
+        else if (payload_in_place) pool_head(x16, logit);
+        else if (logits_in_place) pool_head(x, logit16);
+        else pool_head(x, logit);
+      } else {
+        if (payload_in_place) pool_head(x16, logit);
+        else pool_head(x, logit);
       }
+
       if constexpr (vector_gates)
-        if (sums)
-          for (std::int64_t k = 0; k < n; ++k) sums[k] /= static_cast<float>(C);
+        if (want_weights)
+          for (std::int64_t k = 0; k < n; ++k) slot_weights[h * W + first + k] /= static_cast<float>(C);
 
       if constexpr (has_norm_v<Policy>) {
         const float mean_square = kernel::sum_of_squares(out, C) / static_cast<float>(C);
@@ -416,8 +548,15 @@ class stream_compressor {
     return e;
   }
 
+  // The row-pointer array of the same element type as `like` (fp32 or bf16 rows).
+  static const float** rows_like(const float* const*, const float** f, const std::uint16_t**) noexcept { return f; }
+  static const std::uint16_t** rows_like(const std::uint16_t* const*, const float**, const std::uint16_t** b) noexcept {
+    return b;
+  }
+
   // α_k for the n real slots when one weight serves every channel.
-  void shared_weights(const float* const* logit, const float* const* bias, std::int64_t first, std::int64_t n,
+  template <class L>
+  void shared_weights(const L* const* logit, const float* const* bias, std::int64_t first, std::int64_t n,
                       float* w) const noexcept {
     if constexpr (std::is_same_v<pooling, mean_pool>) {
       std::fill(w, w + n, 1.0f / static_cast<float>(n));
@@ -428,10 +567,10 @@ class stream_compressor {
       const double inv = sum > 0.0 ? 1.0 / sum : 0.0;
       for (std::int64_t k = 0; k < n; ++k) w[k] = static_cast<float>(params_.slot_profile[first + k] * inv);
     } else {  // scalar gates: one softmax over slots, max-subtracted
-      float m = logit[0][0] + bias[0][0];
-      for (std::int64_t k = 1; k < n; ++k) m = std::max(m, logit[k][0] + bias[k][0]);
+      float m = simd::to_float(logit[0][0]) + bias[0][0];
+      for (std::int64_t k = 1; k < n; ++k) m = std::max(m, simd::to_float(logit[k][0]) + bias[k][0]);
       float den = 0.0f;
-      for (std::int64_t k = 0; k < n; ++k) den += (w[k] = std::exp(logit[k][0] + bias[k][0] - m));
+      for (std::int64_t k = 0; k < n; ++k) den += (w[k] = std::exp(simd::to_float(logit[k][0]) + bias[k][0] - m));
       for (std::int64_t k = 0; k < n; ++k) w[k] /= den;
     }
   }

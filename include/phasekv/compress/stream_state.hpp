@@ -6,9 +6,14 @@
 // Tokens live in a ring of W + history rows, token t in row t mod rows, so appending one token
 // writes one row and never shifts the others (history > 0 lets the state roll back). A state is
 // a plain value: copying it forks the sequence.
+//
+// The rings hold fp32 whatever form the host gave its chunks in: bf16 inputs are widened into
+// them, which is exact, so a state (and its snapshot) is the same for either form.
 
 #include <cstdint>
 #include <vector>
+
+#include "phasekv/simd/prefetch.hpp"
 
 namespace phasekv {
 
@@ -27,8 +32,10 @@ class stream_state {
   std::int64_t ring_rows() const noexcept { return ring_rows_; }  // tokens of inputs kept
   // Bytes this state holds (pending inputs and scratch), for memory accounting.
   std::size_t bytes() const noexcept {
-    return (payload_ring_.capacity() + logit_ring_.capacity() + scratch_.capacity()) * sizeof(float) +
-           rows_.capacity() * sizeof(const float*);
+    return (payload_ring_.capacity() + logit_ring_.capacity() + scratch_.capacity() + widened_.capacity()) *
+               sizeof(float) +
+           rows_.capacity() * sizeof(const float*) + rows_bf16_.capacity() * sizeof(const std::uint16_t*) +
+           ahead_.capacity() * sizeof(simd::prefetch_row);
   }
 
   // Equal when the observable state is equal: counts and pending inputs (not scratch space).
@@ -54,6 +61,11 @@ class stream_state {
   // Working memory of append(), kept here so a decode loop allocates nothing per token.
   std::vector<float> scratch_;
   std::vector<const float*> rows_;
+  std::vector<const std::uint16_t*> rows_bf16_;  // bf16 payload and logit rows read in place
+  std::vector<simd::prefetch_row> ahead_;        // the next entry's rows, to prefetch
+  // bf16 chunk rows widened for an entry that also reads rows from the ring; allocated by the
+  // first append that needs it (fp32-only hosts never pay for it).
+  std::vector<float> widened_;
 };
 
 }  // namespace phasekv

@@ -31,3 +31,19 @@ inline void prefetch_bytes(const void* p, std::int64_t bytes) noexcept {
 }
 
 }  // namespace phasekv::simd
+
+namespace phasekv::simd {
+
+// A row to prefetch, whatever its element type: `bytes` bytes per channel (4 for fp32 rows, 2
+// for bf16), so a kernel stepping over channels prefetches the right span of bytes.
+struct prefetch_row {
+  const unsigned char* data = nullptr;
+  std::int64_t bytes = 4;
+};
+
+// Prefetches channels [c, c + n) of a row.
+inline void prefetch(const prefetch_row& row, std::int64_t c, std::int64_t n) noexcept {
+  prefetch_bytes(row.data + c * row.bytes, n * row.bytes);
+}
+
+}  // namespace phasekv::simd
