@@ -85,7 +85,9 @@ class softmax_state {
       if (lse[h] == -std::numeric_limits<float>::infinity()) continue;
       m_[h] = lse[h];
       d_[h] = 1.0f;
-      o_.row(h) = Eigen::Map<const Eigen::RowVectorXf>(out + h * channels, channels);
+      // o_ is row-major, so a row is contiguous (a plain copy: GCC 12 warns falsely about
+      // Eigen's packet path when it sees a 4-channel row inlined).
+      std::copy(out + h * channels, out + (h + 1) * channels, o_.row(h).data());
     }
   }
 
