@@ -20,6 +20,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -435,6 +436,78 @@ TEST_CASE("fp8: dequantizing runs of channels equals the scalar functions for ev
         REQUIRE(got[sz(count)] == 7.0f);
       }
   }
+}
+
+TEST_CASE("fp8: quantizing equals the oracle and the scalar functions for every code at every scale", "[cache][fp8]") {
+  // For every scale byte the quantizer makes (105 … 247: amax from the 1e-4 floor to fp32's top)
+  // a head whose blocks each open with the anchor 448 · s (so the block's scale is s exactly) and
+  // go on with y · s for y on both sides of zero: every e4m3 value, every midpoint between
+  // neighbouring values (a tie: to the even code) and the fp32 values just around it, the ties
+  // at and around 2^-10 (→ 0), values below the smallest code, ±0. The RoPE channels (bf16) get
+  // their own ties, both parities of the kept bit, the carry into Inf, ±Inf. Then: the
+  // head's bytes against the oracle, each code against the scalar float_to_e4m3, and the in-place
+  // rounding (the FP8 raw window) against the oracle's decoding.
+  std::vector<float> y;  // quotients x / s
+  for (int q = 0; q < 0x7E; ++q) {
+    const float here = static_cast<float>(oracle::e4m3_value(static_cast<std::uint8_t>(q)));
+    const float next = static_cast<float>(oracle::e4m3_value(static_cast<std::uint8_t>(q + 1)));
+    const float mid = 0.5f * (here + next);  // exact: neighbours share or straddle one binade
+    for (const float v : {here, std::nextafter(mid, 0.0f), mid, std::nextafter(mid, 1e3f)}) {
+      y.push_back(v);
+      y.push_back(-v);
+    }
+  }
+  for (const float v : {448.0f, std::ldexp(1.0f, -11), std::ldexp(1.0f, -12), std::ldexp(1.5f, -10), -0.0f})
+    y.push_back(v);
+  const i64 per_block = 63, blocks = (static_cast<i64>(y.size()) + per_block - 1) / per_block;
+  const i64 quantized = blocks * 64;
+
+  std::vector<float> rope;  // bf16 patterns: the tie 0x8000 below the kept half, both parities, …
+  for (const std::uint32_t high : {0x3F80u, 0x3F81u, 0xC2FFu, 0x0001u, 0x7F7Fu, 0xFF7Fu})
+    for (const std::uint32_t low : {0x0000u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu}) rope.push_back(float_of(high << 16 | low));
+  for (const float v : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), -0.0f, 1e-40f})
+    rope.push_back(v);
+  const i64 rope_channels = static_cast<i64>(rope.size());  // 34: a SIMD run of 32 and a scalar tail
+  const i64 channels = quantized + rope_channels;
+  const fp8_head_layout l = fp8_head_layout::of(channels, rope_channels);
+
+  i64 wrong_bytes = 0, wrong_codes = 0, wrong_rounding = 0;
+  for (int b = 105; b <= 247; ++b) {
+    INFO("scale byte " << b);
+    const int k = b - 127;
+    std::vector<float> x(sz(channels), 0.0f);
+    // At 2^120 (b = 247) 448 · s is beyond fp32: the anchor is then the largest float (scale
+    // 2^120 still) and the quotients are kept below 256.
+    const float anchor = b == 247 ? std::numeric_limits<float>::max() : std::ldexp(448.0f, k);
+    for (i64 block = 0; block < blocks; ++block) {
+      x[sz(block * 64)] = anchor;
+      for (i64 i = 0; i < per_block; ++i) {
+        const i64 at = block * per_block + i;
+        if (at < static_cast<i64>(y.size()) && (b < 247 || std::fabs(y[sz(at)]) < 256.0f))
+          x[sz(block * 64 + 1 + i)] = std::ldexp(y[sz(at)], k);  // exact
+      }
+    }
+    std::copy(rope.begin(), rope.end(), x.begin() + quantized);
+
+    const std::vector<std::uint8_t> got = quantize(x, channels, rope_channels);
+    const std::vector<std::uint8_t> want = oracle::encode_head(x.data(), {channels, rope_channels});
+    for (std::size_t i = 0; i < got.size(); ++i) wrong_bytes += got[i] != want[i];
+    for (i64 block = 0; block < blocks; ++block) REQUIRE(got[sz(l.scale_offset + block)] == b);
+    for (i64 c = 0; c < quantized; ++c)
+      wrong_codes += got[sz(c)] != float_to_e4m3(std::clamp(x[sz(c)] / std::ldexp(1.0f, k), -e4m3_max, e4m3_max));
+
+    std::vector<float> rounded = x;
+    fp8_round_head(rounded.data(), l);
+    const std::vector<double> decoded = oracle::decode_head(want.data(), {channels, rope_channels});
+    for (i64 c = 0; c < channels; ++c) {
+      const double d = decoded[sz(c)];
+      wrong_rounding += std::isnan(d) ? !std::isnan(rounded[sz(c)])
+                                      : bits_of(static_cast<float>(d)) != bits_of(rounded[sz(c)]);
+    }
+  }
+  CHECK(wrong_bytes == 0);
+  CHECK(wrong_codes == 0);
+  CHECK(wrong_rounding == 0);
 }
 
 // ---- pools and caches ---------------------------------------------------------------------------

@@ -45,12 +45,16 @@
 // after a softmax touched it. (NaN has no magnitude to scale by; ±Inf would need 2^128.)
 //
 // Everything here is independent of the FPU's rounding mode and of FTZ/DAZ: the conversions are
-// integer arithmetic, x / s is exact or too small to matter (|x / s| < 2^−126 encodes as ±0
-// either way), and q · s is a product of exact values whose results are normal.
+// integer arithmetic (or conversions with an explicit rounding), x / s — computed as x · 2^−k, the
+// same value — is exact or too small to matter (|x / s| < 2^−126 encodes as ±0 either way), and
+// q · s is a product of exact values whose results are normal.
 //
 // fp8_decode_channels is what the reader runs inside the attention kernel: on AVX-512 it widens 16
 // codes at a time to fp32 with integer arithmetic and multiplies by the block's scale, giving the
 // same bits as the scalar functions (tests/test_cache_fp8.cpp checks every code at every scale).
+// The write path's fp8_quantize_head and fp8_round_head run the same rules 16 channels at a time
+// (the block's amax as an integer maximum of magnitude bits, the codes by e4m3_encode16); the
+// tests hold them to the scalar functions for every code at every scale.
 
 #include <algorithm>
 #include <cmath>
@@ -182,9 +186,8 @@ inline float fp8_channel(const std::byte* head, const fp8_head_layout& l, std::i
 }
 
 #if defined(__AVX512F__)
-// 16 codes to fp32 times one scale: e4m3_to_float(code) · scale lane by lane, the same bits.
-inline __m512 fp8_decode16(const std::byte* codes, float scale) noexcept {
-  const __m512i code = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+// e4m3_to_float of the code in each 32-bit lane (its low byte), the same bits.
+inline __m512 e4m3_decode16(__m512i code) noexcept {
   const __m512i magnitude = _mm512_and_si512(code, _mm512_set1_epi32(0x7F));
   const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(magnitude, 20), _mm512_set1_epi32((127 - 7) << 23));
   const __m512 subnormal = _mm512_mul_ps(_mm512_cvtepi32_ps(magnitude), _mm512_set1_ps(0x1p-9f));
@@ -193,7 +196,37 @@ inline __m512 fp8_decode16(const std::byte* codes, float scale) noexcept {
   __m512i value = _mm512_mask_blend_epi32(is_subnormal, normal, _mm512_castps_si512(subnormal));
   value = _mm512_mask_blend_epi32(is_nan, value, _mm512_set1_epi32(0x7FC00000));
   const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(code, _mm512_set1_epi32(0x80)), 24);
-  return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(value, sign)), _mm512_set1_ps(scale));
+  return _mm512_castsi512_ps(_mm512_or_si512(value, sign));
+}
+
+// 16 codes to fp32 times one scale: e4m3_to_float(code) · scale lane by lane, the same bits.
+inline __m512 fp8_decode16(const std::byte* codes, float scale) noexcept {
+  const __m512i code = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  return _mm512_mul_ps(e4m3_decode16(code), _mm512_set1_ps(scale));
+}
+
+// float_to_e4m3 of 16 values already in [−448, 448] (so neither NaN nor saturation arises), one
+// code per 32-bit lane, by the scalar function's rules: a normal code rebiases the exponent and
+// rounds the 20 dropped mantissa bits to nearest even in integer arithmetic; a subnormal one
+// (|y| < 2^−6) is |y| · 2^9 — exact — converted to an integer with an explicit round to nearest
+// even (0 … 8, whatever MXCSR says); the sign bit is kept, −0 included.
+inline __m512i e4m3_encode16(__m512 y) noexcept {
+  const __m512i bits = _mm512_castps_si512(y);
+  const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80));
+  const __m512i kept_lsb = _mm512_and_si512(_mm512_srli_epi32(magnitude, 20), _mm512_set1_epi32(1));
+  const __m512i rebiased = _mm512_sub_epi32(magnitude, _mm512_set1_epi32((127 - 7) << 23));
+  const __m512i normal =
+      _mm512_srli_epi32(_mm512_add_epi32(rebiased, _mm512_add_epi32(kept_lsb, _mm512_set1_epi32(0x7FFFF))), 20);
+  const __m512 scaled = _mm512_mul_ps(_mm512_castsi512_ps(magnitude), _mm512_set1_ps(0x1p9f));
+  const __m512i subnormal = _mm512_cvt_roundps_epi32(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __mmask16 is_normal = _mm512_cmpge_epi32_mask(magnitude, _mm512_set1_epi32(0x3C800000));  // 2^−6
+  return _mm512_or_si512(sign, _mm512_mask_blend_epi32(is_normal, subnormal, normal));
+}
+
+// Lanes [0, n) of a run of at most 16 (n ≥ 16: all of them).
+inline __mmask16 lanes_below(std::int64_t n) noexcept {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
 // 16 bf16 values to fp32 (exact).
@@ -240,6 +273,18 @@ namespace detail {
 
 // The UE8M0 scale byte of the block values[first, last): ue8m0_nan when a value is NaN or ±Inf.
 inline std::uint8_t fp8_block_scale_byte(const float* values, std::int64_t first, std::int64_t last) noexcept {
+#if defined(__AVX512F__)
+  // The largest magnitude's bits: for finite non-negative floats the integer order is the value
+  // order, and a NaN or Inf has bits above the largest finite float's.
+  __m512i largest = _mm512_setzero_si512();
+  for (std::int64_t c = first; c < last; c += 16) {
+    const __m512i bits = _mm512_castps_si512(_mm512_maskz_loadu_ps(lanes_below(last - c), values + c));
+    largest = _mm512_max_epu32(largest, _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)));
+  }
+  const auto amax_bits = static_cast<std::uint32_t>(_mm512_reduce_max_epu32(largest));
+  if (amax_bits > 0x7F7FFFFFu) return ue8m0_nan;
+  return fp8_scale_byte(std::max(fp8_amax_floor, detail::float_from_bits(amax_bits)));
+#else
   float amax = fp8_amax_floor;
   bool finite = true;
   for (std::int64_t c = first; c < last; ++c) {
@@ -248,6 +293,30 @@ inline std::uint8_t fp8_block_scale_byte(const float* values, std::int64_t first
     amax = std::max(amax, magnitude);
   }
   return finite ? fp8_scale_byte(amax) : ue8m0_nan;
+#endif
+}
+
+// 2^−k for the scale byte b = k + 127 of a finite block (b in [105, 247]): exact and normal, and
+// x · 2^−k is the same fp32 value as x / 2^k (one exact quotient, rounded once either way).
+inline float ue8m0_inverse(std::uint8_t b) noexcept {
+  return detail::float_from_bits(static_cast<std::uint32_t>(254 - b) << 23);
+}
+
+// The e4m3 codes of the finite block values[first, last) at the scale byte b, into codes[first, last):
+// float_to_e4m3(clamp(x / s, −448, 448)).
+inline void fp8_encode_block(const float* values, std::int64_t first, std::int64_t last, std::uint8_t b,
+                             std::byte* codes) noexcept {
+  const float inverse = ue8m0_inverse(b);
+  std::int64_t c = first;
+#if defined(__AVX512F__)
+  const __m512 low = _mm512_set1_ps(-e4m3_max), high = _mm512_set1_ps(e4m3_max);
+  for (; c < last; c += 16) {
+    const __mmask16 lanes = lanes_below(last - c);
+    const __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, values + c), _mm512_set1_ps(inverse));
+    _mm512_mask_cvtepi32_storeu_epi8(codes + c, lanes, e4m3_encode16(_mm512_min_ps(_mm512_max_ps(y, low), high)));
+  }
+#endif
+  for (; c < last; ++c) codes[c] = std::byte{float_to_e4m3(std::clamp(values[c] * inverse, -e4m3_max, e4m3_max))};
 }
 
 }  // namespace detail
@@ -265,11 +334,11 @@ inline void fp8_quantize_head(const float* values, const fp8_head_layout& l, std
       std::memset(head + first, 0x7F, static_cast<std::size_t>(last - first));
       continue;
     }
-    const float scale = ue8m0_to_float(scale_byte);  // 2^-22 … 2^120: exact, normal
-    for (std::int64_t c = first; c < last; ++c)
-      head[c] = std::byte{float_to_e4m3(std::clamp(values[c] / scale, -e4m3_max, e4m3_max))};
+    detail::fp8_encode_block(values, first, last, scale_byte, head);
   }
-  for (std::int64_t r = 0; r < l.rope_channels; ++r) {
+  // The bf16 RoPE channels: a SIMD prefix (its stores may alias bytes), then the scalar rule.
+  auto* rope = reinterpret_cast<std::uint16_t*>(head + l.rope_offset);  // 2-byte aligned
+  for (std::int64_t r = detail::store_bf16_simd(values + l.quantized, rope, l.rope_channels); r < l.rope_channels; ++r) {
     const std::uint16_t bits = float_to_bf16(values[l.quantized + r]);
     std::memcpy(head + l.rope_offset + 2 * r, &bits, sizeof bits);
   }
@@ -290,9 +359,19 @@ inline void fp8_round_head(float* values, const fp8_head_layout& l) noexcept {
       std::fill(values + first, values + last, e4m3_to_float(0x7F));
       continue;
     }
-    const float scale = ue8m0_to_float(scale_byte);
-    for (std::int64_t c = first; c < last; ++c)
-      values[c] = e4m3_to_float(float_to_e4m3(std::clamp(values[c] / scale, -e4m3_max, e4m3_max))) * scale;
+    const float scale = ue8m0_to_float(scale_byte), inverse = detail::ue8m0_inverse(scale_byte);
+    std::int64_t c = first;
+#if defined(__AVX512F__)
+    const __m512 low = _mm512_set1_ps(-e4m3_max), high = _mm512_set1_ps(e4m3_max);
+    for (; c < last; c += 16) {
+      const __mmask16 lanes = detail::lanes_below(last - c);
+      const __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, values + c), _mm512_set1_ps(inverse));
+      const __m512i code = detail::e4m3_encode16(_mm512_min_ps(_mm512_max_ps(y, low), high));
+      _mm512_mask_storeu_ps(values + c, lanes, _mm512_mul_ps(detail::e4m3_decode16(code), _mm512_set1_ps(scale)));
+    }
+#endif
+    for (; c < last; ++c)
+      values[c] = e4m3_to_float(float_to_e4m3(std::clamp(values[c] * inverse, -e4m3_max, e4m3_max))) * scale;
   }
   for (std::int64_t r = l.quantized; r < l.channels; ++r) values[r] = bf16_to_float(float_to_bf16(values[r]));
 }
