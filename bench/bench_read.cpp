@@ -251,7 +251,12 @@ struct sparse_setup : sparse_workload {
       cache.read_entry(seq, 0, trace.selected[i], entries[i].data());
       rows.push_back(entries[i].data());
     }
-    for (std::int64_t t = trace.window_first; t < tokens; ++t) rows.push_back(cache.window_key(seq, t));
+    std::vector<std::vector<float>> window;  // the values the window rows hold (FP8 rows dequantized)
+    for (std::int64_t t = trace.window_first; t < tokens; ++t) {
+      window.emplace_back(static_cast<std::size_t>(kChannels));
+      cache.copy_window_key(seq, t, span<float>(window.back().data(), window.back().size()));
+    }
+    for (const std::vector<float>& row : window) rows.push_back(row.data());
     auto expected = reference_attention(queries.data(), rows, sinks.data(), kQueryHeads, kChannels,
                                         1.0 / std::sqrt(static_cast<double>(kChannels)));
     // De-rotate the RoPE channels by the query position, in double from the float angles the reader uses.

@@ -675,7 +675,7 @@ TEST_CASE("fp8: a pool shared by an fp8 stream must keep the same RoPE channels"
   CHECK_NOTHROW(csa_cache(layer, c));
 }
 
-TEST_CASE("fp8: an FP8 raw window keeps the values FP8 heads hold; reads, forks and snapshots see them",
+TEST_CASE("fp8: an FP8 raw window holds 584-byte FP8 heads; views, forks, memory and snapshots see them",
           "[cache][fp8][window]") {
   const csa_cache::layer layer = make_csa_layer();
   cache_config fp8_window = csa_config("fp8w", 8, {storage_type::fp8_e4m3_block, storage_type::bf16});
@@ -694,37 +694,62 @@ TEST_CASE("fp8: an FP8 raw window keeps the values FP8 heads hold; reads, forks 
   const sequence_id a = quantized.create(), b = exact.create();
   for (i64 n : {5, 1, 13, 2}) append_random(quantized, exact, a, b, n, rng);
   const sequence_id fork = quantized.fork(a);
-  // Each held window row is the oracle's FP8 decoding of the row the host handed over (the fp32
-  // cache keeps it as it came); the first 448 channels are e4m3 times a scale, the last 64 bf16.
-  auto matches_oracle = [&](sequence_id seq) {
-    i64 wrong = -1;
-    for (i64 t = quantized.window_first(seq); t < quantized.tokens(seq) && wrong < 0; ++t) {
-      const float* held = quantized.window_key(seq, t);
-      const float* given = exact.window_key(b, t);
-      const auto bytes = oracle::encode_head(given, {512, 64});
-      const std::vector<double> want = oracle::decode_head(bytes.data(), {512, 64});
-      for (i64 c = 0; c < 512 && wrong < 0; ++c)
-        if (static_cast<double>(held[c]) != want[sz(c)]) wrong = t;
+  // Each held window row is, byte for byte, the oracle's FP8 head of the row the host handed over
+  // (the fp32 cache keeps it as it came): e4m3 codes [0, 448), bf16 [448, 576), seven scales, a
+  // zero byte. Its values (copy_window_key) are the oracle's decoding of those bytes.
+  auto wrong_row = [&](sequence_id seq, bool bytes_too) {
+    for (i64 t = quantized.window_first(seq); t < quantized.tokens(seq); ++t) {
+      const auto want = oracle::encode_head(exact.window_key(b, t), {512, 64});
+      if (bytes_too && std::memcmp(quantized.window_key_bytes(seq, t), want.data(), 584) != 0) return t;
+      if (quantized.window_value_bytes(seq, t) != quantized.window_key_bytes(seq, t)) return t;  // tied
+      std::vector<float> held(512);
+      quantized.copy_window_key(seq, t, span<float>(held.data(), held.size()));
+      const std::vector<double> values = oracle::decode_head(want.data(), {512, 64});
+      for (i64 c = 0; c < 512; ++c)
+        if (static_cast<double>(held[sz(c)]) != values[sz(c)]) return t;
     }
-    return wrong;
+    return i64{-1};
   };
   CHECK(quantized.window_first(a) == 21 - 16 - 5);
-  CHECK(matches_oracle(a) == -1);
-  CHECK(matches_oracle(fork) == -1);
-  // Not the input: at least one row moved.
-  CHECK(std::memcmp(quantized.window_key(a, 20), exact.window_key(b, 20), 512 * sizeof(float)) != 0);
+  CHECK(wrong_row(a, true) == -1);
+  CHECK(wrong_row(fork, true) == -1);
 
-  // A snapshot of the FP8 window restores the same rows, into an FP8 window or an fp32 one; an
-  // fp32 window's snapshot restored into an FP8 window is rounded like an append.
+  // The view hands the reader the bytes; the ring's memory is 584 bytes a row, not 2048.
+  const sequence_view v = quantized.view_of(a);
+  CHECK(v.window.storage == storage_type::fp8_e4m3_block);
+  CHECK(v.window.rope_channels == 64);
+  CHECK(v.window.keys == nullptr);
+  CHECK(v.window.key_bytes == quantized.window_key_bytes(a, 0));  // token 0 is in row 0
+  CHECK(quantized.window_key_bytes(a, 20) - v.window.key_bytes == 20 * 584);
+  CHECK(v.window.value_bytes == v.window.key_bytes);
+  const i64 rows = 16 + 5;
+  CHECK(exact.memory(b).state_bytes - quantized.memory(a).state_bytes == rows * (512 * 4 - 584));
+
+  // Float rows are an f32 window's; byte rows an FP8 window's: asking the other is an error.
+  CHECK_THAT(message_of<input_error>([&] { (void)quantized.window_key(a, 20); }),
+             Contains("fp8w.window_key: window.precision = fp8_e4m3_block: must be f32"));
+  CHECK_THAT(message_of<input_error>([&] { (void)exact.window_key_bytes(b, 20); }),
+             Contains("f32w.window_key_bytes: window.precision = f32: must be fp8_e4m3_block"));
+  std::vector<float> short_row(511);
+  CHECK_THAT(message_of<input_error>([&] { quantized.copy_window_key(a, 20, span<float>(short_row.data(), 511)); }),
+             Contains("fp8w.copy_window_key: out.size() = 511: must be 512"));
+  CHECK_THROWS_AS(quantized.copy_window_key(a, 21, span<float>(short_row.data(), 511)), input_error);
+
+  // A snapshot of the FP8 window restores the same values, into an FP8 window (the bytes too, but
+  // for a block whose amax had rounded down to 224 · s: snapshot.hpp) or an fp32 one; an fp32
+  // window's snapshot restored into an FP8 window is quantized like an append, byte for byte.
   const std::vector<std::byte> image = snapshot(quantized, a);
   const sequence_id back = restore(quantized, image);
-  CHECK(matches_oracle(back) == -1);
+  CHECK(wrong_row(back, false) == -1);
   csa_cache other(layer, plain);
   const sequence_id widened = restore(other, image);
-  for (i64 t = other.window_first(widened); t < 21; ++t)
-    CHECK(std::memcmp(other.window_key(widened, t), quantized.window_key(a, t), 512 * sizeof(float)) == 0);
-  const sequence_id rounded = restore(quantized, snapshot(exact, b));
-  CHECK(matches_oracle(rounded) == -1);
+  for (i64 t = other.window_first(widened); t < 21; ++t) {
+    std::vector<float> held(512);
+    quantized.copy_window_key(a, t, span<float>(held.data(), held.size()));
+    CHECK(std::memcmp(other.window_key(widened, t), held.data(), 512 * sizeof(float)) == 0);
+  }
+  const sequence_id requantized = restore(quantized, snapshot(exact, b));
+  CHECK(wrong_row(requantized, true) == -1);
 }
 
 TEST_CASE("fp8: raw window precisions a cache cannot take are errors that name the field",

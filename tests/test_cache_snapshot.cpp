@@ -298,9 +298,13 @@ std::vector<std::string> describe_sequence(const Cache& cache, sequence_id id, b
   if (w.tokens > 0) {
     const std::int64_t keys = w.kv_heads * w.key_channels;
     const std::int64_t values = w.kv_heads * (w.value_channels > 0 ? w.value_channels : w.key_channels);
-    for (std::int64_t t = cache.window_first(id); t < cache.tokens(id); ++t)
-      lines.push_back("  window " + std::to_string(t) + ": " + hex_floats(cache.window_key(id, t), keys) + "| " +
-                      hex_floats(cache.window_value(id, t), values));
+    std::vector<float> key(static_cast<std::size_t>(keys)), value(static_cast<std::size_t>(values));
+    for (std::int64_t t = cache.window_first(id); t < cache.tokens(id); ++t) {
+      cache.copy_window_key(id, t, span<float>(key.data(), key.size()));  // either precision
+      cache.copy_window_value(id, t, span<float>(value.data(), value.size()));
+      lines.push_back("  window " + std::to_string(t) + ": " + hex_floats(key.data(), keys) + "| " +
+                      hex_floats(value.data(), values));
+    }
   }
   return lines;
 }

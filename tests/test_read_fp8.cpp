@@ -70,12 +70,22 @@ using phasekv_test::thread_executor;
 // ---- the dequantized twin of a sequence ---------------------------------------------------------
 
 // The sequence's view with every FP8 stream replaced by an fp32 arena of the same page size,
-// capacity and page ids, each entry at its own page and slot holding its dequantized values. The
-// window ring and the other streams are the cache's own.
+// capacity and page ids, each entry at its own page and slot holding its dequantized values, and
+// an FP8 window ring by an fp32 ring of its rows' values. The other streams are the cache's own.
 struct twin {
   std::vector<std::vector<float>> arenas;
+  std::vector<float> window_keys, window_values;
   sequence_view view;
 };
+
+// kv_heads FP8 heads of `format` at `row` (head stride = the format's bytes), decoded by the oracle.
+void decode_heads(const std::byte* row, i64 kv_heads, i64 head_bytes, const phasekv_test::fp8::head_format& format,
+                  float* out) {
+  for (i64 h = 0; h < kv_heads; ++h) {
+    const auto values = phasekv_test::fp8::decode_head(reinterpret_cast<const std::uint8_t*>(row + h * head_bytes), format);
+    for (i64 c = 0; c < format.channels; ++c) out[h * format.channels + c] = static_cast<float>(values[sz(c)]);
+  }
+}
 
 std::unique_ptr<twin> dequantized_twin(const sequence_view& source) {
   auto t = std::make_unique<twin>();
@@ -108,12 +118,35 @@ std::unique_ptr<twin> dequantized_twin(const sequence_view& source) {
     t->view.streams[k].base = reinterpret_cast<const std::byte*>(arena.data());
     t->view.streams[k].layout = l;
   }
+  const window_view& w = source.window;
+  if (w.storage == fp8) {  // every ring row, written or not (an unwritten row is zeros either way)
+    const bool tied = w.value_bytes == w.key_bytes;
+    const phasekv_test::fp8::head_format keys{w.key_channels, w.rope_channels}, values{w.value_channels, 0};
+    const i64 key_head = keys.bytes(), value_head = values.bytes();  // the oracle's layout arithmetic
+    t->window_keys.resize(sz(w.rows * w.kv_heads * w.key_channels));
+    t->window_values.resize(tied ? 0 : sz(w.rows * w.kv_heads * w.value_channels));
+    for (i64 r = 0; r < w.rows; ++r) {
+      decode_heads(w.key_bytes + r * w.kv_heads * key_head, w.kv_heads, key_head, keys,
+                   t->window_keys.data() + r * w.kv_heads * w.key_channels);
+      if (!tied)
+        decode_heads(w.value_bytes + r * w.kv_heads * value_head, w.kv_heads, value_head, values,
+                     t->window_values.data() + r * w.kv_heads * w.value_channels);
+    }
+    window_view& to = t->view.window;
+    to.storage = storage_type::f32;
+    to.rope_channels = 0;
+    to.key_bytes = to.value_bytes = nullptr;
+    to.keys = t->window_keys.data();
+    to.values = tied ? t->window_keys.data() : t->window_values.data();
+  }
   return t;
 }
 
 layer_shape dequantized_shape(layer_shape shape) {
   for (stream_shape& s : shape.streams)
     if (s.storage == fp8) s.storage = storage_type::f32;
+  shape.window.precision = storage_type::f32;
+  shape.window.rope_channels = 0;
   return shape;
 }
 
@@ -129,6 +162,8 @@ struct world_spec {
   i64 indexer_channels = 1, indexer_heads = 1, page_size = 1, window_tokens = 0, top_k = 0, tokens = 1;
   bool sink = false, tied = false;
   std::vector<storage_type> storage;  // per stream
+  bool fp8_window = false;            // the raw window in FP8 (raw_window_config::precision)
+  i64 window_rope_channels = 0;       // its key heads' bf16 channels
 
   i64 query_heads() const { return kv_heads * group; }
   i64 values() const { return tied ? key_channels : value_channels; }
@@ -136,7 +171,8 @@ struct world_spec {
     std::ostringstream o;
     o << "S=" << stride << " W=" << window << " kv_heads=" << kv_heads << " group=" << group << " kc=" << key_channels
       << " vc=" << values() << " rope=" << rope_channels << " ic=" << indexer_channels << " page=" << page_size
-      << " win=" << window_tokens << " top_k=" << top_k << " tokens=" << tokens << " tied=" << tied << " storage=";
+      << " win=" << window_tokens << " fp8_window=" << fp8_window << " window_rope=" << window_rope_channels
+      << " top_k=" << top_k << " tokens=" << tokens << " tied=" << tied << " storage=";
     for (storage_type s : storage) o << s << ' ';
     return o.str();
   }
@@ -163,6 +199,8 @@ world_spec random_spec(std::mt19937& rng) {
   const std::size_t streams = s.tied ? 2 : 3;
   for (std::size_t k = 0; k < streams; ++k) s.storage.push_back(pick_of(rng, {fp8, fp8, storage_type::f32, storage_type::bf16}));
   s.storage[pick(rng, 0, s.tied ? 0 : 1)] = fp8;  // keys or values in FP8, always
+  s.fp8_window = s.window_tokens > 0 && pick(rng, 0, 1) == 1;
+  s.window_rope_channels = s.fp8_window ? pick_of<i64>(rng, {0, s.rope_channels, s.key_channels}) : 0;
   return s;
 }
 
@@ -184,6 +222,10 @@ cache_config cache_config_for(const world_spec& s) {
   cc.stream_storage = s.storage;
   cc.history = 16;  // so that reads a few positions back still find their window
   cc.window = raw_window_config{s.window_tokens, s.kv_heads, s.key_channels, s.tied ? 0 : s.value_channels};
+  if (s.fp8_window) {
+    cc.window.precision = fp8;
+    cc.window.rope_channels = s.window_rope_channels;
+  }
   return cc;
 }
 

@@ -287,7 +287,7 @@ void dump_sparse(dump_writer& w, std::int64_t tokens, sparse_variant variant = s
   const std::int64_t n_win = request.position + 1 - trace.window_first;
   std::vector<float> window(static_cast<std::size_t>(n_win * kChannels));
   for (std::int64_t i = 0; i < n_win; ++i)
-    std::copy_n(cache.window_key(seq, trace.window_first + i), kChannels, window.data() + i * kChannels);
+    cache.copy_window_key(seq, trace.window_first + i, span<float>(window.data() + i * kChannels, static_cast<std::size_t>(kChannels)));
 
   // At V4 precision, every candidate's indexer score as the reader's FP4 kernel gives it (the
   // trace holds the selected ones only): the queries prepared and the pages scored as

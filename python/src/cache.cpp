@@ -282,17 +282,18 @@ void init_cache(const modules& m) {
           [](const layer_cache& c, sequence_id seq, std::int64_t t) {
             const raw_window_config w = c.visit([](const auto& x) { return x.config().window; });
             std::vector<float> row(static_cast<std::size_t>(w.kv_heads * w.key_channels));
-            shared(c, [&](const auto& x) { std::copy_n(x.window_key(seq, t), row.size(), row.begin()); });
+            shared(c, [&](const auto& x) { x.copy_window_key(seq, t, span<float>(row.data(), row.size())); });
             return adopt(std::move(row), {w.kv_heads, w.key_channels});
           },
-          py::arg("seq"), py::arg("t"), "Token t's raw window key row (a copy).")
+          py::arg("seq"), py::arg("t"),
+          "Token t's raw window key row (a copy: an FP8 window's row dequantized, the values a read sees).")
       .def(
           "window_value",
           [](const layer_cache& c, sequence_id seq, std::int64_t t) {
             const raw_window_config w = c.visit([](const auto& x) { return x.config().window; });
             const std::int64_t channels = w.value_channels == 0 ? w.key_channels : w.value_channels;
             std::vector<float> row(static_cast<std::size_t>(w.kv_heads * channels));
-            shared(c, [&](const auto& x) { std::copy_n(x.window_value(seq, t), row.size(), row.begin()); });
+            shared(c, [&](const auto& x) { x.copy_window_value(seq, t, span<float>(row.data(), row.size())); });
             return adopt(std::move(row), {w.kv_heads, channels});
           },
           py::arg("seq"), py::arg("t"), "Token t's raw window value row (its key when tied; a copy).")

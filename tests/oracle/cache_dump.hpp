@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "phasekv/compress/stream_state.hpp"
+#include "phasekv/core/span.hpp"
 
 namespace phasekv_test {
 
@@ -96,10 +97,13 @@ cache_dump dump(const Cache& cache) {
     const auto& cfg = cache.config().window;
     const std::int64_t keys = cfg.tokens > 0 ? cfg.kv_heads * cfg.key_channels : 0;
     const std::int64_t values = cfg.tokens > 0 ? cfg.kv_heads * (cfg.value_channels ? cfg.value_channels : cfg.key_channels) : 0;
+    std::vector<float> key(static_cast<std::size_t>(keys)), value(static_cast<std::size_t>(values));
     for (std::int64_t t = cache.window_first(id); t < cache.tokens(id); ++t) {
+      cache.copy_window_key(id, t, phasekv::span<float>(key.data(), key.size()));  // either precision
+      cache.copy_window_value(id, t, phasekv::span<float>(value.data(), value.size()));
       std::ostringstream out;
-      out << "  window " << t << " k " << detail::hex_bits(cache.window_key(id, t), static_cast<std::size_t>(keys))
-          << " v " << detail::hex_bits(cache.window_value(id, t), static_cast<std::size_t>(values));
+      out << "  window " << t << " k " << detail::hex_bits(key.data(), key.size()) << " v "
+          << detail::hex_bits(value.data(), value.size());
       line(out);
     }
   }

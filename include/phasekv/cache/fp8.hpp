@@ -348,8 +348,8 @@ inline void fp8_quantize_head(const float* values, const fp8_head_layout& l, std
 // fp8_dequantize_head(fp8_quantize_head(values)) bit for bit (a NaN block as NaN), without the
 // bytes. Rounded values round to themselves (a block whose amax fell to 224·s rescales to s/2
 // and every code doubles exactly) unless a value came back as ±Inf (|x| ≥ 1.9375 · 2^127), whose
-// block then turns NaN. The raw window of an fp8_e4m3_block window (raw_window_config) keeps its
-// rows this way.
+// block then turns NaN. For hosts that simulate FP8 storage in fp32 rows of their own (an FP8
+// raw window of the cache keeps the bytes: paged_cache.hpp).
 inline void fp8_round_head(float* values, const fp8_head_layout& l) noexcept {
   for (std::int64_t b = 0; b < l.blocks; ++b) {
     const std::int64_t first = b * fp8_head_layout::block_channels;

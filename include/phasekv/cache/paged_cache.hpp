@@ -243,6 +243,8 @@ class paged_cache {
   }
   std::int64_t window_rows() const noexcept { return config_.window.tokens > 0 ? config_.window.tokens + config_.history : 0; }
   bool tied_window() const noexcept { return config_.window.value_channels == 0; }
+  // An fp8_e4m3_block window keeps its rows as FP8 heads (bytes), an f32 one as floats.
+  bool fp8_window() const noexcept { return config_.window.precision == storage_type::fp8_e4m3_block; }
 
   // ---- sequences -------------------------------------------------------------------------
 
@@ -253,11 +255,9 @@ class paged_cache {
     const std::int64_t rows = window_rows();
     detail::allocate_or_fail(
         [&] {
-          record->window_keys.assign(static_cast<std::size_t>(rows * window_key_floats()), 0.0f);
-          record->window_values.assign(static_cast<std::size_t>(rows * window_value_floats()), 0.0f);
+          allocate_window(*record, rows);
         },
-        config_.name + ".window.tokens", config_.window.tokens,
-        rows * (window_key_floats() + window_value_floats()) * static_cast<std::int64_t>(sizeof(float)));
+        config_.name + ".window.tokens", config_.window.tokens, rows * window_row_bytes());
     return insert(std::move(record));
   }
 
@@ -445,15 +445,57 @@ class paged_cache {
     const sequence& s = find(id, "window_first");
     return config_.window.tokens > 0 ? s.window_first : s.tokens;
   }
-  // Token t's window key (kv_heads × key_channels) and value (or its key when tied).
+  // Token t's window key (kv_heads × key_channels) and value (or its key when tied), in an f32
+  // window. An FP8 window's rows are bytes: window_key_bytes/window_value_bytes, or their values
+  // through copy_window_key/copy_window_value.
   const float* window_key(sequence_id id, std::int64_t t) const {
     const sequence& s = find(id, "window_key");
+    require_window_precision(storage_type::f32, "window_key");
     return s.window_keys.data() + window_row(s, t) * window_key_floats();
   }
   const float* window_value(sequence_id id, std::int64_t t) const {
     const sequence& s = find(id, "window_value");
+    require_window_precision(storage_type::f32, "window_value");
     if (tied_window()) return s.window_keys.data() + window_row(s, t) * window_key_floats();
     return s.window_values.data() + window_row(s, t) * window_value_floats();
+  }
+  // Token t's FP8 window key row (kv_heads heads of fp8_head_layout::of(key_channels,
+  // rope_channels) bytes) and value row (the key row when tied).
+  const std::byte* window_key_bytes(sequence_id id, std::int64_t t) const {
+    const sequence& s = find(id, "window_key_bytes");
+    require_window_precision(storage_type::fp8_e4m3_block, "window_key_bytes");
+    return s.window_key_bytes.data() + window_row(s, t) * window_key_row_bytes();
+  }
+  const std::byte* window_value_bytes(sequence_id id, std::int64_t t) const {
+    const sequence& s = find(id, "window_value_bytes");
+    require_window_precision(storage_type::fp8_e4m3_block, "window_value_bytes");
+    if (tied_window()) return s.window_key_bytes.data() + window_row(s, t) * window_key_row_bytes();
+    return s.window_value_bytes.data() + window_row(s, t) * window_value_row_bytes();
+  }
+  // The values a read sees for token t's window key (kv_heads × key_channels floats into out) and
+  // value (kv_heads × value channels, the key's when tied), in either precision.
+  void copy_window_key(sequence_id id, std::int64_t t, span<float> out) const {
+    const sequence& s = find(id, "copy_window_key");
+    const std::int64_t row = window_row(s, t);
+    require_out_size(out, window_key_floats(), "copy_window_key");
+    if (!fp8_window()) {
+      std::copy_n(s.window_keys.data() + row * window_key_floats(), window_key_floats(), out.data());
+      return;
+    }
+    decode_window_row(s.window_key_bytes.data() + row * window_key_row_bytes(), window_key_head(),
+                      config_.window.key_channels, out.data());
+  }
+  void copy_window_value(sequence_id id, std::int64_t t, span<float> out) const {
+    if (tied_window()) return copy_window_key(id, t, out);
+    const sequence& s = find(id, "copy_window_value");
+    const std::int64_t row = window_row(s, t);
+    require_out_size(out, window_value_floats(), "copy_window_value");
+    if (!fp8_window()) {
+      std::copy_n(s.window_values.data() + row * window_value_floats(), window_value_floats(), out.data());
+      return;
+    }
+    decode_window_row(s.window_value_bytes.data() + row * window_value_row_bytes(), window_value_head(),
+                      config_.window.value_channels, out.data());
   }
 
   sequence_memory memory(sequence_id id) const {
@@ -471,7 +513,8 @@ class paged_cache {
       m.uncompressed_bytes += s.tokens * entry_bytes;
       m.state_bytes += static_cast<std::int64_t>(s.states[k].bytes());
     }
-    m.state_bytes += static_cast<std::int64_t>((s.window_keys.capacity() + s.window_values.capacity()) * sizeof(float));
+    m.state_bytes += static_cast<std::int64_t>((s.window_keys.capacity() + s.window_values.capacity()) * sizeof(float) +
+                                               s.window_key_bytes.capacity() + s.window_value_bytes.capacity());
     return m;
   }
 
@@ -541,8 +584,15 @@ class paged_cache {
     }
     if (config_.window.tokens > 0) {
       window_view& w = v.window;
-      w.keys = s.window_keys.data();
-      w.values = tied_window() ? s.window_keys.data() : s.window_values.data();
+      if (fp8_window()) {
+        w.storage = storage_type::fp8_e4m3_block;
+        w.rope_channels = config_.window.rope_channels;
+        w.key_bytes = s.window_key_bytes.data();
+        w.value_bytes = tied_window() ? s.window_key_bytes.data() : s.window_value_bytes.data();
+      } else {
+        w.keys = s.window_keys.data();
+        w.values = tied_window() ? s.window_keys.data() : s.window_values.data();
+      }
       w.rows = window_rows();
       w.first = s.window_first;
       w.tokens = s.tokens;
@@ -556,8 +606,11 @@ class paged_cache {
   struct sequence {
     typename layer::states states;
     std::array<std::vector<page_id>, stream_count> tables;
+    // The raw window ring: f32 rows, or (fp8_e4m3_block) rows of FP8 heads, the other pair empty.
     std::vector<float> window_keys;    // [window rows][kv_heads][key_channels]
     std::vector<float> window_values;  // [window rows][kv_heads][value_channels], empty when tied
+    std::vector<std::byte> window_key_bytes;    // [window rows][kv_heads][window_key_head().bytes]
+    std::vector<std::byte> window_value_bytes;  // [window rows][kv_heads][window_value_head().bytes], empty when tied
     std::int64_t tokens = 0;
     std::int64_t window_first = 0;     // oldest token whose window row is still intact
   };
@@ -666,6 +719,54 @@ class paged_cache {
   std::int64_t window_value_floats() const noexcept {
     return config_.window.tokens > 0 ? config_.window.kv_heads * config_.window.value_channels : 0;
   }
+  // An FP8 window's heads: keys with their RoPE channels in bf16, untied values without.
+  fp8_head_layout window_key_head() const noexcept {
+    return fp8_head_layout::of(config_.window.key_channels, config_.window.rope_channels);
+  }
+  fp8_head_layout window_value_head() const noexcept { return fp8_head_layout::of(config_.window.value_channels, 0); }
+  std::int64_t window_key_row_bytes() const noexcept {
+    return config_.window.tokens > 0 && fp8_window() ? config_.window.kv_heads * window_key_head().bytes : 0;
+  }
+  std::int64_t window_value_row_bytes() const noexcept {
+    return config_.window.tokens > 0 && fp8_window() && !tied_window()
+               ? config_.window.kv_heads * window_value_head().bytes
+               : 0;
+  }
+  // Bytes of one ring row, keys and values, in the window's precision.
+  std::int64_t window_row_bytes() const noexcept {
+    if (fp8_window()) return window_key_row_bytes() + window_value_row_bytes();
+    return (window_key_floats() + window_value_floats()) * static_cast<std::int64_t>(sizeof(float));
+  }
+  void allocate_window(sequence& s, std::int64_t rows) const {
+    if (fp8_window()) {
+      s.window_key_bytes.assign(static_cast<std::size_t>(rows * window_key_row_bytes()), std::byte{0});
+      s.window_value_bytes.assign(static_cast<std::size_t>(rows * window_value_row_bytes()), std::byte{0});
+    } else {
+      s.window_keys.assign(static_cast<std::size_t>(rows * window_key_floats()), 0.0f);
+      s.window_values.assign(static_cast<std::size_t>(rows * window_value_floats()), 0.0f);
+    }
+  }
+  void require_window_precision(storage_type want, const char* operation) const {
+    if (config_.window.precision != want)
+      detail::fail<input_error>(config_.name + "." + operation + ": window.precision", to_string(config_.window.precision),
+                                want == storage_type::f32
+                                    ? "must be f32 for float rows (an FP8 window's rows are bytes: "
+                                      "window_key_bytes, or copy_window_key for their values)"
+                                    : "must be fp8_e4m3_block for FP8 rows (an f32 window's rows are floats: window_key)");
+  }
+  void require_out_size(span<float> out, std::int64_t floats, const char* operation) const {
+    if (out.size() != static_cast<std::size_t>(floats) || (out.data() == nullptr && floats != 0))
+      detail::fail<input_error>(config_.name + "." + operation + ": out.size()", out.size(),
+                                "must be " + std::to_string(floats) + " (window.kv_heads × channels)");
+  }
+  // One FP8 window row's kv_heads heads, dequantized into kv_heads × channels floats.
+  void decode_window_row(const std::byte* row, const fp8_head_layout& head, std::int64_t channels, float* out) const noexcept {
+    for (std::int64_t h = 0; h < config_.window.kv_heads; ++h) fp8_dequantize_head(row + h * head.bytes, head, out + h * channels);
+  }
+  // One FP8 window row from kv_heads × channels floats.
+  void encode_window_row(const float* in, const fp8_head_layout& head, std::int64_t channels, std::byte* row) const noexcept {
+    for (std::int64_t h = 0; h < config_.window.kv_heads; ++h) fp8_quantize_head(in + h * channels, head, row + h * head.bytes);
+  }
 
   // The product is formed only when it cannot overflow (see stream_compressor::check_span).
   void check_window_input(span<const float> in, std::int64_t tokens, std::int64_t per_token, const char* what) const {
@@ -686,30 +787,25 @@ class paged_cache {
     const std::int64_t rows = window_rows();
     if (rows == 0) return;
     const std::int64_t t0 = s.tokens, t_end = t0 + tokens;
-    for (std::int64_t t = std::max(t0, t_end - rows); t < t_end; ++t) {
-      const std::int64_t row = t % rows;
-      std::memcpy(s.window_keys.data() + row * window_key_floats(), keys.data() + (t - t0) * window_key_floats(),
-                  static_cast<std::size_t>(window_key_floats()) * sizeof(float));
-      if (!tied_window())
-        std::memcpy(s.window_values.data() + row * window_value_floats(),
-                    values.data() + (t - t0) * window_value_floats(),
-                    static_cast<std::size_t>(window_value_floats()) * sizeof(float));
-      round_window_row(s, row);
-    }
+    for (std::int64_t t = std::max(t0, t_end - rows); t < t_end; ++t)
+      write_window_row(s, t % rows, keys.data() + (t - t0) * window_key_floats(),
+                       tied_window() ? nullptr : values.data() + (t - t0) * window_value_floats());
     s.window_first = std::max(s.window_first, t_end - rows);
   }
 
-  // An fp8_e4m3_block window keeps the values its FP8 heads would hold (raw_window_config).
-  void round_window_row(sequence& s, std::int64_t row) const noexcept {
+  // Ring row `row` from one token's key row and value row (null when tied): copied into an f32
+  // window, quantized into an FP8 one (what DeepSeek-V4 stores: its 584-byte heads).
+  void write_window_row(sequence& s, std::int64_t row, const float* key, const float* value) const noexcept {
     const raw_window_config& w = config_.window;
-    if (w.precision != storage_type::fp8_e4m3_block) return;
-    const fp8_head_layout keys = fp8_head_layout::of(w.key_channels, w.rope_channels);
-    for (std::int64_t h = 0; h < w.kv_heads; ++h)
-      fp8_round_head(s.window_keys.data() + row * window_key_floats() + h * w.key_channels, keys);
-    if (tied_window()) return;
-    const fp8_head_layout values = fp8_head_layout::of(w.value_channels, 0);
-    for (std::int64_t h = 0; h < w.kv_heads; ++h)
-      fp8_round_head(s.window_values.data() + row * window_value_floats() + h * w.value_channels, values);
+    if (fp8_window()) {
+      encode_window_row(key, window_key_head(), w.key_channels, s.window_key_bytes.data() + row * window_key_row_bytes());
+      if (value)
+        encode_window_row(value, window_value_head(), w.value_channels,
+                          s.window_value_bytes.data() + row * window_value_row_bytes());
+      return;
+    }
+    std::copy_n(key, window_key_floats(), s.window_keys.data() + row * window_key_floats());
+    if (value) std::copy_n(value, window_value_floats(), s.window_values.data() + row * window_value_floats());
   }
 
   std::int64_t window_row(const sequence& s, std::int64_t t) const {

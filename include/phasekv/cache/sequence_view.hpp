@@ -28,7 +28,13 @@
 // Raw window: token t's key row (kv_heads × key_channels fp32, already RoPE'd at t) is row
 // t % rows of `keys`, its value row likewise in `values` (== keys for tied K/V). Tokens
 // [first, tokens) are valid. A read at position t needs window tokens
-// [max(0, t − N_win + 1), t] (N_win: the layer_shape's window.tokens).
+// [max(0, t − N_win + 1), t] (N_win: the layer_shape's window.tokens). An FP8 window (storage =
+// fp8_e4m3_block, DeepSeek-V4's: raw_window_config::precision) holds its rows as bytes instead:
+// row t % rows of `key_bytes` is kv_heads FP8 heads of fp8_head_layout::of(key_channels,
+// rope_channels) bytes each — 584 for DeepSeek-V4, the entries' format — and of `value_bytes`
+// kv_heads heads of fp8_head_layout::of(value_channels, 0) bytes, or value_bytes == key_bytes
+// for tied K/V (the values are the key heads, RoPE channels included); keys/values are unused.
+// The reader dequantizes the rows inside the attention kernel, as it does FP8 entries.
 //
 // Coverage: a read at position t reads entries [0, geom.visible_entries(t)) of the streams it
 // uses (key, value, and the indexer's when it selects), so each such stream view must hold at
@@ -58,14 +64,20 @@ struct stream_view {
 };
 
 struct window_view {
-  const float* keys = nullptr;    // [rows][kv_heads][key_channels]
-  const float* values = nullptr;  // [rows][kv_heads][value_channels]; == keys for tied K/V
+  const float* keys = nullptr;    // f32: [rows][kv_heads][key_channels]
+  const float* values = nullptr;  // f32: [rows][kv_heads][value_channels]; == keys for tied K/V
   std::int64_t rows = 0;          // ring rows: token t in row t % rows
   std::int64_t first = 0;         // valid tokens [first, tokens)
   std::int64_t tokens = 0;
   std::int64_t kv_heads = 0;
   std::int64_t key_channels = 0;
   std::int64_t value_channels = 0;
+  // An FP8 window (after the fields above, so that a host's aggregate initialisation of an f32
+  // window stays as it was):
+  storage_type storage = storage_type::f32;  // f32 or fp8_e4m3_block
+  std::int64_t rope_channels = 0;            // fp8_e4m3_block: the last ones of a key head, in bf16
+  const std::byte* key_bytes = nullptr;      // fp8_e4m3_block: [rows][kv_heads][key head bytes]
+  const std::byte* value_bytes = nullptr;    // fp8_e4m3_block: [rows][kv_heads][value head bytes]; == key_bytes when tied
 };
 
 struct sequence_view {

@@ -38,9 +38,11 @@
 //     destination) history that received the same tokens — and, once history more tokens have
 //     been appended, as far as the destination's own history allows. With equal histories the
 //     rings are copied verbatim and the restored state equals the source's (stream_state ==);
-//   - the raw window's precision (raw_window_config): the rows are fp32 either way, and a
-//     destination whose window is fp8_e4m3_block rounds them to FP8 values as append does (rows
-//     from an FP8 window are unchanged by it).
+//   - the raw window's precision (raw_window_config): a snapshot holds the rows' values as fp32
+//     either way (an FP8 window's rows dequantized, exact), and a destination whose window is
+//     fp8_e4m3_block quantizes them as append does — rows from an FP8 window come back as the
+//     same values (and bytes, but for a block whose amax had rounded down to 224 · s: its scale
+//     halves and its codes double).
 // Not checked: the SIMD architecture the destination's compressors and reader run with. Later
 // appends and reads are bit-identical when both sides run the same build on the same kind of
 // machine; another instruction set may change summation orders (not the snapshot's meaning).
@@ -637,7 +639,8 @@ struct snapshot_access {
       bytes.push_back(snapshot_format::state_fields_bytes +
                       (s.states[k].payload_ring_.size() + s.states[k].logit_ring_.size()) * sizeof(float));
     bytes.push_back(snapshot_format::window_fields_bytes +
-                    (s.window_keys.size() + s.window_values.size()) * sizeof(float));
+                    static_cast<std::uint64_t>(cache.window_rows()) *
+                        static_cast<std::uint64_t>(cache.window_key_floats() + cache.window_value_floats()) * sizeof(float));
     return bytes;
   }
 
@@ -728,8 +731,25 @@ struct snapshot_access {
       w.i64(cache.window_rows());
       std::uint32_t crc = crc32c(start, format::window_fields_bytes);
       at = w.position();
-      crc = copy_floats(at, s.window_keys, crc);
-      crc = copy_floats(at, s.window_values, crc);
+      if (cache.fp8_window()) {  // the values the FP8 rows hold, as fp32 rows
+        std::vector<float> row(static_cast<std::size_t>(std::max(cache.window_key_floats(), cache.window_value_floats())));
+        const raw_window_config& wc = cache.config().window;
+        const auto put = [&](const std::byte* bytes, const fp8_head_layout& head, std::int64_t channels, std::int64_t floats) {
+          cache.decode_window_row(bytes, head, channels, row.data());
+          crc = crc32c_copy(at, row.data(), static_cast<std::size_t>(floats) * sizeof(float), crc);
+          at += static_cast<std::size_t>(floats) * sizeof(float);
+        };
+        for (std::int64_t r = 0; r < cache.window_rows(); ++r)
+          put(s.window_key_bytes.data() + r * cache.window_key_row_bytes(), cache.window_key_head(), wc.key_channels,
+              cache.window_key_floats());
+        if (!cache.tied_window())
+          for (std::int64_t r = 0; r < cache.window_rows(); ++r)
+            put(s.window_value_bytes.data() + r * cache.window_value_row_bytes(), cache.window_value_head(),
+                wc.value_channels, cache.window_value_floats());
+      } else {
+        crc = copy_floats(at, s.window_keys, crc);
+        crc = copy_floats(at, s.window_values, crc);
+      }
       table[2 * streams] = {format::window_section, format::no_stream_index, bytes[2 * streams], crc};
     }
 
@@ -1067,9 +1087,17 @@ struct snapshot_access {
         re_ring(values, source_window_rows, record->window_values.data(), rows, window_value_floats,
                 record->window_first, tokens);
       }
-      // An FP8 window holds FP8 values whatever the snapshot came from (a no-op on rows an FP8
-      // window wrote: rounded values round to themselves).
-      for (std::int64_t row = 0; row < rows; ++row) cache.round_window_row(*record, row);
+      // An FP8 window quantizes the rows as append does, whatever the snapshot came from: rows an
+      // FP8 window wrote come back as the same values (bytes too, but for a block whose amax had
+      // rounded down to 224 · s: its scale halves and its codes double, the same values).
+      if (cache.fp8_window()) {
+        cache.allocate_window(*record, rows);
+        for (std::int64_t row = 0; row < rows; ++row)
+          cache.write_window_row(*record, row, record->window_keys.data() + row * window_key_floats,
+                                 cache.tied_window() ? nullptr : record->window_values.data() + row * window_value_floats);
+        std::vector<float>().swap(record->window_keys);
+        std::vector<float>().swap(record->window_values);
+      }
     }
 
     // Page ids, reserved so that nothing below allocates memory until the sequence table does.

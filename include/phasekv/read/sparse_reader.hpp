@@ -49,8 +49,8 @@
 // integer dot products, DeepSeek-V4's indexer); attention runs a kernel
 // with the query heads in SIMD lanes (attention_kernel.hpp) over row pointers: the selected
 // entries and the window tokens are read where they lie (fp32 storage), never gathered; FP8
-// entries (fp8_e4m3_block) are dequantized inside the kernel's passes, and the read is
-// bit-identical to the fp32 read of the dequantized entries. bf16/f16 entries are widened into
+// entries (fp8_e4m3_block) and an FP8 raw window's rows are dequantized inside the kernel's
+// passes, and the read is bit-identical to the fp32 read of the dequantized entries and rows. bf16/f16 entries are widened into
 // scratch rows first, and indexer keys of any storage but fp32 (or bf16 with the bf16 kernel)
 // page by page.
 //
@@ -206,7 +206,8 @@ class sparse_reader {
     std::vector<scored_entry> selection;
     std::vector<piece> pieces;
     std::vector<attention_kernel::prepared> queries;           // per KV head
-    std::vector<const float*> window_keys, window_values;      // the read's window rows in the ring
+    std::vector<const float*> window_keys, window_values;      // the read's window rows in the ring (f32)
+    std::vector<const std::byte*> window_key_rows, window_value_rows;  // the same, FP8 window
     matrix entry_logits, window_logits;                        // per query head, for the trace
     Eigen::VectorXf final_max, final_norm;                     // per query head, for the trace
   };
@@ -405,8 +406,20 @@ class sparse_reader {
       detail::fail<input_error>(field(i, std::string("view.window.") + what), value, why);
     };
     const std::int64_t value_channels = cfg.value_channels == 0 ? cfg.key_channels : cfg.value_channels;
-    if (w.keys == nullptr) bad("keys", "null", "must point to the window ring's key rows");
-    if (w.values == nullptr) bad("values", "null", "must point to the window ring's value rows (the keys when tied)");
+    if (w.storage != cfg.precision)
+      bad("storage", to_string(w.storage), std::string("must be the layer's window precision, ") + to_string(cfg.precision));
+    if (cfg.precision == storage_type::fp8_e4m3_block) {
+      if (w.rope_channels != cfg.rope_channels)
+        bad("rope_channels", w.rope_channels, "must be the layer's " + std::to_string(cfg.rope_channels));
+      if (w.key_bytes == nullptr) bad("key_bytes", "null", "must point to the window ring's FP8 key rows");
+      if (w.value_bytes == nullptr)
+        bad("value_bytes", "null", "must point to the window ring's FP8 value rows (the keys when tied)");
+      if (cfg.value_channels == 0 && w.value_bytes != w.key_bytes)
+        bad("value_bytes", "not key_bytes", "must equal key_bytes: the layer's window is tied (its values are the keys)");
+    } else {
+      if (w.keys == nullptr) bad("keys", "null", "must point to the window ring's key rows");
+      if (w.values == nullptr) bad("values", "null", "must point to the window ring's value rows (the keys when tied)");
+    }
     if (w.kv_heads != cfg.kv_heads) bad("kv_heads", w.kv_heads, "must be the layer's " + std::to_string(cfg.kv_heads));
     if (w.key_channels != cfg.key_channels)
       bad("key_channels", w.key_channels, "must be the layer's " + std::to_string(cfg.key_channels));
@@ -755,11 +768,15 @@ class sparse_reader {
     const bool entries = pc.source != key_source::window;
     const page_layout& key_layout = w.item->view->streams[config_.key_stream].layout;
     const page_layout& value_layout = w.item->view->streams[config_.value_stream].layout;
-    const bool fp8_keys = entries && key_layout.storage == storage_type::fp8_e4m3_block;
-    const bool fp8_values = entries && value_layout.storage == storage_type::fp8_e4m3_block;
+    // FP8 heads (entries of fp8 pools, or an FP8 window's rows) go to the kernel as bytes.
+    const bool fp8_window = !entries && shape_.window.precision == storage_type::fp8_e4m3_block;
+    const bool fp8_keys = entries ? key_layout.storage == storage_type::fp8_e4m3_block : fp8_window;
+    const bool fp8_values = entries ? value_layout.storage == storage_type::fp8_e4m3_block : fp8_window;
+    const fp8_head_layout key_format = entries ? key_layout.fp8() : window_key_head();
+    const fp8_head_layout value_format = entries ? value_layout.fp8() : window_value_head();
     ps.logits.resize(static_cast<std::size_t>(pc.count * q.padded));
     if (fp8_keys)
-      attention_kernel::logits(q, kernels::fp8_heads{ps.key_heads.data(), key_layout.fp8()}, pc.count, ps.logits.data());
+      attention_kernel::logits(q, kernels::fp8_heads{ps.key_heads.data(), key_format}, pc.count, ps.logits.data());
     else
       attention_kernel::logits(q, ps.keys.data(), pc.count, ps.logits.data());
     if (w.tracing) {
@@ -773,7 +790,7 @@ class sparse_reader {
     float* out = ps.state.assign(q.heads, value_channels_, ps.max.data(), ps.sum.data());
     if (fp8_values)
       attention_kernel::output(ps.logits.data(), q.padded, q.heads,
-                               kernels::fp8_heads{ps.value_heads.data(), value_layout.fp8()}, pc.count, value_channels_,
+                               kernels::fp8_heads{ps.value_heads.data(), value_format}, pc.count, value_channels_,
                                out, ps.fp8);
     else
       attention_kernel::output(ps.logits.data(), q.padded, q.heads, ps.values.data(), pc.count, value_channels_, out);
@@ -809,9 +826,30 @@ class sparse_reader {
     return scratch.data();
   }
 
-  // Where the window tokens [w_first, w_first + n_win) lie in the ring (fp32 rows).
+  // An FP8 window's heads (window_view): keys with the layer's RoPE channels in bf16; values
+  // the key heads when tied, else without RoPE channels.
+  fp8_head_layout window_key_head() const noexcept {
+    return fp8_head_layout::of(shape_.window.key_channels, shape_.window.rope_channels);
+  }
+  fp8_head_layout window_value_head() const noexcept {
+    return shape_.window.value_channels == 0 ? window_key_head() : fp8_head_layout::of(shape_.window.value_channels, 0);
+  }
+
+  // Where the window tokens [w_first, w_first + n_win) lie in the ring: fp32 rows, or FP8 rows.
   void find_window(sequence_work& w, const window_view& ring) const {
     const auto n = static_cast<std::size_t>(w.n_win);
+    if (ring.storage == storage_type::fp8_e4m3_block) {
+      w.window_key_rows.resize(n);
+      w.window_value_rows.resize(n);
+      const std::int64_t key_bytes = ring.kv_heads * window_key_head().bytes;
+      const std::int64_t value_bytes = ring.kv_heads * window_value_head().bytes;
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::int64_t row = (w.w_first + static_cast<std::int64_t>(i)) % ring.rows;
+        w.window_key_rows[i] = ring.key_bytes + row * key_bytes;
+        w.window_value_rows[i] = ring.value_bytes + row * value_bytes;
+      }
+      return;
+    }
     w.window_keys.resize(n);
     w.window_values.resize(n);
     const std::int64_t key_floats = ring.kv_heads * ring.key_channels, value_floats = ring.kv_heads * ring.value_channels;
@@ -827,6 +865,16 @@ class sparse_reader {
     const auto n = static_cast<std::size_t>(pc.count);
     ps.keys.resize(n);
     ps.values.resize(n);
+    if (pc.source == key_source::window && shape_.window.precision == storage_type::fp8_e4m3_block) {
+      ps.key_heads.resize(n);
+      ps.value_heads.resize(n);
+      const std::int64_t key_head = window_key_head().bytes, value_head = window_value_head().bytes;
+      for (std::size_t i = 0; i < n; ++i) {
+        ps.key_heads[i] = w.window_key_rows[static_cast<std::size_t>(pc.first) + i] + g * key_head;
+        ps.value_heads[i] = w.window_value_rows[static_cast<std::size_t>(pc.first) + i] + g * value_head;
+      }
+      return;
+    }
     if (pc.source == key_source::window) {
       for (std::size_t i = 0; i < n; ++i) {
         ps.keys[i] = w.window_keys[static_cast<std::size_t>(pc.first) + i] + g * key_channels_;
