@@ -2,6 +2,8 @@
 // two streams of one policy), its config and accounting, the layer's read-side shape, and the
 // DeepSeek-V4 cache preset.
 
+#include <cstring>
+
 #include "layer.hpp"
 
 namespace pyphasekv {
@@ -297,6 +299,22 @@ void init_cache(const modules& m) {
             return adopt(std::move(row), {w.kv_heads, channels});
           },
           py::arg("seq"), py::arg("t"), "Token t's raw window value row (its key when tied; a copy).")
+      .def(
+          "window_key_bytes",
+          [](const layer_cache& c, sequence_id seq, std::int64_t t) {
+            const raw_window_config w = c.visit([](const auto& x) { return x.config().window; });
+            const std::int64_t head = fp8_head_layout::of(w.key_channels, w.rope_channels).bytes;
+            std::vector<std::uint8_t> row(static_cast<std::size_t>(w.kv_heads * head));
+            shared(c, [&](const auto& x) {
+              const std::byte* from = x.window_key_bytes(seq, t);
+              std::memcpy(row.data(), from, row.size());
+            });
+            return adopt(std::move(row), {w.kv_heads, head});
+          },
+          py::arg("seq"), py::arg("t"),
+          "Token t's raw window key row as an FP8 window stores it (window.precision fp8_e4m3_block): "
+          "uint8 [kv_heads][head bytes], 584 per head for DeepSeek-V4 (e4m3fn codes, bf16 RoPE channels, "
+          "UE8M0 scales, padding; docs/DESIGN.md section 9). A copy.")
       .def(
           "memory",
           [](const layer_cache& c, sequence_id seq) { return shared(c, [&](const auto& x) { return x.memory(seq); }); },

@@ -114,6 +114,18 @@ def test_csa_precision_preset_reads_fp8_entries_with_the_fp4_indexer(rng):
     held = layer.cache.window_key(seq, 2099)
     assert np.array_equal(held.reshape(-1), layer.window_key_rows(seq)[2099])
     assert not np.array_equal(held.reshape(-1), given)
+    # ... stored as one 584-byte FP8 head: 448 e4m3fn codes times their block's UE8M0 scale, the 64
+    # RoPE channels in bf16, seven scale bytes, one zero byte (decoded here from the format).
+    raw = layer.cache.window_key_bytes(seq, 2099)
+    assert raw.shape == (1, 584) and raw.dtype == np.uint8 and raw[0, 583] == 0
+    code = np.arange(256)
+    exponent, mantissa = (code >> 3) & 15, code & 7
+    e4m3 = np.where(exponent == 0, mantissa * 2.0**-9, (1 + mantissa / 8) * 2.0 ** (exponent - 7.0))
+    e4m3 = np.where(code & 0x80, -e4m3, e4m3)
+    scales = 2.0 ** (raw[0, 576:583].astype(np.float64) - 127)
+    codes = e4m3[raw[0, :448]] * np.repeat(scales, 64)
+    rope = (raw[0, 448:576].copy().view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    assert np.array_equal(np.concatenate([codes.astype(np.float32), rope]), held.reshape(-1))
 
 
 def test_mean_layer_reads_every_entry_and_the_window(rng):
