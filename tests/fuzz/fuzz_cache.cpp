@@ -7,8 +7,8 @@
 //      K/V; tied K/V + indexer, DeepSeek-V4 CSA shaped; K, V and indexer), stride 1–4, window
 //      S…2S+1, origin, anchor, page size 1–4, 4–24 pages per pool (small enough that
 //      capacity_error is common), 1–2 KV heads, a few channels, RoPE (with YaRN or not), history
-//      0–6, raw window 0–5 tokens, one stream stored in bf16 or f16, per-branch or per-slot
-//      inputs per stream;
+//      0–6, raw window 0–5 tokens (in fp32 or FP8, with 0 … key channels bf16 RoPE channels), one
+//      stream stored in bf16 or f16, per-branch or per-slot inputs per stream;
 //   2. up to kMaxOperations operations: create, append (0–9 tokens, sometimes a malformed chunk),
 //      fork, copy, remove_suffix (often beyond what the history allows), keep, free, clear, and
 //      reads through sparse_readers (with and without top-k, sink, de-rotation, bf16 indexer),
@@ -65,6 +65,7 @@
 
 #include "oracle/scalar_attention.hpp"
 #include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/cache/fp8.hpp"
 #include "phasekv/cache/storage.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/policies.hpp"
@@ -270,6 +271,8 @@ struct setup {
   std::array<input_layout, 3> inputs{};  // per stream
   std::size_t narrow_stream = 0;         // the stream stored in `narrow` (≥ stream count: none)
   storage_type narrow = storage_type::f32;
+  bool fp8_window = false;  // raw_window_config::precision = fp8_e4m3_block
+  i64 window_rope = 0;      // its rope_channels
   std::uint64_t param_seed = 0;
 };
 
@@ -285,7 +288,9 @@ std::string describe_setup(const void* p) {
       << "/" << s.indexer_rope.channels << (s.key_rope.yarn.enabled ? " yarn" : "")
       << (s.key_rope.layout == rope_layout::half_split ? " half_split" : "") << " inputs=";
   for (input_layout l : s.inputs) out << (l == input_layout::per_branch ? 'b' : 's');
-  out << " stream " << s.narrow_stream << " in " << to_string(s.narrow) << " param_seed=" << s.param_seed;
+  out << " stream " << s.narrow_stream << " in " << to_string(s.narrow);
+  if (s.fp8_window) out << " window in fp8_e4m3_block (rope " << s.window_rope << ")";
+  out << " param_seed=" << s.param_seed;
   return out.str();
 }
 
@@ -328,6 +333,8 @@ setup decode_setup(byte_source& in) {
   const std::uint8_t narrow = in.next();
   s.narrow_stream = narrow % 4;
   s.narrow = (narrow / 4) % 2 ? storage_type::f16 : storage_type::bf16;
+  s.fp8_window = (narrow / 8) % 2 == 1;
+  s.window_rope = s.fp8_window ? (narrow / 16) % (s.key_channels + 1) : 0;
   s.param_seed = in.next();
   return s;
 }
@@ -491,6 +498,10 @@ class harness {
     c.window.kv_heads = s.kv_heads;
     c.window.key_channels = s.key_channels;
     c.window.value_channels = tied ? 0 : s.value_channels;
+    if (s.fp8_window) {
+      c.window.precision = storage_type::fp8_e4m3_block;
+      c.window.rope_channels = s.window_rope;
+    }
     return c;
   }
 
@@ -579,6 +590,15 @@ class harness {
     }
     cat(m.inputs.window_keys, in.window_keys);
     cat(m.inputs.window_values, in.window_values);
+    if (s_.fp8_window && window_rows_ > 0) {  // the model keeps the values an FP8 window holds
+      const fp8_head_layout keys = fp8_head_layout::of(s_.key_channels, s_.window_rope);
+      const fp8_head_layout values = fp8_head_layout::of(s_.value_channels, 0);
+      for (i64 t = t0; t < t_end; ++t)
+        for (i64 h = 0; h < s_.kv_heads; ++h) {
+          fp8_round_head(m.inputs.window_keys.data() + t * window_key_floats_ + h * s_.key_channels, keys);
+          if (!tied) fp8_round_head(m.inputs.window_values.data() + t * window_value_floats_ + h * s_.value_channels, values);
+        }
+    }
     m.inputs.tokens = t_end;
     write_ring(m.input_ring, t0, t_end);
     write_ring(m.window_ring, t0, t_end);
@@ -620,6 +640,19 @@ class harness {
     return tied ? window_key_row(m, t) : m.inputs.window_values.data() + t * window_value_floats_;
   }
   i64 value_row_floats() const { return tied ? window_key_floats_ : window_value_floats_; }
+
+  // The cache's window row of token t as floats (an FP8 window's dequantized), in scratch that
+  // the next call overwrites.
+  const float* window_key_of(sequence_id id, i64 t) const {
+    window_scratch_.resize(sz(window_key_floats_));
+    cache_.copy_window_key(id, t, span<float>(window_scratch_.data(), window_scratch_.size()));
+    return window_scratch_.data();
+  }
+  const float* window_value_of(sequence_id id, i64 t) const {
+    window_value_scratch_.resize(sz(value_row_floats()));
+    cache_.copy_window_value(id, t, span<float>(window_value_scratch_.data(), window_value_scratch_.size()));
+    return window_value_scratch_.data();
+  }
 
   // ---- picking sequences ----
 
@@ -734,8 +767,8 @@ class harness {
     if (cache_.window_first(id) != first)
       fail(str("sequence ", id, ": window_first() = ", cache_.window_first(id), ", model ", first));
     for (i64 t = first; t < tokens; ++t)
-      if (!same_bits(cache_.window_key(id, t), window_key_row(m, t), window_key_floats_) ||
-          !same_bits(cache_.window_value(id, t), window_value_row(m, t), value_row_floats()))
+      if (!same_bits(window_key_of(id, t), window_key_row(m, t), window_key_floats_) ||
+          !same_bits(window_value_of(id, t), window_value_row(m, t), value_row_floats()))
         fail(str("sequence ", id, ": the raw window row of token ", t, " differs from its input"));
 
     const sequence_memory mem = cache_.memory(id);
@@ -814,8 +847,10 @@ class harness {
       }
       s->window.clear();
       for (i64 t = s->window_first; t < s->tokens && window_rows_ > 0; ++t) {
-        s->window.insert(s->window.end(), cache_.window_key(id, t), cache_.window_key(id, t) + window_key_floats_);
-        s->window.insert(s->window.end(), cache_.window_value(id, t), cache_.window_value(id, t) + value_row_floats());
+        const float* key = window_key_of(id, t);
+        s->window.insert(s->window.end(), key, key + window_key_floats_);
+        const float* value = window_value_of(id, t);
+        s->window.insert(s->window.end(), value, value + value_row_floats());
       }
       const sequence_memory mem = cache_.memory(id);
       s->memory = {mem.tokens, mem.entries, mem.pages, mem.shared_pages, mem.page_bytes, mem.entry_bytes,
@@ -1308,6 +1343,7 @@ class harness {
   int op_ = 0;
   sequence_id touched_ = no_sequence;  // the sequence the running operation named
   mutable std::vector<float> entry_scratch_;
+  mutable std::vector<float> window_scratch_, window_value_scratch_;
   std::array<stream_state, N> blank_states_;                  // make_state() of the model's compressors
   mutable std::array<stream_state, N> work_states_;
   mutable std::array<std::vector<std::int32_t>, N> references_;
