@@ -60,6 +60,7 @@
 
 // simd
 #include "phasekv/simd/batch.hpp"
+#include "phasekv/simd/bf16.hpp"
 #include "phasekv/simd/exp.hpp"
 #include "phasekv/simd/finite.hpp"
 #include "phasekv/simd/prefetch.hpp"

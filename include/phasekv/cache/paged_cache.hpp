@@ -475,27 +475,10 @@ class paged_cache {
   // The values a read sees for token t's window key (kv_heads × key_channels floats into out) and
   // value (kv_heads × value channels, the key's when tied), in either precision.
   void copy_window_key(sequence_id id, std::int64_t t, span<float> out) const {
-    const sequence& s = find(id, "copy_window_key");
-    const std::int64_t row = window_row(s, t);
-    require_out_size(out, window_key_floats(), "copy_window_key");
-    if (!fp8_window()) {
-      std::copy_n(s.window_keys.data() + row * window_key_floats(), window_key_floats(), out.data());
-      return;
-    }
-    decode_window_row(s.window_key_bytes.data() + row * window_key_row_bytes(), window_key_head(),
-                      config_.window.key_channels, out.data());
+    copy_window_row(id, t, false, out, "copy_window_key");
   }
   void copy_window_value(sequence_id id, std::int64_t t, span<float> out) const {
-    if (tied_window()) return copy_window_key(id, t, out);
-    const sequence& s = find(id, "copy_window_value");
-    const std::int64_t row = window_row(s, t);
-    require_out_size(out, window_value_floats(), "copy_window_value");
-    if (!fp8_window()) {
-      std::copy_n(s.window_values.data() + row * window_value_floats(), window_value_floats(), out.data());
-      return;
-    }
-    decode_window_row(s.window_value_bytes.data() + row * window_value_row_bytes(), window_value_head(),
-                      config_.window.value_channels, out.data());
+    copy_window_row(id, t, !tied_window(), out, "copy_window_value");
   }
 
   sequence_memory memory(sequence_id id) const {
@@ -758,6 +741,21 @@ class paged_cache {
     if (out.size() != static_cast<std::size_t>(floats) || (out.data() == nullptr && floats != 0))
       detail::fail<input_error>(config_.name + "." + operation + ": out.size()", out.size(),
                                 "must be " + std::to_string(floats) + " (window.kv_heads × channels)");
+  }
+  // Token t's key row (values = false) or untied value row, as floats into out.
+  void copy_window_row(sequence_id id, std::int64_t t, bool values, span<float> out, const char* operation) const {
+    const sequence& s = find(id, operation);
+    const std::int64_t row = window_row(s, t);
+    const std::int64_t floats = values ? window_value_floats() : window_key_floats();
+    require_out_size(out, floats, operation);
+    if (!fp8_window()) {
+      std::copy_n((values ? s.window_values : s.window_keys).data() + row * floats, floats, out.data());
+      return;
+    }
+    const std::int64_t row_bytes = values ? window_value_row_bytes() : window_key_row_bytes();
+    decode_window_row((values ? s.window_value_bytes : s.window_key_bytes).data() + row * row_bytes,
+                      values ? window_value_head() : window_key_head(),
+                      values ? config_.window.value_channels : config_.window.key_channels, out.data());
   }
   // One FP8 window row's kv_heads heads, dequantized into kv_heads × channels floats.
   void decode_window_row(const std::byte* row, const fp8_head_layout& head, std::int64_t channels, float* out) const noexcept {

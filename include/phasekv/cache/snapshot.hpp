@@ -734,8 +734,8 @@ struct snapshot_access {
       if (cache.fp8_window()) {  // the values the FP8 rows hold, as fp32 rows
         std::vector<float> row(static_cast<std::size_t>(std::max(cache.window_key_floats(), cache.window_value_floats())));
         const raw_window_config& wc = cache.config().window;
-        const auto put = [&](const std::byte* bytes, const fp8_head_layout& head, std::int64_t channels, std::int64_t floats) {
-          cache.decode_window_row(bytes, head, channels, row.data());
+        const auto put = [&](const std::byte* from, const fp8_head_layout& head, std::int64_t channels, std::int64_t floats) {
+          cache.decode_window_row(from, head, channels, row.data());
           crc = crc32c_copy(at, row.data(), static_cast<std::size_t>(floats) * sizeof(float), crc);
           at += static_cast<std::size_t>(floats) * sizeof(float);
         };
