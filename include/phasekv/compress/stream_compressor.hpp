@@ -145,25 +145,11 @@ class stream_compressor {
                                     std::to_string(logits_per_token_) +
                                     " input floats per token): make it with this compressor's make_state()");
     // Each input in exactly one form: the bf16 one when it is given, else the fp32 one.
-    if (!chunk.payload.empty() && !chunk.payload_bf16.empty())
-      detail::fail<input_error>(n + ": chunk.payload_bf16.size()", chunk.payload_bf16.size(),
-                                "must be 0 when chunk.payload (fp32) is given (size " +
-                                    std::to_string(chunk.payload.size()) + "): give the payload in one form");
-    if (chunk.payload_is_bf16())
-      check_span(chunk.payload_bf16, chunk.tokens, payload_per_token_, "payload_bf16",
-                 "tokens × kv_heads × views × channels");
-    else
-      check_span(chunk.payload, chunk.tokens, payload_per_token_, "payload", "tokens × kv_heads × views × channels");
+    check_input(chunk.payload, chunk.payload_bf16, chunk.tokens, payload_per_token_, "payload",
+                "tokens × kv_heads × views × channels");
     if constexpr (gated) {
-      if (!chunk.logits.empty() && !chunk.logits_bf16.empty())
-        detail::fail<input_error>(n + ": chunk.logits_bf16.size()", chunk.logits_bf16.size(),
-                                  "must be 0 when chunk.logits (fp32) is given (size " +
-                                      std::to_string(chunk.logits.size()) + "): give the logits in one form");
-      if (chunk.logits_are_bf16())
-        check_span(chunk.logits_bf16, chunk.tokens, logits_per_token_, "logits_bf16",
-                   "tokens × kv_heads × views × gate channels");
-      else
-        check_span(chunk.logits, chunk.tokens, logits_per_token_, "logits", "tokens × kv_heads × views × gate channels");
+      check_input(chunk.logits, chunk.logits_bf16, chunk.tokens, logits_per_token_, "logits",
+                  "tokens × kv_heads × views × gate channels");
     } else {
       if (!chunk.logits.empty())
         detail::fail<input_error>(n + ": chunk.logits.size()", chunk.logits.size(),
@@ -308,6 +294,20 @@ class stream_compressor {
 
   // `tokens` × `per_token` must equal the span's size; the product is formed only when it cannot
   // overflow (a huge token count with a small span is an error, not a wrapped-around match).
+  // One input (payload or logits) of a chunk: given in one form at most, bf16 or fp32, of
+  // tokens × per_token elements.
+  void check_input(span<const float> fp32, span<const std::uint16_t> bf16, std::int64_t tokens, std::int64_t per_token,
+                   const std::string& name, const char* shape) const {
+    if (!fp32.empty() && !bf16.empty())
+      detail::fail<input_error>(config_.name + ": chunk." + name + "_bf16.size()", bf16.size(),
+                                "must be 0 when chunk." + name + " (fp32) is given (size " +
+                                    std::to_string(fp32.size()) + "): give the " + name + " in one form");
+    if (!bf16.empty())
+      check_span(bf16, tokens, per_token, (name + "_bf16").c_str(), shape);
+    else
+      check_span(fp32, tokens, per_token, name.c_str(), shape);
+  }
+
   template <class T>
   void check_span(span<const T> s, std::int64_t tokens, std::int64_t per_token, const char* what,
                   const char* shape) const {
