@@ -604,10 +604,14 @@ void BM_sparse_decode_v4_precision(benchmark::State& state) {
                                 prepared);
   std::vector<float> scores(static_cast<std::size_t>(candidates));
   auto score_all = [&] {
+    auto page = [&](std::int64_t first) {
+      return pool.base() + table[static_cast<std::size_t>(first / 64)] * pool.layout().page_stride_bytes;
+    };
     for (std::int64_t first = 0; first < candidates; first += 64) {
-      const std::byte* keys = pool.base() + table[static_cast<std::size_t>(first / 64)] * pool.layout().page_stride_bytes;
-      kernels::indexer_fp4::score(prepared, keys, pool.layout().entry_stride_bytes, std::min<std::int64_t>(64, candidates - first),
-                                  scores.data() + first);
+      const bool more = first + 64 < candidates;
+      kernels::indexer_fp4::score(prepared, page(first), pool.layout().entry_stride_bytes,
+                                  std::min<std::int64_t>(64, candidates - first), scores.data() + first,
+                                  more ? page(first + 64) : nullptr, more ? std::min<std::int64_t>(64, candidates - first - 64) : 0);
     }
     benchmark::DoNotOptimize(scores.data());
   };

@@ -73,6 +73,7 @@
 
 #include "phasekv/cache/fp4.hpp"
 #include "phasekv/simd/batch.hpp"
+#include "phasekv/simd/prefetch.hpp"
 #include "phasekv/simd/unroll.hpp"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
@@ -154,14 +155,19 @@ struct indexer_fp4 {
 
   // out[j] = I_j for `count` FP4 keys at keys + j · stride (kv_heads = 1: one head per entry).
   // The SIMD path where this build and the queries allow it, the portable path otherwise.
+  // `next`, if given, is where the caller reads next (the following page's keys, `next_count` of
+  // them, same stride): the SIMD path prefetches them while it scores these, since the hardware
+  // prefetchers lose the stream at the page boundary and the first thing the next call does is
+  // gather every key's scale bytes.
   static void score(const prepared& p, const std::byte* keys, std::int64_t stride, std::int64_t count,
-                    float* out) noexcept {
+                    float* out, const std::byte* next = nullptr, std::int64_t next_count = 0) noexcept {
 #if PHASEKV_HAS_INT8_DOT
     if (p.shifted) {
-      score_simd(p, keys, stride, count, out);
+      score_simd(p, keys, stride, count, out, next, next_count);
       return;
     }
 #endif
+    (void)next, (void)next_count;
     score_portable(p, keys, stride, count, out);
   }
 
@@ -341,7 +347,7 @@ struct indexer_fp4 {
   }
 
   static void score_simd(const prepared& p, const std::byte* keys, std::int64_t stride, std::int64_t count,
-                         float* out) noexcept {
+                         float* out, const std::byte* next, std::int64_t next_count) noexcept {
     const fp4_head_layout layout = fp4_head_layout::of(p.channels);
     const __m512i tables = shifted_tables();
     const std::int64_t run = unpacked_bytes / p.channels;  // keys unpacked at a time, a multiple of 16
@@ -359,10 +365,22 @@ struct indexer_fp4 {
         key_scale[j] = detail::float_from_bits(static_cast<std::uint32_t>(least[j]) << 23);
         out[first + j] = 0.0f;
       }
+      // The next keys' lines, a few per tile of the first head block: those of the caller's next
+      // page during the last run, those of this call's next run before it.
+      const bool last_run = first + n >= count;
+      const std::byte* ahead = last_run ? next : base + n * stride;
+      const std::int64_t ahead_bytes = (last_run ? next_count : std::min(run, count - first - n)) * stride;
+      const std::int64_t tiles = (n + tile_entries - 1) / tile_entries;
+      const std::int64_t lines_per_tile = ahead ? (ahead_bytes + 64 * tiles - 1) / (64 * tiles) : 0;
       for (std::int64_t hb = 0; hb < p.head_blocks; ++hb) {
         std::int64_t j = 0;
-        for (; j + tile_entries <= n; j += tile_entries)
+        for (; j + tile_entries <= n; j += tile_entries) {
+          if (hb == 0 && lines_per_tile > 0) {
+            const std::int64_t from = j / tile_entries * lines_per_tile * 64;
+            if (from < ahead_bytes) simd::prefetch_bytes(ahead + from, std::min(ahead_bytes - from, lines_per_tile * 64));
+          }
           tile<tile_entries>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j);
+        }
         switch (n - j) {  // the last few entries in one tile
           case 3: tile<3>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j); break;
           case 2: tile<2>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j); break;

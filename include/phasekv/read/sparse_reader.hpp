@@ -645,8 +645,17 @@ class sparse_reader {
     for (std::int64_t j = first; j < last; j += page_size) {
       const std::int64_t count = std::min(page_size, last - j);
       const std::byte* bytes = sv.base + sv.pages[static_cast<std::size_t>(j / page_size)] * layout.page_stride_bytes;
+      // The next page's keys, prefetched while this page's last entries are scored (fp32 and
+      // FP4 pages: other storage is converted into scratch first).
+      const std::byte* next = nullptr;
+      std::int64_t next_count = 0;
+      if (j + page_size < last) {
+        next = sv.base + sv.pages[static_cast<std::size_t>((j + page_size) / page_size)] * layout.page_stride_bytes;
+        next_count = std::min(page_size, last - j - page_size);
+      }
       if (w.path == indexer_path::fp4) {
-        kernels::indexer_fp4::score(w.indexer_fp4_queries, bytes, layout.entry_stride_bytes, count, w.scores.data() + j);
+        kernels::indexer_fp4::score(w.indexer_fp4_queries, bytes, layout.entry_stride_bytes, count, w.scores.data() + j,
+                                    next, next_count);
         continue;
       }
 #if PHASEKV_HAS_BF16_DOT
@@ -657,16 +666,9 @@ class sparse_reader {
       }
 #endif
       const float* keys = page_floats(layout, bytes, count, task.page);
-      // The next page's keys, prefetched while this page's last entries are scored (fp32 pages
-      // only: other storage is converted into scratch first).
-      const float* next = nullptr;
-      std::int64_t next_count = 0;
-      if (layout.storage == storage_type::f32 && j + page_size < last) {
-        next = reinterpret_cast<const float*>(sv.base + sv.pages[static_cast<std::size_t>((j + page_size) / page_size)] *
-                                                            layout.page_stride_bytes);
-        next_count = std::min(page_size, last - j - page_size);
-      }
-      kernels::indexer<>::score(w.indexer_queries, keys, count, w.scores.data() + j, next, next_count);
+      const bool f32 = layout.storage == storage_type::f32;
+      kernels::indexer<>::score(w.indexer_queries, keys, count, w.scores.data() + j,
+                                f32 ? reinterpret_cast<const float*>(next) : nullptr, f32 ? next_count : 0);
     }
     rank_keys(span<const float>(w.scores.data() + first, static_cast<std::size_t>(last - first)), first, task.best);
     keep_top_keys(task.best, w.top_k, false);
