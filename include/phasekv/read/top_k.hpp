@@ -27,15 +27,18 @@ struct scored_entry {
 // should not produce) last. (score, index) as one integer, larger = ranks before: the high 32 bits are the score mapped to
 // an unsigned integer in the same order (−0 counts as +0, every NaN maps to 0, below −∞), the low
 // 32 bits are 2³² − 1 − index, so equal scores rank by the lower index. Indices must be below 2³².
-inline std::uint64_t rank_key(float score, std::int64_t index) noexcept {
+// Without branches (scores of either sign arrive in random order, and a branch on the sign
+// mispredicted half the time): negative scores flip every bit (larger magnitude, smaller key),
+// non-negative ones set the top bit (above every negative).
+inline std::uint32_t score_order(float score) noexcept {
+  score += 0.0f;  // −0 → +0 (IEEE: −0 + +0 = +0; every other value unchanged)
   std::uint32_t bits;
-  if (score == 0.0f) score = 0.0f;  // −0 → +0
   std::memcpy(&bits, &score, sizeof bits);
-  std::uint32_t order;
-  if (score != score) order = 0;                   // NaN: last
-  else if (bits >> 31) order = ~bits;              // negative: larger magnitude, smaller key
-  else order = bits | 0x80000000u;                 // non-negative: above every negative
-  return (static_cast<std::uint64_t>(order) << 32) | (0xFFFFFFFFu - static_cast<std::uint32_t>(index));
+  const std::uint32_t flip = static_cast<std::uint32_t>(static_cast<std::int32_t>(bits) >> 31) | 0x80000000u;
+  return score != score ? 0u : bits ^ flip;  // NaN: last
+}
+inline std::uint64_t rank_key(float score, std::int64_t index) noexcept {
+  return (static_cast<std::uint64_t>(score_order(score)) << 32) | (0xFFFFFFFFu - static_cast<std::uint32_t>(index));
 }
 inline std::int64_t rank_key_index(std::uint64_t key) noexcept {
   return static_cast<std::int64_t>(0xFFFFFFFFu - static_cast<std::uint32_t>(key));
@@ -66,9 +69,13 @@ inline void drop_below_top(std::vector<std::uint64_t>& keys, std::size_t keep) {
   for (const std::uint64_t key : keys) ++count[bin(key)];
   std::uint32_t cut = bin(std::uint64_t{hi} << 32);
   for (std::size_t seen = count[cut]; seen < keep;) seen += count[--cut];  // stops by bin 0: n > keep
+  // In place and without a branch: a branch on the bin mispredicted for every key kept, and
+  // took most of the selection's time.
   std::size_t kept = 0;
-  for (const std::uint64_t key : keys)
-    if (bin(key) >= cut) keys[kept++] = key;
+  for (const std::uint64_t key : keys) {
+    keys[kept] = key;
+    kept += bin(key) >= cut ? 1 : 0;
+  }
   keys.resize(kept);
 }
 
