@@ -63,7 +63,7 @@ struct pool {
                            float* out, const prefetch_row* ahead = nullptr, std::int64_t ahead_rows = 0) noexcept {
     std::int64_t c = 0;
     for (; c + 4 * lanes <= channels; c += 4 * lanes) {
-      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch(ahead[k], c, 4 * lanes);
+      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch<4 * lanes>(ahead[k], c);
       batch a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
       for (std::int64_t i = 0; i < slots; ++i) {
         const batch wi(w[i]);
@@ -143,7 +143,7 @@ struct pool {
                                             std::int64_t ahead_rows) noexcept {
     std::int64_t c = 0;
     for (; c + lanes <= channels; c += lanes) {
-      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch(ahead[k], c, lanes);
+      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch<lanes>(ahead[k], c);
       batch s[N];
       unroll<N>([&](auto i) { s[i] = load(logit[i] + c) + batch::load_unaligned(bias[i] + c); });
       batch m = s[0];
@@ -176,7 +176,7 @@ struct pool {
                                             const prefetch_row* ahead, std::int64_t ahead_rows) noexcept {
     std::int64_t c = 0;
     for (; c + lanes <= channels; c += lanes) {
-      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch(ahead[k], c, lanes);
+      for (std::int64_t k = 0; k < ahead_rows; ++k) prefetch<lanes>(ahead[k], c);
       batch m = load(logit[0] + c) + batch::load_unaligned(bias[0] + c);
       for (std::int64_t i = 1; i < slots; ++i) m = xsimd::max(m, load(logit[i] + c) + batch::load_unaligned(bias[i] + c));
       batch num(0.0f), den(0.0f);

@@ -41,9 +41,22 @@ struct prefetch_row {
   std::int64_t bytes = 4;
 };
 
-// Prefetches channels [c, c + n) of a row.
-inline void prefetch(const prefetch_row& row, std::int64_t c, std::int64_t n) noexcept {
-  prefetch_bytes(row.data + c * row.bytes, n * row.bytes);
+// Prefetches channels [c, c + N) of a row, N fixed at compile time: one prefetch per 64-byte
+// step, unrolled for each element size. (A loop over the runtime byte count — the generic
+// prefetch_bytes — ran ~10 scalar instructions a row inside the pooling kernels' channel loop,
+// which made the vector-gated prefill 15–35% slower.)
+template <std::int64_t N>
+inline void prefetch(const prefetch_row& row, std::int64_t c) noexcept {
+#if defined(__GNUC__)
+  const unsigned char* p = row.data + c * row.bytes;
+  if (row.bytes == 2) {
+    for (std::int64_t k = 0; k < 2 * N; k += 64) __builtin_prefetch(p + k, 0, 3);
+  } else {
+    for (std::int64_t k = 0; k < 4 * N; k += 64) __builtin_prefetch(p + k, 0, 3);
+  }
+#else
+  (void)row, (void)c;
+#endif
 }
 
 }  // namespace phasekv::simd
