@@ -292,8 +292,6 @@ class stream_compressor {
            std::to_string(s.logit_floats_) + " input floats per token";
   }
 
-  // `tokens` × `per_token` must equal the span's size; the product is formed only when it cannot
-  // overflow (a huge token count with a small span is an error, not a wrapped-around match).
   // One input (payload or logits) of a chunk: given in one form at most, bf16 or fp32, of
   // tokens × per_token elements.
   void check_input(span<const float> fp32, span<const std::uint16_t> bf16, std::int64_t tokens, std::int64_t per_token,
@@ -308,6 +306,8 @@ class stream_compressor {
       check_span(fp32, tokens, per_token, name.c_str(), shape);
   }
 
+  // `tokens` × `per_token` must equal the span's size; the product is formed only when it cannot
+  // overflow (a huge token count with a small span is an error, not a wrapped-around match).
   template <class T>
   void check_span(span<const T> s, std::int64_t tokens, std::int64_t per_token, const char* what,
                   const char* shape) const {
