@@ -195,6 +195,63 @@ TEST_CASE("fp4 indexer: SIMD and portable paths give the same bits, equal to the
   if (kernels::has_int8_dot) CHECK(shifted_reads > 0);
 }
 
+// The SIMD path folds the head scales into the weights and applies each key's scale once, after
+// the sums (read/indexer_fp4_kernel.hpp): exact only while every partial sum stays a normal fp32,
+// which the kernel checks per read (the weights' binades) and per key (its exponent). Weights and
+// keys at the edges of those ranges — tiny, huge, subnormal, zero, non-finite, a wide spread —
+// must still give the portable path's bits, by the fold or by falling back.
+TEST_CASE("fp4 indexer: weights over the whole fp32 range keep the SIMD path on the portable path's bits", "[read][fp4]") {
+  std::mt19937 rng(1603);
+  const i64 channels = 128;
+  const fp4_head_layout l = fp4_head_layout::of(channels);
+  std::size_t shifted_reads = 0;
+  for (int world = 0; world < 80; ++world) {
+    const i64 heads = pick_of<i64>(rng, {1, 5, 64, 70});
+    const int kind = world % 8;
+    std::vector<float> weights(sz(heads));
+    for (float& w : weights) {
+      const float sign = pick(rng, 0, 1) == 0 ? 1.0f : -1.0f;
+      const float unit = sign * static_cast<float>(pick(rng, 1, 1 << 23)) * 0x1p-23f;
+      switch (kind) {
+        case 0: w = std::ldexp(unit, static_cast<int>(pick(rng, -20, 0))); break;      // realistic
+        case 1: w = std::ldexp(unit, static_cast<int>(pick(rng, -125, -100))); break;  // tiny
+        case 2: w = std::ldexp(unit, static_cast<int>(pick(rng, 90, 127))); break;     // huge
+        case 3: w = std::ldexp(unit, static_cast<int>(pick(rng, -149, -127))); break;  // subnormal
+        case 4: w = std::ldexp(unit, static_cast<int>(pick(rng, -126, 127))); break;   // everywhere
+        case 5: w = pick(rng, 0, 2) == 0 ? 0.0f : std::ldexp(unit, static_cast<int>(pick(rng, -10, 10))); break;
+        case 6: w = pick(rng, 0, 9) == 0 ? std::numeric_limits<float>::infinity() : unit; break;
+        default: w = pick(rng, 0, 1) == 0 ? std::ldexp(unit, -110) : std::ldexp(unit, 110); break;  // spread
+      }
+    }
+    // Queries at a magnitude that keeps the shifted path on, keys whose scale bytes sweep 1 … 253.
+    std::vector<float> queries;
+    const int magnitude = static_cast<int>(pick(rng, -100, 90));
+    for (i64 h = 0; h < heads; ++h) {
+      const auto q = exact_sum_values(rng, channels, magnitude - 20);
+      queries.insert(queries.end(), q.begin(), q.end());
+    }
+    kernels::indexer_fp4_queries p;
+    kernel::prepare(queries.data(), weights.data(), heads, channels, p);
+    shifted_reads += p.shifted;
+    const i64 count = 67;
+    std::vector<std::byte> keys;
+    for (i64 j = 0; j < count; ++j) {
+      auto key = random_key(rng, channels, 0);
+      const int base = 1 + static_cast<int>((j * 251 / count + world) % 250);
+      for (i64 b = 0; b < l.blocks; ++b)
+        key[sz(l.scale_offset + b)] = std::byte{static_cast<std::uint8_t>(std::min(253, base + static_cast<int>(pick(rng, 0, 3))))};
+      keys.insert(keys.end(), key.begin(), key.end());
+    }
+    std::vector<float> got(sz(count)), portable(sz(count));
+    kernel::score(p, keys.data(), l.bytes, count, got.data());
+    kernel::score_portable(p, keys.data(), l.bytes, count, portable.data());
+    INFO("world " << world << ", weights of kind " << kind << ", heads " << heads << ", query magnitude 2^" << magnitude
+                  << ", shifted " << p.shifted);
+    CHECK(bit_equal(got, portable));
+  }
+  if (kernels::has_int8_dot) CHECK(shifted_reads > 40);
+}
+
 TEST_CASE("fp4 indexer: one head of weight 1 scores ReLU(fp32(q̂·k̂)) over the whole exponent range", "[read][fp4]") {
   std::mt19937 rng(1602);
   const i64 channels = 128;

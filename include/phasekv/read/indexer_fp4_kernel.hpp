@@ -47,21 +47,40 @@
 //
 //   q̂_h · k̂_j = P' · 2^(E_h − 2) · 2^(F_j),     P' = Σ_i Q'_i · K'_i
 //
-// exactly. When every block exponent lies within 3 of the vector's least (and, for a key, the least
-// scale byte is not 0: 2^−127 is no normal fp32), |Q'|, |K'| ≤ 96 fit in
+// exactly. When every block exponent lies within 3 of the vector's least, |Q'|, |K'| ≤ 96 fit in
 // int8, and vpdpbusd (unsigned × signed bytes, four products per int32 lane) computes P' with the
 // key as the unsigned side, K' + 96 ∈ [0, 192], and the query's correction −96·Σ_i Q'_i loaded as
-// the accumulator's start: |P'| ≤ C · 96 · 96 < 2^24 for C ≤ 1024, so P' is exact in fp32, and
-// P' · 2^(E_h − 2) is exact for E_h ∈ [−124, 105]; the product by 2^F_j then rounds once: d_hj
-// again, bit for bit. Keys are unpacked 64 bytes (4 blocks) at a time with vpshufb, whose
-// per-128-bit-lane tables hold each block's shifted codes. A key outside those bounds (a block
-// exponent 4 or more above its least, a NaN block) is scored by the portable path; a query
-// outside them sends the whole read there. Heads lie in lanes (16 per register, 4 registers per
-// 64-head block), a tile of 4 keys keeps 16 accumulators in registers, and one broadcast of four
-// key bytes feeds four vpdpbusd. Keys are planned 16 at a time (their scale bytes gathered) and
-// unpacked up to 16 KiB at a time before any is scored. On DeepSeek-V4's shape (64 heads, 128
-// channels) it runs at about three quarters of this machine's measured int8 dot-product peak
-// (bench_read: BM_sparse_decode_v4_precision, indexer_of_int8_peak).
+// the accumulator's start: |P'| ≤ C · 96 · 96 < 2^24 for C ≤ 1024, so P' is exact in fp32.
+//
+// The scales are then applied where they cost least, not where the definition rounds. Powers of
+// two commute with rounding while nothing leaves fp32's normal range, so with w'_h = w_h ·
+// 2^(E_h − 2 + c) (exact, once per read) the SIMD path sums
+//
+//   b_l = fma(max(P'_hj, 0), w'_h, b_l) over the same heads in the same order, the same tree
+//   I_j = ((0 + s'_0) + s'_1 + …) · 2^(F_j − c)
+//
+// — two operations per head and key fewer than d_hj's two products — and gets the defining bits
+// whenever (a) every d_hj is P'·2^(E_h − 2 + F_j) exactly and normal or zero (−124 − E_h ≤ F_j,
+// E_h + F_j ≤ 105: also for heads of weight 0, whose overflowing d would make inf · 0 = NaN),
+// (b) every nonzero partial sum, folded or not, is at least 2^−126 — all of them are integer
+// multiples of 2^m with m the least exponent of a lowest bit of any w_h · 2^(E_h − 2), shifted by c
+// or by F_j, so m + c ≥ −126 and m + F_j ≥ −126 suffice — and (c) none reaches 2^127: |P'| < 2^24,
+// at most 2^L heads (padded), rounding growth below 2: L + M + 26 + c ≤ 127 and the same with F_j,
+// M the greatest exponent of a w_h · 2^(E_h − 2). prepare picks c ∈ [−126 − m, 101 − L − M]
+// nearest 0 (no such c, or a non-finite weight: the read goes to the portable path); the key's
+// exponent range follows, and plan16 checks it with the others below. Realistic weights (DeepSeek's
+// ~2^−13) leave every key but those at the ends of fp32 on the SIMD path.
+//
+// Keys are unpacked 64 bytes (4 blocks) at a time with vpshufb, whose per-128-bit-lane tables hold
+// each block's shifted codes. A key outside the bounds (a block exponent 4 or more above its least,
+// a NaN block, F_j outside the fold's range) is scored by the portable path; a query outside them
+// (E_h outside [−124, 105]) sends the whole read there. Heads lie in lanes (16 per register, 4
+// registers per 64-head block), a tile of 4 keys keeps 16 accumulators in registers, and one
+// broadcast of four key bytes feeds four vpdpbusd; the four keys' trees share their shuffles.
+// Keys are planned 16 at a time (their scale bytes gathered) and unpacked up to 16 KiB at a time
+// before any is scored. On DeepSeek-V4's shape (64 heads, 128 channels) it runs at about 0.8 of
+// this machine's measured int8 dot-product peak (bench_read: BM_sparse_decode_v4_precision,
+// indexer_of_int8_peak).
 
 #include <algorithm>
 #include <cmath>
@@ -98,11 +117,14 @@ struct indexer_fp4_queries {
   std::vector<float> weights;      // [heads]
   std::vector<std::uint8_t> scale_bytes;  // [heads][blocks]: the UE8M0 bytes (scratch of prepare)
   // The SIMD path: whether it may run (every head's exponents within 3 of its least, that least
-  // in [−124, 105], no NaN block), and its operands, heads padded to 64 per block with zeros.
+  // in [−124, 105], no NaN block; finite weights whose scaled values fit, see score_simd), and its
+  // operands, heads padded to 64 per block with zeros.
   bool shifted = false;
   simd::aligned_vector<std::int8_t> q_t;         // [head block][slot][group][16 heads][4 bytes]: Q'
   simd::aligned_vector<std::int32_t> start;      // [padded heads]: −96 · Σ_i Q'_i
-  simd::aligned_vector<float> head_scale, w;     // [padded heads]: 2^(E − 2); weight (0 for padding)
+  simd::aligned_vector<float> w_scaled;          // [padded heads]: w_h · 2^(E_h − 2 + c), 0 for padding
+  int rescale = 0;                               // c
+  int key_least_min = 0, key_least_max = 0;      // the least scale bytes F + 127 of keys it may score
 };
 
 struct indexer_fp4 {
@@ -247,10 +269,9 @@ struct indexer_fp4 {
       if (hi == ue8m0_nan || hi - lo > max_shift || lo - 127 < -124 || lo - 127 > 105) return;
       least[static_cast<std::size_t>(h)] = lo;
     }
+    if (!fold_weights(least, p)) return;
     p.q_t.assign(static_cast<std::size_t>(p.head_blocks * slots * block_heads * 4), 0);
     p.start.assign(static_cast<std::size_t>(padded), 0);
-    p.head_scale.assign(static_cast<std::size_t>(padded), 1.0f);
-    p.w.assign(static_cast<std::size_t>(padded), 0.0f);
     for (std::int64_t h = 0; h < p.heads; ++h) {
       const int lo = least[static_cast<std::size_t>(h)];
       const std::int64_t hb = h / block_heads, g = (h % block_heads) / lanes, lane = h % lanes;
@@ -264,10 +285,50 @@ struct indexer_fp4 {
           sum += q;
         }
       p.start[static_cast<std::size_t>(h)] = -key_offset * sum;
-      p.head_scale[static_cast<std::size_t>(h)] = std::ldexp(1.0f, lo - 127 - 2);
-      p.w[static_cast<std::size_t>(h)] = p.weights[static_cast<std::size_t>(h)];
     }
     p.shifted = true;
+  }
+
+  // The weights with the head scales folded in, w'_h = w_h · 2^(E_h − 2 + c), and the range of key
+  // exponents F for which the folded sum is the defining one times 2^(c − F) exactly (the header's
+  // conditions); false when no c fits (weights spanning some 200 binades, a non-finite weight).
+  static bool fold_weights(const std::vector<int>& least, prepared& p) {
+    const std::int64_t padded = p.head_blocks * block_heads;
+    int log2_heads = 0;
+    while ((std::int64_t{1} << log2_heads) < padded) ++log2_heads;
+    // m0: the least exponent of a lowest bit any w_h · 2^(E_h − 2) can have; mx: the greatest
+    // exponent of one. Zero weights add exact zeros and bound nothing.
+    int m0 = 0, mx = 0, e_min = 105, e_max = -124;
+    bool any = false;
+    for (std::int64_t h = 0; h < p.heads; ++h) {
+      const float w = p.weights[static_cast<std::size_t>(h)];
+      if (!std::isfinite(w)) return false;
+      const int e = least[static_cast<std::size_t>(h)] - 127;
+      e_min = std::min(e_min, e);
+      e_max = std::max(e_max, e);
+      if (w == 0.0f) continue;
+      const int exponent = std::ilogb(w) + e - 2;  // exact: ilogb of a subnormal w is its true exponent
+      m0 = any ? std::min(m0, exponent - 23) : exponent - 23;
+      mx = any ? std::max(mx, exponent) : exponent;
+      any = true;
+    }
+    // c keeps every nonzero folded value at or above 2^−126 (m0 + c ≥ −126) and every partial sum
+    // below 2^127 (log2_heads + mx + 26 + c ≤ 127); the nearest such to 0.
+    const int c_lo = -126 - m0, c_hi = 101 - log2_heads - mx;
+    if (c_lo > c_hi) return false;
+    const int c = std::clamp(0, c_lo, c_hi);
+    // The same two bounds for the unfolded sums of a key of exponent F, d_hj exact and normal (F ≥
+    // −124 − E_h, E_h + F ≤ 105), and 2^(F − c) a normal fp32.
+    const int f_lo = std::max({-126 - m0, -124 - e_min, c - 126}), f_hi = std::min({101 - log2_heads - mx, 105 - e_max, c + 127});
+    if (f_lo > f_hi) return false;
+    p.rescale = c;
+    p.key_least_min = std::max(1, f_lo + 127);
+    p.key_least_max = std::min(254, f_hi + 127);
+    p.w_scaled.assign(static_cast<std::size_t>(padded), 0.0f);
+    for (std::int64_t h = 0; h < p.heads; ++h)
+      p.w_scaled[static_cast<std::size_t>(h)] =
+          std::ldexp(p.weights[static_cast<std::size_t>(h)], least[static_cast<std::size_t>(h)] - 127 - 2 + c);
+    return true;
   }
 
   // The four tables (shift 0 … 3) of K' + 96 by code, one per 128-bit lane.
@@ -320,8 +381,8 @@ struct indexer_fp4 {
 
   // key_plan for keys[0 … 16) (lanes past n left alone), from their scale bytes gathered four
   // at a time: least[j] the least byte, bit j of the result whether the SIMD path may score it.
-  static std::uint32_t plan16(const std::byte* keys, std::int64_t stride, std::int64_t n, const fp4_head_layout& layout,
-                              std::int32_t* least) noexcept {
+  static std::uint32_t plan16(const prepared& p, const std::byte* keys, std::int64_t stride, std::int64_t n,
+                              const fp4_head_layout& layout, std::int32_t* least) noexcept {
     const __mmask16 live = static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
     const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                _mm512_set1_epi32(static_cast<int>(stride)));
@@ -339,8 +400,10 @@ struct indexer_fp4 {
       hi = _mm512_max_epu32(hi, _mm512_and_si512(large, byte));
     }
     _mm512_storeu_si512(least, lo);
-    // lo ≥ 1 (2^F a normal fp32), hi ≠ 0xFF (no NaN block), hi − lo ≤ 3.
-    const __mmask16 fast = _mm512_cmpge_epu32_mask(lo, _mm512_set1_epi32(1)) &
+    // lo within the folded weights' range (so ≥ 1: 2^F a normal fp32), hi ≠ 0xFF (no NaN block),
+    // hi − lo ≤ 3.
+    const __mmask16 fast = _mm512_cmpge_epu32_mask(lo, _mm512_set1_epi32(p.key_least_min)) &
+                           _mm512_cmple_epu32_mask(lo, _mm512_set1_epi32(p.key_least_max)) &
                            _mm512_cmpneq_epu32_mask(hi, byte) &
                            _mm512_cmple_epu32_mask(_mm512_sub_epi32(hi, lo), _mm512_set1_epi32(max_shift));
     return static_cast<std::uint32_t>(fast & live);
@@ -353,16 +416,14 @@ struct indexer_fp4 {
     const std::int64_t run = unpacked_bytes / p.channels;  // keys unpacked at a time, a multiple of 16
     alignas(64) std::uint8_t unpacked[unpacked_bytes];
     alignas(64) std::int32_t least[max_run];
-    alignas(64) float key_scale[max_run];
     std::uint32_t fast[max_run / 16];
     for (std::int64_t first = 0; first < count; first += run) {
       const std::int64_t n = std::min(run, count - first);
       const std::byte* base = keys + first * stride;
-      for (std::int64_t j = 0; j < n; j += 16) fast[j / 16] = plan16(base + j * stride, stride, n - j, layout, least + j);
-      // Every key of the run unpacked before any is scored (its scale 2^F beside it).
+      for (std::int64_t j = 0; j < n; j += 16) fast[j / 16] = plan16(p, base + j * stride, stride, n - j, layout, least + j);
+      // Every key of the run unpacked before any is scored.
       for (std::int64_t j = 0; j < n; ++j) {
         unpack(base + j * stride, layout, least[j], tables, unpacked + j * p.channels);
-        key_scale[j] = detail::float_from_bits(static_cast<std::uint32_t>(least[j]) << 23);
         out[first + j] = 0.0f;
       }
       // The next keys' lines, a few per tile of the first head block: those of the caller's next
@@ -379,14 +440,22 @@ struct indexer_fp4 {
             const std::int64_t from = j / tile_entries * lines_per_tile * 64;
             if (from < ahead_bytes) simd::prefetch_bytes(ahead + from, std::min(ahead_bytes - from, lines_per_tile * 64));
           }
-          tile<tile_entries>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j);
+          tile<tile_entries>(p, hb, unpacked + j * p.channels, out + first + j);
         }
         switch (n - j) {  // the last few entries in one tile
-          case 3: tile<3>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j); break;
-          case 2: tile<2>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j); break;
-          case 1: tile<1>(p, hb, unpacked + j * p.channels, key_scale + j, out + first + j); break;
+          case 3: tile<3>(p, hb, unpacked + j * p.channels, out + first + j); break;
+          case 2: tile<2>(p, hb, unpacked + j * p.channels, out + first + j); break;
+          case 1: tile<1>(p, hb, unpacked + j * p.channels, out + first + j); break;
           default: break;
         }
+      }
+      // The folded sums times 2^(F − c): exact (a normal result or zero), the defining I_j.
+      for (std::int64_t j = 0; j < n; j += 16) {
+        const __mmask16 live = static_cast<__mmask16>(n - j >= 16 ? 0xFFFFu : (1u << (n - j)) - 1u);
+        const __m512i exponent = _mm512_sub_epi32(_mm512_load_si512(least + j), _mm512_set1_epi32(p.rescale));
+        const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(exponent, 23));  // garbage for keys not fast
+        float* o = out + first + j;
+        _mm512_mask_storeu_ps(o, live, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, o), scale));
       }
       // Keys the shifted codes cannot hold exactly: the portable path, which is the definition.
       for (std::int64_t j = 0; j < n; ++j)
@@ -403,11 +472,35 @@ struct indexer_fp4 {
     return acc;
   }
 
+  // One slot of two keys: a[g] += bytes 4s … 4s + 3 of key a against query group g, the same for b
+  // — eight vpdpbusd in one statement. Per instruction (dpbusd above) GCC still moved one or two
+  // accumulators through spare registers every slot, ~10% of the tile's time.
+  static void slot_pair(__m512i (&a)[4], __m512i (&b)[4], const std::uint8_t* key_a, const std::uint8_t* key_b,
+                        __m512i q0, __m512i q1, __m512i q2, __m512i q3) noexcept {
+    __m512i k;
+    __asm__(
+        "vpbroadcastd %[ka], %[k]\n\t"
+        "vpdpbusd %[q0], %[k], %[a0]\n\t"
+        "vpdpbusd %[q1], %[k], %[a1]\n\t"
+        "vpdpbusd %[q2], %[k], %[a2]\n\t"
+        "vpdpbusd %[q3], %[k], %[a3]\n\t"
+        "vpbroadcastd %[kb], %[k]\n\t"
+        "vpdpbusd %[q0], %[k], %[b0]\n\t"
+        "vpdpbusd %[q1], %[k], %[b1]\n\t"
+        "vpdpbusd %[q2], %[k], %[b2]\n\t"
+        "vpdpbusd %[q3], %[k], %[b3]"
+        : [k] "=&v"(k), [a0] "+v"(a[0]), [a1] "+v"(a[1]), [a2] "+v"(a[2]), [a3] "+v"(a[3]), [b0] "+v"(b[0]),
+          [b1] "+v"(b[1]), [b2] "+v"(b[2]), [b3] "+v"(b[3])
+        : [q0] "v"(q0), [q1] "v"(q1), [q2] "v"(q2), [q3] "v"(q3),
+          [ka] "m"(*reinterpret_cast<const std::uint32_t*>(key_a)), [kb] "m"(*reinterpret_cast<const std::uint32_t*>(key_b)));
+  }
+
   // NE keys against head block hb: NE · 4 int32 accumulators (16 for NE = 4: enough independent
-  // chains to cover vpdpbusd's latency, few enough to stay in registers with the query groups).
+  // chains to cover vpdpbusd's latency, few enough to stay in registers with the query groups),
+  // then per key the folded lanes b_l = Σ_g fma(max(P', 0), w'_h, b_l) and their tree, added to
+  // out (the header's order; out · 2^(F − c) is the score).
   template <std::int64_t NE>
-  PHASEKV_FLATTEN static void tile(const prepared& p, std::int64_t hb, const std::uint8_t* unpacked,
-                                   const float* key_scale, float* out) noexcept {
+  PHASEKV_FLATTEN static void tile(const prepared& p, std::int64_t hb, const std::uint8_t* unpacked, float* out) noexcept {
     const std::int64_t slots = p.channels / 128 * slots_per_run;
     const std::int8_t* q = p.q_t.data() + hb * slots * block_heads * 4;
     __m512i acc[NE][4];
@@ -418,29 +511,49 @@ struct indexer_fp4 {
     for (std::int64_t s = 0; s < slots; ++s, q += block_heads * 4) {
       const __m512i q0 = _mm512_load_si512(q), q1 = _mm512_load_si512(q + 64);
       const __m512i q2 = _mm512_load_si512(q + 128), q3 = _mm512_load_si512(q + 192);
-      simd::unroll<NE>([&](auto e) {
-        std::int32_t four;  // bytes 4s … 4s + 3 of key e's unpacked codes
-        std::memcpy(&four, unpacked + e * p.channels + 4 * s, sizeof four);
+      const std::uint8_t* key = unpacked + 4 * s;  // key e's bytes 4s … 4s + 3 at key + e · channels
+      simd::unroll<NE / 2>([&](auto pair) {
+        slot_pair(acc[2 * pair], acc[2 * pair + 1], key + 2 * pair * p.channels, key + (2 * pair + 1) * p.channels,
+                  q0, q1, q2, q3);
+      });
+      if constexpr (NE % 2 == 1) {
+        std::int32_t four;
+        std::memcpy(&four, key + (NE - 1) * p.channels, sizeof four);
         const __m512i kb = _mm512_set1_epi32(four);
-        acc[e][0] = dpbusd(acc[e][0], kb, q0);
-        acc[e][1] = dpbusd(acc[e][1], kb, q1);
-        acc[e][2] = dpbusd(acc[e][2], kb, q2);
-        acc[e][3] = dpbusd(acc[e][3], kb, q3);
-      });
+        acc[NE - 1][0] = dpbusd(acc[NE - 1][0], kb, q0);
+        acc[NE - 1][1] = dpbusd(acc[NE - 1][1], kb, q1);
+        acc[NE - 1][2] = dpbusd(acc[NE - 1][2], kb, q2);
+        acc[NE - 1][3] = dpbusd(acc[NE - 1][3], kb, q3);
+      }
     }
-    const __m512 zero = _mm512_setzero_ps();
+    // P' is exact in fp32 (|P'| < 2^24), max(P', 0) taken on the integers.
+    __m512 b[NE];
     simd::unroll<NE>([&](auto e) {
-      const __m512 f = _mm512_set1_ps(key_scale[e]);
-      __m512 a = zero;
+      b[e] = _mm512_setzero_ps();
       simd::unroll<4>([&](auto g) {
-        const std::int64_t h = hb * block_heads + g * lanes;
-        // P' exact in fp32; times 2^(E − 2) exact; times 2^F: the one rounding.
-        __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[e][g]), _mm512_load_ps(p.head_scale.data() + h));
-        d = _mm512_mul_ps(d, f);
-        a = _mm512_fmadd_ps(_mm512_max_ps(d, zero), _mm512_load_ps(p.w.data() + h), a);
+        const __m512 r = _mm512_cvtepi32_ps(_mm512_max_epi32(acc[e][g], _mm512_setzero_si512()));
+        b[e] = _mm512_fmadd_ps(r, _mm512_load_ps(p.w_scaled.data() + hb * block_heads + g * lanes), b[e]);
       });
-      out[e] += halve(a);
     });
+    if constexpr (NE == 4) {
+      _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(out), halve4(b[0], b[1], b[2], b[3])));
+    } else {
+      simd::unroll<NE>([&](auto e) { out[e] += halve(b[e]); });
+    }
+  }
+
+  // halve() of four vectors at once, lane e of the result that of b_e: the same sums of the same
+  // operands (so the same bits), four keys sharing each shuffle and add.
+  static __m128 halve4(__m512 b0, __m512 b1, __m512 b2, __m512 b3) noexcept {
+    // Distance 8: [low 8 | high 8] halves of two keys side by side, then added.
+    const __m512 t01 = _mm512_add_ps(_mm512_shuffle_f32x4(b0, b1, 0x44), _mm512_shuffle_f32x4(b0, b1, 0xEE));
+    const __m512 t23 = _mm512_add_ps(_mm512_shuffle_f32x4(b2, b3, 0x44), _mm512_shuffle_f32x4(b2, b3, 0xEE));
+    // t01 = [t0 lanes 0–3, t0 4–7, t1 0–3, t1 4–7]; distance 4: one 128-bit lane per key.
+    const __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(t01, t23, 0x88), _mm512_shuffle_f32x4(t01, t23, 0xDD));
+    // Distance 2, then 1, inside each 128-bit lane; key e's sum ends in lane 4e.
+    const __m512 v = _mm512_add_ps(u, _mm512_permute_ps(u, 0x4E));
+    const __m512 w = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), w));
   }
 #endif
 };
