@@ -50,8 +50,9 @@
 // q · s is a product of exact values whose results are normal.
 //
 // fp8_decode_channels is what the reader runs inside the attention kernel: on AVX-512 it widens 16
-// codes at a time to fp32 with integer arithmetic and multiplies by the block's scale, giving the
-// same bits as the scalar functions (tests/test_cache_fp8.cpp checks every code at every scale).
+// codes at a time to fp32 (by way of fp16 where AVX-512 BW/VL are, with integer arithmetic
+// otherwise and for NaN codes) and multiplies by the block's scale, giving the same bits as the
+// scalar functions, under DAZ/FTZ too (tests/test_cache_fp8.cpp checks every code at every scale).
 // The write path's fp8_quantize_head and fp8_round_head run the same rules 16 channels at a time
 // (the block's amax as an integer maximum of magnitude bits, the codes by e4m3_encode16); the
 // tests hold them to the scalar functions for every code at every scale.
@@ -199,10 +200,31 @@ inline __m512 e4m3_decode16(__m512i code) noexcept {
   return _mm512_castsi512_ps(_mm512_or_si512(value, sign));
 }
 
-// 16 codes to fp32 times one scale: e4m3_to_float(code) · scale lane by lane, the same bits.
-inline __m512 fp8_decode16(const std::byte* codes, float scale) noexcept {
-  const __m512i code = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
-  return _mm512_mul_ps(e4m3_decode16(code), _mm512_set1_ps(scale));
+// 16 codes to fp32 times the scale of byte b: e4m3_to_float(code) · ue8m0_to_float(b) lane by
+// lane, the same bits.
+//
+// With AVX-512 BW/VL, by way of fp16: a code s eeee mmm spelled s 0 eeee mmm 0000000 is the fp16
+// value code · 2^−8 exactly — fp16's exponent bias 15 is e4m3's 7 plus 8, and fp16's subnormals
+// (exponent field 0) are e4m3's scaled the same — which vcvtph2ps widens exactly (whatever
+// MXCSR.DAZ says: it does not apply to this conversion); one product by 2^(b − 119) = 2^8 · scale
+// then rounds code · scale once, as the scalar product does. Sign-extending the byte to 16 bits
+// and shifting left by 7 puts s in bit 15 (and bit 14, cleared). Five instructions for the
+// integer arithmetic's twelve. Codes of magnitude 0x7F (NaN; fp16 would read 1.875), the scale
+// byte 0 (2^−127 is an fp32 subnormal, which DAZ reads as 0 in the scalar product) and those past
+// 246 (2^(b − 119) overflows; 0xFF is NaN) take the integer path.
+inline __m512 fp8_decode16(const std::byte* codes, std::uint8_t scale_byte) noexcept {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(raw, _mm_set1_epi8(static_cast<char>(0x80))),
+                                            _mm_set1_epi8(static_cast<char>(0xFF)));
+  if (scale_byte - 1u <= 245u && nan == 0) {  // b ∈ [1, 246]
+    const __m256i half = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7),
+                                          _mm256_set1_epi16(static_cast<short>(0xBFFF)));
+    const float scale_2_8 = float_from_bits(static_cast<std::uint32_t>(scale_byte + 8) << 23);
+    return _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(scale_2_8));
+  }
+#endif
+  return _mm512_mul_ps(e4m3_decode16(_mm512_cvtepu8_epi32(raw)), _mm512_set1_ps(ue8m0_to_float(scale_byte)));
 }
 
 // float_to_e4m3 of 16 values already in [−448, 448] (so neither NaN nor saturation arises), one
@@ -250,8 +272,8 @@ inline void fp8_decode_channels(const std::byte* head, const fp8_head_layout& l,
     const std::int64_t c = first + i;
     const auto channel = static_cast<std::uint64_t>(c);  // ≥ 0: unsigned division is a shift
     if (c + 16 <= l.quantized && channel % block <= block - 16) {
-      const float scale = ue8m0_to_float(static_cast<std::uint8_t>(head[l.scale_offset + static_cast<std::int64_t>(channel / block)]));
-      _mm512_storeu_ps(out + i, detail::fp8_decode16(head + c, scale));
+      const auto scale_byte = static_cast<std::uint8_t>(head[l.scale_offset + static_cast<std::int64_t>(channel / block)]);
+      _mm512_storeu_ps(out + i, detail::fp8_decode16(head + c, scale_byte));
     } else if (c >= l.quantized) {
       _mm512_storeu_ps(out + i, detail::bf16_decode16(head + l.rope_offset + 2 * (c - l.quantized)));
     } else {

@@ -25,10 +25,11 @@
 // head tiles then read — widening per head tile would repeat the work query_heads / 6 times.
 // Dequantized values are exact in fp32 and every sum runs in the same order, so a read over fp8
 // entries is bit-identical to the fp32 read of the dequantized entries (tests/test_read_fp8.cpp).
-// Widening 16 channels takes ~14 instructions, next to the 64 FMAs and 16 broadcasts that 64
-// query heads spend on them in the logit pass: with its entries in cache an fp8 pass runs
-// 5–35% slower than the fp32 one (measured on this shared machine, output and logits), while
-// the entries it reads from memory are 3.5× fewer bytes (bench/bench_read.cpp,
+// Widening 16 channels takes ~8 instructions by way of fp16 (cache/fp8.hpp, fp8_decode16; ~14
+// in integer arithmetic without AVX-512 BW/VL), next to the 64 FMAs and 16 broadcasts that 64
+// query heads spend on them in the logit pass: with its entries in cache the fp8 attention runs
+// ~11% slower than the fp32 one (attention_fp32_over_fp8 0.89; 0.85–0.89 with the integer
+// widening), while the entries it reads from memory are 3.5× fewer bytes (bench/bench_read.cpp,
 // BM_sparse_decode_fp8).
 
 #include <algorithm>
