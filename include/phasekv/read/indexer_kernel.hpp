@@ -10,6 +10,7 @@
 // ReLU, the weights and the sum over heads before anything is stored. A general GEMM would
 // repack the queries for every page and write a heads × entries matrix back to memory first.
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -62,8 +63,9 @@ struct indexer {
       // Six entries keep 24 accumulators live: that fits AVX-512's 32 registers, not AVX2's 16.
       if constexpr (lanes >= 16)
         for (; j + 6 <= count; j += 6) {
-          if (b == 0) prefetch_rows(keys, count, next, next_count, j + ahead, p.channels);
-          tile6(q, w, keys + j * p.channels, p.channels, out + j);
+          row_prefetcher later;
+          if (b == 0) later = row_prefetcher(keys, count, next, next_count, j + ahead, p.channels);
+          tile6(q, w, keys + j * p.channels, p.channels, out + j, later);
         }
       for (; j + 4 <= count; j += 4) tile4(q, w, keys + j * p.channels, p.channels, out + j);
       for (; j < count; ++j) tile1(q, w, keys + j * p.channels, p.channels, out + j);
@@ -73,14 +75,33 @@ struct indexer {
  private:
   static constexpr std::int64_t ahead = 16;  // entries; about 1.5 µs of work at 128 channels
 
-  // Prefetches the six rows starting at entry `from` of keys[0, count) ++ next[0, next_count).
-  static void prefetch_rows(const float* keys, std::int64_t count, const float* next, std::int64_t next_count,
-                            std::int64_t from, std::int64_t channels) noexcept {
-    for (std::int64_t e = from; e < from + 6; ++e) {
-      if (e < count) simd::prefetch(keys + e * channels, channels);
-      else if (e - count < next_count) simd::prefetch(next + (e - count) * channels, channels);
+  // The six rows starting at entry `from` of keys[0, count) ++ next[0, next_count), prefetched a
+  // few lines at a time while a tile runs (step() every 8 channels): issued all at once, their
+  // 48 lines (128 channels) filled the core's miss buffers and stalled the tile's own loads, and
+  // with keys in DRAM (a batch of sequences, a cold cache) the kernel ran at ~150 GFLOP/s;
+  // spread, ~180 (a 64 MiB pool of pages in random order; no change with the keys in cache).
+  struct row_prefetcher {
+    const float* rows[6] = {};
+    std::int64_t lines_per_row = 0, line = 0, end = 0, per_step = 0;
+
+    row_prefetcher() = default;
+    row_prefetcher(const float* keys, std::int64_t count, const float* next, std::int64_t next_count,
+                   std::int64_t from, std::int64_t channels) noexcept {
+      for (std::int64_t e = from; e < from + 6; ++e) {
+        if (e < count) rows[e - from] = keys + e * channels;
+        else if (e - count < next_count) rows[e - from] = next + (e - count) * channels;
+      }
+      lines_per_row = (channels + simd::line_floats - 1) / simd::line_floats;
+      end = 6 * lines_per_row;
+      const std::int64_t steps = (channels + 7) / 8;
+      per_step = (end + steps - 1) / steps;
     }
-  }
+
+    void step() noexcept {
+      for (std::int64_t stop = std::min(end, line + per_step); line < stop; ++line)
+        if (const float* row = rows[line / lines_per_row]) simd::prefetch(row + line % lines_per_row * simd::line_floats, 1);
+    }
+  };
 
   // Σ over the block's heads of w · ReLU(acc), for one entry's four accumulators.
   static float reduce(const float* w, const batch& a0, const batch& a1, const batch& a2, const batch& a3) noexcept {
@@ -92,12 +113,15 @@ struct indexer {
     return simd::reduce_add(s);
   }
 
-  // Six entries at a time: 24 accumulators, each query batch loaded once per channel.
-  static void tile6(const float* q, const float* w, const float* k, std::int64_t channels, float* out) noexcept {
+  // Six entries at a time: 24 accumulators, each query batch loaded once per channel; `later`
+  // prefetches the rows of a tile to come.
+  static void tile6(const float* q, const float* w, const float* k, std::int64_t channels, float* out,
+                    row_prefetcher& later) noexcept {
     batch a00(0.0f), a01(0.0f), a02(0.0f), a03(0.0f), a10(0.0f), a11(0.0f), a12(0.0f), a13(0.0f);
     batch a20(0.0f), a21(0.0f), a22(0.0f), a23(0.0f), a30(0.0f), a31(0.0f), a32(0.0f), a33(0.0f);
     batch a40(0.0f), a41(0.0f), a42(0.0f), a43(0.0f), a50(0.0f), a51(0.0f), a52(0.0f), a53(0.0f);
     for (std::int64_t c = 0; c < channels; ++c, q += block) {
+      if (c % 8 == 0) later.step();
       const batch q0 = batch::load_aligned(q), q1 = batch::load_aligned(q + lanes);
       const batch q2 = batch::load_aligned(q + 2 * lanes), q3 = batch::load_aligned(q + 3 * lanes);
       batch kb(k[c]);
