@@ -25,12 +25,12 @@
 // head tiles then read — widening per head tile would repeat the work query_heads / 6 times.
 // Dequantized values are exact in fp32 and every sum runs in the same order, so a read over fp8
 // entries is bit-identical to the fp32 read of the dequantized entries (tests/test_read_fp8.cpp).
-// Widening 16 channels takes ~8 instructions by way of fp16 (cache/fp8.hpp, fp8_decode16; ~14
-// in integer arithmetic without AVX-512 BW/VL), next to the 64 FMAs and 16 broadcasts that 64
-// query heads spend on them in the logit pass: with its entries in cache the fp8 attention runs
-// ~11% slower than the fp32 one (attention_fp32_over_fp8 0.89; 0.85–0.89 with the integer
-// widening), while the entries it reads from memory are 3.5× fewer bytes (bench/bench_read.cpp,
-// BM_sparse_decode_fp8).
+// Widening a block of 64 channels takes ~20 instructions by way of fp16 (cache/fp8.hpp,
+// fp8_decode_block; ~14 per 16 channels in integer arithmetic without AVX-512 BW/VL), next to
+// the 256 FMAs and 64 broadcasts that 64 query heads spend on them in the logit pass: with its
+// entries in cache the fp8 attention runs ~6% slower than the fp32 one (attention_fp32_over_fp8
+// 0.93–0.95; 0.79–0.89 with the integer widening), while the entries it reads from memory are
+// 3.5× fewer bytes (bench/bench_read.cpp, BM_sparse_decode_fp8).
 
 #include <algorithm>
 #include <cmath>
