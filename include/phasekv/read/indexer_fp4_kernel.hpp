@@ -272,19 +272,27 @@ struct indexer_fp4 {
     if (!fold_weights(least, p)) return;
     p.q_t.assign(static_cast<std::size_t>(p.head_blocks * slots * block_heads * 4), 0);
     p.start.assign(static_cast<std::size_t>(padded), 0);
+    std::int8_t shifted[fp4_max_channels];  // one head's Q', channel order
     for (std::int64_t h = 0; h < p.heads; ++h) {
       const int lo = least[static_cast<std::size_t>(h)];
-      const std::int64_t hb = h / block_heads, g = (h % block_heads) / lanes, lane = h % lanes;
+      const std::int8_t* codes = p.codes.data() + h * p.channels;
       std::int32_t sum = 0;
-      for (std::int64_t s = 0; s < slots; ++s)
-        for (std::int64_t u = 0; u < 4; ++u) {
-          const std::int64_t c = s / slots_per_run * 128 + slot_channel(s % slots_per_run, u);
-          const int shift = scale_bytes[h * p.blocks + c / fp4_block_channels] - lo;
-          const auto q = static_cast<std::int8_t>(p.codes[static_cast<std::size_t>(h * p.channels + c)] * (1 << shift));
-          p.q_t[static_cast<std::size_t>((((hb * slots + s) * 4 + g) * lanes + lane) * 4 + u)] = q;
-          sum += q;
+      for (std::int64_t b = 0; b < p.blocks; ++b) {
+        const int factor = 1 << (scale_bytes[h * p.blocks + b] - lo);
+        for (std::int64_t c = b * fp4_block_channels; c < (b + 1) * fp4_block_channels; ++c) {
+          shifted[c] = static_cast<std::int8_t>(codes[c] * factor);
+          sum += shifted[c];
         }
+      }
       p.start[static_cast<std::size_t>(h)] = -key_offset * sum;
+      // Slot s of a run holds channels slot_channel(s, 0 … 3): four bytes, one store per slot.
+      const std::int64_t hb = h / block_heads, g = (h % block_heads) / lanes, lane = h % lanes;
+      for (std::int64_t s = 0; s < slots; ++s) {
+        const std::int64_t base = s / slots_per_run * 128;
+        const std::int8_t four[4] = {shifted[base + slot_channel(s % slots_per_run, 0)], shifted[base + slot_channel(s % slots_per_run, 1)],
+                                     shifted[base + slot_channel(s % slots_per_run, 2)], shifted[base + slot_channel(s % slots_per_run, 3)]};
+        std::memcpy(p.q_t.data() + (((hb * slots + s) * 4 + g) * lanes + lane) * 4, four, sizeof four);
+      }
     }
     p.shifted = true;
   }
