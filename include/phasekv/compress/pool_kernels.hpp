@@ -68,10 +68,10 @@ struct pool {
       for (std::int64_t i = 0; i < slots; ++i) {
         const batch wi(w[i]);
         const X* xi = x[i] + c;
-        a0 = xsimd::fma(wi, load(xi), a0);
-        a1 = xsimd::fma(wi, load(xi + lanes), a1);
-        a2 = xsimd::fma(wi, load(xi + 2 * lanes), a2);
-        a3 = xsimd::fma(wi, load(xi + 3 * lanes), a3);
+        a0 = simd::fma(wi, load(xi), a0);
+        a1 = simd::fma(wi, load(xi + lanes), a1);
+        a2 = simd::fma(wi, load(xi + 2 * lanes), a2);
+        a3 = simd::fma(wi, load(xi + 3 * lanes), a3);
       }
       a0.store_unaligned(out + c);
       a1.store_unaligned(out + c + lanes);
@@ -80,7 +80,7 @@ struct pool {
     }
     for (; c + lanes <= channels; c += lanes) {
       batch a(0.0f);
-      for (std::int64_t i = 0; i < slots; ++i) a = xsimd::fma(batch(w[i]), load(x[i] + c), a);
+      for (std::int64_t i = 0; i < slots; ++i) a = simd::fma(batch(w[i]), load(x[i] + c), a);
       a.store_unaligned(out + c);
     }
     for (; c < channels; ++c) {
@@ -154,16 +154,16 @@ struct pool {
       // it meets after inlining, and inlining differs between instantiations (fp32 or bf16
       // rows), which made bf16 rows pool differently from their widenings (measured: W = 6).
       batch den = s[0];
-      batch num = xsimd::fma(s[0], load(x[0] + c), batch(0.0f));
+      batch num = simd::fma(s[0], load(x[0] + c), batch(0.0f));
       unroll<N - 1>([&](auto i) {
         den += s[i + 1];
-        num = xsimd::fma(s[i + 1], load(x[i + 1] + c), num);
+        num = simd::fma(s[i + 1], load(x[i + 1] + c), num);
       });
       (num / den).store_unaligned(out + c);
       if (weight_sums) {
         const batch inv = batch(1.0f) / den;
         // (An fma from 0 for the same reason: a bare product could be contracted into the sum.)
-        unroll<N>([&](auto i) { weight_sums[i] += simd::reduce_add(xsimd::fma(s[i], inv, batch(0.0f))); });
+        unroll<N>([&](auto i) { weight_sums[i] += simd::reduce_add(simd::fma(s[i], inv, batch(0.0f))); });
       }
     }
     return c;
@@ -183,14 +183,14 @@ struct pool {
       for (std::int64_t i = 0; i < slots; ++i) {
         const batch e = simd::exp_bounded_above(load(logit[i] + c) + batch::load_unaligned(bias[i] + c) - m);
         den += e;
-        num = xsimd::fma(e, load(x[i] + c), num);
+        num = simd::fma(e, load(x[i] + c), num);
         if (weight_sums) e.store_unaligned(alpha_scratch + i * lanes);
       }
       (num / den).store_unaligned(out + c);
       if (weight_sums) {
         const batch inv = batch(1.0f) / den;
         for (std::int64_t i = 0; i < slots; ++i)
-          weight_sums[i] += simd::reduce_add(xsimd::fma(batch::load_unaligned(alpha_scratch + i * lanes), inv, batch(0.0f)));
+          weight_sums[i] += simd::reduce_add(simd::fma(batch::load_unaligned(alpha_scratch + i * lanes), inv, batch(0.0f)));
       }
     }
     return c;
@@ -204,14 +204,14 @@ struct pool {
     for (; c + 4 * lanes <= channels; c += 4 * lanes) {
       const batch v0 = batch::load_unaligned(x + c), v1 = batch::load_unaligned(x + c + lanes);
       const batch v2 = batch::load_unaligned(x + c + 2 * lanes), v3 = batch::load_unaligned(x + c + 3 * lanes);
-      a0 = xsimd::fma(v0, v0, a0);
-      a1 = xsimd::fma(v1, v1, a1);
-      a2 = xsimd::fma(v2, v2, a2);
-      a3 = xsimd::fma(v3, v3, a3);
+      a0 = simd::fma(v0, v0, a0);
+      a1 = simd::fma(v1, v1, a1);
+      a2 = simd::fma(v2, v2, a2);
+      a3 = simd::fma(v3, v3, a3);
     }
     for (; c + lanes <= channels; c += lanes) {
       const batch v = batch::load_unaligned(x + c);
-      a0 = xsimd::fma(v, v, a0);
+      a0 = simd::fma(v, v, a0);
     }
     float s = simd::reduce_add((a0 + a1) + (a2 + a3));
     for (; c < channels; ++c) s = std::fma(x[c], x[c], s);

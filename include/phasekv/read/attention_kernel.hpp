@@ -254,7 +254,7 @@ struct attention {
         simd::unroll<NB>([&](auto b) { qb[b] = batch::load_aligned(q + b * lanes); });
         simd::unroll<NK>([&](auto k) {
           const batch kc(row[k][c - base]);
-          simd::unroll<NB>([&](auto b) { acc[k][b] = xsimd::fma(qb[b], kc, acc[k][b]); });
+          simd::unroll<NB>([&](auto b) { acc[k][b] = simd::fma(qb[b], kc, acc[k][b]); });
         });
       }
     }
@@ -298,7 +298,7 @@ struct attention {
       simd::unroll<NC>([&](auto n) { vb[n] = batch::load_unaligned(v + n * lanes); });
       simd::unroll<NH>([&](auto h) {
         const batch w(pk[h]);
-        simd::unroll<NC>([&](auto n) { acc[h][n] = xsimd::fma(w, vb[n], acc[h][n]); });
+        simd::unroll<NC>([&](auto n) { acc[h][n] = simd::fma(w, vb[n], acc[h][n]); });
       });
     }
     simd::unroll<NH>([&](auto h) {

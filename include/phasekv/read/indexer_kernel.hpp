@@ -107,9 +107,9 @@ struct indexer {
   static float reduce(const float* w, const batch& a0, const batch& a1, const batch& a2, const batch& a3) noexcept {
     const batch zero(0.0f);
     batch s = xsimd::max(a0, zero) * batch::load_aligned(w);
-    s = xsimd::fma(xsimd::max(a1, zero), batch::load_aligned(w + lanes), s);
-    s = xsimd::fma(xsimd::max(a2, zero), batch::load_aligned(w + 2 * lanes), s);
-    s = xsimd::fma(xsimd::max(a3, zero), batch::load_aligned(w + 3 * lanes), s);
+    s = simd::fma(xsimd::max(a1, zero), batch::load_aligned(w + lanes), s);
+    s = simd::fma(xsimd::max(a2, zero), batch::load_aligned(w + 2 * lanes), s);
+    s = simd::fma(xsimd::max(a3, zero), batch::load_aligned(w + 3 * lanes), s);
     return simd::reduce_add(s);
   }
 
@@ -125,17 +125,17 @@ struct indexer {
       const batch q0 = batch::load_aligned(q), q1 = batch::load_aligned(q + lanes);
       const batch q2 = batch::load_aligned(q + 2 * lanes), q3 = batch::load_aligned(q + 3 * lanes);
       batch kb(k[c]);
-      a00 = xsimd::fma(q0, kb, a00), a01 = xsimd::fma(q1, kb, a01), a02 = xsimd::fma(q2, kb, a02), a03 = xsimd::fma(q3, kb, a03);
+      a00 = simd::fma(q0, kb, a00), a01 = simd::fma(q1, kb, a01), a02 = simd::fma(q2, kb, a02), a03 = simd::fma(q3, kb, a03);
       kb = batch(k[channels + c]);
-      a10 = xsimd::fma(q0, kb, a10), a11 = xsimd::fma(q1, kb, a11), a12 = xsimd::fma(q2, kb, a12), a13 = xsimd::fma(q3, kb, a13);
+      a10 = simd::fma(q0, kb, a10), a11 = simd::fma(q1, kb, a11), a12 = simd::fma(q2, kb, a12), a13 = simd::fma(q3, kb, a13);
       kb = batch(k[2 * channels + c]);
-      a20 = xsimd::fma(q0, kb, a20), a21 = xsimd::fma(q1, kb, a21), a22 = xsimd::fma(q2, kb, a22), a23 = xsimd::fma(q3, kb, a23);
+      a20 = simd::fma(q0, kb, a20), a21 = simd::fma(q1, kb, a21), a22 = simd::fma(q2, kb, a22), a23 = simd::fma(q3, kb, a23);
       kb = batch(k[3 * channels + c]);
-      a30 = xsimd::fma(q0, kb, a30), a31 = xsimd::fma(q1, kb, a31), a32 = xsimd::fma(q2, kb, a32), a33 = xsimd::fma(q3, kb, a33);
+      a30 = simd::fma(q0, kb, a30), a31 = simd::fma(q1, kb, a31), a32 = simd::fma(q2, kb, a32), a33 = simd::fma(q3, kb, a33);
       kb = batch(k[4 * channels + c]);
-      a40 = xsimd::fma(q0, kb, a40), a41 = xsimd::fma(q1, kb, a41), a42 = xsimd::fma(q2, kb, a42), a43 = xsimd::fma(q3, kb, a43);
+      a40 = simd::fma(q0, kb, a40), a41 = simd::fma(q1, kb, a41), a42 = simd::fma(q2, kb, a42), a43 = simd::fma(q3, kb, a43);
       kb = batch(k[5 * channels + c]);
-      a50 = xsimd::fma(q0, kb, a50), a51 = xsimd::fma(q1, kb, a51), a52 = xsimd::fma(q2, kb, a52), a53 = xsimd::fma(q3, kb, a53);
+      a50 = simd::fma(q0, kb, a50), a51 = simd::fma(q1, kb, a51), a52 = simd::fma(q2, kb, a52), a53 = simd::fma(q3, kb, a53);
     }
     out[0] += reduce(w, a00, a01, a02, a03);
     out[1] += reduce(w, a10, a11, a12, a13);
@@ -153,10 +153,10 @@ struct indexer {
       const batch q0 = batch::load_aligned(q), q1 = batch::load_aligned(q + lanes);
       const batch q2 = batch::load_aligned(q + 2 * lanes), q3 = batch::load_aligned(q + 3 * lanes);
       const batch k0(k[c]), k1(k[channels + c]), k2(k[2 * channels + c]), k3(k[3 * channels + c]);
-      a00 = xsimd::fma(q0, k0, a00), a01 = xsimd::fma(q1, k0, a01), a02 = xsimd::fma(q2, k0, a02), a03 = xsimd::fma(q3, k0, a03);
-      a10 = xsimd::fma(q0, k1, a10), a11 = xsimd::fma(q1, k1, a11), a12 = xsimd::fma(q2, k1, a12), a13 = xsimd::fma(q3, k1, a13);
-      a20 = xsimd::fma(q0, k2, a20), a21 = xsimd::fma(q1, k2, a21), a22 = xsimd::fma(q2, k2, a22), a23 = xsimd::fma(q3, k2, a23);
-      a30 = xsimd::fma(q0, k3, a30), a31 = xsimd::fma(q1, k3, a31), a32 = xsimd::fma(q2, k3, a32), a33 = xsimd::fma(q3, k3, a33);
+      a00 = simd::fma(q0, k0, a00), a01 = simd::fma(q1, k0, a01), a02 = simd::fma(q2, k0, a02), a03 = simd::fma(q3, k0, a03);
+      a10 = simd::fma(q0, k1, a10), a11 = simd::fma(q1, k1, a11), a12 = simd::fma(q2, k1, a12), a13 = simd::fma(q3, k1, a13);
+      a20 = simd::fma(q0, k2, a20), a21 = simd::fma(q1, k2, a21), a22 = simd::fma(q2, k2, a22), a23 = simd::fma(q3, k2, a23);
+      a30 = simd::fma(q0, k3, a30), a31 = simd::fma(q1, k3, a31), a32 = simd::fma(q2, k3, a32), a33 = simd::fma(q3, k3, a33);
     }
     out[0] += reduce(w, a00, a01, a02, a03);
     out[1] += reduce(w, a10, a11, a12, a13);
@@ -168,10 +168,10 @@ struct indexer {
     batch a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
     for (std::int64_t c = 0; c < channels; ++c, q += block) {
       const batch kc(k[c]);
-      a0 = xsimd::fma(batch::load_aligned(q), kc, a0);
-      a1 = xsimd::fma(batch::load_aligned(q + lanes), kc, a1);
-      a2 = xsimd::fma(batch::load_aligned(q + 2 * lanes), kc, a2);
-      a3 = xsimd::fma(batch::load_aligned(q + 3 * lanes), kc, a3);
+      a0 = simd::fma(batch::load_aligned(q), kc, a0);
+      a1 = simd::fma(batch::load_aligned(q + lanes), kc, a1);
+      a2 = simd::fma(batch::load_aligned(q + 2 * lanes), kc, a2);
+      a3 = simd::fma(batch::load_aligned(q + 3 * lanes), kc, a3);
     }
     out[0] += reduce(w, a0, a1, a2, a3);
   }

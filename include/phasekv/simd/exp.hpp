@@ -63,18 +63,18 @@ inline xsimd::batch<float, Arch> exp(const xsimd::batch<float, Arch>& x) noexcep
   // so a NaN argument survives the clamp and poisons p.
   batch xc = xsimd::max(batch(lowest), x);
   if constexpr (Upper) xc = xsimd::min(batch(highest), xc);
-  const batch t = xsimd::fma(xc, batch(log2e), batch(round_magic));
+  const batch t = simd::fma(xc, batch(log2e), batch(round_magic));
   const batch n = t - batch(round_magic);
   // fma with negated constants: xsimd 8.1's fnma is −(x·y) + z, which GCC emits as a separate
   // negation and an fma.
-  batch r = xsimd::fma(n, batch(-ln2_hi), xc);  // exact: see ln2_hi
-  r = xsimd::fma(n, batch(-ln2_lo), r);
-  batch p = xsimd::fma(batch(c6), r, batch(c5));
-  p = xsimd::fma(p, r, batch(c4));
-  p = xsimd::fma(p, r, batch(c3));
-  p = xsimd::fma(p, r, batch(c2));
-  p = xsimd::fma(p, r, batch(1.0f));
-  p = xsimd::fma(p, r, batch(1.0f));
+  batch r = simd::fma(n, batch(-ln2_hi), xc);  // exact: see ln2_hi
+  r = simd::fma(n, batch(-ln2_lo), r);
+  batch p = simd::fma(batch(c6), r, batch(c5));
+  p = simd::fma(p, r, batch(c4));
+  p = simd::fma(p, r, batch(c3));
+  p = simd::fma(p, r, batch(c2));
+  p = simd::fma(p, r, batch(1.0f));
+  p = simd::fma(p, r, batch(1.0f));
   if constexpr (has_scalef<Arch>) {
 #if defined(__AVX512F__)
     // p·2^n with one rounding, overflowing to ∞ and underflowing through subnormals to 0.
