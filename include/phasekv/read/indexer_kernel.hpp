@@ -16,6 +16,7 @@
 
 #include "phasekv/simd/batch.hpp"
 #include "phasekv/simd/prefetch.hpp"
+#include "phasekv/simd/unroll.hpp"
 
 namespace phasekv::kernels {
 
@@ -115,8 +116,8 @@ struct indexer {
 
   // Six entries at a time: 24 accumulators, each query batch loaded once per channel; `later`
   // prefetches the rows of a tile to come.
-  static void tile6(const float* q, const float* w, const float* k, std::int64_t channels, float* out,
-                    row_prefetcher& later) noexcept {
+  PHASEKV_NOINLINE static void tile6(const float* q, const float* w, const float* k, std::int64_t channels, float* out,
+                                     row_prefetcher& later) noexcept {
     batch a00(0.0f), a01(0.0f), a02(0.0f), a03(0.0f), a10(0.0f), a11(0.0f), a12(0.0f), a13(0.0f);
     batch a20(0.0f), a21(0.0f), a22(0.0f), a23(0.0f), a30(0.0f), a31(0.0f), a32(0.0f), a33(0.0f);
     batch a40(0.0f), a41(0.0f), a42(0.0f), a43(0.0f), a50(0.0f), a51(0.0f), a52(0.0f), a53(0.0f);
@@ -146,7 +147,7 @@ struct indexer {
   }
 
   // Four entries at a time: 16 accumulators, each query batch loaded once per channel.
-  static void tile4(const float* q, const float* w, const float* k, std::int64_t channels, float* out) noexcept {
+  PHASEKV_NOINLINE static void tile4(const float* q, const float* w, const float* k, std::int64_t channels, float* out) noexcept {
     batch a00(0.0f), a01(0.0f), a02(0.0f), a03(0.0f), a10(0.0f), a11(0.0f), a12(0.0f), a13(0.0f);
     batch a20(0.0f), a21(0.0f), a22(0.0f), a23(0.0f), a30(0.0f), a31(0.0f), a32(0.0f), a33(0.0f);
     for (std::int64_t c = 0; c < channels; ++c, q += block) {

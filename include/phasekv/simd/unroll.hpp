@@ -13,6 +13,17 @@
 #define PHASEKV_FLATTEN
 #endif
 
+// On a kernel tile that must keep its own register allocation: inlined into a large caller (the
+// reader's task lambda), GCC 12 ran out of registers for the fp32 indexer's 24 accumulators and
+// 4 query batches, folded the query loads into every FMA (24 loads a channel instead of 4) and
+// spilled the row pointers — the 128K step ran ~25% slower. A call per tile costs nothing next to
+// its thousands of FMAs.
+#if defined(__GNUC__)
+#define PHASEKV_NOINLINE __attribute__((noinline))
+#else
+#define PHASEKV_NOINLINE
+#endif
+
 namespace phasekv::simd {
 
 // Calls f(std::integral_constant<std::int64_t, i>) for i = 0 … N−1, fully unrolled, so arrays
