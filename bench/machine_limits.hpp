@@ -146,11 +146,8 @@ inline double int8_dot_peak() {
 #if PHASEKV_HAS_INT8_DOT
   // As the kernel issues it (inline assembly): GCC 12's intrinsic copies each accumulator
   // through another register around every instruction, which can cost the loop its peak.
-  auto dpbusd = [](__m512i acc, __m512i u, __m512i v) {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(v));
-    return acc;
-  };
-  static const double peak = [&] {
+  using phasekv::kernels::dpbusd;
+  static const double peak = [] {
     constexpr std::int64_t steps = 4'000'000;
     const __m512i x = _mm512_set1_epi32(0x01020304), y = _mm512_set1_epi32(0x01FF01FF);  // −2 a step: no overflow
     double best = 0.0;

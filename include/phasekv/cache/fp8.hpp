@@ -200,6 +200,17 @@ inline __m512 e4m3_decode16(__m512i code) noexcept {
   return _mm512_castsi512_ps(_mm512_or_si512(value, sign));
 }
 
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+// The two parts of fp8_decode16's fp16 path (below): whether scale byte b may take it (b ∈
+// [1, 246]), and 16 codes (the bytes of `raw`) widened and multiplied by 2^(b − 119).
+inline bool fp16_path_takes(std::uint8_t scale_byte) noexcept { return scale_byte - 1u <= 245u; }
+inline __m512 fp16_widen16(__m128i raw, std::uint8_t scale_byte) noexcept {
+  const __m256i half = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7),
+                                        _mm256_set1_epi16(static_cast<short>(0xBFFF)));
+  return _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(float_from_bits(static_cast<std::uint32_t>(scale_byte + 8) << 23)));
+}
+#endif
+
 // 16 codes to fp32 times the scale of byte b: e4m3_to_float(code) · ue8m0_to_float(b) lane by
 // lane, the same bits.
 //
@@ -217,18 +228,13 @@ inline __m512 fp8_decode16(const std::byte* codes, std::uint8_t scale_byte) noex
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
   const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(raw, _mm_set1_epi8(static_cast<char>(0x80))),
                                             _mm_set1_epi8(static_cast<char>(0xFF)));
-  if (scale_byte - 1u <= 245u && nan == 0) {  // b ∈ [1, 246]
-    const __m256i half = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7),
-                                          _mm256_set1_epi16(static_cast<short>(0xBFFF)));
-    const float scale_2_8 = float_from_bits(static_cast<std::uint32_t>(scale_byte + 8) << 23);
-    return _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(scale_2_8));
-  }
+  if (fp16_path_takes(scale_byte) && nan == 0) return fp16_widen16(raw, scale_byte);
 #endif
   return _mm512_mul_ps(e4m3_decode16(_mm512_cvtepu8_epi32(raw)), _mm512_set1_ps(ue8m0_to_float(scale_byte)));
 }
 
 // A whole block of 64 codes at scale byte b into out[0 … 64) by the fp16 path of fp8_decode16,
-// one test of the 64 codes for NaN and one scale for all: false (nothing written) where that
+// one test of the 64 codes for NaN and one scale check for all: false (nothing written) where that
 // path does not apply. Sixteen codes at a time cost the kernels ~10% of their logit pass in
 // per-run scale lookups and tests.
 inline bool fp8_decode_block(const std::byte* codes, std::uint8_t scale_byte, float* out) noexcept {
@@ -236,15 +242,11 @@ inline bool fp8_decode_block(const std::byte* codes, std::uint8_t scale_byte, fl
   const __m512i raw = _mm512_loadu_si512(codes);
   const __mmask64 nan = _mm512_cmpeq_epi8_mask(_mm512_or_si512(raw, _mm512_set1_epi8(static_cast<char>(0x80))),
                                                _mm512_set1_epi8(static_cast<char>(0xFF)));
-  if (scale_byte - 1u > 245u || nan != 0) return false;
-  const __m512 scale_2_8 = _mm512_set1_ps(float_from_bits(static_cast<std::uint32_t>(scale_byte + 8) << 23));
-  const __m512i keep = _mm512_set1_epi16(static_cast<short>(0xBFFF));
-  const __m512i low = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(raw)), 7), keep);
-  const __m512i high = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(raw, 1)), 7), keep);
-  _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(low)), scale_2_8));
-  _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(low, 1)), scale_2_8));
-  _mm512_storeu_ps(out + 32, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(high)), scale_2_8));
-  _mm512_storeu_ps(out + 48, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(high, 1)), scale_2_8));
+  if (!fp16_path_takes(scale_byte) || nan != 0) return false;
+  _mm512_storeu_ps(out, fp16_widen16(_mm512_castsi512_si128(raw), scale_byte));
+  _mm512_storeu_ps(out + 16, fp16_widen16(_mm512_extracti32x4_epi32(raw, 1), scale_byte));
+  _mm512_storeu_ps(out + 32, fp16_widen16(_mm512_extracti32x4_epi32(raw, 2), scale_byte));
+  _mm512_storeu_ps(out + 48, fp16_widen16(_mm512_extracti32x4_epi32(raw, 3), scale_byte));
   return true;
 #else
   (void)codes, (void)scale_byte, (void)out;

@@ -107,6 +107,18 @@ namespace phasekv::kernels {
 // Whether this build scores FP4 indexer keys with vpdpbusd.
 inline constexpr bool has_int8_dot = PHASEKV_HAS_INT8_DOT != 0;
 
+#if PHASEKV_HAS_INT8_DOT
+// acc + the four-byte dot products of u (unsigned) and v (signed) per int32 lane: vpdpbusd. In
+// inline assembly because GCC 12 allocates the intrinsic's accumulator badly: it copies every
+// accumulator to another register and back around each instruction, which cost about half the
+// kernel's speed here (Clang's intrinsic was no better; with this, both compilers run alike).
+// bench/machine_limits.hpp times the int8 peak with it too.
+inline __m512i dpbusd(__m512i acc, __m512i u, __m512i v) noexcept {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(v));
+  return acc;
+}
+#endif
+
 // The queries of one read, transformed and quantized, in the layouts of both paths. The same
 // layout in every build (the reader holds one); the SIMD fields stay empty where that path is
 // not compiled in.
@@ -471,17 +483,8 @@ struct indexer_fp4 {
     }
   }
 
-  // acc + the four-byte dot products of u (unsigned) and v (signed) per int32 lane: vpdpbusd. In
-  // inline assembly because GCC 12 allocates the intrinsic's accumulator badly: it copies every
-  // accumulator to another register and back around each instruction, which cost about half the
-  // kernel's speed here (Clang's intrinsic was no better; with this, both compilers run alike).
-  static __m512i dpbusd(__m512i acc, __m512i u, __m512i v) noexcept {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(v));
-    return acc;
-  }
-
   // One slot of two keys: a[g] += bytes 4s … 4s + 3 of key a against query group g, the same for b
-  // — eight vpdpbusd in one statement. Per instruction (dpbusd above) GCC still moved one or two
+  // — eight vpdpbusd in one statement. Per instruction (kernels::dpbusd) GCC still moved one or two
   // accumulators through spare registers every slot, ~10% of the tile's time.
   static void slot_pair(__m512i (&a)[4], __m512i (&b)[4], const std::uint8_t* key_a, const std::uint8_t* key_b,
                         __m512i q0, __m512i q1, __m512i q2, __m512i q3) noexcept {
