@@ -64,4 +64,5 @@
 #include "phasekv/simd/exp.hpp"
 #include "phasekv/simd/finite.hpp"
 #include "phasekv/simd/prefetch.hpp"
+#include "phasekv/simd/transpose.hpp"
 #include "phasekv/simd/unroll.hpp"

@@ -16,6 +16,7 @@
 
 #include "phasekv/simd/batch.hpp"
 #include "phasekv/simd/prefetch.hpp"
+#include "phasekv/simd/transpose.hpp"
 #include "phasekv/simd/unroll.hpp"
 
 namespace phasekv::kernels {
@@ -42,12 +43,10 @@ struct indexer {
     p.blocks = (heads + block - 1) / block;
     p.q_t.assign(static_cast<std::size_t>(p.blocks * channels * block), 0.0f);
     p.w.assign(static_cast<std::size_t>(p.blocks * block), 0.0f);
-    for (std::int64_t h = 0; h < heads; ++h) {
-      const std::int64_t b = h / block, lane = h % block;
-      p.w[static_cast<std::size_t>(h)] = weights[h];
-      for (std::int64_t c = 0; c < channels; ++c)
-        p.q_t[static_cast<std::size_t>((b * channels + c) * block + lane)] = queries[h * channels + c];
-    }
+    std::copy(weights, weights + heads, p.w.begin());
+    for (std::int64_t b = 0; b < p.blocks; ++b)
+      simd::transpose_scaled<Arch>(queries + b * block * channels, std::min(block, heads - b * block), channels, channels,
+                                   1.0f, p.q_t.data() + b * channels * block, block);
   }
 
   // out[j] = I_j for `count` entries whose keys are rows of `keys` (stride = channels). `next`,
