@@ -568,6 +568,74 @@ TEST_CASE("select_top_k: all scores equal keeps the lowest indices; large n", "[
   CHECK(out[2].index == 1);
 }
 
+TEST_CASE("select_top_k between 64 and 2048 scores and at indices near 2^32: the radix sort's order",
+          "[read][top_k]") {
+  // The sorted selection runs a byte-wise radix sort from 64 keys up, with or without the
+  // histogram narrowing before it (from 1024 keys): every byte of the scores and of the indices
+  // must take part in the order, including the high bytes of indices near 2^32 (first_index),
+  // and bytes every key shares must be skipped without disturbing it.
+  std::mt19937 rng(24);
+  std::vector<scored_entry> out;
+  const i64 firsts[] = {0, 255, i64{1} << 24, (i64{1} << 32) - 5000};
+  for (int trial = 0; trial < 60; ++trial) {
+    const i64 n = std::uniform_int_distribution<i64>(64, 2047)(rng);
+    std::vector<float> scores;
+    switch (trial % 4) {
+      case 0:
+        scores = multiples(rng, sz(n), 1.0, -3, 3);  // ties: the index bytes decide
+        break;
+      case 1:
+        scores = uniform(rng, sz(n), 0.5f, 0.50001f);  // one exponent, a few mantissa bits
+        break;
+      case 2:
+        scores = uniform(rng, sz(n), -1e30f, 1e30f);
+        scores[0] = INFINITY;
+        scores[1] = -0.0f;
+        scores[2] = 0.0f;
+        break;
+      default:
+        scores.assign(sz(n), 7.0f);
+        break;
+    }
+    const i64 first = firsts[trial % 4];
+    for (i64 k : {i64{1}, i64{63}, i64{512}, n / 2, n}) {
+      INFO("trial " << trial << ", n " << n << ", k " << k << ", first index " << first);
+      select_top_k(scores, k, out, first);
+      const auto want = phasekv_test::top_k_by_sort(scores, k);
+      REQUIRE(out.size() == want.size());
+      bool same = true;
+      for (std::size_t r = 0; r < want.size(); ++r) same = same && out[r].index == first + want[r];
+      CHECK(same);
+    }
+  }
+}
+
+TEST_CASE("narrow_to_top_keys keeps every one of the top k and only keys it was given", "[read][top_k]") {
+  std::mt19937 rng(25);
+  for (int trial = 0; trial < 40; ++trial) {
+    const i64 n = std::uniform_int_distribution<i64>(0, 9000)(rng);
+    const auto scores = trial % 2 == 0 ? uniform(rng, sz(n), -5.0f, 5.0f) : multiples(rng, sz(n), 0.5, -4, 4);
+    for (i64 k : {i64{0}, i64{1}, i64{512}, n - 1, n + 3}) {
+      std::vector<std::uint64_t> keys;
+      rank_keys(scores, 0, keys);
+      const std::vector<std::uint64_t> given = keys;
+      narrow_to_top_keys(keys, k);
+      const auto want = phasekv_test::top_k_by_sort(scores, k);
+      INFO("trial " << trial << ", n " << n << ", k " << k << ", kept " << keys.size());
+      CHECK(keys.size() >= want.size());
+      CHECK(keys.size() <= given.size());
+      std::vector<std::uint64_t> sorted_keys = keys, sorted_given = given;
+      std::sort(sorted_keys.begin(), sorted_keys.end());
+      std::sort(sorted_given.begin(), sorted_given.end());
+      CHECK(std::includes(sorted_given.begin(), sorted_given.end(), sorted_keys.begin(), sorted_keys.end()));
+      bool all_top = true;
+      for (i64 j : want)
+        all_top = all_top && std::binary_search(sorted_keys.begin(), sorted_keys.end(), rank_key(scores[sz(j)], j));
+      CHECK(all_top);
+    }
+  }
+}
+
 TEST_CASE("select_top_k on thousands of scores: the histogram narrowing drops no winner", "[read][top_k]") {
   // n >= 2048 takes the histogram path of keep_top_keys. Distributions that stress its bins: a
   // narrow cluster with a few far outliers (most bins empty, the cut inside the cluster), ties

@@ -202,7 +202,7 @@ class sparse_reader {
     std::vector<float> rounded_queries;  // bf16 precision without the bf16 kernel
     std::vector<float> scores, rope_cos;
     std::vector<score_task> score_tasks;
-    std::vector<std::uint64_t> winners;
+    std::vector<std::uint64_t> winners, sort_scratch;
     std::vector<scored_entry> selection;
     std::vector<piece> pieces;
     std::vector<attention_kernel::prepared> queries;           // per KV head
@@ -670,8 +670,9 @@ class sparse_reader {
       kernels::indexer<>::score(w.indexer_queries, keys, count, w.scores.data() + j,
                                 f32 ? reinterpret_cast<const float*>(next) : nullptr, f32 ? next_count : 0);
     }
+    // The chunk's top k and perhaps a few more: finish_selection selects from all chunks' survivors.
     rank_keys(span<const float>(w.scores.data() + first, static_cast<std::size_t>(last - first)), first, task.best);
-    keep_top_keys(task.best, w.top_k, false);
+    narrow_to_top_keys(task.best, w.top_k);
   }
 
   // The chunks' winners merged into the top k in rank order; the selected-entry outputs; the
@@ -686,7 +687,7 @@ class sparse_reader {
         const auto& best = w.score_tasks[static_cast<std::size_t>(c)].best;
         w.winners.insert(w.winners.end(), best.begin(), best.end());
       }
-      keep_top_keys(w.winners, w.top_k, true);
+      keep_top_keys(w.winners, w.top_k, true, w.sort_scratch);
       w.selection.resize(w.winners.size());
       for (std::size_t r = 0; r < w.winners.size(); ++r) {
         const std::int64_t j = rank_key_index(w.winners[r]);
