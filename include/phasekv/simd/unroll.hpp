@@ -24,12 +24,23 @@
 #define PHASEKV_NOINLINE
 #endif
 
+// On simd::unroll itself, for Clang only: inside a `flatten` tile Clang 14 still left one
+// unroll<5> call (the tile's final stores) out of line, so the accumulator array's address
+// escaped and it stayed in memory — a store after every FMA, the attention logit pass at ~75
+// against ~225 GFLOP/s (GCC). GCC needs no help, and forced inlining there cost it dearly: the
+// DeepSeek-V4-precision 128K step went 1.4 → 2.7 ms.
+#if defined(__clang__)
+#define PHASEKV_ALWAYS_INLINE __attribute__((always_inline)) inline
+#else
+#define PHASEKV_ALWAYS_INLINE inline
+#endif
+
 namespace phasekv::simd {
 
 // Calls f(std::integral_constant<std::int64_t, i>) for i = 0 … N−1, fully unrolled, so arrays
 // of batches indexed by i are indexed by constants and can live in registers.
 template <std::int64_t N, class F>
-inline void unroll(F&& f) noexcept {
+PHASEKV_ALWAYS_INLINE void unroll(F&& f) noexcept {
   if constexpr (N > 0) {
     unroll<N - 1>(f);
     f(std::integral_constant<std::int64_t, N - 1>{});
