@@ -637,7 +637,7 @@ TEST_CASE("narrow_to_top_keys keeps every one of the top k and only keys it was 
 }
 
 TEST_CASE("select_top_k on thousands of scores: the histogram narrowing drops no winner", "[read][top_k]") {
-  // n >= 2048 takes the histogram path of keep_top_keys. Distributions that stress its bins: a
+  // n >= 1024 takes the histogram path of keep_top_keys. Distributions that stress its bins: a
   // narrow cluster with a few far outliers (most bins empty, the cut inside the cluster), ties
   // straddling the cut, negatives with ±inf and ±0, and all equal. (NaN ranks last, checked
   // above; the sorting oracle cannot place it.)

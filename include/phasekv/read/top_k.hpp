@@ -129,13 +129,17 @@ inline void sort_descending(std::vector<std::uint64_t>& keys, std::vector<std::u
   if (from != keys.data()) std::copy(from, from + n, keys.data());
 }
 
+// min(k, n) for k of any sign.
+inline std::size_t kept_count(std::size_t n, std::int64_t k) noexcept {
+  return static_cast<std::size_t>(std::min<std::int64_t>(std::max<std::int64_t>(k, 0), static_cast<std::int64_t>(n)));
+}
+
 }  // namespace detail
 
 // Drops keys that cannot be among the top min(k, n), keeping them all and perhaps some more:
 // for a stage whose survivors are merged and selected again (the reader's chunks of scores).
 inline void narrow_to_top_keys(std::vector<std::uint64_t>& keys, std::int64_t k) {
-  const auto keep = static_cast<std::size_t>(std::min<std::int64_t>(std::max<std::int64_t>(k, 0),
-                                                                    static_cast<std::int64_t>(keys.size())));
+  const std::size_t keep = detail::kept_count(keys.size(), k);
   if (keep == 0) keys.clear();
   // Under a thousand keys the histogram's three passes save less than they cost.
   else if (keep < keys.size() && keys.size() >= 1024) detail::drop_below_top(keys, keep);
@@ -146,8 +150,7 @@ inline void narrow_to_top_keys(std::vector<std::uint64_t>& keys, std::int64_t k)
 // radix sort's buffer, kept by callers that select often.
 inline void keep_top_keys(std::vector<std::uint64_t>& keys, std::int64_t k, bool sorted,
                           std::vector<std::uint64_t>& scratch) {
-  const auto keep = static_cast<std::size_t>(std::min<std::int64_t>(std::max<std::int64_t>(k, 0),
-                                                                    static_cast<std::int64_t>(keys.size())));
+  const std::size_t keep = detail::kept_count(keys.size(), k);
   narrow_to_top_keys(keys, k);
   if (sorted) {
     detail::sort_descending(keys, scratch);

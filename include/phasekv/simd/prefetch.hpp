@@ -13,10 +13,12 @@ namespace phasekv::simd {
 // one of its six row prefetches (the fp8 tile two of six), and over rows in memory the logit
 // pass ran at ~150 GFLOP/s instead of ~180 on one Zen 5 core. An asm volatile is never deleted.
 inline void prefetch_line(const void* p) noexcept {
+// The address goes in as a register, not as a memory operand: a prefetch may name any address
+// (past an array's end, an unmapped page), and nothing here should read as a dereference.
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+  asm volatile("prefetcht0 (%0)" : : "r"(p));
 #elif defined(__GNUC__) && defined(__aarch64__)
-  asm volatile("prfm pldl1keep, %0" : : "Q"(*static_cast<const char*>(p)));
+  asm volatile("prfm pldl1keep, [%0]" : : "r"(p));
 #elif defined(__GNUC__)
   __builtin_prefetch(p, 0, 3);
 #else
