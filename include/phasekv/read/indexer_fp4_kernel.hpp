@@ -478,8 +478,14 @@ struct indexer_fp4 {
         _mm512_mask_storeu_ps(o, live, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, o), scale));
       }
       // Keys the shifted codes cannot hold exactly: the portable path, which is the definition.
-      for (std::int64_t j = 0; j < n; ++j)
-        if ((fast[j / 16] >> (j % 16) & 1u) == 0) out[first + j] = score_one(p, base + j * stride);
+      // One test per 16 keys: almost every key is fast.
+      for (std::int64_t j0 = 0; j0 < n; j0 += 16) {
+        const std::int64_t live = std::min<std::int64_t>(16, n - j0);
+        const std::uint32_t slow = ~fast[j0 / 16] & ((1u << live) - 1u);
+        if (slow != 0)
+          for (std::int64_t j = j0; j < j0 + live; ++j)
+            if ((slow >> (j - j0) & 1u) != 0) out[first + j] = score_one(p, base + j * stride);
+      }
     }
   }
 
