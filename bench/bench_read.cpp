@@ -48,14 +48,19 @@
 //                                   the same shape, 16 of them forked from one shared 16K prefix
 //                                   (batch_setup): of_roofline against the sum of the sequences'
 //                                   floors (a shared page counts once per sequence that reads it);
-//                                   singles_over_batch: 32 single reads' time over the batch's, paired.
+//                                   singles_over_batch: 32 single reads' time over the batch's, paired
+//                                   (each single read writes its output to the sequence's slot of
+//                                   the batch's output, as a host serving 32 sequences would: into
+//                                   one reused buffer the singles would write to the L2 what the
+//                                   batch writes to memory).
 //   BM_batched_decode_threads/threads:2  the same batch through openmp_executor(2), wall time;
 //                                   speedup over one thread, paired in-run; of_two_core_roofline.
 //   BM_batch_of_one                 one 32K sequence through read_batch (view_of included);
 //                                   single_over_batch1: read(cache, seq)'s time over this, paired.
 //   BM_batch_overhead               32 sequences of 4K tokens: one read_batch against 32 single
-//                                   reads, paired; overhead_of_4k_read = batch / singles − 1, the
-//                                   batch API's cost per sequence as a fraction of a 4K read.
+//                                   reads into the same output slots, paired; overhead_of_4k_read =
+//                                   batch / singles − 1, the batch API's cost per sequence as a
+//                                   fraction of a 4K read.
 //   BM_selection/ctx/page           indexer scores + top-k alone (see selection_replica);
 //                                   per_entry constant across contexts = selection linear in n;
 //                                   of_roofline against the indexer's own floor.
@@ -779,9 +784,9 @@ void BM_batched_decode(benchmark::State& state) {
   if (!b.error.empty()) return state.SkipWithError(b.error.c_str());
   // The same 32 sequences read one by one (read(cache, seq) each) against the batch, paired: what
   // batching costs or saves, apart from how close either comes to the floor.
-  std::vector<float> single(static_cast<std::size_t>(kQueryHeads * kChannels));
   auto singles = [&] {
-    for (std::int64_t s = 0; s < b.count; ++s) b.reader.read(b.cache, b.seqs[static_cast<std::size_t>(s)], b.request(s), single.data());
+    for (std::int64_t s = 0; s < b.count; ++s)
+      b.reader.read(b.cache, b.seqs[static_cast<std::size_t>(s)], b.request(s), b.out.data() + s * kQueryHeads * kChannels);
   };
   state.counters["singles_over_batch"] = paired_speedup(thread_seconds, singles, [&] { b.step(b.reader); });
   run_steps(state, false, [&] { b.step(b.reader); });
@@ -819,12 +824,11 @@ void BM_batch_of_one(benchmark::State& state) {
   batch_setup& b = batched();
   if (!b.error.empty()) return state.SkipWithError(b.error.c_str());
   const std::size_t s = 0;
-  std::vector<float> single(static_cast<std::size_t>(kQueryHeads * kChannels));
   auto one = [&] {
     b.views[s] = b.cache.view_of(b.seqs[s]);
     b.reader.read_batch(span<const read_item>(&b.items[s], 1));
   };
-  const double ratio = paired_speedup(thread_seconds, [&] { b.reader.read(b.cache, b.seqs[s], b.request(0), single.data()); }, one);
+  const double ratio = paired_speedup(thread_seconds, [&] { b.reader.read(b.cache, b.seqs[s], b.request(0), b.out.data()); }, one);
   run_steps(state, false, one);
   state.counters["single_over_batch1"] = ratio;
 }
@@ -833,9 +837,9 @@ void BM_batch_of_one(benchmark::State& state) {
 void BM_batch_overhead(benchmark::State& state) {
   static batch_setup b(kBatch, 4096, 0, 0);
   if (!b.error.empty()) return state.SkipWithError(b.error.c_str());
-  std::vector<float> single(static_cast<std::size_t>(kQueryHeads * kChannels));
   auto singles = [&] {
-    for (std::int64_t s = 0; s < b.count; ++s) b.reader.read(b.cache, b.seqs[static_cast<std::size_t>(s)], b.request(s), single.data());
+    for (std::int64_t s = 0; s < b.count; ++s)
+      b.reader.read(b.cache, b.seqs[static_cast<std::size_t>(s)], b.request(s), b.out.data() + s * kQueryHeads * kChannels);
   };
   const double singles_over_batch = paired_speedup(thread_seconds, singles, [&] { b.step(b.reader); });
   run_steps(state, false, [&] { b.step(b.reader); });
