@@ -246,7 +246,10 @@ struct attention {
       }
       for (std::int64_t c = c0; c < c1; ++c, q += p.padded) {
         batch qb[NB];
-        simd::unroll<NB>([&](auto b) { qb[b] = batch::load_aligned(q + b * lanes); });
+        simd::unroll<NB>([&](auto b) {
+          qb[b] = batch::load_aligned(q + b * lanes);
+          if constexpr (NK > 1) simd::keep_in_register(qb[b]);  // GCC folded it into the tail tiles' FMAs
+        });
         simd::unroll<NK>([&](auto k) {
           const batch kc(row[k][c - base]);
           simd::unroll<NB>([&](auto b) { acc[k][b] = simd::fma(qb[b], kc, acc[k][b]); });

@@ -145,13 +145,15 @@ struct indexer {
     out[5] += reduce(w, a50, a51, a52, a53);
   }
 
-  // Four entries at a time: 16 accumulators, each query batch loaded once per channel.
+  // Four entries at a time: 16 accumulators, each query batch loaded once per channel (held in
+  // a register: simd::keep_in_register).
   PHASEKV_NOINLINE static void tile4(const float* q, const float* w, const float* k, std::int64_t channels, float* out) noexcept {
     batch a00(0.0f), a01(0.0f), a02(0.0f), a03(0.0f), a10(0.0f), a11(0.0f), a12(0.0f), a13(0.0f);
     batch a20(0.0f), a21(0.0f), a22(0.0f), a23(0.0f), a30(0.0f), a31(0.0f), a32(0.0f), a33(0.0f);
     for (std::int64_t c = 0; c < channels; ++c, q += block) {
-      const batch q0 = batch::load_aligned(q), q1 = batch::load_aligned(q + lanes);
-      const batch q2 = batch::load_aligned(q + 2 * lanes), q3 = batch::load_aligned(q + 3 * lanes);
+      batch q0 = batch::load_aligned(q), q1 = batch::load_aligned(q + lanes);
+      batch q2 = batch::load_aligned(q + 2 * lanes), q3 = batch::load_aligned(q + 3 * lanes);
+      simd::keep_in_register(q0), simd::keep_in_register(q1), simd::keep_in_register(q2), simd::keep_in_register(q3);
       const batch k0(k[c]), k1(k[channels + c]), k2(k[2 * channels + c]), k3(k[3 * channels + c]);
       a00 = simd::fma(q0, k0, a00), a01 = simd::fma(q1, k0, a01), a02 = simd::fma(q2, k0, a02), a03 = simd::fma(q3, k0, a03);
       a10 = simd::fma(q0, k1, a10), a11 = simd::fma(q1, k1, a11), a12 = simd::fma(q2, k1, a12), a13 = simd::fma(q3, k1, a13);
