@@ -49,10 +49,9 @@
 //                                   (batch_setup): of_roofline against the sum of the sequences'
 //                                   floors (a shared page counts once per sequence that reads it);
 //                                   singles_over_batch: 32 single reads' time over the batch's, paired
-//                                   (each single read writes its output to the sequence's slot of
-//                                   the batch's output, as a host serving 32 sequences would: into
-//                                   one reused buffer the singles would write to the L2 what the
-//                                   batch writes to memory).
+//                                   (each single read writes to its sequence's slot of the batch's
+//                                   output, as the batch does; one reused buffer would stay in the
+//                                   L2 while the batch writes 32 to memory).
 //   BM_batched_decode_threads/threads:2  the same batch through openmp_executor(2), wall time;
 //                                   speedup over one thread, paired in-run; of_two_core_roofline.
 //   BM_batch_of_one                 one 32K sequence through read_batch (view_of included);

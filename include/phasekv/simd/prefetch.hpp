@@ -12,9 +12,9 @@ namespace phasekv::simd {
 // and its call is deleted — inside simd::unroll, the attention logit tile kept
 // one of its six row prefetches (the fp8 tile two of six), and over rows in memory the logit
 // pass ran at ~150 GFLOP/s instead of ~180 on one Zen 5 core. An asm volatile is never deleted.
-inline void prefetch_line(const void* p) noexcept {
 // The address goes in as a register, not as a memory operand: a prefetch may name any address
 // (past an array's end, an unmapped page), and nothing here should read as a dereference.
+inline void prefetch_line(const void* p) noexcept {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   asm volatile("prefetcht0 (%0)" : : "r"(p));
 #elif defined(__GNUC__) && defined(__aarch64__)
