@@ -71,14 +71,15 @@
 // exponent range follows, and plan16 checks it with the others below. Realistic weights (DeepSeek's
 // ~2^−13) leave every key but those at the ends of fp32 on the SIMD path.
 //
-// Keys are unpacked 64 bytes (4 blocks) at a time with vpshufb, whose per-128-bit-lane tables hold
-// each block's shifted codes. A key outside the bounds (a block exponent 4 or more above its least,
+// Keys are unpacked 64 bytes (4 blocks) at a time with vpshufb from one of 256 constant tables,
+// picked by the key's pattern of four block shifts, whose 128-bit lanes hold each block's shifted
+// codes. A key outside the bounds (a block exponent 4 or more above its least,
 // a NaN block, F_j outside the fold's range) is scored by the portable path; a query outside them
 // (E_h outside [−124, 105]) sends the whole read there. Heads lie in lanes (16 per register, 4
 // registers per 64-head block), a tile of 4 keys keeps 16 accumulators in registers, and one
 // broadcast of four key bytes feeds four vpdpbusd; the four keys' trees share their shuffles.
-// Keys are planned 16 at a time (their scale bytes gathered) and unpacked up to 16 KiB at a time
-// before any is scored. On DeepSeek-V4's shape (64 heads, 128 channels) it runs at about 0.8 of
+// Keys are planned 16 at a time (their scale bytes gathered: least exponent, shift pattern, fast
+// or not) and unpacked up to 16 KiB at a time before any is scored. On DeepSeek-V4's shape (64 heads, 128 channels) it runs at about 0.8 of
 // this machine's measured int8 dot-product peak (bench_read: BM_sparse_decode_v4_precision,
 // indexer_of_int8_peak).
 
@@ -119,6 +120,32 @@ inline __m512i dpbusd(__m512i acc, __m512i u, __m512i v) noexcept {
 }
 #endif
 
+#if PHASEKV_HAS_INT8_DOT
+namespace detail {
+// The unsigned side of vpdpbusd: a key's codes K' = 2·e2m1 · 2^shift (shift ≤ 3) plus this,
+// in [0, 192].
+inline constexpr int fp4_key_offset = 96;
+
+// K' + 96 by code for each of the 256 patterns of four block shifts (block L's shift in bits 2L
+// and 2L + 1): 128-bit lane L of of[pattern] is block L's table, as vpshufb reads it.
+struct fp4_shifted_code_tables {
+  alignas(64) std::uint8_t of[256][64];
+};
+
+constexpr fp4_shifted_code_tables make_fp4_shifted_code_tables() {
+  fp4_shifted_code_tables t{};
+  for (int pattern = 0; pattern < 256; ++pattern)
+    for (int lane = 0; lane < 4; ++lane)
+      for (int code = 0; code < 16; ++code)
+        t.of[pattern][16 * lane + code] =
+            static_cast<std::uint8_t>(fp4_key_offset + e2m1_twice[code] * (1 << (pattern >> (2 * lane) & 3)));
+  return t;
+}
+
+inline constexpr fp4_shifted_code_tables fp4_shifted_codes = make_fp4_shifted_code_tables();
+}  // namespace detail
+#endif
+
 // The queries of one read, transformed and quantized, in the layouts of both paths. The same
 // layout in every build (the reader holds one); the SIMD fields stay empty where that path is
 // not compiled in.
@@ -146,7 +173,7 @@ struct indexer_fp4 {
   static constexpr std::int64_t lanes = 16;
   static constexpr std::int64_t tile_entries = 4;
   static constexpr int max_shift = 3;   // block exponents above the least that int8 codes absorb
-  static constexpr int key_offset = 96;  // K' + 96 ∈ [0, 192]: the unsigned side of vpdpbusd
+  static constexpr int key_offset = detail::fp4_key_offset;
 
   // Channel counts the SIMD path takes (whole 64-byte runs of codes); every FP4 count otherwise.
   static constexpr bool simd_supports(std::int64_t channels) noexcept {
@@ -351,40 +378,28 @@ struct indexer_fp4 {
     return true;
   }
 
-  // The four tables (shift 0 … 3) of K' + 96 by code, one per 128-bit lane.
-  static __m512i shifted_tables() noexcept {
-    alignas(64) std::int8_t t[64];
-    for (int shift = 0; shift < 4; ++shift)
-      for (int code = 0; code < 16; ++code) t[16 * shift + code] = static_cast<std::int8_t>(key_offset + e2m1_twice[code] * (1 << shift));
-    return _mm512_load_si512(t);
-  }
-
-  // The key's codes as bytes K' + 96 into out[0 … channels): per 128-channel run, its 64 even
-  // channels (byte i: channel 2i) then its 64 odd ones (channel 2i + 1), each block's codes
-  // shifted by its exponent above `least` (clamped to 3: a key the SIMD path does not score may
-  // have anything there).
-  static void unpack(const std::byte* key, const fp4_head_layout& layout, int least, __m512i tables,
-                     std::uint8_t* out) noexcept {
+  // Keys j < n (at keys + j · stride) as bytes K' + 96, key j's at out + j · channels: per
+  // 128-channel run its 64 even channels (byte i: channel 2i), then its 64 odd ones (channel
+  // 2i + 1), each block's codes shifted by its exponent above the key's least. The run's pattern
+  // of four shifts (plan16) picks its table: 128-bit lane L of the packed codes is block L of the
+  // run, and vpshufb looks up within lanes, so each lane reads its own block's table. A straight
+  // loop of ~14 instructions a key for 128 channels (DeepSeek-V4's), one run at a time otherwise.
+  static void unpack(const std::byte* keys, std::int64_t stride, std::int64_t n, std::int64_t runs,
+                     const std::uint8_t* patterns, std::uint8_t* out) noexcept {
     const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
-    // For 128-bit lane L: its 8-byte halves select scale byte L of the broadcast dword (below).
-    const __m512i pick = _mm512_set_epi64(static_cast<long long>(0xFFFFFFFFFFFFFF03ull), static_cast<long long>(0xFFFFFFFFFFFFFF03ull),
-                                          static_cast<long long>(0xFFFFFFFFFFFFFF02ull), static_cast<long long>(0xFFFFFFFFFFFFFF02ull),
-                                          static_cast<long long>(0xFFFFFFFFFFFFFF01ull), static_cast<long long>(0xFFFFFFFFFFFFFF01ull),
-                                          static_cast<long long>(0xFFFFFFFFFFFFFF00ull), static_cast<long long>(0xFFFFFFFFFFFFFF00ull));
-    const __m512i odd = _mm512_set_epi64(1, 0, 1, 0, 1, 0, 1, 0);
-    for (std::int64_t run = 0; run < layout.channels / 128; ++run) {
-      std::uint32_t four;  // the run's four scale bytes
-      std::memcpy(&four, key + layout.scale_offset + 4 * run, sizeof four);
-      __m512i shift = _mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(four)), pick);  // qword lanes: scale byte
-      shift = _mm512_min_epu64(_mm512_sub_epi64(shift, _mm512_set1_epi64(least)), _mm512_set1_epi64(max_shift));
-      const __m512i index = _mm512_add_epi64(_mm512_add_epi64(shift, shift), odd);
-      const __m512i table = _mm512_permutexvar_epi64(index, tables);
-      const __m512i packed = _mm512_loadu_si512(key + 64 * run);
-      const __m512i even = _mm512_and_si512(packed, low_nibbles);
-      const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
-      _mm512_store_si512(out + 128 * run, _mm512_shuffle_epi8(table, even));
-      _mm512_store_si512(out + 128 * run + 64, _mm512_shuffle_epi8(table, high));
+    auto one = [&](const std::byte* packed_codes, std::uint8_t pattern, std::uint8_t* to) {
+      const __m512i table = _mm512_load_si512(detail::fp4_shifted_codes.of[pattern]);
+      const __m512i packed = _mm512_loadu_si512(packed_codes);
+      _mm512_store_si512(to, _mm512_shuffle_epi8(table, _mm512_and_si512(packed, low_nibbles)));
+      _mm512_store_si512(to + 64, _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles)));
+    };
+    if (runs == 1) {
+      for (std::int64_t j = 0; j < n; ++j) one(keys + j * stride, patterns[j], out + 128 * j);
+      return;
     }
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t run = 0; run < runs; ++run)
+        one(keys + j * stride + 64 * run, patterns[run * max_run + j], out + (j * runs + run) * 128);
   }
 
   // The tree of the header: halves at distance 8, 4, 2, 1.
@@ -399,27 +414,40 @@ struct indexer_fp4 {
   static constexpr std::int64_t unpacked_bytes = 16384;
   static constexpr std::int64_t max_run = unpacked_bytes / 128;
 
-  // key_plan for keys[0 … 16) (lanes past n left alone), from their scale bytes gathered four
-  // at a time: least[j] the least byte, bit j of the result whether the SIMD path may score it.
+  // The plan of keys[0 … 16) (lanes past n left alone), from their scale bytes gathered four at
+  // a time: least[j] their least byte, patterns[run · max_run + j] each run's four block shifts
+  // above it (2 bits each, clamped to 3: a key the SIMD path does not score may have anything
+  // there), and bit j of the result whether the SIMD path may score key j.
   static std::uint32_t plan16(const prepared& p, const std::byte* keys, std::int64_t stride, std::int64_t n,
-                              const fp4_head_layout& layout, std::int32_t* least) noexcept {
+                              const fp4_head_layout& layout, std::int32_t* least, std::uint8_t* patterns) noexcept {
     const __mmask16 live = static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
     const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                _mm512_set1_epi32(static_cast<int>(stride)));
     const __m512i byte = _mm512_set1_epi32(0xFF);
+    const std::int64_t runs = layout.channels / 128;
+    __m512i four[fp4_max_channels / 128];
     __m512i lo = byte, hi = _mm512_setzero_si512();
-    for (std::int64_t run = 0; run < layout.channels / 128; ++run) {
-      const __m512i four = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offsets,
-                                                       keys + layout.scale_offset + 4 * run, 1);
+    for (std::int64_t run = 0; run < runs; ++run) {
+      four[run] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offsets, keys + layout.scale_offset + 4 * run, 1);
       // The least and greatest of each lane's four bytes, in its low byte.
-      __m512i small = _mm512_min_epu8(four, _mm512_srli_epi32(four, 8));
+      __m512i small = _mm512_min_epu8(four[run], _mm512_srli_epi32(four[run], 8));
       small = _mm512_min_epu8(small, _mm512_srli_epi32(small, 16));
-      __m512i large = _mm512_max_epu8(four, _mm512_srli_epi32(four, 8));
+      __m512i large = _mm512_max_epu8(four[run], _mm512_srli_epi32(four[run], 8));
       large = _mm512_max_epu8(large, _mm512_srli_epi32(large, 16));
       lo = _mm512_min_epu32(lo, _mm512_and_si512(small, byte));
       hi = _mm512_max_epu32(hi, _mm512_and_si512(large, byte));
     }
     _mm512_storeu_si512(least, lo);
+    // Pattern = Σ_L min(byte_L − least, 3) · 4^L: the least copied to every byte of its lane,
+    // the shifts weighed and summed in pairs (vpmaddubsw: d0 + 4·d1, 16·d2 + 64·d3), then the pairs.
+    const __m512i spread = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12));
+    const __m512i least_bytes = _mm512_shuffle_epi8(lo, spread);
+    const __m512i weights = _mm512_set1_epi32(0x40100401);
+    for (std::int64_t run = 0; run < runs; ++run) {
+      const __m512i shifts = _mm512_min_epu8(_mm512_sub_epi8(four[run], least_bytes), _mm512_set1_epi8(max_shift));
+      const __m512i pattern = _mm512_madd_epi16(_mm512_maddubs_epi16(shifts, weights), _mm512_set1_epi16(1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(patterns + run * max_run), _mm512_cvtepi32_epi8(pattern));
+    }
     // lo within the folded weights' range (so ≥ 1: 2^F a normal fp32), hi ≠ 0xFF (no NaN block),
     // hi − lo ≤ 3.
     const __mmask16 fast = _mm512_cmpge_epu32_mask(lo, _mm512_set1_epi32(p.key_least_min)) &
@@ -432,20 +460,19 @@ struct indexer_fp4 {
   static void score_simd(const prepared& p, const std::byte* keys, std::int64_t stride, std::int64_t count,
                          float* out, const std::byte* next, std::int64_t next_count) noexcept {
     const fp4_head_layout layout = fp4_head_layout::of(p.channels);
-    const __m512i tables = shifted_tables();
+    const std::int64_t runs = p.channels / 128;
     const std::int64_t run = unpacked_bytes / p.channels;  // keys unpacked at a time, a multiple of 16
     alignas(64) std::uint8_t unpacked[unpacked_bytes];
     alignas(64) std::int32_t least[max_run];
+    std::uint8_t patterns[fp4_max_channels / 128 * max_run];
     std::uint32_t fast[max_run / 16];
     for (std::int64_t first = 0; first < count; first += run) {
       const std::int64_t n = std::min(run, count - first);
       const std::byte* base = keys + first * stride;
-      for (std::int64_t j = 0; j < n; j += 16) fast[j / 16] = plan16(p, base + j * stride, stride, n - j, layout, least + j);
-      // Every key of the run unpacked before any is scored.
-      for (std::int64_t j = 0; j < n; ++j) {
-        unpack(base + j * stride, layout, least[j], tables, unpacked + j * p.channels);
-        out[first + j] = 0.0f;
-      }
+      for (std::int64_t j = 0; j < n; j += 16) fast[j / 16] = plan16(p, base + j * stride, stride, n - j, layout, least + j, patterns + j);
+      // Every key of the run unpacked before any is scored (interleaving the two gains nothing:
+      // measured, bench/RESULTS.md).
+      unpack(base, stride, n, runs, patterns, unpacked);
       // The next keys' lines, a few per tile of the first head block: those of the caller's next
       // page during the last run, those of this call's next run before it.
       const bool last_run = first + n >= count;
@@ -514,8 +541,9 @@ struct indexer_fp4 {
 
   // NE keys against head block hb: NE · 4 int32 accumulators (16 for NE = 4: enough independent
   // chains to cover vpdpbusd's latency, few enough to stay in registers with the query groups),
-  // then per key the folded lanes b_l = Σ_g fma(max(P', 0), w'_h, b_l) and their tree, added to
-  // out (the header's order; out · 2^(F − c) is the score).
+  // then per key the folded lanes b_l = Σ_g fma(max(P', 0), w'_h, b_l) and their tree s'_hb,
+  // added to out — or stored there for hb = 0: 0 + s'_0 = s'_0 bit for bit, since a sum that
+  // starts from +0 is never −0 (the header's order; out · 2^(F − c) is the score).
   template <std::int64_t NE>
   PHASEKV_FLATTEN static void tile(const prepared& p, std::int64_t hb, const std::uint8_t* unpacked, float* out) noexcept {
     const std::int64_t slots = p.channels / 128 * slots_per_run;
@@ -553,9 +581,10 @@ struct indexer_fp4 {
       });
     });
     if constexpr (NE == 4) {
-      _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(out), halve4(b[0], b[1], b[2], b[3])));
+      const __m128 s = halve4(b[0], b[1], b[2], b[3]);
+      _mm_storeu_ps(out, hb == 0 ? s : _mm_add_ps(_mm_loadu_ps(out), s));
     } else {
-      simd::unroll<NE>([&](auto e) { out[e] += halve(b[e]); });
+      simd::unroll<NE>([&](auto e) { out[e] = hb == 0 ? halve(b[e]) : out[e] + halve(b[e]); });
     }
   }
 
