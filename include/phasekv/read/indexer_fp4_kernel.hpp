@@ -121,12 +121,12 @@ inline __m512i dpbusd(__m512i acc, __m512i u, __m512i v) noexcept {
 }
 #endif
 
-#if PHASEKV_HAS_INT8_DOT
 namespace detail {
 // The unsigned side of vpdpbusd: a key's codes K' = 2·e2m1 · 2^shift (shift ≤ 3) plus this,
 // in [0, 192].
 inline constexpr int fp4_key_offset = 96;
 
+#if PHASEKV_HAS_INT8_DOT
 // K' + 96 by code for each of the 256 patterns of four block shifts (block L's shift in bits 2L
 // and 2L + 1): 128-bit lane L of of[pattern] is block L's table, as vpshufb reads it.
 struct fp4_shifted_code_tables {
@@ -144,8 +144,8 @@ constexpr fp4_shifted_code_tables make_fp4_shifted_code_tables() {
 }
 
 inline constexpr fp4_shifted_code_tables fp4_shifted_codes = make_fp4_shifted_code_tables();
-}  // namespace detail
 #endif
+}  // namespace detail
 
 // The queries of one read, transformed and quantized, in the layouts of both paths. The same
 // layout in every build (the reader holds one); the SIMD fields stay empty where that path is
