@@ -383,24 +383,20 @@ struct indexer_fp4 {
   // 128-channel run its 64 even channels (byte i: channel 2i), then its 64 odd ones (channel
   // 2i + 1), each block's codes shifted by its exponent above the key's least. The run's pattern
   // of four shifts (plan16) picks its table: 128-bit lane L of the packed codes is block L of the
-  // run, and vpshufb looks up within lanes, so each lane reads its own block's table. A straight
-  // loop of ~14 instructions a key for 128 channels (DeepSeek-V4's), one run at a time otherwise.
+  // run, and vpshufb looks up within lanes, so each lane reads its own block's table. Run by run,
+  // so that the loop over keys is straight: ~14 instructions a key and run.
   static void unpack(const std::byte* keys, std::int64_t stride, std::int64_t n, std::int64_t runs,
                      const std::uint8_t* patterns, std::uint8_t* out) noexcept {
     const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
-    auto one = [&](const std::byte* packed_codes, std::uint8_t pattern, std::uint8_t* to) {
-      const __m512i table = _mm512_load_si512(detail::fp4_shifted_codes.of[pattern]);
-      const __m512i packed = _mm512_loadu_si512(packed_codes);
-      _mm512_store_si512(to, _mm512_shuffle_epi8(table, _mm512_and_si512(packed, low_nibbles)));
-      _mm512_store_si512(to + 64, _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles)));
-    };
-    if (runs == 1) {
-      for (std::int64_t j = 0; j < n; ++j) one(keys + j * stride, patterns[j], out + 128 * j);
-      return;
-    }
-    for (std::int64_t j = 0; j < n; ++j)
-      for (std::int64_t run = 0; run < runs; ++run)
-        one(keys + j * stride + 64 * run, patterns[run * max_run + j], out + (j * runs + run) * 128);
+    const std::int64_t channels = 128 * runs;
+    for (std::int64_t run = 0; run < runs; ++run)
+      for (std::int64_t j = 0; j < n; ++j) {
+        const __m512i table = _mm512_load_si512(detail::fp4_shifted_codes.of[patterns[run * max_run + j]]);
+        const __m512i packed = _mm512_loadu_si512(keys + j * stride + 64 * run);
+        std::uint8_t* to = out + j * channels + 128 * run;
+        _mm512_store_si512(to, _mm512_shuffle_epi8(table, _mm512_and_si512(packed, low_nibbles)));
+        _mm512_store_si512(to + 64, _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles)));
+      }
   }
 
   // The tree of the header: halves at distance 8, 4, 2, 1.
