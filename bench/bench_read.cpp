@@ -746,6 +746,14 @@ struct batch_setup {
     r.read_batch(items);
   }
 
+  // The same sequences read one by one (read(cache, seq) each), each into its slot of the batch's
+  // output, as the batch writes it: a reused buffer would stay in the L2 while the batch writes
+  // every sequence's output to memory.
+  void read_singly() {
+    for (std::int64_t s = 0; s < count; ++s)
+      reader.read(cache, seqs[static_cast<std::size_t>(s)], request(s), out.data() + s * kQueryHeads * kChannels);
+  }
+
   // The batch against single reads of the same sequences, bit for bit.
   void check() {
     step(reader);
@@ -783,10 +791,7 @@ void BM_batched_decode(benchmark::State& state) {
   if (!b.error.empty()) return state.SkipWithError(b.error.c_str());
   // The same 32 sequences read one by one (read(cache, seq) each) against the batch, paired: what
   // batching costs or saves, apart from how close either comes to the floor.
-  auto singles = [&] {
-    for (std::int64_t s = 0; s < b.count; ++s)
-      b.reader.read(b.cache, b.seqs[static_cast<std::size_t>(s)], b.request(s), b.out.data() + s * kQueryHeads * kChannels);
-  };
+  auto singles = [&] { b.read_singly(); };
   state.counters["singles_over_batch"] = paired_speedup(thread_seconds, singles, [&] { b.step(b.reader); });
   run_steps(state, false, [&] { b.step(b.reader); });
   benchmark::DoNotOptimize(b.out.data());
@@ -836,10 +841,7 @@ void BM_batch_of_one(benchmark::State& state) {
 void BM_batch_overhead(benchmark::State& state) {
   static batch_setup b(kBatch, 4096, 0, 0);
   if (!b.error.empty()) return state.SkipWithError(b.error.c_str());
-  auto singles = [&] {
-    for (std::int64_t s = 0; s < b.count; ++s)
-      b.reader.read(b.cache, b.seqs[static_cast<std::size_t>(s)], b.request(s), b.out.data() + s * kQueryHeads * kChannels);
-  };
+  auto singles = [&] { b.read_singly(); };
   const double singles_over_batch = paired_speedup(thread_seconds, singles, [&] { b.step(b.reader); });
   run_steps(state, false, [&] { b.step(b.reader); });
   state.counters["overhead_of_4k_read"] = 1.0 / singles_over_batch - 1.0;
