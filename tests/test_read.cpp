@@ -677,6 +677,104 @@ TEST_CASE("select_top_k on thousands of scores: the histogram narrowing drops no
   }
 }
 
+TEST_CASE("select_top_k from 8192 scores up: the sampled cut drops no winner, and a cut too high falls back",
+          "[read][top_k]") {
+  // From 8192 scores and k under about n/9 the selection first keeps only the scores at or above a
+  // cut taken from a sample of 512 of them. Inputs that could fool a sample: scores periodic in
+  // the index (with the sampling's stretch, and with 4), sorted either way, few distinct values
+  // straddling the cut, all equal, a cluster with far outliers, NaN in bulk (ranks last), ±inf and
+  // ±0, and indices near 2^32.
+  std::mt19937 rng(26);
+  std::vector<scored_entry> out;
+  for (int trial = 0; trial < 33; ++trial) {
+    const i64 n = trial < 11 ? 8192 : std::uniform_int_distribution<i64>(8193, 70000)(rng);
+    const i64 stretch = n / 512;
+    std::vector<float> scores;
+    switch (trial % 11) {
+      case 0: scores = uniform(rng, sz(n), -1.0f, 1.0f); break;
+      case 1:
+        for (i64 j = 0; j < n; ++j) scores.push_back(static_cast<float>(j % stretch));
+        break;
+      case 2:
+        for (i64 j = 0; j < n; ++j) scores.push_back(j % 4 == 1 ? 1.0f + static_cast<float>(j) * 1e-6f : -1.0f);
+        break;
+      case 3:
+        for (i64 j = 0; j < n; ++j) scores.push_back(static_cast<float>(j));
+        break;
+      case 4:
+        for (i64 j = 0; j < n; ++j) scores.push_back(static_cast<float>(-j));
+        break;
+      case 5: scores = multiples(rng, sz(n), 1.0, 0, 40); break;
+      case 6: scores.assign(sz(n), 2.5f); break;
+      case 7:
+        scores = uniform(rng, sz(n), 1.0f, 1.0001f);
+        for (int o = 0; o < 700; ++o) scores[sz(std::uniform_int_distribution<i64>(0, n - 1)(rng))] = 1e30f;
+        break;
+      case 8:
+        scores = uniform(rng, sz(n), -3.0f, 3.0f);
+        for (i64 j = 0; j < n; j += 2) scores[sz(j)] = std::nanf("");
+        break;
+      case 9:
+        scores = multiples(rng, sz(n), 1.0, -2, 2);
+        for (i64 j = 0; j < n; ++j)
+          if (scores[sz(j)] == 0.0f && j % 2 == 0) scores[sz(j)] = -0.0f;
+        for (int o = 0; o < 20; ++o) scores[sz(std::uniform_int_distribution<i64>(0, n - 1)(rng))] = INFINITY;
+        scores[0] = -INFINITY;
+        break;
+      default: {
+        // Gamma-distributed, as ReLU'd indexer scores are in the benchmarks.
+        std::gamma_distribution<float> gamma(2.0f, 1.0f);
+        for (i64 j = 0; j < n; ++j) scores.push_back(gamma(rng));
+        break;
+      }
+    }
+    const i64 first = trial % 3 == 2 ? (i64{1} << 32) - n - 1 : 0;
+    for (i64 k : {i64{1}, i64{512}, n / 16, n / 9, n / 8}) {
+      INFO("trial " << trial << ", n " << n << ", k " << k << ", first index " << first);
+      select_top_k(scores, k, out, first);
+      // NaN ranks last: the sorting oracle sees it as −∞ below every other score, then by index.
+      std::vector<double> ordered(scores.begin(), scores.end());
+      for (double& v : ordered) v = std::isnan(v) ? -std::numeric_limits<double>::max() : v == -INFINITY ? -1e300 : v;
+      const auto want = phasekv_test::top_k_by_sort(ordered, k);
+      REQUIRE(out.size() == want.size());
+      bool same = true;
+      for (std::size_t r = 0; r < want.size(); ++r) same = same && out[r].index == first + want[r];
+      CHECK(same);
+    }
+  }
+
+  // The cut itself: on gamma scores it keeps the top k and a few more, and only given scores' keys.
+  std::gamma_distribution<float> gamma(2.0f, 1.0f);
+  std::vector<float> scores(32768);
+  for (float& v : scores) v = gamma(rng);
+  std::vector<std::uint64_t> keys;
+  REQUIRE(detail::keys_above_sampled_cut(scores, 0, 512, keys));
+  CHECK(keys.size() >= 512);
+  CHECK(keys.size() < 4096);
+  std::vector<std::uint64_t> all;
+  rank_keys(scores, 0, all);
+  std::sort(all.begin(), all.end(), std::greater<std::uint64_t>());
+  std::vector<std::uint64_t> kept = keys;
+  std::sort(kept.begin(), kept.end(), std::greater<std::uint64_t>());
+  CHECK(std::equal(kept.begin(), kept.end(), all.begin()));  // exactly the best keys.size() of all
+  bool index_order = true;
+  for (std::size_t i = 1; i < keys.size(); ++i) index_order = index_order && rank_key_index(keys[i - 1]) < rank_key_index(keys[i]);
+  CHECK(index_order);
+
+  // A cut too high: the sampled scores are the only high ones, so fewer than k reach the cut.
+  // The cut reports it, and the selection still finds the top k by keying every score.
+  std::vector<float> decoy(32768, 0.0f);
+  for (std::size_t i = 0; i < detail::cut_samples; ++i) decoy[detail::cut_sample_position(i, decoy.size())] = 1.0f;
+  for (std::size_t j = 0; j < decoy.size(); j += 7) decoy[j] += 0.5f;
+  CHECK_FALSE(detail::keys_above_sampled_cut(decoy, 0, 600, keys));
+  select_top_k(decoy, 600, out);
+  const auto want = phasekv_test::top_k_by_sort(decoy, 600);
+  REQUIRE(out.size() == want.size());
+  bool same = true;
+  for (std::size_t r = 0; r < want.size(); ++r) same = same && out[r].index == want[r];
+  CHECK(same);
+}
+
 // ---- 4. indexer + selection through the reader ---------------------------------------------------
 
 // A layer of [keys (mean pool), values (vector-gated), indexer keys (mean pool)] over S=2, W=4,

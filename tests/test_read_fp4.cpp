@@ -464,8 +464,9 @@ TEST_CASE("fp4 read: the selection and its scores are the oracle's top-k, on eve
     s.window_tokens = pick_of<i64>(rng, {0, 4});
     s.top_k = pick_of<i64>(rng, {1, 7, 300});
     s.kv_storage = pick_of(rng, {storage_type::f32, storage_type::bf16, storage_type::fp8_e4m3_block});
-    // Now and then more than one scoring chunk (4096 entries).
-    s.tokens = world % 5 == 4 ? pick(rng, 4200, 4500) * s.stride : pick(rng, 1, 400);
+    // Now and then more than one scoring chunk (4096 entries), and more than 8192 candidates (the
+    // selection's sampled cut).
+    s.tokens = world % 5 == 4 ? pick(rng, world < 5 ? 4200 : 8200, world < 5 ? 4500 : 8800) * s.stride : pick(rng, 1, 400);
     INFO("world " << world << ": " << s.describe());
     world_cache cache = make_world(s);
     const reader_config rc = reader_for(s);

@@ -55,7 +55,7 @@
 // page by page.
 //
 // Parallelism (optional): with an executor (core/executor.hpp), scoring runs as chunks of pages
-// (each with its own top-k, merged after) and attention as pieces of keys per KV head, merged
+// (one selection over all their scores after) and attention as pieces of keys per KV head, merged
 // through the online softmax in key order. The pieces have a fixed size, so results are
 // bit-identical on every executor; the default runs them in order.
 // A reader holds scratch space: use one reader per thread (or per executor). It keeps no pointer
@@ -160,8 +160,7 @@ class sparse_reader {
  private:
   friend struct detail::layout_access;
   struct score_task {
-    std::vector<float> page;          // a converted page (non-fp32 storage)
-    std::vector<std::uint64_t> best;  // rank keys of this chunk's top k (top_k.hpp)
+    std::vector<float> page;  // a converted page (non-fp32 storage)
   };
   // A run of keys of one kind: ranks [first, first + count) of the selection, entries
   // [first, first + count) (no selection: every candidate), or window tokens [first, first + count)
@@ -635,7 +634,7 @@ class sparse_reader {
     return indexer_path::f32;
   }
 
-  // Scores I_j of one chunk of whole pages into w.scores, and the chunk's top k.
+  // Scores I_j of one chunk of whole pages into w.scores.
   void score_chunk(sequence_work& w, std::int64_t c) {
     const stream_view& sv = w.item->view->streams[config_.indexer_stream];
     const page_layout& layout = sv.layout;
@@ -670,24 +669,17 @@ class sparse_reader {
       kernels::indexer<>::score(w.indexer_queries, keys, count, w.scores.data() + j,
                                 f32 ? reinterpret_cast<const float*>(next) : nullptr, f32 ? next_count : 0);
     }
-    // The chunk's top k and perhaps a few more: finish_selection selects from all chunks' survivors.
-    rank_keys(span<const float>(w.scores.data() + first, static_cast<std::size_t>(last - first)), first, task.best);
-    narrow_to_top_keys(task.best, w.top_k);
   }
 
-  // The chunks' winners merged into the top k in rank order; the selected-entry outputs; the
-  // attention pieces.
+  // The top k of all chunks' scores in rank order; the selected-entry outputs; the attention
+  // pieces.
   void finish_selection(sequence_work& w) {
     const read_item& it = *w.item;
     const bool selecting = config_.top_k > 0;
     if (selecting) {
       w.selection.clear();
-      w.winners.clear();
-      for (std::int64_t c = 0; c < w.chunks; ++c) {
-        const auto& best = w.score_tasks[static_cast<std::size_t>(c)].best;
-        w.winners.insert(w.winners.end(), best.begin(), best.end());
-      }
-      keep_top_keys(w.winners, w.top_k, true, w.sort_scratch);
+      select_top_keys(span<const float>(w.scores.data(), static_cast<std::size_t>(w.chunks > 0 ? w.candidates : 0)), 0,
+                      w.top_k, w.winners, w.sort_scratch);
       w.selection.resize(w.winners.size());
       for (std::size_t r = 0; r < w.winners.size(); ++r) {
         const std::int64_t j = rank_key_index(w.winners[r]);

@@ -1,6 +1,7 @@
 #pragma once
 // Top-k selection in O(n): the k highest scores, ties broken by the lower index,
-// returned in rank order. Large inputs are first narrowed with a histogram of their scores
+// returned in rank order. Many scores and a small k are first cut at a score estimated from a
+// sample of them (detail::keys_above_sampled_cut: a top 512 of 32K keeps ~1.5K). Large inputs are then narrowed with a histogram of their scores
 // (detail::drop_below_top) to the top k plus the rest of one histogram bin; what is left is
 // sorted by a byte-wise radix sort (detail::sort_descending) and cut to k, or, when no order
 // is asked for, partitioned by std::nth_element (introselect).
@@ -172,6 +173,115 @@ inline void sort_descending(std::vector<std::uint64_t>& keys, std::vector<std::u
   if (from != keys.data()) std::copy(from, from + n, keys.data());
 }
 
+// The sampled cut. Scores far outnumbering k (a top 512 of 32K indexer scores) need not all
+// become rank keys: the orders of cut_samples scores spread over the input give a cut that some
+// 2k + 8·n/cut_samples scores are expected to reach (twice the share of the top k in the sample,
+// plus eight samples against the sampling's noise), and only the scores at or above it become
+// keys. The cut is a guess, checked: if fewer than k scores reach it, the caller makes a key of
+// every score instead — with the top k at 1/64 of the scores (a sample rank of 24, expected
+// 8), about one input in 10^6 of independent scores. Any input is safe: at least k scores at or
+// above the cut means the k-th best is too, so every one of the top k is kept, ties included.
+// On 32K scores: ~5 µs for the sample, the count and the keys (~1.5K of them), where making all
+// 32K keys and narrowing them took ~35.
+inline constexpr std::size_t cut_samples = 512;
+
+// Sample i of n scores: one in each stretch of n / cut_samples, at an offset scrambled by
+// Fibonacci hashing, so that scores periodic in the index (as phase effects make them) cannot
+// line up with the sampling.
+inline std::size_t cut_sample_position(std::size_t i, std::size_t n) noexcept {
+  const std::size_t stretch = n / cut_samples;
+  const std::uint64_t scrambled = static_cast<std::uint32_t>(i * 0x9E3779B1u);
+  return i * stretch + static_cast<std::size_t>((scrambled * stretch) >> 32);
+}
+
+// The sample rank of the cut for keep of n scores, or 0 where sampling does not pay (under 8192
+// scores, or keep above about n/9, where the cut would keep a good part of the input anyway).
+inline std::size_t cut_sample_rank(std::size_t n, std::size_t keep) noexcept {
+  if (n < 16 * cut_samples || keep == 0) return 0;
+  const std::size_t rank = (2 * keep * cut_samples + n - 1) / n + 8;
+  return rank <= cut_samples / 4 ? rank : 0;
+}
+
+#if defined(__AVX512F__)
+// score_order of sixteen scores.
+inline __m512i score_orders(__m512 scores) noexcept {
+  const __m512 plus = _mm512_add_ps(scores, _mm512_setzero_ps());  // −0 → +0
+  const __m512i bits = _mm512_castps_si512(plus);
+  const __m512i flip = _mm512_or_si512(_mm512_srai_epi32(bits, 31), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  return _mm512_maskz_xor_epi32(_mm512_cmp_ps_mask(plus, plus, _CMP_ORD_Q), bits, flip);  // NaN: 0
+}
+#endif
+
+// How many of scores[0 … n) have an order of at least `least`.
+inline std::size_t count_at_least(const float* scores, std::size_t n, std::uint32_t least) noexcept {
+  std::size_t count = 0, j = 0;
+#if defined(__AVX512F__)
+  const __m512i bound = _mm512_set1_epi32(static_cast<int>(least));
+  for (; j + 16 <= n; j += 16)
+    count += static_cast<std::size_t>(
+        __builtin_popcount(_mm512_cmpge_epu32_mask(score_orders(_mm512_loadu_ps(scores + j)), bound)));
+#endif
+  for (; j < n; ++j) count += score_order(scores[j]) >= least ? 1 : 0;
+  return count;
+}
+
+// The rank keys of the scores with an order of at least `least`, in index order, into
+// keys[0 …); keys must have room for their count plus 16. Without a branch on the data, as
+// keep_at_least: with AVX-512, sixteen scores a step become two registers of eight keys, each
+// compressed and stored whole at the write position.
+inline void keys_at_least(const float* scores, std::size_t n, std::int64_t first_index, std::uint32_t least,
+                          std::uint64_t* keys) noexcept {
+  std::size_t kept = 0, j = 0;
+#if defined(__AVX512F__)
+  const __m512i bound = _mm512_set1_epi32(static_cast<int>(least));
+  // The keys' low halves, 2^32 − 1 − index, for the eight lanes of each half of a step.
+  const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i top = _mm512_set1_epi64(static_cast<long long>(0xFFFFFFFFu - static_cast<std::uint32_t>(first_index)));
+  __m512i low_a = _mm512_sub_epi64(top, lane);
+  __m512i low_b = _mm512_sub_epi64(low_a, _mm512_set1_epi64(8));
+  const __m512i step = _mm512_set1_epi64(16);
+  for (; j + 16 <= n; j += 16) {
+    const __m512i orders = score_orders(_mm512_loadu_ps(scores + j));
+    const __mmask16 keep = _mm512_cmpge_epu32_mask(orders, bound);
+    const __m512i keys_a =
+        _mm512_or_si512(_mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(orders)), 32), low_a);
+    const __m512i keys_b =
+        _mm512_or_si512(_mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(orders, 1)), 32), low_b);
+    const auto keep_a = static_cast<__mmask8>(keep), keep_b = static_cast<__mmask8>(keep >> 8);
+    _mm512_storeu_si512(keys + kept, _mm512_maskz_compress_epi64(keep_a, keys_a));
+    kept += static_cast<std::size_t>(__builtin_popcount(keep_a));
+    _mm512_storeu_si512(keys + kept, _mm512_maskz_compress_epi64(keep_b, keys_b));
+    kept += static_cast<std::size_t>(__builtin_popcount(keep_b));
+    low_a = _mm512_sub_epi64(low_a, step);
+    low_b = _mm512_sub_epi64(low_b, step);
+  }
+#endif
+  for (; j < n; ++j) {
+    const std::uint64_t key = rank_key(scores[j], first_index + static_cast<std::int64_t>(j));
+    keys[kept] = key;
+    kept += static_cast<std::uint32_t>(key >> 32) >= least ? 1 : 0;
+  }
+}
+
+// The rank keys of at least the top `keep` of scores[0 … n) (and only of scores), in index
+// order, by the sampled cut above; false, keys untouched, where sampling does not pay or the
+// cut is too high.
+inline bool keys_above_sampled_cut(span<const float> scores, std::int64_t first_index, std::size_t keep,
+                                   std::vector<std::uint64_t>& keys) {
+  const std::size_t n = scores.size(), rank = cut_sample_rank(n, keep);
+  if (rank == 0) return false;
+  std::uint32_t sample[cut_samples];
+  for (std::size_t i = 0; i < cut_samples; ++i) sample[i] = score_order(scores[cut_sample_position(i, n)]);
+  std::nth_element(sample, sample + (rank - 1), sample + cut_samples, std::greater<std::uint32_t>());
+  const std::uint32_t cut = sample[rank - 1];
+  const std::size_t count = count_at_least(scores.data(), n, cut);
+  if (count < keep) return false;
+  keys.resize(count + 16);
+  keys_at_least(scores.data(), n, first_index, cut, keys.data());
+  keys.resize(count);
+  return true;
+}
+
 // min(k, n) for k of any sign.
 inline std::size_t kept_count(std::size_t n, std::int64_t k) noexcept {
   return static_cast<std::size_t>(std::min<std::int64_t>(std::max<std::int64_t>(k, 0), static_cast<std::int64_t>(n)));
@@ -215,13 +325,22 @@ inline void rank_keys(span<const float> scores, std::int64_t first_index, std::v
   for (std::size_t j = 0; j < scores.size(); ++j) keys[j] = rank_key(scores[j], first_index + static_cast<std::int64_t>(j));
 }
 
+// The rank keys of the top min(k, n) of scores[0 … n), best first, into `keys`; scores[j]
+// belongs to entry first_index + j. Many scores and a small k take the sampled cut
+// (detail::keys_above_sampled_cut), the rest a key per score; the keys are the same either way.
+inline void select_top_keys(span<const float> scores, std::int64_t first_index, std::int64_t k,
+                            std::vector<std::uint64_t>& keys, std::vector<std::uint64_t>& scratch) {
+  if (!detail::keys_above_sampled_cut(scores, first_index, detail::kept_count(scores.size(), k), keys))
+    rank_keys(scores, first_index, keys);
+  keep_top_keys(keys, k, true, scratch);
+}
+
 // The top min(k, n) of scores[0 … n), best first, into `out` (reusing its storage); scores[j]
 // belongs to entry first_index + j.
 inline void select_top_k(span<const float> scores, std::int64_t k, std::vector<scored_entry>& out,
                          std::int64_t first_index = 0) {
-  std::vector<std::uint64_t> keys;
-  rank_keys(scores, first_index, keys);
-  keep_top_keys(keys, k, true);
+  std::vector<std::uint64_t> keys, scratch;
+  select_top_keys(scores, first_index, k, keys, scratch);
   out.resize(keys.size());
   for (std::size_t r = 0; r < keys.size(); ++r) {
     const std::int64_t index = rank_key_index(keys[r]);
