@@ -396,6 +396,42 @@ TEST_CASE("fp8 read: bit-identical to the fp32 read of the dequantized entries, 
   }
 }
 
+TEST_CASE("fp8 attention kernel: the logit pass's kept rows are the dequantized keys, its logits unchanged",
+          "[read][fp8]") {
+  // Tied FP8 K/V: the reader asks the logit pass to keep the keys it widens and runs the output
+  // pass over those rows. They must be the keys as fp8_dequantize_head gives them, in every tile
+  // shape (keys around the 6-key tile, heads over one and several 64-head blocks, channels with
+  // and without bf16 RoPE channels and partial blocks), and keeping them must not move a logit.
+  using kernel = kernels::attention<>;
+  std::mt19937 rng(1405);
+  for (int trial = 0; trial < 60; ++trial) {
+    const i64 heads = pick_of<i64>(rng, {1, 16, 64, 70, 130}), keys = pick(rng, 1, 20);
+    const i64 channels = pick_of<i64>(rng, {16, 64, 100, 512}), rope = pick_of<i64>(rng, {0, 0, 16, 64});
+    const fp8_head_layout layout = fp8_head_layout::of(channels, std::min(rope, channels));
+    INFO("trial " << trial << ": heads " << heads << ", keys " << keys << ", channels " << channels << ", rope "
+                  << layout.rope_channels);
+    std::vector<std::byte> arena(sz(keys * layout.bytes));
+    std::vector<float> values(sz(channels));
+    std::vector<const std::byte*> heads_of(sz(keys));
+    for (i64 k = 0; k < keys; ++k) {
+      for (float& v : values) v = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng), pick(rng, -8, 8));
+      fp8_quantize_head(values.data(), layout, arena.data() + k * layout.bytes);
+      heads_of[sz(k)] = arena.data() + (keys - 1 - k) * layout.bytes;  // not in address order
+    }
+    std::vector<float> q = phasekv_test::random_uniform(rng, sz(heads * channels), -1.0f, 1.0f);
+    kernel::prepared p;
+    kernel::prepare(q.data(), heads, channels, 0.125f, p);
+    kernel::aligned_floats plain(sz(keys * p.padded)), kept(plain.size());
+    std::vector<float> widened(sz(keys * channels), NAN);
+    kernel::logits(p, kernels::fp8_heads{heads_of.data(), layout}, keys, plain.data());
+    kernel::logits(p, kernels::fp8_heads{heads_of.data(), layout}, keys, kept.data(), widened.data());
+    CHECK(std::memcmp(plain.data(), kept.data(), plain.size() * sizeof(float)) == 0);
+    std::vector<float> want(sz(keys * channels));
+    for (i64 k = 0; k < keys; ++k) fp8_dequantize_head(heads_of[sz(k)], layout, want.data() + k * channels);
+    CHECK(std::memcmp(widened.data(), want.data(), want.size() * sizeof(float)) == 0);
+  }
+}
+
 // ---- DeepSeek-V4 ---------------------------------------------------------------------------------
 
 namespace {

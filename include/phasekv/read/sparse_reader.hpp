@@ -770,8 +770,20 @@ class sparse_reader {
     const fp8_head_layout key_format = entries ? key_layout.fp8() : window_key_head();
     const fp8_head_layout value_format = entries ? value_layout.fp8() : window_value_head();
     ps.logits.resize(static_cast<std::size_t>(pc.count * q.padded));
+    // Tied FP8 K/V (DeepSeek-V4's entries and window): the logit pass keeps the keys it widens,
+    // and the output pass reads them as fp32 rows — the same values, so the same bits.
+    const bool tied_fp8 = fp8_keys && fp8_values && key_format.bytes == value_format.bytes &&
+                          key_format.channels == value_format.channels &&
+                          key_format.rope_channels == value_format.rope_channels && ps.key_heads == ps.value_heads;
+    if (tied_fp8) {
+      ps.fp8.slab.resize(static_cast<std::size_t>(pc.count * q.channels));
+      ps.fp8.rows.resize(static_cast<std::size_t>(pc.count));
+      for (std::int64_t k = 0; k < pc.count; ++k)
+        ps.fp8.rows[static_cast<std::size_t>(k)] = ps.fp8.slab.data() + k * q.channels;
+    }
     if (fp8_keys)
-      attention_kernel::logits(q, kernels::fp8_heads{ps.key_heads.data(), key_format}, pc.count, ps.logits.data());
+      attention_kernel::logits(q, kernels::fp8_heads{ps.key_heads.data(), key_format}, pc.count, ps.logits.data(),
+                               tied_fp8 ? ps.fp8.slab.data() : nullptr);
     else
       attention_kernel::logits(q, ps.keys.data(), pc.count, ps.logits.data());
     if (w.tracing) {
@@ -783,7 +795,9 @@ class sparse_reader {
     ps.sum.resize(static_cast<std::size_t>(q.padded));
     attention_kernel::softmax(ps.logits.data(), pc.count, q.padded, ps.max.data(), ps.sum.data());
     float* out = ps.state.assign(q.heads, value_channels_, ps.max.data(), ps.sum.data());
-    if (fp8_values)
+    if (tied_fp8)
+      attention_kernel::output(ps.logits.data(), q.padded, q.heads, ps.fp8.rows.data(), pc.count, value_channels_, out);
+    else if (fp8_values)
       attention_kernel::output(ps.logits.data(), q.padded, q.heads,
                                kernels::fp8_heads{ps.value_heads.data(), value_format}, pc.count, value_channels_,
                                out, ps.fp8);
