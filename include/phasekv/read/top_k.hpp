@@ -290,7 +290,7 @@ inline std::size_t kept_count(std::size_t n, std::int64_t k) noexcept {
 }  // namespace detail
 
 // Drops keys that cannot be among the top min(k, n), keeping them all and perhaps some more:
-// for a stage whose survivors are merged and selected again (the reader's chunks of scores).
+// keep_top_keys's first step, and for a stage whose survivors are merged and selected again.
 inline void narrow_to_top_keys(std::vector<std::uint64_t>& keys, std::int64_t k) {
   const std::size_t keep = detail::kept_count(keys.size(), k);
   if (keep == 0) keys.clear();
