@@ -11,6 +11,8 @@
 //   - the Hadamard transform against a dense matrix product in double: bit for bit on inputs whose
 //     sums are exact in double (every size 1 … 1024), within the stated bound on others; its
 //     scale is the double nearest n^−1/2; applying it twice gives the input back;
+//   - the unpacked quantizer the reader's queries use (doubled codes and scale bytes) against the
+//     same oracle bytes, at every scale exponent, boundary and tie and on whole heads;
 //   - whole heads byte for byte against the oracle (every channel count 32 … 1024; zeros, signed
 //     zeros, tiny and huge magnitudes, NaN, Inf, a transform that overflows fp32), and their
 //     dequantization equal to the oracle's values for every code at every scale byte;
@@ -23,7 +25,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -78,6 +82,38 @@ std::vector<std::uint8_t> quantize_transformed(const std::vector<float>& y) {
   std::vector<std::byte> out(sz(l.bytes), std::byte{0xAB});
   fp4_quantize_transformed(y.data(), l, out.data());
   return as_bytes(out);
+}
+
+// The unpacked form (fp4_quantize_*_twice) packed back into the stored layout: the code of each
+// doubled value (its sign from the sign of the value; a 0 becomes code 0 — callers compare it
+// with bytes whose zeros they map the same way, see packed_like) and the scale bytes.
+std::vector<std::uint8_t> pack_twice(const std::vector<std::int8_t>& twice, const std::vector<std::uint8_t>& scales) {
+  std::vector<std::uint8_t> out(twice.size() / 2 + scales.size(), 0);
+  for (std::size_t c = 0; c < twice.size(); ++c) {
+    std::uint8_t code = 0;
+    while (code < 16 && e2m1_twice[code] != twice[c]) ++code;  // 0 → code 0; 16: not a code
+    out[c / 2] = static_cast<std::uint8_t>(out[c / 2] | (code << (c % 2 == 0 ? 0 : 4)));
+  }
+  std::copy(scales.begin(), scales.end(), out.begin() + static_cast<std::ptrdiff_t>(twice.size() / 2));
+  return out;
+}
+// Stored bytes with −0's code 8 turned into 0 (the unpacked form cannot tell the zeros apart).
+std::vector<std::uint8_t> packed_like(std::vector<std::uint8_t> bytes, i64 channels) {
+  for (i64 i = 0; i < channels / 2; ++i) {
+    std::uint8_t& b = bytes[sz(i)];
+    if ((b & 0x0Fu) == 8) b = static_cast<std::uint8_t>(b & 0xF0u);
+    if ((b >> 4) == 8) b = static_cast<std::uint8_t>(b & 0x0Fu);
+  }
+  return bytes;
+}
+// The unpacked quantization of a head (transformed or not), packed back.
+std::vector<std::uint8_t> quantize_twice(const std::vector<float>& x, bool transformed) {
+  const fp4_head_layout l = fp4_head_layout::of(static_cast<i64>(x.size()));
+  std::vector<std::int8_t> twice(x.size(), 99);
+  std::vector<std::uint8_t> scales(sz(l.blocks), 0xAB);
+  if (transformed) fp4_quantize_transformed_twice(x.data(), l, twice.data(), scales.data());
+  else fp4_quantize_head_twice(x.data(), l, twice.data(), scales.data());
+  return pack_twice(twice, scales);
 }
 
 // The index of the first byte that differs, or −1.
@@ -249,6 +285,8 @@ TEST_CASE("fp4: blocks at every scale exponent quantize like the oracle, boundar
     y[0] = y[32] = k < 126 ? std::ldexp(6.0f, k) : std::numeric_limits<float>::max();
     for (std::size_t i = 0; i < values.size(); ++i) y[1 + i + (i >= 31 ? 1 : 0)] = values[i];
     const std::vector<std::uint8_t> got = quantize_transformed(y), want = oracle::encode_transformed(y.data(), 64);
+    // The unpacked quantizer (the reader's queries; AVX-512 in builds that have it) agrees.
+    CHECK(first_difference(quantize_twice(y, true), packed_like(want, 64)) == -1);
     if (got != want) {
       ++wrong;
       INFO("k = " << k << ", first differing byte " << first_difference(got, want));
@@ -262,6 +300,7 @@ TEST_CASE("fp4: blocks at every scale exponent quantize like the oracle, boundar
   // Values at the floor's scale: 2^−127 is 0.5 · 2^−126 (code 1), 2^−128 a tie that goes to 0.
   std::vector<float> tiny(32, 0.0f);
   tiny[0] = std::ldexp(1.0f, -127), tiny[1] = std::ldexp(1.0f, -128), tiny[2] = -std::numeric_limits<float>::denorm_min();
+  CHECK(quantize_twice(tiny, true) == packed_like(oracle::encode_transformed(tiny.data(), 32), 32));
   const std::vector<std::uint8_t> t = quantize_transformed(tiny);
   CHECK(t[0] == (1 | (0 << 4)));
   CHECK(t[1] == 8);  // −denorm_min rounds to −0
@@ -375,6 +414,7 @@ TEST_CASE("fp4: heads quantize byte for byte like the oracle, and decode to its 
       }
       const std::vector<std::uint8_t> got = quantize(x), want = oracle::encode_head(x.data(), channels);
       CHECK(first_difference(got, want) == -1);
+      CHECK(first_difference(quantize_twice(x, false), packed_like(want, channels)) == -1);
       CHECK(decodes_like_oracle(got, channels) == "");
       // The transform followed by the quantizer is what fp4_quantize_head does.
       std::vector<float> y(sz(channels));

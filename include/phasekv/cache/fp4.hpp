@@ -298,6 +298,79 @@ inline void fp4_quantize_head(const float* values, const fp4_head_layout& l, std
   }
 }
 
+namespace detail {
+
+// The codes of one block, as fp4_quantize_block finds them, as doubled e2m1 values (the integers
+// the reader multiplies: e2m1_twice of each code) and the scale byte; false, with nothing
+// written, for a block holding a NaN or ±Inf (the caller takes fp4_quantize_block's path).
+// AVX-512 builds only: the same operations as the scalar quantizer — the same amax bits, the
+// same scale byte and 2^−k, fp32 products x · 2^−k, the same seven thresholds — 16 lanes at a
+// time, so every code is the scalar one (tests/test_cache_fp4.cpp compares them).
+#if defined(__AVX512F__)
+inline bool fp4_quantize_block_twice(const float* x, std::int8_t* twice, std::uint8_t& scale_byte) noexcept {
+  const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+  const __m512i abs_mask = _mm512_set1_epi32(static_cast<int>(f32_abs_mask));
+  const std::uint32_t top = _mm512_reduce_max_epu32(_mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(x0), abs_mask),
+                                                                     _mm512_and_si512(_mm512_castps_si512(x1), abs_mask)));
+  if (top >= f32_infinity) return false;
+  scale_byte = fp4_scale_byte(std::max(float_from_bits(top), fp4_amax_floor));
+  const __m512 inverse = _mm512_set1_ps(float_from_bits(static_cast<std::uint32_t>(254 - scale_byte) << 23));
+  // e2m1_twice of the magnitudes 0 … 7, indexed by the count of thresholds passed.
+  const __m512i magnitude_twice = _mm512_setr_epi32(0, 1, 2, 3, 4, 6, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i one = _mm512_set1_epi32(1), zero = _mm512_setzero_si512();
+  const auto codes16 = [&](__m512 xs) {
+    const __m512 v = _mm512_mul_ps(xs, inverse), a = _mm512_abs_ps(v);
+    __m512i m = zero;
+    m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.25f), _CMP_GT_OQ), m, one);
+    m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.75f), _CMP_GE_OQ), m, one);
+    m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.25f), _CMP_GT_OQ), m, one);
+    m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.75f), _CMP_GE_OQ), m, one);
+    m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(2.5f), _CMP_GT_OQ), m, one);
+    m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.5f), _CMP_GE_OQ), m, one);
+    m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(5.0f), _CMP_GT_OQ), m, one);
+    const __m512i magnitude = _mm512_permutexvar_epi32(m, magnitude_twice);
+    // The sign bit of v (a negative value, −0 included) negates: e2m1_twice[8 | m] = −e2m1_twice[m].
+    const __mmask16 negative = _mm512_cmplt_epi32_mask(_mm512_castps_si512(v), zero);
+    return _mm512_mask_sub_epi32(magnitude, negative, zero, magnitude);
+  };
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(twice), _mm512_cvtepi32_epi8(codes16(x0)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(twice + 16), _mm512_cvtepi32_epi8(codes16(x1)));
+  return true;
+}
+#endif
+
+}  // namespace detail
+
+// What fp4_quantize_transformed stores for y[0 … channels), unpacked: twice[c] = e2m1_twice of
+// channel c's code and scale_bytes[b] = block b's scale byte. The reader's queries take this
+// form (they are multiplied as integers, never stored).
+inline void fp4_quantize_transformed_twice(const float* y, const fp4_head_layout& l, std::int8_t* twice,
+                                           std::uint8_t* scale_bytes) noexcept {
+  for (std::int64_t b = 0; b < l.blocks; ++b) {
+    const float* x = y + b * fp4_block_channels;
+    std::int8_t* out = twice + b * fp4_block_channels;
+#if defined(__AVX512F__)
+    if (detail::fp4_quantize_block_twice(x, out, scale_bytes[b])) continue;
+#endif
+    std::byte codes[fp4_block_channels / 2], scale;
+    detail::fp4_quantize_block(x, codes, scale);
+    scale_bytes[b] = static_cast<std::uint8_t>(scale);
+    for (std::int64_t i = 0; i < fp4_block_channels; ++i) out[i] = e2m1_twice[fp4_code(codes, i)];
+  }
+}
+
+// The same for a head not yet transformed: what fp4_quantize_head stores, unpacked.
+inline void fp4_quantize_head_twice(const float* values, const fp4_head_layout& l, std::int8_t* twice,
+                                    std::uint8_t* scale_bytes) noexcept {
+  std::array<double, fp4_max_channels> scratch;
+  double* w = scratch.data();
+  for (std::int64_t i = 0; i < l.channels; ++i) w[i] = static_cast<double>(values[i]);
+  detail::hadamard_in_place(w, l.channels);
+  std::array<float, fp4_max_channels> y;
+  for (std::int64_t i = 0; i < l.channels; ++i) y[static_cast<std::size_t>(i)] = static_cast<float>(w[i]);
+  fp4_quantize_transformed_twice(y.data(), l, twice, scale_bytes);
+}
+
 // The stored (transformed) values of a head: out[c] = e2m1(code c) · 2^(b − 127), NaN for a block
 // whose scale byte is 0xFF.
 inline void fp4_dequantize_head(const std::byte* head, const fp4_head_layout& l, float* out) noexcept {

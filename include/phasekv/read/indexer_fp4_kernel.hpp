@@ -85,6 +85,7 @@
 // unpacked once, at ~0.88 — where the rest goes, bench/RESULTS.md ("fifth session").
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -194,21 +195,10 @@ struct indexer_fp4 {
     p.scales.resize(static_cast<std::size_t>(heads * layout.blocks));
     p.weights.assign(weights, weights + heads);
     p.scale_bytes.resize(static_cast<std::size_t>(heads * layout.blocks));
-    std::byte bytes[fp4_max_channels / 2 + fp4_max_channels / fp4_block_channels];
-    for (std::int64_t h = 0; h < heads; ++h) {
-      fp4_quantize_head(queries + h * channels, layout, bytes);
-      std::int8_t* codes = p.codes.data() + h * channels;
-      for (std::int64_t i = 0; i < layout.scale_offset; ++i) {
-        const auto byte = static_cast<std::uint8_t>(bytes[i]);
-        codes[2 * i] = e2m1_twice[byte & 0x0Fu];
-        codes[2 * i + 1] = e2m1_twice[byte >> 4];
-      }
-      for (std::int64_t b = 0; b < layout.blocks; ++b) {
-        const auto byte = static_cast<std::uint8_t>(bytes[layout.scale_offset + b]);
-        p.scale_bytes[static_cast<std::size_t>(h * layout.blocks + b)] = byte;
-        p.scales[static_cast<std::size_t>(h * layout.blocks + b)] = half_scale(byte);
-      }
-    }
+    for (std::int64_t h = 0; h < heads; ++h)
+      fp4_quantize_head_twice(queries + h * channels, layout, p.codes.data() + h * channels,
+                              p.scale_bytes.data() + h * layout.blocks);
+    for (std::size_t i = 0; i < p.scales.size(); ++i) p.scales[i] = half_scale(p.scale_bytes[i]);
     p.shifted = false;
 #if PHASEKV_HAS_INT8_DOT
     if (simd_supports(channels)) prepare_shifted(p.scale_bytes.data(), p);
@@ -273,9 +263,15 @@ struct indexer_fp4 {
   }
 
  private:
-  // 2^(b − 128) = 2^(k − 1) for a scale byte b = k + 127; NaN for 0xFF.
+  // 2^(b − 128) = 2^(k − 1) for a scale byte b = k + 127; NaN for 0xFF. Built from its bits (a
+  // normal double for every byte: biased exponent b + 895), which costs a fraction of ldexp's
+  // call; prepare converts 256 of them a read.
   static double half_scale(std::uint8_t byte) noexcept {
-    return byte == ue8m0_nan ? std::numeric_limits<double>::quiet_NaN() : std::ldexp(1.0, static_cast<int>(byte) - 128);
+    if (byte == ue8m0_nan) return std::numeric_limits<double>::quiet_NaN();
+    const std::uint64_t bits = static_cast<std::uint64_t>(byte + 895u) << 52;
+    double value;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
   }
 
   // The 16 lanes summed in the order the header states: halves at distance 8, 4, 2, 1.
@@ -327,12 +323,32 @@ struct indexer_fp4 {
       p.start[static_cast<std::size_t>(h)] = -key_offset * sum;
       // Slot s of a run holds channels slot_channel(s, 0 … 3): four bytes, one store per slot.
       const std::int64_t hb = h / block_heads, g = (h % block_heads) / lanes, lane = h % lanes;
+#if defined(__AVX512VBMI__)
+      // The same stores a run at a time: its even channels' bytes are slots 0 … 15 in order, its
+      // odd channels' slots 16 … 31, and consecutive slots of a head lie 4 · 16 · 4 bytes apart.
+      alignas(64) static constexpr std::array<std::uint8_t, 64> even = [] {
+        std::array<std::uint8_t, 64> a{};
+        for (int i = 0; i < 64; ++i) a[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(2 * i);
+        return a;
+      }();
+      const __m512i even_index = _mm512_load_si512(even.data());
+      const __m512i odd_index = _mm512_add_epi8(even_index, _mm512_set1_epi8(1));
+      const __m512i slot_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                      _mm512_set1_epi32(static_cast<int>(4 * lanes * 4)));
+      for (std::int64_t run = 0; run < slots / slots_per_run; ++run) {
+        const __m512i lo = _mm512_loadu_si512(shifted + run * 128), hi = _mm512_loadu_si512(shifted + run * 128 + 64);
+        std::int8_t* first = p.q_t.data() + (((hb * slots + run * slots_per_run) * 4 + g) * lanes + lane) * 4;
+        _mm512_i32scatter_epi32(first, slot_offsets, _mm512_permutex2var_epi8(lo, even_index, hi), 1);
+        _mm512_i32scatter_epi32(first + 16 * 4 * lanes * 4, slot_offsets, _mm512_permutex2var_epi8(lo, odd_index, hi), 1);
+      }
+#else
       for (std::int64_t s = 0; s < slots; ++s) {
         const std::int64_t base = s / slots_per_run * 128;
         const std::int8_t four[4] = {shifted[base + slot_channel(s % slots_per_run, 0)], shifted[base + slot_channel(s % slots_per_run, 1)],
                                      shifted[base + slot_channel(s % slots_per_run, 2)], shifted[base + slot_channel(s % slots_per_run, 3)]};
         std::memcpy(p.q_t.data() + (((hb * slots + s) * 4 + g) * lanes + lane) * 4, four, sizeof four);
       }
+#endif
     }
     p.shifted = true;
   }
