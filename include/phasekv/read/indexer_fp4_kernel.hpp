@@ -336,10 +336,12 @@ struct indexer_fp4 {
       const __m512i slot_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                       _mm512_set1_epi32(static_cast<int>(4 * lanes * 4)));
       for (std::int64_t run = 0; run < slots / slots_per_run; ++run) {
-        const __m512i lo = _mm512_loadu_si512(shifted + run * 128), hi = _mm512_loadu_si512(shifted + run * 128 + 64);
+        const __m512i low_half = _mm512_loadu_si512(shifted + run * 128);
+        const __m512i high_half = _mm512_loadu_si512(shifted + run * 128 + 64);
         std::int8_t* first = p.q_t.data() + (((hb * slots + run * slots_per_run) * 4 + g) * lanes + lane) * 4;
-        _mm512_i32scatter_epi32(first, slot_offsets, _mm512_permutex2var_epi8(lo, even_index, hi), 1);
-        _mm512_i32scatter_epi32(first + 16 * 4 * lanes * 4, slot_offsets, _mm512_permutex2var_epi8(lo, odd_index, hi), 1);
+        _mm512_i32scatter_epi32(first, slot_offsets, _mm512_permutex2var_epi8(low_half, even_index, high_half), 1);
+        _mm512_i32scatter_epi32(first + 16 * 4 * lanes * 4, slot_offsets,
+                                _mm512_permutex2var_epi8(low_half, odd_index, high_half), 1);
       }
 #else
       for (std::int64_t s = 0; s < slots; ++s) {
