@@ -140,6 +140,9 @@ std::vector<job> plan_jobs(const options& o) {
       }
       const std::int64_t window = j.probe.window;
       j.sweep.stride = stride;
+      // Layouts (contained / straddle) are classified against the probe's stream; the control's
+      // against the blocks of the stride it is plotted with (it has none of its own).
+      j.sweep.window = control ? 0 : window;
       j.sweep.modulus = 2 * stride;
       j.sweep.trials_per_residue = o.trials;
       j.sweep.query_position = o.tokens - 1;
@@ -237,8 +240,7 @@ int run(const options& o) {
     const std::vector<phasekv::diag::placement> plan = phasekv::diag::plan_sweep(j.sweep);
 
     // The probe is deterministic: one context (seed + target set) gives one outcome per target.
-    // The plan is a paired design — trial i of every residue shares an anchor, and a position
-    // recurs across trial indices — which a host realises by building each trial index's prompt
+    // The plan is a paired design — trial i of every residue shares an anchor — which a host realises by building each trial index's prompt
     // from its own content (see examples/host_sweep.cpp). Here the content is the probe's seed:
     // trial i uses seed group i mod M, within which every position occurs once per anchor. Each
     // group's targets are packed into contexts (first fit, sorted by position) at least

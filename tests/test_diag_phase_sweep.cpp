@@ -118,15 +118,16 @@ TEST_CASE("phase sweep plan: deterministic; the seed changes the order only", "[
 }
 
 TEST_CASE("phase sweep plan: matched mean and variance across residues, over many configs", "[diag][sweep]") {
-  // The documented guarantees: exact mean when M | n, else |Δmean| ≤ M/n; |Δvariance| ≤ M²/4
-  // when M | n, else ≤ M²/2.
+  // The documented guarantees: exact mean when M | n, else |Δmean| ≤ M/n; |Δvariance| ≤
+  // M²/2 + 2M·span/n (the anchor of each trial index is its own); and distinct positions for
+  // every trial of a residue once the range has room (span ≥ 2·M·n).
   std::int64_t configs = 0;
   for (std::int64_t stride : {1, 2, 3, 4, 8, 16}) {
     for (std::int64_t multiple : {1, 2, 3}) {
       const std::int64_t m = stride * multiple;
       if (m < 2) continue;
       for (std::int64_t trials : {10, 11, 16, 17, 23, 32, 48, 50, 64, 100}) {
-        for (std::int64_t span : {3 * m, 3 * m + 5, std::int64_t{500}, std::int64_t{4096}}) {
+        for (std::int64_t span : {3 * m, 3 * m + 5, std::int64_t{500}, std::int64_t{4096}, std::int64_t{131072}}) {
           if (span < 3 * m) continue;
           sweep_config c = make_config(stride, m, trials);
           c.span = span;
@@ -142,32 +143,64 @@ TEST_CASE("phase sweep plan: matched mean and variance across residues, over man
             mean_high = std::max(mean_high, s.mean);
             var_low = std::min(var_low, s.variance);
             var_high = std::max(var_high, s.variance);
+            if (span >= 2 * m * trials) CHECK(s.distinct == trials);
           }
           INFO("stride " << stride << " modulus " << m << " trials " << trials << " span " << span);
           const double md = static_cast<double>(m);
-          if (trials % m == 0) {
-            CHECK(mean_high == mean_low);  // exact: integer sums are equal
-            CHECK(var_high - var_low <= md * md / 4 + 1e-6 * var_high);
-          } else {
-            CHECK(mean_high - mean_low <= md / static_cast<double>(trials) + 1e-9);
-            CHECK(var_high - var_low <= md * md / 2 + 1e-6 * var_high);
-          }
+          if (trials % m == 0) CHECK(mean_high == mean_low);  // exact: integer sums are equal
+          else CHECK(mean_high - mean_low <= md / static_cast<double>(trials) + 1e-9);
+          CHECK(var_high - var_low <= md * md / 2 + 2 * md * static_cast<double>(span) / static_cast<double>(trials) +
+                                          1e-6 * var_high);
           ++configs;
         }
       }
     }
   }
-  CHECK(configs > 300);
+  CHECK(configs > 400);
 }
 
-TEST_CASE("phase sweep plan: the variance bound is reached, not just met (M²/4 at r = M/2)", "[diag][sweep]") {
-  // A full-round design adds r(M − r) to residue r's variance: the bound is tight, so the
-  // documentation is not hiding a larger effect.
-  const auto c = make_config(4, 8, 32);
-  const auto st = plan_position_statistics(plan_sweep(c), 8);
-  for (std::int64_t r = 0; r < 8; ++r)
-    CHECK(st[static_cast<std::size_t>(r)].variance - st[0].variance ==
-          Approx(static_cast<double>(r * (8 - r))).margin(1e-6));
+TEST_CASE("phase sweep plan: a residue's trials use distinct positions (no copies counted as trials)", "[diag][sweep]") {
+  // The old design gave each round one anchor: 32 trials of a residue shared 4 positions.
+  const auto c = make_config(8, 16, 64);
+  for (const auto& s : plan_position_statistics(plan_sweep(c), 16)) CHECK(s.distinct == 64);
+}
+
+TEST_CASE("phase sweep plan: layout modes plan the residues whose record fits, or crosses, a block", "[diag][sweep]") {
+  for (std::int64_t stride : {4, 8}) {
+    for (std::int64_t window : {stride, 2 * stride}) {
+      for (std::int64_t origin : {std::int64_t{0}, stride / 2 + 1}) {
+        for (std::int64_t length : {2, 3, 4}) {
+          sweep_config c = make_config(stride, 0, 16);
+          c.window = window;
+          c.origin = origin;
+          c.record.key_tokens = length - 1;
+          c.layout = layout_mode::contained;
+          const geometry g{stride, window, origin, anchor_mode::block_start};
+          std::set<std::int64_t> offsets;
+          for (const auto& p : plan_sweep(c)) {
+            const auto l = classify_record(g, p.target_position, length);
+            CHECK(l.kind == layout_class::contained);
+            CHECK(p.layout.kind == layout_class::contained);
+            CHECK(p.layout.first_offset == l.first_offset);
+            offsets.insert(l.first_offset);
+          }
+          // every in-block offset the record's length allows: 0 … S − L
+          CHECK(offsets.size() == static_cast<std::size_t>(stride - length + 1));
+          c.layout = layout_mode::straddle;
+          for (const auto& p : plan_sweep(c)) {
+            CHECK(p.layout.boundaries >= 1);
+            CHECK(p.layout.kind == (window > stride ? layout_class::straddle_covered : layout_class::straddle_split));
+          }
+          c.layout = layout_mode::any;
+          CHECK(plan_sweep(c).size() == static_cast<std::size_t>(2 * stride * 16));
+        }
+      }
+    }
+  }
+  sweep_config c = make_config(4, 0, 16);
+  c.layout = layout_mode::contained;
+  c.record.value_tokens = 4;  // L = 5 > S
+  CHECK_THROWS_WITH(c.validate(), Catch::Contains("record.length()"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -222,6 +255,7 @@ TEST_CASE("haystacks: no overlapping needles, first fit in plan order, residues 
       const auto haystack = assign_haystacks(plan, needle);
       REQUIRE(haystack.size() == plan.size());
       // The oracle, from the definition: scan every earlier placement of every haystack.
+      const std::int64_t k = 2 * stride;
       std::int64_t used = 0;
       for (std::size_t i = 0; i < plan.size(); ++i) {
         auto overlaps = [&](std::int64_t h) {
@@ -229,22 +263,26 @@ TEST_CASE("haystacks: no overlapping needles, first fit in plan order, residues 
             if (haystack[k] == h && std::abs(plan[k].target_position - plan[i].target_position) < needle) return true;
           return false;
         };
-        std::int64_t first_fit = 0;
+        std::int64_t first_fit = plan[i].trial % k;
         while (first_fit < used && overlaps(first_fit)) ++first_fit;
         INFO("needle " << needle << ", stride " << stride << ", placement " << i);
         REQUIRE(haystack[i] == first_fit);
         used = std::max(used, first_fit + 1);
       }
-      // No haystack is one residue's: each residue's trials spread over at least
-      // min(M/2, trials per residue / 2) haystacks.
+      // No haystack is one residue's: each residue's trials spread over min(M, trials per
+      // residue)/2 haystacks or more, and every haystack holds several residues.
       std::map<std::int64_t, std::set<std::int64_t>> haystacks_of;
       for (std::size_t i = 0; i < plan.size(); ++i) haystacks_of[plan[i].residue].insert(haystack[i]);
       REQUIRE(static_cast<std::int64_t>(haystacks_of.size()) == 2 * stride);
       for (const auto& [residue, spread] : haystacks_of) {
         INFO("residue " << residue);
-        CHECK(static_cast<std::int64_t>(spread.size()) >= std::min(stride, trials / 2));
+        CHECK(2 * static_cast<std::int64_t>(spread.size()) >= std::min(k, trials));
       }
-      CHECK(used <= 2 * stride * (needle + 1));  // the bound phase_sweep.hpp states
+      std::map<std::int64_t, std::set<std::int64_t>> residues_of;
+      for (std::size_t i = 0; i < plan.size(); ++i) residues_of[haystack[i]].insert(plan[i].residue);
+      for (const auto& [h, residues] : residues_of)
+        if (h < k) CHECK(residues.size() >= 2);
+      CHECK(used <= k + 2 * needle);  // the bound phase_sweep.hpp states
     }
   }
   CHECK_THROWS_AS(assign_haystacks({}, 0), input_error);
@@ -292,7 +330,7 @@ TEST_CASE("phase sweep: a boundary-phase weak spot is found with period S", "[di
   }
   const std::string table = result.to_table();
   CHECK(table.find("INVALID") == std::string::npos);
-  CHECK(table.find("dominant period: 4") != std::string::npos);
+  CHECK(table.find("dominant period (all trials): 4") != std::string::npos);
 }
 
 TEST_CASE("phase sweep: a flat accuracy is not called periodic at the 1% level", "[diag][sweep]") {
@@ -436,19 +474,23 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
   const auto rows = split(result.to_csv(), '\n');
   REQUIRE(rows.size() == 1 + 8 + 1);  // header, residues, the empty piece after the last newline
   CHECK(rows.back().empty());
-  CHECK(rows[0] == "residue,phase,planned,valid,errored,successes,estimate,ci_low,ci_high");
+  CHECK(rows[0] ==
+        "residue,phase,layout,planned,valid,errored,successes,estimate,ci_low,ci_high,selection_miss,read_dilution,"
+        "write_dilution,readout,unattributed");
   for (std::size_t i = 1; i < 1 + 8; ++i) {
     const auto fields = split(rows[i], ',');
-    REQUIRE(fields.size() == 9);
+    REQUIRE(fields.size() == 15);
     const auto& r = result.residues[i - 1];
     CHECK(std::stoll(fields[0]) == r.residue);
     CHECK(std::stoll(fields[1]) == r.residue % 4);
-    CHECK(std::stoll(fields[3]) == r.valid);
-    CHECK(std::stoll(fields[4]) == r.errored);
-    CHECK(std::stoll(fields[5]) == r.successes);
-    CHECK(std::stod(fields[6]) == Approx(r.estimate).epsilon(1e-9));
-    CHECK(std::stod(fields[7]) == Approx(r.ci_low).epsilon(1e-9));
-    CHECK(std::stod(fields[8]) == Approx(r.ci_high).epsilon(1e-9));
+    CHECK(fields[2] == (r.residue % 4 == 3 ? "straddle_split" : "contained"));
+    CHECK(std::stoll(fields[4]) == r.valid);
+    CHECK(std::stoll(fields[5]) == r.errored);
+    CHECK(std::stoll(fields[6]) == r.successes);
+    CHECK(std::stod(fields[7]) == Approx(r.estimate).epsilon(1e-9));
+    CHECK(std::stod(fields[8]) == Approx(r.ci_low).epsilon(1e-9));
+    CHECK(std::stod(fields[9]) == Approx(r.ci_high).epsilon(1e-9));
+    CHECK(std::stoll(fields[14]) == r.valid - r.successes);  // unattributed wrong answers
   }
   // The summary is a table of its own: key,value.
   std::map<std::string, std::string> summary;
@@ -486,8 +528,9 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
   // Probability sweeps leave `successes` empty in CSV and null in JSON.
   const auto probabilities = run_sweep(config, [](const placement& p) { return coin(6, p); });
   const auto prow = split(split(probabilities.to_csv(), '\n')[1], ',');
-  REQUIRE(prow.size() == 9);
-  CHECK(prow[5].empty());
+  REQUIRE(prow.size() == 15);
+  CHECK(prow[6].empty());
+  CHECK(prow[14].empty());
   CHECK(probabilities.to_json().find("\"successes\":null") != std::string::npos);
   CHECK(probabilities.to_json().find("\"test\":\"anova\"") != std::string::npos);
 }
@@ -545,12 +588,13 @@ TEST_CASE("phase sweep: the CSV is one plain table a strict reader accepts", "[d
     });
     const auto records = read_csv_strictly(result.to_csv());
     REQUIRE(records.size() == 1 + 8);
-    CHECK(records[0] == std::vector<std::string>{"residue", "phase", "planned", "valid", "errored", "successes",
-                                                 "estimate", "ci_low", "ci_high"});
+    CHECK(records[0] == std::vector<std::string>{"residue", "phase", "layout", "planned", "valid", "errored",
+                                                 "successes", "estimate", "ci_low", "ci_high", "selection_miss",
+                                                 "read_dilution", "write_dilution", "readout", "unattributed"});
     for (std::size_t i = 1; i < records.size(); ++i) CHECK(std::stoll(records[i][0]) == static_cast<long long>(i - 1));
     // The errored trial is a column of its own: not in `valid`, not a wrong answer.
-    CHECK(records[2][3] == "11");
-    CHECK(records[2][4] == "1");
+    CHECK(records[2][4] == "11");
+    CHECK(records[2][5] == "1");
     // The summary is a table of its own; free text is quoted, not allowed to add fields or lines.
     const auto summary = read_csv_strictly(result.to_summary_csv());
     CHECK(summary[0] == std::vector<std::string>{"key", "value"});
@@ -579,7 +623,7 @@ TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][s
     REQUIRE(result.period.flat);
     CHECK(result.to_json().find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
                                 "\"flat\":true}") != std::string::npos);
-    CHECK(result.to_table().find("dominant period: none") != std::string::npos);
+    CHECK(result.to_table().find("dominant period (all trials): none") != std::string::npos);
     CHECK(result.to_summary_csv().find("\ndominant_period,\nfrequency,\npower_fraction,\nflat,true\n") !=
           std::string::npos);
   }
@@ -590,7 +634,7 @@ TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][s
     REQUIRE(result.homogeneity.p_value >= 0.05);
     CHECK(result.to_json().find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
                                 "\"flat\":false}") != std::string::npos);
-    CHECK(result.to_table().find("dominant period: none") != std::string::npos);
+    CHECK(result.to_table().find("dominant period (all trials): none") != std::string::npos);
     CHECK(result.to_summary_csv().find("\ndominant_period,\n") != std::string::npos);
   }
   SECTION("a phase effect: the period is a number") {
@@ -599,4 +643,86 @@ TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][s
     REQUIRE(result.homogeneity.p_value < 0.05);
     CHECK(result.to_json().find("\"dominant_period\":{\"period\":4,\"frequency\":2,") != std::string::npos);
   }
+}
+
+TEST_CASE("phase sweep: the contained profile sees a within-window offset effect the straddle split cannot explain",
+          "[diag][sweep][layout]") {
+  // S = W = 8, records of 3 tokens: contained at offsets 0 … 5, straddling at 6 and 7. A host that
+  // retrieves well only when the record starts at offset 2 — inside the block either way — has a
+  // within-window phase effect; a host that fails only straddling records has none.
+  sweep_config c = make_config(8, 16, 64);
+  c.record.key_tokens = 2;
+  c.span = 8192;
+  c.query_position = 8192 + 64 + 8;
+  const auto offset_two = run_sweep(c, [](const placement& p) {
+    return coin(11, p) < (p.layout.first_offset == 2 ? 0.9 : 0.5);
+  });
+  REQUIRE(offset_two.valid);
+  const profile_summary* within = offset_two.profile("contained");
+  REQUIRE(within != nullptr);
+  REQUIRE(within->valid);
+  CHECK(within->residues.size() == 12);
+  CHECK(within->homogeneity.p_value < 1e-6);
+  CHECK(within->phase_test.p_value < 0.01);
+  CHECK(within->has_period());
+  // Residues r and r + 8 agree. With offsets 6 and 7 absent, period 4 fits the present residues
+  // as well as 8 (offset 2's residues 2 and 10 are 4 apart from absent ones only): the smallest
+  // fold the data cannot reject is reported, a divisor of S.
+  CHECK(within->period.period == 4);
+  CHECK(within->phase_amplitude.estimate > 0.25);
+  CHECK(within->phase_amplitude.low > 0.0);
+  CHECK(offset_two.layouts[static_cast<std::size_t>(layout_class::straddle_split)].residues == 4);
+
+  const auto split_only = run_sweep(c, [](const placement& p) {
+    return coin(12, p) < (p.layout.kind == layout_class::contained ? 0.8 : 0.3);
+  });
+  REQUIRE(split_only.valid);
+  CHECK(split_only.homogeneity.p_value < 1e-6);  // all trials: a strong effect
+  const profile_summary* flat = split_only.profile("contained");
+  REQUIRE(flat->valid);
+  CHECK(flat->homogeneity.p_value > 0.01);       // within the window: none
+  CHECK(flat->phase_test.p_value > 0.01);
+  CHECK_FALSE(flat->has_period());
+  CHECK(flat->debiased_gap.low <= 0.0);
+  CHECK(flat->debiased_gap.high >= 0.0);
+  // The report says which profile a period belongs to.
+  const std::string table = split_only.to_table();
+  CHECK(table.find("dominant period (all trials): 8") != std::string::npos);
+  CHECK(table.find(" contained ") != std::string::npos);
+  const std::string json = split_only.to_json();
+  CHECK(json.find("\"period_of\":\"all\"") != std::string::npos);
+  CHECK(json.find("\"name\":\"contained\"") != std::string::npos);
+
+  // A plan of contained trials alone: only those residues are planned and reported.
+  c.layout = layout_mode::contained;
+  const auto planned = run_sweep(c, [](const placement& p) { return coin(13, p) < 0.7; });
+  REQUIRE(planned.valid);
+  std::int64_t planned_residues = 0;
+  for (const auto& r : planned.residues) planned_residues += r.planned > 0;
+  CHECK(planned_residues == 12);
+  CHECK(planned.profile("straddle")->valid == false);
+}
+
+TEST_CASE("phase sweep: attributed failures are counted by cause, per residue and per layout", "[diag][sweep]") {
+  const auto c = make_config(4, 8, 20);
+  const auto result = run_sweep(c, [](const placement& p) {
+    if (p.layout.kind != layout_class::contained) return attributed_outcome{false, failure_cause::write_dilution};
+    return attributed_outcome{p.trial % 4 != 0, failure_cause::selection_miss};
+  });
+  REQUIRE(result.valid);
+  CHECK(result.attributed);
+  for (const auto& r : result.residues) {
+    if (r.layout == layout_class::contained) {
+      CHECK(r.failures[static_cast<std::size_t>(failure_cause::selection_miss)] == 5);
+      CHECK(r.successes == 15);
+    } else {
+      CHECK(r.failures[static_cast<std::size_t>(failure_cause::write_dilution)] == 20);
+    }
+  }
+  CHECK(result.layouts[0].failures[static_cast<std::size_t>(failure_cause::selection_miss)] == 6 * 5);
+  CHECK(result.to_json().find("\"write_dilution\":20") != std::string::npos);
+  CHECK(result.to_table().find("failures: select/read/write/readout/?") != std::string::npos);
+  // A cause outside the enum is an errored trial, not a count.
+  const auto bad = run_sweep(c, [](const placement&) { return attributed_outcome{false, static_cast<failure_cause>(9)}; });
+  CHECK(bad.errored_trials == 8 * 20);
 }

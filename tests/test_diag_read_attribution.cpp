@@ -429,3 +429,47 @@ TEST_CASE("slot_weight_log as the sink of a real mean-pool compressor") {
   CHECK_THROWS_AS(compressor.append(fresh, chunk, strict), input_error);
   CHECK(strict.recorded() == 0);
 }
+
+TEST_CASE("classify_failure: built to miss by selection, by the read, by the write, or not at all", "[diag][attribution]") {
+  // S = 4, W = 8: entry j pools tokens [4j − 4, 4j + 4). The record: tokens 9 and 10 (block 2),
+  // held by entries 2 and 3.
+  const geometry g = v4();
+  slot_weight_log log(8);
+  for (std::int64_t j = 0; j < 8; ++j) log_entry(log, j, 8, uniform(8, j == 0 ? 4 : 0));
+  // Entry 3 written with a profile one-hot on slot 7 (token 15): the record gets no weight there.
+  log_entry(log, 3, 8, one_hot(8, 7));
+  read_trace t;
+  t.candidates = 8;
+
+  t.selected = {5, 6};  // neither entry 2 nor 3
+  t.entry_mass = {0.6f, 0.4f};
+  CHECK(classify_failure(g, log, t, 9, 2).cause == failure_cause::selection_miss);
+  // The record in the raw window is reached even when no entry holding it is selected.
+  t.window_first = 8;
+  t.window_token_mass = {0.0f, 0.0f, 0.0f};
+  CHECK(classify_failure(g, log, t, 9, 2).cause == failure_cause::read_dilution);
+  t.window_token_mass.clear();
+
+  t.selected = {2, 6};  // entry 2 holds it (mean pooled) but gets a tenth of the mass
+  t.entry_mass = {0.1f, 0.9f};
+  auto a = classify_failure(g, log, t, 9, 2);
+  CHECK(a.cause == failure_cause::read_dilution);
+  CHECK(a.entries_selected == 1);
+  CHECK(a.read_mass == Approx(0.1));
+  CHECK(a.write_share == Approx(a.uniform_share));  // mean pooling: exactly the uniform share
+  CHECK(a.uniform_share == Approx(2.0 / 8.0));
+
+  t.selected = {3, 6};  // entry 3 gets the mass, but its writer gave the record's slots nothing
+  t.entry_mass = {0.9f, 0.1f};
+  a = classify_failure(g, log, t, 9, 2);
+  CHECK(a.cause == failure_cause::write_dilution);
+  CHECK(a.write_share == 0.0);
+
+  t.selected = {2};  // read and weighted: what failed was downstream
+  t.entry_mass = {0.95f};
+  CHECK(classify_failure(g, log, t, 9, 2).cause == failure_cause::readout);
+
+  CHECK_THROWS_WITH(classify_failure(g, log, t, -1, 2), Catch::Contains("first"));
+  t.entry_mass.clear();
+  CHECK_THROWS_WITH(classify_failure(g, log, t, 9, 2), Catch::Contains("entry_mass.size()"));
+}

@@ -16,6 +16,8 @@
 #include "phasekv/diag/needle_probe.hpp"
 #include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/diag/read_attribution.hpp"
+#include "phasekv/diag/record_layout.hpp"
+#include "phasekv/diag/resampling.hpp"
 #include "phasekv/diag/statistics.hpp"
 #include "phasekv/diag/svg_plot.hpp"
 #include "phasekv/diag/write_profile.hpp"

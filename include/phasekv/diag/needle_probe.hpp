@@ -628,7 +628,7 @@ enum class needle_outcome { success, probability };
 // A phase sweep of the probe with one build per context rather than per trial: the placements
 // go into haystacks by assign_haystacks (a record takes two positions: needle_tokens = 2), and
 // context c is prepared with salt c holding exactly the targets of haystack c, in plan order.
-// Costs 2–3·M builds (haystacks) plus one read per haystack.
+// Costs about M builds (haystacks) plus one read per haystack.
 inline sweep_result needle_sweep(needle_probe& probe, const sweep_config& sweep,
                                  needle_outcome kind = needle_outcome::success) {
   const std::vector<placement> plan = plan_sweep(sweep);
@@ -636,11 +636,12 @@ inline sweep_result needle_sweep(needle_probe& probe, const sweep_config& sweep,
   std::vector<std::vector<std::int64_t>> contexts;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     const auto c = static_cast<std::size_t>(context_of[i]);
-    if (c == contexts.size()) contexts.emplace_back();
+    if (c >= contexts.size()) contexts.resize(c + 1);
     contexts[c].push_back(plan[i].target_position);
   }
   std::vector<std::unordered_map<std::int64_t, double>> outcome(contexts.size());
   for (std::size_t c = 0; c < contexts.size(); ++c) {
+    if (contexts[c].empty()) continue;
     probe.prepare(contexts[c], sweep.query_position, static_cast<std::uint64_t>(c));
     const span<const std::int64_t> targets(contexts[c].data(), contexts[c].size());
     if (kind == needle_outcome::success) {

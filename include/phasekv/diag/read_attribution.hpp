@@ -5,6 +5,7 @@
 //   slot_weight_log  a sink-compatible recorder of each entry's per-slot weights
 //   attribute        distribute a read_trace's entry masses to tokens, aggregate by phase
 //   find_target      was an entry covering a target token selected, and at what rank
+//   classify_failure why a read missed a record: not selected, outweighed, or written faintly
 //
 // Attribution (precisely). For a read_trace with selected entries j_0 … j_{K−1} (rank order) and
 // masses m_k = entry_mass[k] (means over query heads, as sparse_reader reports them), and the
@@ -44,6 +45,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/span.hpp"
+#include "phasekv/diag/record_layout.hpp"
 #include "phasekv/read/read_types.hpp"
 
 namespace phasekv::diag {
@@ -258,6 +260,82 @@ inline target_selection find_target(const geometry& geom, const read_trace& trac
   }
   out.in_window = target_token >= trace.window_first &&
                   target_token < trace.window_first + static_cast<std::int64_t>(trace.window_token_mass.size());
+  return out;
+}
+
+// Why a read failed to retrieve a record of tokens [first, first + length) (the written-badly /
+// read-badly split). The record's entries are those whose window holds any of its tokens.
+//   selection_miss  no selected entry is one of them and no record token is in the raw window
+//   read_dilution   reached, but they (and the record's window tokens) got less than
+//                   read_threshold of the read's attention mass (trace masses: means over heads)
+//   write_dilution  they got the mass, but inside them the record's tokens weigh less than
+//                   write_threshold × what uniform pooling would give them:
+//                     share   = Σ_k m_k Σ_{record slots i} w_k[i] / Σ_{real slots} w_k  / Σ_k m_k
+//                     uniform = Σ_k m_k (record tokens among k's real slots / real slots) / Σ_k m_k
+//                   (mean pooling has share = uniform: it never dilutes by this measure)
+//   readout         neither: the record was read and weighted; what failed is downstream
+// Throws what attribute() throws for a bad trace or log.
+struct failure_attribution {
+  failure_cause cause = failure_cause::unattributed;
+  std::int64_t entries_selected = 0;  // selected entries holding a record token
+  double read_mass = 0.0;             // their mass + the record's window-token mass
+  double write_share = 0.0;           // see above (0 when no entry was selected)
+  double uniform_share = 0.0;
+};
+
+inline failure_attribution classify_failure(const geometry& geom, const slot_weight_log& log, const read_trace& trace,
+                                            std::int64_t first, std::int64_t length, double read_threshold = 0.5,
+                                            double write_threshold = 0.5) {
+  using phasekv::detail::require;
+  geom.validate();
+  require<input_error>(first >= 0 && length >= 1 && length <= (std::int64_t{1} << 20), "classify_failure: first",
+                       first, "must be non-negative, with length in [1, 2^20]");
+  require<input_error>(read_threshold >= 0.0 && read_threshold <= 1.0 && write_threshold >= 0.0, "classify_failure: read_threshold",
+                       read_threshold, "must lie in [0, 1] (and write_threshold be non-negative)");
+  require<input_error>(trace.entry_mass.size() == trace.selected.size(), "classify_failure: trace.entry_mass.size()",
+                       trace.entry_mass.size(), "must equal trace.selected.size() = " + std::to_string(trace.selected.size()));
+  const std::int64_t last = first + length - 1;
+  const entry_range cover{geom.block_of(first), geom.entries_covering(last).last};
+  failure_attribution out;
+  double mass = 0.0, share = 0.0, uniform = 0.0;
+  for (std::size_t k = 0; k < trace.selected.size(); ++k) {
+    const std::int64_t j = trace.selected[k];
+    if (!cover.contains(j)) continue;
+    ++out.entries_selected;
+    const double m = trace.entry_mass[k];
+    require<input_error>(std::isfinite(m) && m >= 0.0, "classify_failure: trace.entry_mass[" + std::to_string(k) + "]",
+                         m, "must be finite and non-negative");
+    const span<const float> w = log.weights(j);  // throws naming entry j
+    const std::int64_t lo = geom.first_real_slot(j);
+    double total = 0.0, record = 0.0;
+    std::int64_t record_slots = 0;
+    for (std::int64_t i = lo; i < geom.window; ++i) {
+      const std::int64_t t = geom.slot_token(j, i);
+      total += w[static_cast<std::size_t>(i)];
+      if (t >= first && t <= last) {
+        record += w[static_cast<std::size_t>(i)];
+        ++record_slots;
+      }
+    }
+    mass += m;
+    if (total > 0.0) share += m * record / total;
+    uniform += m * static_cast<double>(record_slots) / static_cast<double>(geom.window - lo);
+  }
+  double window_mass = 0.0;
+  bool in_window = false;
+  for (std::size_t k = 0; k < trace.window_token_mass.size(); ++k) {
+    const std::int64_t t = trace.window_first + static_cast<std::int64_t>(k);
+    if (t < first || t > last) continue;
+    in_window = true;
+    window_mass += trace.window_token_mass[k];
+  }
+  out.read_mass = mass + window_mass;
+  out.write_share = mass > 0.0 ? share / mass : 0.0;
+  out.uniform_share = mass > 0.0 ? uniform / mass : 0.0;
+  if (out.entries_selected == 0 && !in_window) out.cause = failure_cause::selection_miss;
+  else if (out.read_mass < read_threshold) out.cause = failure_cause::read_dilution;
+  else if (mass > 0.0 && out.write_share < write_threshold * out.uniform_share) out.cause = failure_cause::write_dilution;
+  else out.cause = failure_cause::readout;
   return out;
 }
 

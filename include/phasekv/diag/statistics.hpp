@@ -563,6 +563,82 @@ inline periodicity dominant_period(span<const double> profile, span<const double
   return out;
 }
 
+// dominant_period of a profile some of whose residues are absent (present[t] = 0), as a phase
+// sweep restricted to one layout class has: the same rule (the smallest divisor P of M whose
+// weighted fold fits within the errors, χ² with n_present − n_classes degrees of freedom over
+// the classes that hold a present residue; a fold with no degree of freedom left fits exactly)
+// on the present residues alone. Absent residues' profile values and errors are ignored.
+// Standard errors are required (there is no share rule here). Throws input_error for fewer than
+// 2 present residues or sizes that differ.
+inline periodicity dominant_period_present(span<const double> profile, span<const double> standard_errors,
+                                           span<const char> present) {
+  using phasekv::detail::require;
+  const std::size_t m = profile.size();
+  require<input_error>(standard_errors.size() == m && present.size() == m, "dominant_period_present: sizes",
+                       standard_errors.size(), "standard_errors and present must have profile.size() = " + std::to_string(m));
+  std::vector<std::size_t> idx;
+  for (std::size_t t = 0; t < m; ++t)
+    if (present[t]) idx.push_back(t);
+  require<input_error>(idx.size() >= 2, "dominant_period_present: present residues", idx.size(), "must be at least 2");
+  double mean = 0.0, largest = 0.0;
+  for (std::size_t t : idx) {
+    require<input_error>(std::isfinite(profile[t]) && std::isfinite(standard_errors[t]) && standard_errors[t] >= 0.0,
+                         "dominant_period_present: residue " + std::to_string(t), profile[t],
+                         "must have a finite value and a finite non-negative standard error");
+    mean += profile[t];
+    largest = std::max(largest, std::fabs(profile[t]));
+  }
+  mean /= static_cast<double>(idx.size());
+  double squares = 0.0;
+  for (std::size_t t : idx) squares += (profile[t] - mean) * (profile[t] - mean);
+  periodicity out;
+  if (std::sqrt(squares / static_cast<double>(idx.size())) <= 1e-12 * largest) {
+    out.flat = true;
+    return out;
+  }
+  const double se_floor = std::max(1e-9 * largest, 1e-150);
+  std::vector<double> weight(m, 0.0);
+  for (std::size_t t : idx) weight[t] = 1.0 / (std::max(standard_errors[t], se_floor) * std::max(standard_errors[t], se_floor));
+  const auto fold = [&](std::size_t p, double& chi, double& between, std::int64_t& classes) {
+    std::vector<double> wsum(p, 0.0), wtot(p, 0.0), sum(p, 0.0), cnt(p, 0.0);
+    for (std::size_t t : idx) {
+      wsum[t % p] += weight[t] * profile[t];
+      wtot[t % p] += weight[t];
+      sum[t % p] += profile[t];
+      cnt[t % p] += 1.0;
+    }
+    chi = between = 0.0;
+    classes = 0;
+    for (std::size_t c = 0; c < p; ++c)
+      if (cnt[c] > 0.0) {
+        ++classes;
+        between += cnt[c] * (sum[c] / cnt[c] - mean) * (sum[c] / cnt[c] - mean);
+      }
+    for (std::size_t t : idx) {
+      const double d = profile[t] - wsum[t % p] / wtot[t % p];
+      chi += weight[t] * d * d;
+    }
+  };
+  std::size_t chosen = m;
+  double chosen_between = squares;
+  for (std::size_t p = 2; p < m; ++p) {
+    if (m % p != 0) continue;
+    double chi = 0.0, between = 0.0;
+    std::int64_t classes = 0;
+    fold(p, chi, between, classes);
+    const std::int64_t dof = static_cast<std::int64_t>(idx.size()) - classes;
+    if (dof <= 0 || chi_square_upper_tail(chi, static_cast<double>(dof)) >= period_fit_alpha) {
+      chosen = p;
+      chosen_between = between;
+      break;
+    }
+  }
+  out.period = static_cast<double>(chosen);
+  out.frequency = static_cast<std::int64_t>(m / chosen);
+  out.power_fraction = std::min(1.0, chosen_between / squares);
+  return out;
+}
+
 struct residue_summary {
   std::int64_t best_residue = 0;   // highest accuracy (the lowest residue on ties)
   std::int64_t worst_residue = 0;  // lowest accuracy (the lowest residue on ties)
