@@ -1,0 +1,110 @@
+// Inputs of the second adversarial probe (issue 35) — host-fed diagnostics, host-built views,
+// checkpoint import, enums out of range — each pinned by a test that failed before its fix.
+//
+//   1. slot_weight_log: an entry index whose table size wraps in size_t
+//   2. write_profile: an entry index whose slot tokens overflow
+//   3. a host view whose token count overflows the visibility formulas
+//   4. null spans given to deepseek::import_compressor and reorder_projected
+//   8. enums out of range (indexer_precision, stream_role, rope_layout)
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "oracle/message_of.hpp"
+#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/compress/deepseek_checkpoint.hpp"
+#include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/compress/presets.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/diag/read_attribution.hpp"
+#include "phasekv/diag/write_profile.hpp"
+#include "phasekv/read/sparse_reader.hpp"
+
+namespace {
+
+using namespace phasekv;
+using Catch::Matchers::Contains;
+using i64 = std::int64_t;
+using phasekv_test::message_of;
+
+using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
+using rope_stream = stream_compressor<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>>;
+using mean_cache = paged_cache<mean_stream>;
+
+stream_config config(const std::string& name, i64 channels) {
+  stream_config c;
+  c.name = name;
+  c.channels = channels;
+  return c;
+}
+
+entry_view entry(i64 index, i64 window, const std::vector<float>& weights) {
+  entry_view e;
+  e.index = index;
+  e.kv_heads = 1;
+  e.channels = 1;
+  e.window = window;
+  e.values = weights.data();
+  e.slot_weights = weights.data();
+  return e;
+}
+
+// ---- 1. slot_weight_log ------------------------------------------------------------------------
+
+TEST_CASE("reliability 2: slot_weight_log refuses an entry index whose table would wrap, keeping its entries",
+          "[reliability][diag]") {
+  diag::slot_weight_log log(4);
+  const std::vector<float> w0{0.1f, 0.2f, 0.3f, 0.4f}, w1{1.0f, 2.0f, 3.0f, 4.0f};
+  log(entry(0, 4, w0));
+  log(entry(1, 4, w1));
+
+  // (2^62 + 1) · 4 wraps to 4 in size_t: the weight table used to shrink to one entry while the
+  // log still claimed entry 1, whose weights(1) then read past the buffer.
+  REQUIRE_THAT(message_of<input_error>([&] { log(entry(i64{1} << 62, 4, w1)); }),
+               Contains("slot_weight_log: entry.index = 4611686018427387904"));
+  // Within the token limit but a table beyond one allocation's limit (2^51 bytes): refused, not
+  // a bad_alloc.
+  REQUIRE_THAT(message_of<input_error>([&] { log(entry(i64{1} << 47, 4, w1)); }),
+               Contains("slot_weight_log: entry.index = 140737488355328") && Contains("limits::max_bytes"));
+
+  REQUIRE(log.recorded() == 2);
+  REQUIRE_FALSE(log.has(2));
+  const span<const float> back = log.weights(1);
+  REQUIRE(back.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) REQUIRE(back[i] == w1[i]);
+  log(entry(1, 4, w0));  // re-recording still writes inside the table
+  REQUIRE(log.weights(1)[3] == w0[3]);
+}
+
+// ---- 2. write_profile --------------------------------------------------------------------------
+
+TEST_CASE("reliability 2: write_profile refuses an entry index whose slot tokens overflow", "[reliability][diag]") {
+  const geometry g{2, 4};
+  diag::write_profile profile(g, 1);
+  const std::vector<float> w{0.25f, 0.25f, 0.25f, 0.25f};
+  for (i64 j = 0; j < 4; ++j) profile(entry(j, 4, w));
+  const auto before = profile.by_phase(0);
+
+  // slot_token(2^62, slot) = (2^62 + 1)·2 − 4 + slot wraps negative: it used to write before the
+  // heap buffer.
+  REQUIRE_THAT(message_of<input_error>([&] { profile(entry(i64{1} << 62, 4, w)); }),
+               Contains("write_profile: entry.index = 4611686018427387904") && Contains("2^48"));
+  REQUIRE_THAT(message_of<input_error>([&] { profile(entry(i64{1} << 47, 4, w)); }),
+               Contains("write_profile: entry.index") && Contains("limits::max_bytes"));
+  REQUIRE_THAT(message_of<config_error>([&] { diag::write_profile(g, i64{1} << 40); }),
+               Contains("write_profile.kv_heads = 1099511627776"));
+
+  const auto after = profile.by_phase(0);
+  REQUIRE(after.size() == before.size());
+  for (std::size_t p = 0; p < after.size(); ++p) {
+    REQUIRE(after[p].tokens == before[p].tokens);
+    REQUIRE(after[p].mean_weight == before[p].mean_weight);
+  }
+}
+
+}  // namespace
