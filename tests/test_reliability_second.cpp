@@ -107,4 +107,41 @@ TEST_CASE("reliability 2: write_profile refuses an entry index whose slot tokens
   }
 }
 
+// ---- 3. a host view's token count --------------------------------------------------------------
+
+TEST_CASE("reliability 2: a view's token count beyond the token limit is an input_error", "[reliability][read]") {
+  constexpr i64 channels = 8, tokens = 9;
+  cache_config cc;
+  cc.page_size = 2;
+  cc.pages = 16;
+  cc.window.tokens = 4;
+  cc.window.key_channels = channels;
+  mean_cache cache(layer_compressor<mean_stream>(mean_stream(geometry{2, 4, 1}, config("kv", channels))), cc);
+  const sequence_id seq = cache.create();
+  const std::vector<float> payload(static_cast<std::size_t>(tokens * channels * 2), 0.5f);
+  const std::vector<float> window(static_cast<std::size_t>(tokens * channels), 0.25f);
+  cache.append(seq, {token_chunk{tokens, payload, {}}}, window);
+
+  reader_config rc;
+  rc.query_heads = 1;
+  sparse_reader reader(cache, rc);
+  const std::vector<float> q(channels, 0.1f);
+  std::vector<float> out(channels, 7.0f);
+  const std::vector<float> untouched = out;
+
+  sequence_view v = cache.view_of(seq);
+  v.tokens = std::numeric_limits<i64>::max();
+  v.window.tokens = std::numeric_limits<i64>::max();
+  v.window.first = v.window.tokens - 1;
+  // visible_entries(INT64_MAX − 1) with origin 1 adds lead + 1 = 2: signed overflow before.
+  REQUIRE_THAT(message_of<input_error>([&] {
+                 reader.read(v, read_request{std::numeric_limits<i64>::max() - 1, q, {}, {}, {}}, out.data());
+               }),
+               Contains("view.tokens = 9223372036854775807") && Contains("2^48"));
+  REQUIRE(out == untouched);
+
+  // The cache's own view still reads.
+  REQUIRE_NOTHROW(reader.read(cache, seq, read_request{tokens - 1, q, {}, {}, {}}, out.data()));
+}
+
 }  // namespace

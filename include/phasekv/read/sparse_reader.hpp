@@ -368,6 +368,10 @@ class sparse_reader {
     const std::int64_t t = it.request.position;
     if (v.tokens <= 0)
       detail::fail<input_error>(field(i, "view.tokens"), v.tokens, "is empty: append the query's token first");
+    // A host-built view may claim any count: bounded, every position formula (visible_entries
+    // adds lead + 1) stays far from overflow.
+    if (v.tokens > limits::max_tokens)
+      detail::fail<input_error>(field(i, "view.tokens"), v.tokens, "must be at most 2^48 (limits::max_tokens)");
     if (t < 0 || t >= v.tokens)
       detail::fail<input_error>(field(i, "request.position"), t,
                                 "must lie in [0, tokens = " + std::to_string(v.tokens) +
