@@ -144,4 +144,48 @@ TEST_CASE("reliability 2: a view's token count beyond the token limit is an inpu
   REQUIRE_NOTHROW(reader.read(cache, seq, read_request{tokens - 1, q, {}, {}, {}}, out.data()));
 }
 
+// ---- 4. null spans in the checkpoint import ----------------------------------------------------
+
+TEST_CASE("reliability 2: deepseek import and reorder reject null spans that claim elements",
+          "[reliability][compress][deepseek]") {
+  using policy = presets::deepseek_v4_csa_policy;
+  const geometry g = presets::deepseek_v4_csa_geometry();
+  const stream_config kv = presets::deepseek_v4_csa_kv();
+  const std::vector<float> ape(4 * 1024, 0.0f), norm(512, 1.0f), w(1024 * 8, 0.0f);
+  deepseek::compressor_tensors t;
+  t.ape = span<const float>(ape.data(), ape.size());
+  t.norm_weight = span<const float>(norm.data(), norm.size());
+  t.wkv = span<const float>(w.data(), w.size());
+  t.wgate = span<const float>(w.data(), w.size());
+  t.dim = 8;
+  REQUIRE_NOTHROW(deepseek::import_compressor<policy>(g, kv, t));
+
+  for (const char* which : {"ape", "norm_weight", "wkv", "wgate"}) {
+    deepseek::compressor_tensors u = t;
+    const std::string f = which;
+    span<const float>& s = f == "ape" ? u.ape : f == "norm_weight" ? u.norm_weight : f == "wkv" ? u.wkv : u.wgate;
+    s = span<const float>(nullptr, s.size());
+    REQUIRE_THAT(message_of<input_error>([&] { deepseek::import_compressor<policy>(g, kv, u); }),
+                 Contains(kv.name + "." + f + " = null"));
+  }
+  REQUIRE_THAT(message_of<input_error>([&] { deepseek::slot_bias_from_ape(g, 512, span<const float>(nullptr, 4096)); }),
+               Contains("ape = null"));
+
+  const i64 row = 2 * 512;
+  std::vector<float> in(static_cast<std::size_t>(row), 1.0f), out(static_cast<std::size_t>(row), 0.0f);
+  REQUIRE_THAT(message_of<input_error>([&] {
+                 deepseek::reorder_projected(g, 512, 1, span<const float>(nullptr, in.size()), span<float>(out));
+               }),
+               Contains("in = null"));
+  REQUIRE_THAT(message_of<input_error>([&] {
+                 deepseek::reorder_projected(g, 512, 1, span<const float>(in), span<float>(nullptr, out.size()));
+               }),
+               Contains("out = null"));
+  REQUIRE_THAT(message_of<input_error>([&] { deepseek::reorder_projected(g, 512, span<float>(nullptr, in.size())); }),
+               Contains("rows = null"));
+  // Empty null spans are empty, not errors.
+  REQUIRE_NOTHROW(deepseek::reorder_projected(g, 512, 0, span<const float>(), span<float>()));
+  REQUIRE_NOTHROW(deepseek::reorder_projected(g, 512, span<float>()));
+}
+
 }  // namespace
