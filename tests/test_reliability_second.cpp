@@ -188,4 +188,34 @@ TEST_CASE("reliability 2: deepseek import and reorder reject null spans that cla
   REQUIRE_NOTHROW(deepseek::reorder_projected(g, 512, span<float>()));
 }
 
+// ---- 8. enums out of range ---------------------------------------------------------------------
+
+TEST_CASE("reliability 2: every enum a caller passes is range-checked", "[reliability][read][compress]") {
+  constexpr i64 channels = 8;
+  cache_config cc;
+  cc.page_size = 2;
+  cc.pages = 16;
+  mean_cache cache(layer_compressor<mean_stream>(mean_stream(geometry{2, 4}, config("kv", channels))), cc);
+
+  reader_config rc;
+  rc.query_heads = 1;
+  REQUIRE_NOTHROW(sparse_reader(cache, rc));
+  // Python's IndexerPrecision(9): the reader used to score in fp32 silently.
+  rc.precision = static_cast<indexer_precision>(9);
+  CHECK_THAT(message_of<config_error>([&] { sparse_reader(cache, rc); }),
+               Contains("reader.precision = 9") && Contains("is not an indexer_precision"));
+
+  stream_config role = config("kv", channels);
+  role.role = static_cast<stream_role>(7);
+  CHECK_THAT(message_of<config_error>([&] { mean_stream(geometry{2, 4}, role); }),
+               Contains("kv.role = 7") && Contains("is not a stream_role"));
+
+  stream_config layout = config("k", channels);
+  layout.rope.channels = 4;
+  REQUIRE_NOTHROW(rope_stream(geometry{2, 4}, layout));
+  layout.rope.layout = static_cast<rope_layout>(5);
+  CHECK_THAT(message_of<config_error>([&] { rope_stream(geometry{2, 4}, layout); }),
+               Contains("k.rope.layout = 5") && Contains("is not a rope_layout"));
+}
+
 }  // namespace
