@@ -6,6 +6,7 @@
 //   3. a host view whose token count overflows the visibility formulas
 //   4. null spans given to deepseek::import_compressor and reorder_projected
 //   8. enums out of range (indexer_precision, stream_role, rope_layout)
+//   9. finite values that overflow inside (RMSNorm's x², 16-bit storage under check_finite)
 
 #include <catch2/catch.hpp>
 
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "oracle/cache_dump.hpp"
 #include "oracle/message_of.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/deepseek_checkpoint.hpp"
@@ -216,6 +218,74 @@ TEST_CASE("reliability 2: every enum a caller passes is range-checked", "[reliab
   layout.rope.layout = static_cast<rope_layout>(5);
   CHECK_THAT(message_of<config_error>([&] { rope_stream(geometry{2, 4}, layout); }),
                Contains("k.rope.layout = 5") && Contains("is not a rope_layout"));
+}
+
+// ---- 9. finite values that overflow inside --------------------------------------------------
+
+// The entries of `payload` (8 channels, one head) through mean pooling and RMSNorm.
+std::vector<float> normed_entries(const std::vector<float>& payload, i64 tokens) {
+  using norm_stream = stream_compressor<compressor_policy<mean_pool, no_rope, rms_norm>>;
+  const norm_stream s(geometry{2, 4}, config("kv", 8));
+  stream_state state = s.make_state();
+  std::vector<float> out;
+  append_options o;
+  o.check_finite = true;
+  s.append(state, token_chunk{tokens, payload, {}}, [&](const entry_view& e) {
+    out.insert(out.end(), e.values, e.values + 8);
+  }, o);
+  return out;
+}
+
+TEST_CASE("reliability 2: RMSNorm of finite entries whose squares overflow fp32 is scaled, not zero",
+          "[reliability][compress]") {
+  constexpr i64 tokens = 8;
+  std::vector<float> small(static_cast<std::size_t>(tokens * 8 * 2)), huge(small.size());
+  for (std::size_t i = 0; i < small.size(); ++i) {
+    small[i] = std::sin(static_cast<float>(i) * 0.37f + 0.3f);
+    huge[i] = small[i] * 1e20f;  // x² ≈ 1e40 > FLT_MAX: the sum used to be inf, rsqrt 0
+  }
+  const std::vector<float> a = normed_entries(small, tokens), b = normed_entries(huge, tokens);
+  REQUIRE(a.size() == b.size());
+  REQUIRE_FALSE(a.empty());
+  // RMSNorm is scale-invariant (eps aside): the huge payload's entries are the small one's.
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(std::isfinite(b[i]));
+    REQUIRE(b[i] == Approx(a[i]).epsilon(1e-4).margin(1e-5));
+  }
+  for (std::size_t e = 0; e < b.size(); e += 8) {
+    double ms = 0.0;
+    for (std::size_t c = 0; c < 8; ++c) ms += static_cast<double>(b[e + c]) * b[e + c];
+    REQUIRE(ms / 8.0 == Approx(1.0).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("reliability 2: under check_finite, finite values beyond a 16-bit storage's range are input_errors",
+          "[reliability][cache]") {
+  constexpr i64 channels = 8, tokens = 8;
+  for (const storage_type st : {storage_type::f16, storage_type::bf16}) {
+    CAPTURE(to_string(st));
+    cache_config cc;
+    cc.page_size = 2;
+    cc.pages = 16;
+    cc.storage = st;
+    mean_cache cache(layer_compressor<mean_stream>(mean_stream(geometry{2, 4}, config("kv", channels))), cc);
+    const sequence_id seq = cache.create();
+    const std::vector<float> fine(static_cast<std::size_t>(tokens * channels * 2), 0.5f);
+    cache.append(seq, {token_chunk{tokens, fine, {}}});
+    const phasekv_test::cache_dump before = phasekv_test::dump(cache);
+
+    // 1e5 is finite but above f16's 65504; 3.4e38 above bf16's largest finite value once rounded.
+    const float big = st == storage_type::f16 ? 1e5f : 3.4e38f;
+    const std::vector<float> wide(fine.size(), big);
+    append_options o;
+    o.check_finite = true;
+    REQUIRE_THAT(message_of<input_error>([&] { cache.append(seq, {token_chunk{tokens, wide, {}}}, {}, {}, o); }),
+                 Contains("is not representable in " + std::string(to_string(st)) + " storage"));
+    REQUIRE(phasekv_test::dump(cache) == before);
+
+    // Unchecked, the value rounds to inf in storage (documented: IEEE rounding, no scan).
+    REQUIRE_NOTHROW(cache.append(seq, {token_chunk{tokens, wide, {}}}));
+  }
 }
 
 }  // namespace
