@@ -159,6 +159,7 @@ class model_cache {
       detail::fail<input_error>(name_ + ".copy(destination)", destination, "must differ from source");
     const layer_ids from = ids(source, "copy");
     layer_ids old = ids(destination, "copy");
+    require_held(destination, old, "copy");  // the old sequences are freed last: all must be there
     layer_ids forks = make_all([&](auto& cache, std::size_t l) { return cache.fork(from[l]); });
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -171,6 +172,7 @@ class model_cache {
   // anything changes unless every layer can roll back that far (see cache_config::history).
   void remove_suffix(sequence_id id, std::int64_t p0) {
     const layer_ids in = ids(id, "remove_suffix");
+    require_held(id, in, "remove_suffix");
     for_each_layer([&](auto& cache, std::size_t l) {
       if (!cache.can_remove_suffix(in[l], p0))
         detail::fail<input_error>(name_ + ".remove_suffix(p0)", p0,
@@ -188,6 +190,7 @@ class model_cache {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = table_.find(id);
       if (it == table_.end()) fail_unknown(id, "free");
+      require_held(id, it->second, "free");  // before anything changes: no layer is left orphaned
       in.swap(it->second);
       table_.erase(it);
     }
@@ -200,6 +203,8 @@ class model_cache {
     std::vector<layer_ids> dropped;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& entry : table_)
+        if (entry.first != id) require_held(entry.first, entry.second, "keep");
       dropped.reserve(table_.size());  // the only allocation: nothing is dropped if it fails
       for (auto it = table_.begin(); it != table_.end();) {
         if (it->first == id) {
@@ -210,6 +215,7 @@ class model_cache {
         it = table_.erase(it);
       }
     }
+
     for (const layer_ids& in : dropped) for_each_layer([&](auto& cache, std::size_t l) { cache.free(in[l]); });
   }
 
@@ -396,6 +402,19 @@ class model_cache {
     return it->second;
   }
 
+  // Every layer still holds its sequence of `in`. A layer is a public paged_cache
+  // (layer<K>(i)), so a host may free or clear one behind the model; an operation that would
+  // then fail part-way (freeing the layers before it and orphaning those after) throws here,
+  // before anything changes, naming the layer.
+  void require_held(sequence_id id, const layer_ids& in, const char* operation) const {
+    for_each_layer([&](const auto& cache, std::size_t l) {
+      if (!cache.contains(in[l]))
+        detail::fail<input_error>(name_ + "." + operation + "(sequence)", id,
+                                  "is no longer held by layer " + std::to_string(l) + " (" + cache.config().name +
+                                      ", id " + std::to_string(in[l]) +
+                                      "): it was freed or cleared through layer<K>(i), behind the model");
+    });
+  }
   [[noreturn]] void fail_unknown(sequence_id id, const char* operation) const {
     detail::fail<input_error>(name_ + "." + operation + "(sequence)", id, "is not a live sequence of this model cache");
   }

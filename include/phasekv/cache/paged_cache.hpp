@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -304,6 +305,7 @@ class paged_cache {
     }
     try {
       layer_.append(s.states, in, [&](std::size_t k, const entry_view& e) {
+        if (options.check_finite) check_storable(k, e);
         pools_[k]->write_entry(plans[k].page_for(s.tables[k], e.index, config_.page_size), e.index % config_.page_size,
                               e.values);
       }, options);
@@ -762,6 +764,26 @@ class paged_cache {
     for (std::int64_t h = 0; h < config_.window.kv_heads; ++h) fp8_dequantize_head(row + h * head.bytes, head, out + h * channels);
   }
   // One FP8 window row from kv_heads × channels floats.
+  // Under check_finite, a finite entry value that its stream's 16-bit storage would round to
+  // ±inf (f16: |x| ≥ 65520; bf16: beyond ~3.39e38) is an input_error, not an entry that reads
+  // back as inf (and a read as NaN). Thrown from the sink before the entry is written: the append
+  // then leaves the sequence as it was. FP8/FP4 blocks carry a power-of-two scale per block, so
+  // every finite value has a finite code.
+  void check_storable(std::size_t k, const entry_view& e) const {
+    const storage_type st = pools_[k]->layout().storage;
+    if (st != storage_type::f16 && st != storage_type::bf16) return;
+    const std::int64_t n = e.kv_heads * e.channels;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float x = e.values[i];
+      const float back = st == storage_type::f16 ? f16_to_float(float_to_f16(x)) : bf16_to_float(float_to_bf16(x));
+      if (std::isfinite(x) && !std::isfinite(back))
+        detail::fail<input_error>(config_.name + ".append: stream " + std::to_string(k) + " entry " +
+                                      std::to_string(e.index) + " value[" + std::to_string(i) + "]",
+                                  x, std::string("is not representable in ") + to_string(st) +
+                                         " storage (append_options.check_finite is on)");
+    }
+  }
+
   void encode_window_row(const float* in, const fp8_head_layout& head, std::int64_t channels, std::byte* row) const noexcept {
     for (std::int64_t h = 0; h < config_.window.kv_heads; ++h) fp8_quantize_head(in + h * channels, head, row + h * head.bytes);
   }

@@ -84,6 +84,13 @@ constexpr std::int64_t source_channel(std::int64_t k, std::int64_t channels, std
   return k == 1 ? c : (view == 0 ? channels : 0) + c;
 }
 
+// A span that claims elements must point at them (span(nullptr, n) would be read).
+template <class T>
+void require_data(span<T> s, const std::string& field) {
+  if (s.data() == nullptr && s.size() != 0)
+    phasekv::detail::fail<input_error>(field, "null", "must point to its " + std::to_string(s.size()) + " elements");
+}
+
 }  // namespace detail
 
 // ape [S][coff·D] → phasekv's slot bias [W][D] (one KV head): slot s < S of an overlapping
@@ -92,6 +99,7 @@ inline std::vector<float> slot_bias_from_ape(const geometry& geom, std::int64_t 
   const std::int64_t k = coff(geom);
   detail::require_channels(channels);
   const std::int64_t S = geom.stride, D = channels, W = geom.window;
+  detail::require_data(ape, "ape");
   if (static_cast<std::int64_t>(ape.size()) != S * k * D)
     phasekv::detail::fail("ape.size()", ape.size(),
                           "must be " + std::to_string(S * k * D) + " ([ratio " + std::to_string(S) + "][" +
@@ -118,6 +126,7 @@ inline std::vector<float> projection_rows(const geometry& geom, std::int64_t cha
   detail::require_channels(channels);
   phasekv::detail::require(dim >= 1 && dim <= limits::max_channels, "dim", dim, "must lie in [1, 2^20]");
   const std::int64_t rows = k * channels;
+  detail::require_data(weight, field);
   if (static_cast<std::int64_t>(weight.size()) != rows * dim)
     phasekv::detail::fail(field + ".size()", weight.size(),
                           "must be " + std::to_string(rows * dim) + " ([" + std::to_string(k) + " × " +
@@ -140,6 +149,8 @@ inline void reorder_projected(const geometry& geom, std::int64_t channels, std::
   const std::int64_t row = k * channels;
   phasekv::detail::require<input_error>(tokens >= 0 && tokens <= limits::max_tokens, "tokens", tokens,
                                         "must lie in [0, 2^48]");
+  detail::require_data(in, "in");
+  detail::require_data(out, "out");
   std::int64_t expected = 0;
   const bool representable = phasekv::detail::product_within(tokens, row, limits::max_bytes, expected);
   if (!representable || static_cast<std::int64_t>(in.size()) != expected)
@@ -160,6 +171,7 @@ inline void reorder_projected(const geometry& geom, std::int64_t channels, span<
   const std::int64_t k = coff(geom);
   detail::require_channels(channels);
   const std::int64_t row = k * channels;
+  detail::require_data(rows, "rows");
   if (static_cast<std::int64_t>(rows.size()) % row != 0)
     phasekv::detail::fail<input_error>("rows.size()", rows.size(),
                                        "must be a multiple of " + std::to_string(row) + " ([tokens][" +
@@ -203,6 +215,10 @@ imported_compressor import_compressor(const geometry& geom, const stream_config&
           "must be per_branch: DeepSeek projects once per branch");
   const std::int64_t D = config.channels;
   detail::require_channels(D);
+  detail::require_data(tensors.wkv, n + ".wkv");
+  detail::require_data(tensors.wgate, n + ".wgate");
+  detail::require_data(tensors.ape, n + ".ape");
+  detail::require_data(tensors.norm_weight, n + ".norm_weight");
   auto named = [&](auto&& f) {
     try {
       return f();

@@ -27,6 +27,7 @@
 // If the sink throws, the state is also left as it was before the call (the sink itself has
 // then seen the entries before the one that threw).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -525,9 +526,13 @@ class stream_compressor {
           for (std::int64_t k = 0; k < n; ++k) slot_weights[h * W + first + k] /= static_cast<float>(C);
 
       if constexpr (has_norm_v<Policy>) {
-        const float mean_square = kernel::sum_of_squares(out, C) / static_cast<float>(C);
-        const float inv_rms = 1.0f / std::sqrt(mean_square + static_cast<float>(config_.norm_eps));
-        kernel::scale(out, inv_rms, params_.norm_weight.empty() ? nullptr : params_.norm_weight.data(), C);
+        const float* norm_w = params_.norm_weight.empty() ? nullptr : params_.norm_weight.data();
+        const float sum_squares = kernel::sum_of_squares(out, C);
+        if (std::isfinite(sum_squares) || !rms_norm_scaled(out, C, norm_w)) {
+          const float mean_square = sum_squares / static_cast<float>(C);
+          const float inv_rms = 1.0f / std::sqrt(mean_square + static_cast<float>(config_.norm_eps));
+          kernel::scale(out, inv_rms, norm_w, C);
+        }
       }
     }
 
@@ -549,6 +554,32 @@ class stream_compressor {
   }
 
   // The row-pointer array of the same element type as `like` (fp32 or bf16 rows).
+  // RMSNorm of a finite entry whose Σ x² overflows fp32 (|x| beyond ~1.8e19): with m = max |x|,
+  // x · rsqrt(mean(x²) + eps) = (x / m) · rsqrt(mean((x / m)²) + eps / m²), and every (x / m)² ≤ 1,
+  // so nothing overflows (in double, eps / m² stays representable). Without it the inf sum gave
+  // rsqrt → 0 and an entry of zeros. Only this rare path pays for the extra passes, so an entry
+  // whose sum is finite keeps its bit-exact result. False, with `out` untouched, when some x is
+  // not finite (check_finite off): the plain formula then gives its IEEE result as before.
+  bool rms_norm_scaled(float* out, std::int64_t C, const float* norm_w) const noexcept {
+    float m = 0.0f;
+    for (std::int64_t c = 0; c < C; ++c) {
+      if (!std::isfinite(out[c])) return false;
+      m = std::max(m, std::fabs(out[c]));
+    }
+    double sum = 0.0;
+    for (std::int64_t c = 0; c < C; ++c) {
+      const double r = static_cast<double>(out[c]) / m;
+      sum += r * r;
+    }
+    const double scaled_eps = config_.norm_eps / (static_cast<double>(m) * m);
+    const double inv = 1.0 / std::sqrt(sum / static_cast<double>(C) + scaled_eps);
+    for (std::int64_t c = 0; c < C; ++c) {
+      const double y = static_cast<double>(out[c]) / m * inv;
+      out[c] = static_cast<float>(norm_w ? y * norm_w[c] : y);
+    }
+    return true;
+  }
+
   static const float** rows_like(const float* const*, const float** f, const std::uint16_t**) noexcept { return f; }
   static const std::uint16_t** rows_like(const std::uint16_t* const*, const float**, const std::uint16_t** b) noexcept {
     return b;

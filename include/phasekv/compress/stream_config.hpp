@@ -85,6 +85,9 @@ void validate_stream(const geometry& geom, const stream_config& config, const st
           "must lie in [1, 2^16]");
   require(config.inputs == input_layout::per_branch || config.inputs == input_layout::per_slot, n + ".inputs",
           static_cast<int>(config.inputs), "is not an input_layout");
+  require(config.role == stream_role::key || config.role == stream_role::value || config.role == stream_role::key_value ||
+              config.role == stream_role::indexer,
+          n + ".role", static_cast<int>(config.role), "is not a stream_role");
   // Every per-token size the compressor derives is at most this product (vector gates have as
   // many logits as channels), so checking it once keeps all of them in range.
   detail::checked_product(config.channels, config.kv_heads * views_per_token(config.inputs, geom),

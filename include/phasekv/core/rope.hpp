@@ -128,6 +128,8 @@ struct rope_config {
     require(channels <= vector_channels, prefix + ".channels", channels,
             "must be at most the vector's channels (" + std::to_string(vector_channels) + ")");
     require(std::isfinite(base) && base > 1.0, prefix + ".base", base, "must be finite and greater than 1");
+    require(layout == rope_layout::interleaved || layout == rope_layout::half_split, prefix + ".layout",
+            static_cast<int>(layout), "is not a rope_layout");
     if (table) table->validate(prefix + ".table", channels / 2);
     if (!yarn.enabled) return;
     require(std::isfinite(yarn.factor) && yarn.factor >= 1.0, prefix + ".yarn.factor", yarn.factor,

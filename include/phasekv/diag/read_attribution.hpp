@@ -44,6 +44,7 @@
 #include "phasekv/compress/entry_view.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
+#include "phasekv/core/limits.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/diag/record_layout.hpp"
 #include "phasekv/read/read_types.hpp"
@@ -84,10 +85,22 @@ class slot_weight_log {
           phasekv::detail::fail<input_error>(who + " slot_weights[head " + std::to_string(h) + "][slot " + std::to_string(i) + "]",
                                              w, "must be finite and non-negative");
       }
-    // Validated: now write (grow first so nothing is half-written if allocation throws).
+    // The table holds (index + 1) · W floats: bound the index (an entry index never reaches the
+    // token limit) and the product before any size is computed, so nothing wraps in size_t.
+    phasekv::detail::require<input_error>(e.index < limits::max_tokens, "slot_weight_log: entry.index", e.index,
+                                          "must be below 2^48 (limits::max_tokens)");
+    std::int64_t floats = 0;
+    if (!phasekv::detail::product_within(e.index + 1, W, limits::max_bytes / std::int64_t{sizeof(float)}, floats))
+      phasekv::detail::fail<input_error>("slot_weight_log: entry.index", e.index,
+                                         "needs (index + 1) × window = (" + std::to_string(e.index) + " + 1) × " +
+                                             std::to_string(W) + " floats, beyond limits::max_bytes");
+    // Validated: now write. Reserve both tables before resizing either, so an allocation failure
+    // leaves both as they were (resizing within the capacity cannot throw).
     const std::size_t need = static_cast<std::size_t>(e.index) + 1;
     if (recorded_.size() < need) {
-      weights_.resize(need * static_cast<std::size_t>(W), 0.0f);
+      weights_.reserve(static_cast<std::size_t>(floats));
+      recorded_.reserve(need);
+      weights_.resize(static_cast<std::size_t>(floats), 0.0f);
       recorded_.resize(need, 0);
     }
     float* out = weights_.data() + static_cast<std::size_t>(e.index * W);

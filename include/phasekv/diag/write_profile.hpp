@@ -33,6 +33,7 @@
 #include "phasekv/compress/entry_view.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
+#include "phasekv/core/limits.hpp"
 
 namespace phasekv::diag {
 
@@ -49,6 +50,7 @@ class write_profile {
   write_profile(const geometry& geom, std::int64_t kv_heads) : geom_(geom), heads_(kv_heads) {
     geom_.validate();
     phasekv::detail::require(kv_heads >= 1, "write_profile.kv_heads", kv_heads, "must be at least 1");
+    phasekv::detail::require(kv_heads <= limits::max_heads, "write_profile.kv_heads", kv_heads, "must be at most 2^16");
     slot_sum_.assign(static_cast<std::size_t>(heads_ * geom_.window), 0.0);
     unpadded_slot_sum_.assign(static_cast<std::size_t>(heads_ * geom_.window), 0.0);
     window_effective_sum_.assign(static_cast<std::size_t>(heads_), 0.0);
@@ -64,6 +66,16 @@ class write_profile {
     phasekv::detail::require<input_error>(e.window == geom_.window, "write_profile: entry.window", e.window,
                                           "must match the profile's window = " + std::to_string(geom_.window));
     phasekv::detail::require<input_error>(e.index >= 0, "write_profile: entry.index", e.index, "must be non-negative");
+    // slot_token(index, W − 1) = (index + 1)·S − 1 − lead and the table of (that + 1) · kv_heads
+    // doubles must not wrap: an entry index never reaches the token limit, and the table stays
+    // within one allocation's limit.
+    phasekv::detail::require<input_error>(e.index < limits::max_tokens, "write_profile: entry.index", e.index,
+                                          "must be below 2^48 (limits::max_tokens)");
+    std::int64_t cells = 0;
+    if (!phasekv::detail::product_within(e.index + 1, geom_.stride * heads_, limits::max_bytes / std::int64_t{sizeof(double)},
+                                         cells))
+      phasekv::detail::fail<input_error>("write_profile: entry.index", e.index,
+                                         "needs (index + 1) × stride × kv_heads per-token weights, beyond limits::max_bytes");
     const std::int64_t W = geom_.window;
     const std::int64_t first_real = geom_.first_real_slot(e.index);
     // Validate every weight before touching any state, so a bad entry leaves the profile as it was.

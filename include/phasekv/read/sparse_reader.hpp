@@ -245,6 +245,9 @@ class sparse_reader {
             "must name a stream of the cache (it has " + std::to_string(streams) + ")");
     require(std::isfinite(config_.scale) && config_.scale >= 0.0f, n + ".scale", config_.scale,
             "must be finite and non-negative (0 = 1/sqrt(channels))");
+    require(config_.precision == indexer_precision::f32 || config_.precision == indexer_precision::bf16 ||
+                config_.precision == indexer_precision::fp4,
+            n + ".precision", static_cast<int>(config_.precision), "is not an indexer_precision");
     require(config_.top_k >= 0, n + ".top_k", config_.top_k, "must be non-negative (0 = no selection)");
     require(config_.top_k <= std::numeric_limits<std::int32_t>::max(), n + ".top_k", config_.top_k,
             "must be below 2^31 (selected entries are reported as 32-bit indices)");
@@ -368,6 +371,10 @@ class sparse_reader {
     const std::int64_t t = it.request.position;
     if (v.tokens <= 0)
       detail::fail<input_error>(field(i, "view.tokens"), v.tokens, "is empty: append the query's token first");
+    // A host-built view may claim any count: bounded, every position formula (visible_entries
+    // adds lead + 1) stays far from overflow.
+    if (v.tokens > limits::max_tokens)
+      detail::fail<input_error>(field(i, "view.tokens"), v.tokens, "must be at most 2^48 (limits::max_tokens)");
     if (t < 0 || t >= v.tokens)
       detail::fail<input_error>(field(i, "request.position"), t,
                                 "must lie in [0, tokens = " + std::to_string(v.tokens) +

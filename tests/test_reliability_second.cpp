@@ -1,0 +1,339 @@
+// Inputs of the second adversarial probe (issue 35) — host-fed diagnostics, host-built views,
+// checkpoint import, enums out of range — each pinned by a test that failed before its fix.
+//
+//   1. slot_weight_log: an entry index whose table size wraps in size_t
+//   2. write_profile: an entry index whose slot tokens overflow
+//   3. a host view whose token count overflows the visibility formulas
+//   4. null spans given to deepseek::import_compressor and reorder_projected
+//   8. enums out of range (indexer_precision, stream_role, rope_layout)
+//   9. finite values that overflow inside (RMSNorm's x², 16-bit storage under check_finite)
+//  10. a model_cache layer mutated behind the model
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "oracle/cache_dump.hpp"
+#include "oracle/message_of.hpp"
+#include "phasekv/cache/model_cache.hpp"
+#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/compress/deepseek_checkpoint.hpp"
+#include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/compress/presets.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/diag/read_attribution.hpp"
+#include "phasekv/diag/write_profile.hpp"
+#include "phasekv/read/sparse_reader.hpp"
+
+namespace {
+
+using namespace phasekv;
+using Catch::Matchers::Contains;
+using i64 = std::int64_t;
+using phasekv_test::message_of;
+
+using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
+using rope_stream = stream_compressor<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>>;
+using mean_cache = paged_cache<mean_stream>;
+
+stream_config config(const std::string& name, i64 channels) {
+  stream_config c;
+  c.name = name;
+  c.channels = channels;
+  return c;
+}
+
+entry_view entry(i64 index, i64 window, const std::vector<float>& weights) {
+  entry_view e;
+  e.index = index;
+  e.kv_heads = 1;
+  e.channels = 1;
+  e.window = window;
+  e.values = weights.data();
+  e.slot_weights = weights.data();
+  return e;
+}
+
+// ---- 1. slot_weight_log ------------------------------------------------------------------------
+
+TEST_CASE("reliability 2: slot_weight_log refuses an entry index whose table would wrap, keeping its entries",
+          "[reliability][diag]") {
+  diag::slot_weight_log log(4);
+  const std::vector<float> w0{0.1f, 0.2f, 0.3f, 0.4f}, w1{1.0f, 2.0f, 3.0f, 4.0f};
+  log(entry(0, 4, w0));
+  log(entry(1, 4, w1));
+
+  // (2^62 + 1) · 4 wraps to 4 in size_t: the weight table used to shrink to one entry while the
+  // log still claimed entry 1, whose weights(1) then read past the buffer.
+  REQUIRE_THAT(message_of<input_error>([&] { log(entry(i64{1} << 62, 4, w1)); }),
+               Contains("slot_weight_log: entry.index = 4611686018427387904"));
+  // Within the token limit but a table beyond one allocation's limit (2^51 bytes): refused, not
+  // a bad_alloc.
+  REQUIRE_THAT(message_of<input_error>([&] { log(entry(i64{1} << 47, 4, w1)); }),
+               Contains("slot_weight_log: entry.index = 140737488355328") && Contains("limits::max_bytes"));
+
+  REQUIRE(log.recorded() == 2);
+  REQUIRE_FALSE(log.has(2));
+  const span<const float> back = log.weights(1);
+  REQUIRE(back.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) REQUIRE(back[i] == w1[i]);
+  log(entry(1, 4, w0));  // re-recording still writes inside the table
+  REQUIRE(log.weights(1)[3] == w0[3]);
+}
+
+// ---- 2. write_profile --------------------------------------------------------------------------
+
+TEST_CASE("reliability 2: write_profile refuses an entry index whose slot tokens overflow", "[reliability][diag]") {
+  const geometry g{2, 4};
+  diag::write_profile profile(g, 1);
+  const std::vector<float> w{0.25f, 0.25f, 0.25f, 0.25f};
+  for (i64 j = 0; j < 4; ++j) profile(entry(j, 4, w));
+  const auto before = profile.by_phase(0);
+
+  // slot_token(2^62, slot) = (2^62 + 1)·2 − 4 + slot wraps negative: it used to write before the
+  // heap buffer.
+  REQUIRE_THAT(message_of<input_error>([&] { profile(entry(i64{1} << 62, 4, w)); }),
+               Contains("write_profile: entry.index = 4611686018427387904") && Contains("2^48"));
+  REQUIRE_THAT(message_of<input_error>([&] { profile(entry(i64{1} << 47, 4, w)); }),
+               Contains("write_profile: entry.index") && Contains("limits::max_bytes"));
+  REQUIRE_THAT(message_of<config_error>([&] { diag::write_profile(g, i64{1} << 40); }),
+               Contains("write_profile.kv_heads = 1099511627776"));
+
+  const auto after = profile.by_phase(0);
+  REQUIRE(after.size() == before.size());
+  for (std::size_t p = 0; p < after.size(); ++p) {
+    REQUIRE(after[p].tokens == before[p].tokens);
+    REQUIRE(after[p].mean_weight == before[p].mean_weight);
+  }
+}
+
+// ---- 3. a host view's token count --------------------------------------------------------------
+
+TEST_CASE("reliability 2: a view's token count beyond the token limit is an input_error", "[reliability][read]") {
+  constexpr i64 channels = 8, tokens = 9;
+  cache_config cc;
+  cc.page_size = 2;
+  cc.pages = 16;
+  cc.window.tokens = 4;
+  cc.window.key_channels = channels;
+  mean_cache cache(layer_compressor<mean_stream>(mean_stream(geometry{2, 4, 1}, config("kv", channels))), cc);
+  const sequence_id seq = cache.create();
+  const std::vector<float> payload(static_cast<std::size_t>(tokens * channels * 2), 0.5f);
+  const std::vector<float> window(static_cast<std::size_t>(tokens * channels), 0.25f);
+  cache.append(seq, {token_chunk{tokens, payload, {}}}, window);
+
+  reader_config rc;
+  rc.query_heads = 1;
+  sparse_reader reader(cache, rc);
+  const std::vector<float> q(channels, 0.1f);
+  std::vector<float> out(channels, 7.0f);
+  const std::vector<float> untouched = out;
+
+  sequence_view v = cache.view_of(seq);
+  v.tokens = std::numeric_limits<i64>::max();
+  v.window.tokens = std::numeric_limits<i64>::max();
+  v.window.first = v.window.tokens - 1;
+  // visible_entries(INT64_MAX − 1) with origin 1 adds lead + 1 = 2: signed overflow before.
+  REQUIRE_THAT(message_of<input_error>([&] {
+                 reader.read(v, read_request{std::numeric_limits<i64>::max() - 1, q, {}, {}, {}}, out.data());
+               }),
+               Contains("view.tokens = 9223372036854775807") && Contains("2^48"));
+  REQUIRE(out == untouched);
+
+  // The cache's own view still reads.
+  REQUIRE_NOTHROW(reader.read(cache, seq, read_request{tokens - 1, q, {}, {}, {}}, out.data()));
+}
+
+// ---- 4. null spans in the checkpoint import ----------------------------------------------------
+
+TEST_CASE("reliability 2: deepseek import and reorder reject null spans that claim elements",
+          "[reliability][compress][deepseek]") {
+  using policy = presets::deepseek_v4_csa_policy;
+  const geometry g = presets::deepseek_v4_csa_geometry();
+  const stream_config kv = presets::deepseek_v4_csa_kv();
+  const std::vector<float> ape(4 * 1024, 0.0f), norm(512, 1.0f), w(1024 * 8, 0.0f);
+  deepseek::compressor_tensors t;
+  t.ape = span<const float>(ape.data(), ape.size());
+  t.norm_weight = span<const float>(norm.data(), norm.size());
+  t.wkv = span<const float>(w.data(), w.size());
+  t.wgate = span<const float>(w.data(), w.size());
+  t.dim = 8;
+  REQUIRE_NOTHROW(deepseek::import_compressor<policy>(g, kv, t));
+
+  for (const char* which : {"ape", "norm_weight", "wkv", "wgate"}) {
+    deepseek::compressor_tensors u = t;
+    const std::string f = which;
+    span<const float>& s = f == "ape" ? u.ape : f == "norm_weight" ? u.norm_weight : f == "wkv" ? u.wkv : u.wgate;
+    s = span<const float>(nullptr, s.size());
+    REQUIRE_THAT(message_of<input_error>([&] { deepseek::import_compressor<policy>(g, kv, u); }),
+                 Contains(kv.name + "." + f + " = null"));
+  }
+  REQUIRE_THAT(message_of<input_error>([&] { deepseek::slot_bias_from_ape(g, 512, span<const float>(nullptr, 4096)); }),
+               Contains("ape = null"));
+
+  const i64 row = 2 * 512;
+  std::vector<float> in(static_cast<std::size_t>(row), 1.0f), out(static_cast<std::size_t>(row), 0.0f);
+  REQUIRE_THAT(message_of<input_error>([&] {
+                 deepseek::reorder_projected(g, 512, 1, span<const float>(nullptr, in.size()), span<float>(out));
+               }),
+               Contains("in = null"));
+  REQUIRE_THAT(message_of<input_error>([&] {
+                 deepseek::reorder_projected(g, 512, 1, span<const float>(in), span<float>(nullptr, out.size()));
+               }),
+               Contains("out = null"));
+  REQUIRE_THAT(message_of<input_error>([&] { deepseek::reorder_projected(g, 512, span<float>(nullptr, in.size())); }),
+               Contains("rows = null"));
+  // Empty null spans are empty, not errors.
+  REQUIRE_NOTHROW(deepseek::reorder_projected(g, 512, 0, span<const float>(), span<float>()));
+  REQUIRE_NOTHROW(deepseek::reorder_projected(g, 512, span<float>()));
+}
+
+// ---- 8. enums out of range ---------------------------------------------------------------------
+
+TEST_CASE("reliability 2: every enum a caller passes is range-checked", "[reliability][read][compress]") {
+  constexpr i64 channels = 8;
+  cache_config cc;
+  cc.page_size = 2;
+  cc.pages = 16;
+  mean_cache cache(layer_compressor<mean_stream>(mean_stream(geometry{2, 4}, config("kv", channels))), cc);
+
+  reader_config rc;
+  rc.query_heads = 1;
+  REQUIRE_NOTHROW(sparse_reader(cache, rc));
+  // Python's IndexerPrecision(9): the reader used to score in fp32 silently.
+  rc.precision = static_cast<indexer_precision>(9);
+  CHECK_THAT(message_of<config_error>([&] { sparse_reader(cache, rc); }),
+               Contains("reader.precision = 9") && Contains("is not an indexer_precision"));
+
+  stream_config role = config("kv", channels);
+  role.role = static_cast<stream_role>(7);
+  CHECK_THAT(message_of<config_error>([&] { mean_stream(geometry{2, 4}, role); }),
+               Contains("kv.role = 7") && Contains("is not a stream_role"));
+
+  stream_config layout = config("k", channels);
+  layout.rope.channels = 4;
+  REQUIRE_NOTHROW(rope_stream(geometry{2, 4}, layout));
+  layout.rope.layout = static_cast<rope_layout>(5);
+  CHECK_THAT(message_of<config_error>([&] { rope_stream(geometry{2, 4}, layout); }),
+               Contains("k.rope.layout = 5") && Contains("is not a rope_layout"));
+}
+
+// ---- 9. finite values that overflow inside --------------------------------------------------
+
+// The entries of `payload` (8 channels, one head) through mean pooling and RMSNorm.
+std::vector<float> normed_entries(const std::vector<float>& payload, i64 tokens) {
+  using norm_stream = stream_compressor<compressor_policy<mean_pool, no_rope, rms_norm>>;
+  const norm_stream s(geometry{2, 4}, config("kv", 8));
+  stream_state state = s.make_state();
+  std::vector<float> out;
+  append_options o;
+  o.check_finite = true;
+  s.append(state, token_chunk{tokens, payload, {}}, [&](const entry_view& e) {
+    out.insert(out.end(), e.values, e.values + 8);
+  }, o);
+  return out;
+}
+
+TEST_CASE("reliability 2: RMSNorm of finite entries whose squares overflow fp32 is scaled, not zero",
+          "[reliability][compress]") {
+  constexpr i64 tokens = 8;
+  std::vector<float> small(static_cast<std::size_t>(tokens * 8 * 2)), huge(small.size());
+  for (std::size_t i = 0; i < small.size(); ++i) {
+    small[i] = std::sin(static_cast<float>(i) * 0.37f + 0.3f);
+    huge[i] = small[i] * 1e20f;  // x² ≈ 1e40 > FLT_MAX: the sum used to be inf, rsqrt 0
+  }
+  const std::vector<float> a = normed_entries(small, tokens), b = normed_entries(huge, tokens);
+  REQUIRE(a.size() == b.size());
+  REQUIRE_FALSE(a.empty());
+  // RMSNorm is scale-invariant (eps aside): the huge payload's entries are the small one's.
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(std::isfinite(b[i]));
+    REQUIRE(b[i] == Approx(a[i]).epsilon(1e-4).margin(1e-5));
+  }
+  for (std::size_t e = 0; e < b.size(); e += 8) {
+    double ms = 0.0;
+    for (std::size_t c = 0; c < 8; ++c) ms += static_cast<double>(b[e + c]) * b[e + c];
+    REQUIRE(ms / 8.0 == Approx(1.0).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("reliability 2: under check_finite, finite values beyond a 16-bit storage's range are input_errors",
+          "[reliability][cache]") {
+  constexpr i64 channels = 8, tokens = 8;
+  for (const storage_type st : {storage_type::f16, storage_type::bf16}) {
+    CAPTURE(to_string(st));
+    cache_config cc;
+    cc.page_size = 2;
+    cc.pages = 16;
+    cc.storage = st;
+    mean_cache cache(layer_compressor<mean_stream>(mean_stream(geometry{2, 4}, config("kv", channels))), cc);
+    const sequence_id seq = cache.create();
+    const std::vector<float> fine(static_cast<std::size_t>(tokens * channels * 2), 0.5f);
+    cache.append(seq, {token_chunk{tokens, fine, {}}});
+    const phasekv_test::cache_dump before = phasekv_test::dump(cache);
+
+    // 1e5 is finite but above f16's 65504; 3.4e38 above bf16's largest finite value once rounded.
+    const float big = st == storage_type::f16 ? 1e5f : 3.4e38f;
+    const std::vector<float> wide(fine.size(), big);
+    append_options o;
+    o.check_finite = true;
+    REQUIRE_THAT(message_of<input_error>([&] { cache.append(seq, {token_chunk{tokens, wide, {}}}, {}, {}, o); }),
+                 Contains("is not representable in " + std::string(to_string(st)) + " storage"));
+    REQUIRE(phasekv_test::dump(cache) == before);
+
+    // Unchecked, the value rounds to inf in storage (documented: IEEE rounding, no scan).
+    REQUIRE_NOTHROW(cache.append(seq, {token_chunk{tokens, wide, {}}}));
+  }
+}
+
+// ---- 10. a model's layer changed behind it ----------------------------------------------------
+
+TEST_CASE("reliability 2: model_cache operations stay all-or-nothing when a layer lost its sequence",
+          "[reliability][cache][model]") {
+  using model = model_cache<mean_cache>;
+  cache_config cc;
+  cc.page_size = 2;
+  cc.pages = 16;
+  auto spec = [&](const char* name) {
+    cache_config c = cc;
+    c.name = name;
+    return layer_spec<mean_cache>{mean_cache::layer(mean_stream(geometry{2, 4}, config("kv", 4))), c};
+  };
+  model m(std::vector<layer_spec<mean_cache>>{spec("l0"), spec("l1"), spec("l2")});
+  const sequence_id a = m.create(), b = m.create();
+  const std::vector<float> payload(4 * 4 * 2, 0.5f);
+  for (std::size_t i = 0; i < 3; ++i) m.append<0>(a, i, {token_chunk{4, payload, {}}});
+
+  // A host frees a's sequence in layer 1 directly: the model's free used to free layer 0, throw
+  // at layer 1 and leave layer 2's sequence orphaned (and the model id gone).
+  m.layer<0>(1).free(m.layer_id(a, 1));
+  const auto live = [&] {
+    std::vector<i64> n;
+    for (std::size_t i = 0; i < 3; ++i) n.push_back(m.layer<0>(i).sequences());
+    return n;
+  };
+  const std::vector<i64> before = live();
+  REQUIRE(before == std::vector<i64>{2, 1, 2});
+  for (const auto& [what, op] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"free", [&] { m.free(a); }},
+           {"remove_suffix", [&] { m.remove_suffix(a, 2); }},
+           {"copy", [&] { m.copy(b, a); }},
+           {"keep", [&] { m.keep(b); }}}) {
+    CAPTURE(what);
+    REQUIRE_THAT(message_of<input_error>(op), Contains("model." + what + "(sequence)") &&
+                                                  Contains("no longer held by layer 1 (l1"));
+    REQUIRE(live() == before);
+    REQUIRE(m.layer<0>(0).tokens(m.layer_id(a, 0)) == 4);
+    REQUIRE(m.layer<0>(2).tokens(m.layer_id(a, 2)) == 4);
+  }
+  // The other sequence is untouched and still freed whole.
+  REQUIRE_NOTHROW(m.free(b));
+  REQUIRE(live() == std::vector<i64>{1, 0, 1});
+}
+
+}  // namespace
