@@ -763,7 +763,6 @@ class paged_cache {
   void decode_window_row(const std::byte* row, const fp8_head_layout& head, std::int64_t channels, float* out) const noexcept {
     for (std::int64_t h = 0; h < config_.window.kv_heads; ++h) fp8_dequantize_head(row + h * head.bytes, head, out + h * channels);
   }
-  // One FP8 window row from kv_heads × channels floats.
   // Under check_finite, a finite entry value that its stream's 16-bit storage would round to
   // ±inf (f16: |x| ≥ 65520; bf16: beyond ~3.39e38) is an input_error, not an entry that reads
   // back as inf (and a read as NaN). Thrown from the sink before the entry is written: the append
@@ -784,6 +783,7 @@ class paged_cache {
     }
   }
 
+  // One FP8 window row from kv_heads × channels floats.
   void encode_window_row(const float* in, const fp8_head_layout& head, std::int64_t channels, std::byte* row) const noexcept {
     for (std::int64_t h = 0; h < config_.window.kv_heads; ++h) fp8_quantize_head(in + h * channels, head, row + h * head.bytes);
   }

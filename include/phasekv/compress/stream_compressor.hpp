@@ -553,7 +553,6 @@ class stream_compressor {
     return e;
   }
 
-  // The row-pointer array of the same element type as `like` (fp32 or bf16 rows).
   // RMSNorm of a finite entry whose Σ x² overflows fp32 (|x| beyond ~1.8e19): with m = max |x|,
   // x · rsqrt(mean(x²) + eps) = (x / m) · rsqrt(mean((x / m)²) + eps / m²), and every (x / m)² ≤ 1,
   // so nothing overflows (in double, eps / m² stays representable). Without it the inf sum gave
@@ -580,6 +579,7 @@ class stream_compressor {
     return true;
   }
 
+  // The row-pointer array of the same element type as `like` (fp32 or bf16 rows).
   static const float** rows_like(const float* const*, const float** f, const std::uint16_t**) noexcept { return f; }
   static const std::uint16_t** rows_like(const std::uint16_t* const*, const float**, const std::uint16_t** b) noexcept {
     return b;
