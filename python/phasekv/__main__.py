@@ -71,8 +71,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--span", type=_positive, required=True, help="width of the target range (at least 3M)")
     p.add_argument("--min-distance", type=_positive, default=1, help="targets at least this far before the query")
     p.add_argument("--seed", type=_non_negative, default=0, help="run order and haystack seeds")
-    p.add_argument("--needle-tokens", type=_positive, default=1,
-                   help="positions a needle takes (the needle probe's records take 2)")
+    p.add_argument("--window", type=_non_negative, default=0,
+                   help="W of the stream the records' layouts are classified against; 0 means S")
+    p.add_argument("--origin", type=_non_negative, default=0, help="the stream's chunk origin")
+    p.add_argument("--key-tokens", type=_positive, default=1, help="tokens of a record's key")
+    p.add_argument("--value-tokens", type=_positive, default=1, help="tokens of a record's value")
+    p.add_argument("--gap", type=_non_negative, default=0, help="tokens between a record's key and value")
+    p.add_argument("--layout", choices=("any", "contained", "straddle"), default="any",
+                   help="plan every residue, only those whose record fits in one block (the within-window "
+                        "test), or only those whose record crosses a block boundary")
+    p.add_argument("--needle-tokens", type=_positive,
+                   help="positions a needle takes (default: the record's length, key + gap + value)")
     p.add_argument("--configuration", type=_json_object, default={},
                    help="JSON object describing what the host runs (goes into every line)")
     p.add_argument("--shards", type=_positive, default=1, help="number of shard files")
@@ -135,10 +144,13 @@ def _progress(what: str, quiet: bool):
 def _plan(args) -> int:
     config = pk.SweepConfig(stride=args.stride, modulus=args.modulus, trials_per_residue=args.trials,
                             query_position=args.query_position, span=args.span, min_distance=args.min_distance,
-                            seed=args.seed)
+                            seed=args.seed, window=args.window, origin=args.origin,
+                            record=pk.RecordShape(key_tokens=args.key_tokens, value_tokens=args.value_tokens,
+                                                  gap=args.gap),
+                            layout=pk.LayoutMode.__members__[args.layout])
     p = sweep.plan(config, configuration=args.configuration, needle_tokens=args.needle_tokens)
     files = p.write(args.out, shards=args.shards)
-    print(f"sweep {p.sweep_id}: {len(p.trials)} trials ({config.resolved_modulus()} residues x {args.trials}) in "
+    print(f"sweep {p.sweep_id}: {len(p.trials)} trials ({len(config.planned_residues())} residues x {args.trials}) in "
           f"{len(p.haystacks())} haystacks, {len(files)} file(s):")
     for f in files:
         print(f"  {f}")

@@ -78,7 +78,25 @@ class ProtocolError(_pk.InputError):
 
 # ---- plan ----------------------------------------------------------------------------------------
 
-_SWEEP_FIELDS = ("stride", "modulus", "trials_per_residue", "query_position", "span", "min_distance", "seed")
+_SWEEP_FIELDS = ("stride", "modulus", "trials_per_residue", "query_position", "span", "min_distance", "seed",
+                 "window", "origin", "permutations")
+_RECORD_FIELDS = ("key_tokens", "gap", "value_tokens")
+_FAILURES = {c.name: c for c in (_pk.FailureCause.selection_miss, _pk.FailureCause.read_dilution,
+                                 _pk.FailureCause.write_dilution, _pk.FailureCause.readout)}
+
+
+def _sweep_config(section: Mapping[str, Any]) -> Any:
+    """A SweepConfig from a trial line's `sweep` section (without needle_tokens)."""
+    section = dict(section)
+    record = section.pop("record", None)
+    layout = section.pop("layout_mode", "any")
+    config = _pk.SweepConfig(**section)
+    if record is not None:
+        config.record = _pk.RecordShape(**record)
+    if layout not in _pk.LayoutMode.__members__:
+        raise _pk.ConfigError(f"layout_mode = {layout!r}: must be one of {sorted(_pk.LayoutMode.__members__)}")
+    config.layout = _pk.LayoutMode.__members__[layout]
+    return config
 
 
 def _splitmix64(state: int) -> int:
@@ -109,8 +127,9 @@ class Plan:
 
     @property
     def total(self) -> int:
-        """The number of trials the sweep plans (M × trials_per_residue)."""
-        return self.config.resolved_modulus() * self.config.trials_per_residue
+        """The number of trials the sweep plans (planned residues × trials_per_residue; every residue
+        unless the config's layout leaves some out)."""
+        return len(self.config.planned_residues()) * self.config.trials_per_residue
 
     @property
     def complete(self) -> bool:
@@ -166,15 +185,17 @@ def _with_shard(trial: dict, shard: int, shards: int) -> dict:
 
 
 def plan(
-    config: Any, *, configuration: Mapping[str, Any] | None = None, needle_tokens: int = 1
+    config: Any, *, configuration: Mapping[str, Any] | None = None, needle_tokens: int | None = None
 ) -> Plan:
     """Every trial of the sweep `config` (a phasekv.SweepConfig) with its haystack layout.
 
-    `needle_tokens`: how many positions a needle takes from its target position on (1 by default;
-    the synthetic probe's record takes 2: key and value); needles of one haystack never overlap, and every needle ends
-    before the query (so min_distance >= needle_tokens). `configuration`: any JSON object describing
-    what the host runs; it goes into every line and into the sweep id."""
+    `needle_tokens`: how many positions a needle takes from its target position on (by default the
+    config's record length: key, gap and value); needles of one haystack never overlap, and every
+    needle ends before the query (so min_distance >= needle_tokens). `configuration`: any JSON object
+    describing what the host runs; it goes into every line and into the sweep id."""
     config.validate()
+    if needle_tokens is None:
+        needle_tokens = config.record.length()
     if not isinstance(needle_tokens, int) or isinstance(needle_tokens, bool) or needle_tokens < 1:
         raise _pk.ConfigError(f"needle_tokens = {needle_tokens!r}: must be a positive integer")
     if needle_tokens > config.min_distance:
@@ -189,7 +210,11 @@ def plan(
         raise _pk.ConfigError(f"configuration: must be a JSON object ({e})") from None
     resolved = _pk.SweepConfig(**{f: getattr(config, f) for f in _SWEEP_FIELDS})
     resolved.modulus = config.resolved_modulus()
+    resolved.record = config.record
+    resolved.layout = config.layout
     sweep = {f: getattr(resolved, f) for f in _SWEEP_FIELDS}
+    sweep["record"] = {f: getattr(resolved.record, f) for f in _RECORD_FIELDS}
+    sweep["layout_mode"] = resolved.layout.name
     sweep["needle_tokens"] = needle_tokens
     sweep_id = hashlib.sha256(_canonical({"sweep": sweep, "configuration": configuration}).encode()).hexdigest()[:16]
 
@@ -198,16 +223,19 @@ def plan(
     needles: dict[int, list[int]] = {}
     for p, h in zip(placements, haystack_of):
         needles.setdefault(h, []).append(p.target_position)
+    stream = _pk.Geometry(stride=resolved.stride, window=resolved.resolved_window(), origin=resolved.origin)
+    length = resolved.record.length()
     trials = []
     for trial_id, (p, h) in enumerate(zip(placements, haystack_of)):
         t, q = p.target_position, p.query_position
+        lay = p.layout
         trials.append(
             {
                 "format": TRIAL_FORMAT,
                 "sweep_id": sweep_id,
                 "trial_id": trial_id,
                 "residue": p.residue,
-                "phase": p.residue % resolved.stride,
+                "phase": lay.first_offset,
                 "trial": p.trial,
                 "target_position": t,
                 "query_position": q,
@@ -219,6 +247,16 @@ def plan(
                     "needle": [t, t + needle_tokens],
                     "query": q,
                     "haystack_needles": needles[h],
+                },
+                "record_layout": {
+                    "class": lay.kind.name,
+                    "first": lay.first,
+                    "last": lay.last,
+                    "first_offset": lay.first_offset,
+                    "last_offset": lay.last_offset,
+                    "boundaries": lay.boundaries,
+                    "covering_entries": lay.covering_entries,
+                    "crowding": _pk.crowding(stream, t, length, needles[h], length),
                 },
                 "sweep": sweep,
                 "configuration": configuration,
@@ -248,7 +286,7 @@ def _plan_described_by(where: str, line: dict) -> Plan:
     try:
         section = dict(line["sweep"])
         needle_tokens = section.pop("needle_tokens")
-        whole = plan(_pk.SweepConfig(**section), configuration=line["configuration"], needle_tokens=needle_tokens)
+        whole = plan(_sweep_config(section), configuration=line["configuration"], needle_tokens=needle_tokens)
     except (KeyError, TypeError, _pk.Error) as e:
         raise ProtocolError(f"{where}: its sweep section does not describe a plan ({e})") from None
     if whole.sweep_id != line.get("sweep_id"):
@@ -316,6 +354,8 @@ def _lines_shards(paths) -> dict:
 
 def _outcome_value(value: Any) -> bool | float:
     """An evaluate() result as a JSON-able outcome: bool, or a float (NumPy scalars accepted)."""
+    if isinstance(value, _pk.AttributedOutcome):
+        return bool(value.success)
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, (int, float, np.integer, np.floating)):
@@ -323,13 +363,22 @@ def _outcome_value(value: Any) -> bool | float:
     raise TypeError(f"returned {value!r}: not a bool or a number")
 
 
-def outcome_record(trial: Mapping[str, Any], outcome: Any = None, *, error: str | None = None) -> dict:
-    """The outcome line of one trial: its outcome (bool, or a probability), or an error message."""
+def outcome_record(trial: Mapping[str, Any], outcome: Any = None, *, error: str | None = None,
+                   failure: str | None = None) -> dict:
+    """The outcome line of one trial: its outcome (bool, a probability, or a phasekv.AttributedOutcome),
+    or an error message. `failure` names why a false outcome failed (selection_miss, read_dilution,
+    write_dilution, readout: phasekv.classify_failure); an AttributedOutcome carries its own."""
     record = {"format": OUTCOME_FORMAT, "sweep_id": trial["sweep_id"], "trial_id": trial["trial_id"]}
     if error is not None:
         record["error"] = str(error)
-    else:
-        record["outcome"] = _outcome_value(outcome)
+        return record
+    record["outcome"] = _outcome_value(outcome)
+    if isinstance(outcome, _pk.AttributedOutcome) and outcome.cause != _pk.FailureCause.unattributed:
+        failure = outcome.cause.name
+    if failure is not None:
+        if failure not in _FAILURES or record["outcome"] is not False:
+            raise _pk.InputError(f"failure = {failure!r}: must be one of {sorted(_FAILURES)}, on a false outcome")
+        record["failure"] = failure
     return record
 
 
@@ -462,6 +511,9 @@ def analyze(
             value = r["outcome"]
             if not isinstance(value, (bool, int, float)):
                 raise ProtocolError(f"{where}: trial_id = {trial_id}: outcome = {value!r}: must be true, false or a number")
+            if "failure" in r and (value is not False or r["failure"] not in _FAILURES):
+                raise ProtocolError(f"{where}: trial_id = {trial_id}: failure = {r['failure']!r}: must be one of "
+                                    f"{sorted(_FAILURES)}, on a false outcome")
         by_trial.setdefault(trial_id, []).append(r)
 
     if kind is None:
@@ -472,6 +524,7 @@ def analyze(
 
     resolved: dict[int, Any] = {}
     reason: dict[int, str] = {}
+    failure_of: dict[int, str] = {}
     missing, duplicates, conflicts, host_errors = [], [], [], []
     for trial_id in range(total):
         rs = by_trial.get(trial_id)
@@ -485,6 +538,8 @@ def analyze(
         for r in rs:
             if "outcome" in r:
                 v = r["outcome"] if binary else float(r["outcome"])  # probability: true/false are 1/0
+                if binary and "failure" in r:
+                    failure_of[trial_id] = r["failure"]
                 if v not in values:
                     values.append(v)
         if len(values) == 1:
@@ -505,6 +560,9 @@ def analyze(
             raise _TrialFailed(f"trial_id {trial_id}: {reason[trial_id]}")
         if binary and not isinstance(value, bool):
             raise _TrialFailed(f"trial_id {trial_id}: outcome {value!r} is not a bool in a binary sweep")
+        if binary:
+            cause = _FAILURES.get(failure_of.get(trial_id), _pk.FailureCause.unattributed)
+            return _pk.AttributedOutcome(value, cause if not value else _pk.FailureCause.unattributed)
         return value
 
     result = _pk.run_sweep(plan.config, lookup, kind)

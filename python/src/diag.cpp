@@ -129,6 +129,15 @@ void init_diag(const modules& m) {
   root.def("attribute", &attribute, py::arg("geometry"), py::arg("log"), py::arg("trace"),
            "A read's attention mass back to tokens and phases.");
   root.def("find_target", &find_target, py::arg("geometry"), py::arg("trace"), py::arg("target_token"));
+  py::class_<failure_attribution>(root, "FailureAttribution", "Why a read missed a record (classify_failure).")
+      .def_readonly("cause", &failure_attribution::cause)
+      .def_readonly("entries_selected", &failure_attribution::entries_selected)
+      .def_readonly("read_mass", &failure_attribution::read_mass)
+      .def_readonly("write_share", &failure_attribution::write_share)
+      .def_readonly("uniform_share", &failure_attribution::uniform_share);
+  root.def("classify_failure", &classify_failure, py::arg("geometry"), py::arg("log"), py::arg("trace"),
+           py::arg("first"), py::arg("length"), py::arg("read_threshold") = 0.5, py::arg("write_threshold") = 0.5,
+           "selection_miss, read_dilution, write_dilution or readout for a record [first, first + length).");
 }
 
 }  // namespace pyphasekv

@@ -46,12 +46,14 @@ sweep_result run_python_sweep(const sweep_config& config, const py::function& tr
   if (kind == outcome_kind::binary) {
     // Strict: only a bool (or NumPy bool) is an outcome; 0.7 is not "true".
     const py::object numpy_bool = py::module_::import("numpy").attr("bool_");
-    result = run_sweep(config, [&](const placement& p) -> bool {
+    result = run_sweep(config, [&](const placement& p) -> attributed_outcome {
       const py::object outcome = call(p);
+      if (py::isinstance<attributed_outcome>(outcome)) return outcome.cast<attributed_outcome>();
       if (!py::isinstance<py::bool_>(outcome) && !py::isinstance(outcome, numpy_bool))
         throw std::runtime_error("returned " + py::repr(outcome).cast<std::string>() +
-                                 ", not a bool (a probability sweep takes kind=OutcomeKind.probability)");
-      return outcome.cast<bool>();
+                                 ", not a bool or an AttributedOutcome (a probability sweep takes "
+                                 "kind=OutcomeKind.probability)");
+      return attributed_outcome{outcome.cast<bool>(), failure_cause::unattributed};
     });
   } else {
     result = run_sweep(config, [&](const placement& p) -> double { return call(p).cast<double>(); });
@@ -65,6 +67,53 @@ sweep_result run_python_sweep(const sweep_config& config, const py::function& tr
 void init_sweep(const modules& m) {
   py::module_ root = m.root;
 
+  // ---- record layouts (diag/record_layout.hpp)
+  struct_binding<record_shape>(root, "RecordShape", "A record's tokens: key, gap, then value (the target is its first token).")
+      .field("key_tokens", &record_shape::key_tokens)
+      .field("value_tokens", &record_shape::value_tokens)
+      .field("gap", &record_shape::gap, "tokens between the key and the value")
+      .done()
+      .def("length", &record_shape::length)
+      .def("validate", &record_shape::validate);
+  py::enum_<layout_class>(root, "LayoutClass", "How a record sits against a stream's entries.")
+      .value("contained", layout_class::contained, "inside one block")
+      .value("straddle_covered", layout_class::straddle_covered, "crosses a block boundary; some window holds it whole")
+      .value("straddle_split", layout_class::straddle_split, "no window holds it whole");
+  py::enum_<layout_mode>(root, "LayoutMode", "Which residues a plan holds.")
+      .value("any", layout_mode::any)
+      .value("contained", layout_mode::contained)
+      .value("straddle", layout_mode::straddle);
+  py::enum_<failure_cause>(root, "FailureCause", "Why a failed trial failed (classify_failure).")
+      .value("unattributed", failure_cause::unattributed)
+      .value("selection_miss", failure_cause::selection_miss)
+      .value("read_dilution", failure_cause::read_dilution)
+      .value("write_dilution", failure_cause::write_dilution)
+      .value("readout", failure_cause::readout);
+  py::class_<record_layout>(root, "RecordLayout", "A record's span against a stream's entries (classify_record).")
+      .def_readonly("first", &record_layout::first)
+      .def_readonly("last", &record_layout::last)
+      .def_readonly("first_offset", &record_layout::first_offset, "in-block offset (phase) of the first token")
+      .def_readonly("last_offset", &record_layout::last_offset)
+      .def_readonly("boundaries", &record_layout::boundaries, "block boundaries inside the record")
+      .def_readonly("covering_entries", &record_layout::covering_entries, "entries whose window holds it whole")
+      .def_readonly("first_covering", &record_layout::first_covering)
+      .def_readonly("first_slot", &record_layout::first_slot)
+      .def_readonly("kind", &record_layout::kind)
+      .def("__repr__", [](const record_layout& l) {
+        return "RecordLayout(first=" + std::to_string(l.first) + ", last=" + std::to_string(l.last) +
+               ", kind=" + to_string(l.kind) + ", boundaries=" + std::to_string(l.boundaries) +
+               ", covering_entries=" + std::to_string(l.covering_entries) + ")";
+      });
+  root.def("classify_record", &classify_record, py::arg("geometry"), py::arg("first"), py::arg("length"));
+  root.def(
+      "crowding",
+      [](const geometry& g, std::int64_t first, std::int64_t length, const std::vector<std::int64_t>& others,
+         std::int64_t others_length) {
+        return crowding(g, first, length, span<const std::int64_t>(others), others_length);
+      },
+      py::arg("geometry"), py::arg("first"), py::arg("length"), py::arg("others"), py::arg("others_length"),
+      "How many other records (starting at `others`) have a token in the tokens this record's entries pool.");
+
   // ---- phase sweep (diag/phase_sweep.hpp)
   struct_binding<sweep_config>(root, "SweepConfig", "What a phase sweep sweeps (validate() names a bad field).")
       .field("stride", &sweep_config::stride, "S")
@@ -73,8 +122,15 @@ void init_sweep(const modules& m) {
       .field("query_position", &sweep_config::query_position, "fixed for every trial")
       .field("span", &sweep_config::span, "width of the target range, >= 3M")
       .field("min_distance", &sweep_config::min_distance, "targets at least this far before the query")
-      .field("seed", &sweep_config::seed, "run order only")
+      .field("seed", &sweep_config::seed, "run order and the permutation draws")
+      .field("window", &sweep_config::window, "W of the stream layouts are classified against; 0 means stride")
+      .field("origin", &sweep_config::origin, "the stream's chunk origin")
+      .field("record", &sweep_config::record, "RecordShape of each trial's record")
+      .field("layout", &sweep_config::layout, "LayoutMode: any, contained (within-window test) or straddle")
+      .field("permutations", &sweep_config::permutations, "of the phase fold's permutation null")
       .done()
+      .def("resolved_window", &sweep_config::resolved_window)
+      .def("planned_residues", &sweep_config::planned_residues)
       .def_readonly_static("minimum_trials", &sweep_config::minimum_trials)
       .def("resolved_modulus", &sweep_config::resolved_modulus)
       .def("first_target", &sweep_config::first_target)
@@ -89,6 +145,7 @@ void init_sweep(const modules& m) {
       .def_readonly("trial", &placement::trial, "index within the residue; equal index -> same anchor block")
       .def_readonly("target_position", &placement::target_position)
       .def_readonly("query_position", &placement::query_position)
+      .def_readonly("layout", &placement::layout, "RecordLayout against the sweep's stream")
       .def("distance", &placement::distance)
       .def("__eq__",
            [](const placement& a, const placement& b) {
@@ -108,7 +165,8 @@ void init_sweep(const modules& m) {
       .def_readonly("residue", &residue_position_stats::residue)
       .def_readonly("count", &residue_position_stats::count)
       .def_readonly("mean", &residue_position_stats::mean)
-      .def_readonly("variance", &residue_position_stats::variance);
+      .def_readonly("variance", &residue_position_stats::variance)
+      .def_readonly("distinct", &residue_position_stats::distinct, "distinct target positions: effective trials");
   root.def("plan_sweep", &plan_sweep, py::arg("config"),
            "Every residue's placements in the seeded, shuffled run order (deterministic in the config).");
   root.def("plan_position_statistics", &plan_position_statistics, py::arg("plan"), py::arg("modulus"));
@@ -119,8 +177,22 @@ void init_sweep(const modules& m) {
   py::enum_<outcome_kind>(root, "OutcomeKind")
       .value("binary", outcome_kind::binary)
       .value("probability", outcome_kind::probability);
+  py::class_<attributed_outcome>(root, "AttributedOutcome", "A binary outcome with the cause of a failure.")
+      .def(py::init([](bool success, failure_cause cause) { return attributed_outcome{success, cause}; }),
+           py::arg("success"), py::arg("cause") = failure_cause::unattributed)
+      .def_readonly("success", &attributed_outcome::success)
+      .def_readonly("cause", &attributed_outcome::cause);
+  const auto failure_dict = [](const std::int64_t (&f)[failure_causes]) {
+    py::dict d;
+    for (std::size_t c = 0; c < failure_causes; ++c) d[to_string(static_cast<failure_cause>(c))] = f[c];
+    return d;
+  };
   py::class_<residue_outcome>(root, "ResidueOutcome")
       .def_readonly("residue", &residue_outcome::residue)
+      .def_readonly("phase", &residue_outcome::phase)
+      .def_readonly("layout", &residue_outcome::layout)
+      .def_property_readonly("failures", [failure_dict](const residue_outcome& r) { return failure_dict(r.failures); },
+                             "wrong answers by cause (a dict)")
       .def_readonly("planned", &residue_outcome::planned)
       .def_readonly("valid", &residue_outcome::valid)
       .def_readonly("errored", &residue_outcome::errored, "threw / NaN / out of range: no outcome, not a wrong answer")
@@ -128,6 +200,15 @@ void init_sweep(const modules& m) {
       .def_readonly("estimate", &residue_outcome::estimate)
       .def_readonly("ci_low", &residue_outcome::ci_low)
       .def_readonly("ci_high", &residue_outcome::ci_high);
+  py::class_<layout_outcome>(root, "LayoutOutcome", "The trials of one layout class.")
+      .def_readonly("layout", &layout_outcome::layout)
+      .def_readonly("residues", &layout_outcome::residues)
+      .def_readonly("valid", &layout_outcome::valid)
+      .def_readonly("successes", &layout_outcome::successes)
+      .def_readonly("estimate", &layout_outcome::estimate)
+      .def_readonly("ci_low", &layout_outcome::ci_low)
+      .def_readonly("ci_high", &layout_outcome::ci_high)
+      .def_property_readonly("failures", [failure_dict](const layout_outcome& l) { return failure_dict(l.failures); });
   py::class_<homogeneity_result>(root, "HomogeneityResult")
       .def_readonly("test", &homogeneity_result::test, "chi_square or anova")
       .def_readonly("statistic", &homogeneity_result::statistic)
@@ -135,6 +216,31 @@ void init_sweep(const modules& m) {
       .def_readonly("dof_within", &homogeneity_result::dof_within)
       .def_readonly("p_value", &homogeneity_result::p_value)
       .def_readonly("approximate", &homogeneity_result::approximate);
+  py::class_<stats::interval_estimate>(m.stats, "IntervalEstimate")
+      .def_readonly("estimate", &stats::interval_estimate::estimate)
+      .def_readonly("low", &stats::interval_estimate::low)
+      .def_readonly("high", &stats::interval_estimate::high);
+  py::class_<stats::permutation_result>(m.stats, "PermutationResult")
+      .def_readonly("statistic", &stats::permutation_result::statistic)
+      .def_readonly("null_mean", &stats::permutation_result::null_mean)
+      .def_readonly("p_value", &stats::permutation_result::p_value)
+      .def_readonly("permutations", &stats::permutation_result::permutations);
+  py::class_<profile_summary>(root, "ProfileSummary", "One profile of a sweep: all, contained or straddle.")
+      .def_readonly("name", &profile_summary::name)
+      .def_readonly("residues", &profile_summary::residues)
+      .def_readonly("trials", &profile_summary::trials)
+      .def_readonly("valid", &profile_summary::valid)
+      .def_readonly("invalid_reason", &profile_summary::invalid_reason)
+      .def_readonly("mean", &profile_summary::mean)
+      .def_readonly("gap_points", &profile_summary::gap_points)
+      .def_readonly("best_residue", &profile_summary::best_residue)
+      .def_readonly("worst_residue", &profile_summary::worst_residue)
+      .def_readonly("homogeneity", &profile_summary::homogeneity)
+      .def_readonly("period", &profile_summary::period)
+      .def_readonly("debiased_gap", &profile_summary::debiased_gap, "fractions, cross-fitted, with a 95% interval")
+      .def_readonly("phase_amplitude", &profile_summary::phase_amplitude, "the debiased gap of the phase fold")
+      .def_readonly("phase_test", &profile_summary::phase_test, "permutation test of the phase fold")
+      .def("has_period", &profile_summary::has_period);
   py::class_<sweep_result>(root, "SweepResult", "A sweep's per-residue outcomes and summary, and its reports.")
       .def_readonly("config", &sweep_result::config)
       .def_readonly("kind", &sweep_result::kind)
@@ -149,6 +255,12 @@ void init_sweep(const modules& m) {
       .def_readonly("worst_residue", &sweep_result::worst_residue)
       .def_readonly("homogeneity", &sweep_result::homogeneity)
       .def_readonly("period", &sweep_result::period, "the fitted period; it means something only if has_period()")
+      .def_readonly("layouts", &sweep_result::layouts, "per layout class: contained, straddle_covered, straddle_split")
+      .def_readonly("profiles", &sweep_result::profiles, "all, contained, straddle")
+      .def_readonly("attributed", &sweep_result::attributed)
+      .def(
+          "profile", [](const sweep_result& r, const std::string& name) { return r.profile(name); }, py::arg("name"),
+          py::return_value_policy::reference_internal)
       .def_readonly_static("phase_effect_alpha", &sweep_result::phase_effect_alpha)
       .def("has_period", &sweep_result::has_period, "valid, not flat, and homogeneity p < phase_effect_alpha")
       .def("to_table", &sweep_result::to_table)
@@ -217,6 +329,32 @@ void init_sweep(const modules& m) {
   stats.def(
       "summarize_residues", [](const values& accuracy) { return stats::summarize_residues(accuracy); },
       py::arg("accuracy"));
+  stats.def(
+      "debiased_gap",
+      [](const counts& groups, const counts& strata, const values& outcomes, const counts& class_of, std::int64_t classes) {
+        phasekv::detail::require<input_error>(groups.size() == strata.size() && groups.size() == outcomes.size(),
+                                              "debiased_gap: len(strata), len(values)", strata.size(),
+                                              "must equal len(groups) = " + std::to_string(groups.size()));
+        std::vector<stats::observation> obs;
+        for (std::size_t i = 0; i < groups.size(); ++i) obs.push_back({groups[i], strata[i], outcomes[i]});
+        return stats::debiased_gap(obs, class_of, classes);
+      },
+      py::arg("groups"), py::arg("strata"), py::arg("values"), py::arg("class_of"), py::arg("classes"),
+      "Cross-fitted best-minus-worst class gap of trials (group, stratum, value), with a 95% interval.");
+  stats.def(
+      "fold_permutation_test",
+      [](const counts& groups, const counts& strata, const values& outcomes, const counts& class_of, std::int64_t classes,
+         std::int64_t permutations, std::uint64_t seed) {
+        phasekv::detail::require<input_error>(groups.size() == strata.size() && groups.size() == outcomes.size(),
+                                              "fold_permutation_test: len(strata), len(values)", strata.size(),
+                                              "must equal len(groups) = " + std::to_string(groups.size()));
+        std::vector<stats::observation> obs;
+        for (std::size_t i = 0; i < groups.size(); ++i) obs.push_back({groups[i], strata[i], outcomes[i]});
+        return stats::fold_permutation_test(obs, class_of, classes, permutations, seed);
+      },
+      py::arg("groups"), py::arg("strata"), py::arg("values"), py::arg("class_of"), py::arg("classes"),
+      py::arg("permutations") = 999, py::arg("seed") = 0,
+      "Between-class sum of squares and its within-stratum permutation null.");
   stats.def("log_gamma", &stats::log_gamma, py::arg("a"));
   stats.def("regularized_gamma_p", &stats::regularized_gamma_p, py::arg("a"), py::arg("x"));
   stats.def("regularized_gamma_q", &stats::regularized_gamma_q, py::arg("a"), py::arg("x"));

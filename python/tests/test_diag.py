@@ -191,7 +191,7 @@ def test_a_sweep_from_python_reports_what_the_cpp_example_reports():
     assert calls == pk.plan_sweep(config)  # in the plan's order, once each
     assert result.to_table() == expected
     assert result.valid and result.kind == pk.OutcomeKind.binary and result.config.modulus == 8
-    assert (result.best_residue, result.worst_residue, result.period.period) == (0, 7, 4.0)
+    assert (result.best_residue, result.worst_residue, result.period.period) == (4, 7, 4.0)
     # The summary is the statistics module's, applied to the per-residue counts.
     successes = [r.successes for r in result.residues]
     chi = stats.chi_square_homogeneity(successes, [64] * 8)
@@ -218,7 +218,7 @@ def test_sweep_reports_and_errored_trials():
     report = json.loads(result.to_json())
     assert report["errored_trials"] == 1 and report["residues"][1]["valid"] == 11
     table = list(csv.reader(io.StringIO(result.to_csv())))
-    assert table[0][:5] == ["residue", "phase", "planned", "valid", "errored"] and len(table) == 5
+    assert table[0][:6] == ["residue", "phase", "layout", "planned", "valid", "errored"] and len(table) == 5
     summary = dict(csv.reader(io.StringIO(result.to_summary_csv())))
     assert summary["key"] == "value" and summary["errored_trials"] == "1" and summary["test"] == "anova"
     assert summary["first_error"] == result.first_error  # a field with commas, quoted

@@ -62,7 +62,8 @@ def test_a_plan_is_every_placement_with_its_haystack_layout():
         assert t["layout"]["needle"] == [pl.target_position, pl.target_position + 3]
         assert t["layout"]["query"] == 8191 and t["layout"]["context_tokens"] == 8192
         assert t["sweep"] == dict(stride=4, modulus=8, trials_per_residue=16, query_position=8191, span=6000,
-                                  min_distance=64, seed=3, needle_tokens=3)
+                                  min_distance=64, seed=3, needle_tokens=3, window=0, origin=0, permutations=999,
+                                  record=dict(key_tokens=1, gap=0, value_tokens=1), layout_mode="any")
         assert t["configuration"] == {"model": "toy", "label": "toy S=4"}
     # Each haystack's needles: those of its trials, in plan order, never overlapping.
     for group in p.haystacks():
@@ -78,7 +79,11 @@ def test_a_plan_is_deterministic_and_its_id_names_what_it_plans():
     assert sweep.plan(toy_config(), configuration={"model": "a"}) == a
     assert sweep.plan(toy_config(), configuration={"model": "b"}).sweep_id != a.sweep_id
     assert sweep.plan(toy_config(seed=4), configuration={"model": "a"}).sweep_id != a.sweep_id
-    assert sweep.plan(toy_config(), configuration={"model": "a"}, needle_tokens=2).sweep_id != a.sweep_id
+    assert sweep.plan(toy_config(), configuration={"model": "a"}, needle_tokens=3).sweep_id != a.sweep_id
+    assert sweep.plan(toy_config(), configuration={"model": "a"}, needle_tokens=2) == a  # the record's length
+    contained = toy_config()
+    contained.layout = pk.LayoutMode.contained
+    assert sweep.plan(contained, configuration={"model": "a"}).sweep_id != a.sweep_id
 
 
 def test_plan_errors_name_the_field():
@@ -176,6 +181,64 @@ def test_plan_shards_outcomes_analyze_equals_the_in_process_sweep(tmp_path):
     assert json.loads((tmp_path / "out" / "sweep.json").read_text()) == json.loads(expected.to_json())
     assert "<svg" in (tmp_path / "out" / "sweep.svg").read_text()
     assert json.loads((tmp_path / "out" / "sweep.protocol.json").read_text())["planned"] == 128
+
+
+def layout_host(trial_or_placement):
+    """A host that fails straddling records (attributing it to the write) and, inside a block, the
+    records that start at offset 1 (attributed to the read)."""
+    get = (lambda k: trial_or_placement[k]) if isinstance(trial_or_placement, dict) else (
+        lambda k: getattr(trial_or_placement, k))
+    target, trial = get("target_position"), get("trial")
+    offset = target % 4
+    if offset + 2 >= 4:  # a 3-token record from offset 2 or 3 crosses the block boundary
+        return pk.AttributedOutcome(False, pk.FailureCause.write_dilution)
+    if offset == 1 and trial % 3 != 0:
+        return pk.AttributedOutcome(False, pk.FailureCause.read_dilution)
+    return toy_model_retrieves(2, target, get("query_position"), trial)
+
+
+@pytest.mark.parametrize("mode", ["any", "contained", "straddle"])
+def test_layouts_and_failure_causes_go_through_plan_shards_and_analyze(tmp_path, mode):
+    config = toy_config(window=4, layout=pk.LayoutMode.__members__[mode])
+    config.record = pk.RecordShape(key_tokens=2, value_tokens=1)
+    p = sweep.plan(config)
+    geometry = pk.Geometry(stride=4, window=4, origin=0)
+    for t in p.trials:  # every trial line carries its record's layout, as classify_record gives it
+        lay = pk.classify_record(geometry, t["target_position"], 3)
+        assert t["record_layout"]["class"] == lay.kind.name and t["phase"] == lay.first_offset
+        assert (t["record_layout"]["first"], t["record_layout"]["last"]) == (lay.first, lay.last)
+        assert t["record_layout"]["boundaries"] == lay.boundaries
+        assert t["layout"]["needle"] == [t["target_position"], t["target_position"] + 3]
+        assert mode == "any" or (lay.kind == pk.LayoutClass.contained) == (mode == "contained")
+    p.write(tmp_path / "plan.jsonl", shards=3)
+    plan_files = sorted(tmp_path.glob("plan.shard-*.jsonl"))
+    records = []
+    for f in plan_files:
+        records += sweep.evaluate_trials(sweep.read_shards(f), layout_host)
+    assert any(r.get("failure") == "write_dilution" for r in records) == (mode != "contained")
+    analysis = sweep.analyze(sweep.read_plan(plan_files), outcome_files(tmp_path, records, 4))
+    expected = pk.run_sweep(config, layout_host)
+    assert analysis.result.to_json() == expected.to_json()
+    assert analysis.result.to_csv() == expected.to_csv()
+    report = json.loads(analysis.result.to_json())
+    assert [x["name"] for x in report["profiles"]] == ["all", "contained", "straddle"]
+    if mode != "straddle":
+        within = analysis.result.profile("contained")
+        assert within.valid and within.phase_test.p_value < 0.05  # offset 1 is weak inside the block
+        assert sum(r.failures["read_dilution"] for r in analysis.result.residues) > 0
+
+
+def test_an_outcome_line_may_name_its_failure_only_on_a_false_outcome(tmp_path):
+    p = sweep.plan(toy_config())
+    t = p.trials[0]
+    assert sweep.outcome_record(t, False, failure="selection_miss")["failure"] == "selection_miss"
+    with pytest.raises(pk.InputError, match=r"failure = 'readout'"):
+        sweep.outcome_record(t, True, failure="readout")
+    with pytest.raises(pk.InputError, match=r"failure = 'lost'"):
+        sweep.outcome_record(t, False, failure="lost")
+    bad = dict(sweep.outcome_record(t, False), failure="nowhere")
+    with pytest.raises(sweep.ProtocolError, match=r"record 0: trial_id = 0: failure = 'nowhere'"):
+        sweep.analyze(p, [bad])
 
 
 def test_duplicates_missing_conflicts_and_host_errors_are_reported_and_never_outcomes():
