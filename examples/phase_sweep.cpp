@@ -6,7 +6,7 @@
 //
 //   phase_sweep [--tokens N] [--records N] [--channels C] [--stride S[,S…]] [--window W|double]
 //               [--policy mean|gates|rope|dsv4|control[,…]] [--trials N] [--seed K]
-//               [--out DIR] [--quiet]
+//               [--layout any|contained|straddle] [--out DIR] [--quiet]
 //
 // Defaults (close to the study's 128K-token, 16,000-record needle test): --tokens 131072
 // --records 16000 (that density, 16000 per 131072 tokens, for another --tokens) --channels 512
@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -55,6 +56,7 @@ struct options {
   std::int64_t trials = 64;
   std::uint64_t seed = 1;
   std::string out = "phase_sweep_out";
+  phasekv::diag::layout_mode layout = phasekv::diag::layout_mode::any;
   bool quiet = false;
 };
 
@@ -98,6 +100,13 @@ options parse(int argc, char** argv) {
               });
   args.integer("--trials", "N", "trials per residue", o.trials, phasekv::diag::sweep_config::minimum_trials);
   args.integer("--seed", "K", "seed of the contexts and of the run order", o.seed, 0);
+  args.choice("--layout",
+              "residues to plan: all, those whose record fits in one block (the within-window test), or those "
+              "whose record crosses a block boundary",
+              o.layout,
+              {{"any", phasekv::diag::layout_mode::any},
+               {"contained", phasekv::diag::layout_mode::contained},
+               {"straddle", phasekv::diag::layout_mode::straddle}});
   args.option("--out", "DIR", "output folder", o.out, [&o](const std::string& text) { o.out = text; });
   args.flag("--quiet", "no progress line on stderr", o.quiet);
   args.parse(argc, argv);
@@ -143,6 +152,7 @@ std::vector<job> plan_jobs(const options& o) {
       // Layouts (contained / straddle) are classified against the probe's stream; the control's
       // against the blocks of the stride it is plotted with (it has none of its own).
       j.sweep.window = control ? 0 : window;
+      j.sweep.layout = o.layout;
       j.sweep.modulus = 2 * stride;
       j.sweep.trials_per_residue = o.trials;
       j.sweep.query_position = o.tokens - 1;
@@ -320,15 +330,32 @@ int run(const options& o) {
   write_file(out_dir / "phase_sweep.svg", sweep_plot(jobs, results, o));
 
   // The period only means something where the residues differ (sweep_result::has_period, the
-  // rule the JSON follows too): "-" where homogeneity holds at 5%.
-  std::printf("%-34s %8s %8s %10s %8s\n", "configuration", "mean%", "gap", "p-value", "period");
+  // rule the JSON follows too): "-" where homogeneity holds at 5%. All trials, then the
+  // within-window (contained) profile: a period of all trials that the contained profile does not
+  // share is the record cut in two, not a bad offset.
+  std::printf("%-34s %8s %8s %10s %7s | %-24s %10s %9s | %9s\n", "configuration", "mean%", "gap", "p-value", "period",
+              "contained: debiased gap", "p-value", "phase p", "straddle%");
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     const auto& r = results[i];
     const std::string period = r.period.flat      ? "flat"
                                : !r.has_period() ? "-"
                                                  : phasekv::diag::detail::format_number(r.period.period, 4);
-    std::printf("%-34s %8.2f %8.2f %10.3g %8s\n", jobs[i].label.c_str(), 100.0 * r.mean, r.gap_points,
-                r.homogeneity.p_value, period.c_str());
+    const auto* within = r.profile("contained");
+    const auto* across = r.profile("straddle");
+    std::string gap = "n/a", p = "n/a", phase = "n/a", straddle = "n/a";
+    if (within && within->valid) {
+      char text[64];
+      std::snprintf(text, sizeof text, "%.1f [%.1f, %.1f]", 100.0 * within->debiased_gap.estimate,
+                    100.0 * within->debiased_gap.low, 100.0 * within->debiased_gap.high);
+      gap = text;
+      p = phasekv::diag::detail::format_number(within->homogeneity.p_value, 3);
+      if (std::isfinite(within->phase_test.p_value)) phase = phasekv::diag::detail::format_number(within->phase_test.p_value, 3);
+    }
+    if (across && !across->residues.empty() && std::isfinite(across->mean))
+      straddle = phasekv::detail::fixed(100.0 * across->mean, 2);
+    std::printf("%-34s %8.2f %8.2f %10.3g %7s | %-24s %10s %9s | %9s\n", jobs[i].label.c_str(), 100.0 * r.mean,
+                r.gap_points, r.homogeneity.p_value, period.c_str(), gap.c_str(), p.c_str(), phase.c_str(),
+                straddle.c_str());
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("wrote %s/{<configuration>.csv,.summary.csv,.json,phase_sweep.svg} in %.1f s\n", o.out.c_str(), total);

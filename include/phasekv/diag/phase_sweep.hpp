@@ -868,8 +868,14 @@ inline profile_summary summarize_profile(std::string name, const sweep_result& r
   }
   const std::uint64_t seed = config.seed ^ (0x9E3779B97F4A7C15ull * (salt + 1));
   out.debiased_gap = stats::debiased_gap(obs, identity, static_cast<std::int64_t>(members.size()));
+  const auto clip = [](stats::interval_estimate& e) {  // a difference of fractions lies in [−1, 1]
+    e.low = std::max(-1.0, e.low);
+    e.high = std::min(1.0, e.high);
+  };
+  clip(out.debiased_gap);
   if (phases >= 2) {
     out.phase_amplitude = stats::debiased_gap(obs, phase_class, phases);
+    clip(out.phase_amplitude);
     out.phase_test = stats::fold_permutation_test(obs, phase_class, phases, config.permutations, seed);
   }
   return out;

@@ -214,13 +214,15 @@ inline std::string svg_line_plot(const std::vector<plot_series>& series, const p
 // a chunk, where pooling's weak spot sits — lands ON them, whatever S is: sweeps of different
 // strides line up where they differ most. (x = residue / S would put that phase at 1 − 1/S,
 // a different place for every stride.) Draw the boundaries with plot_axes::x_boundaries.
+// Residues the plan left out (sweep_config::layout) have no point.
 inline plot_series phase_sweep_series(const sweep_result& result, std::string label) {
   plot_series series;
   series.label = std::move(label);
   const double stride = static_cast<double>(result.config.stride);
   for (const residue_outcome& row : result.residues)
-    series.points.push_back({static_cast<double>(row.residue + 1) / stride, 100.0 * row.estimate, 100.0 * row.ci_low,
-                             100.0 * row.ci_high});
+    if (row.planned > 0)
+      series.points.push_back({static_cast<double>(row.residue + 1) / stride, 100.0 * row.estimate, 100.0 * row.ci_low,
+                               100.0 * row.ci_high});
   return series;
 }
 
