@@ -16,14 +16,17 @@
 // normalised sums of its key and of its value token embeddings (the embedding itself for one token).
 //
 // The mechanism (a previous-token feature, as induction heads use, carried through the record):
-//     key-stream payload at t   = e(tok_t) + s_i            (t a record token after its first)
+//     key-stream payload at t   = e(tok_t) + s_i            (t a gap or value token of record i)
+//                               = e(tok_t)                  (t a key token after the first)
 //                               = e(tok_t) + e(tok_{t−1})   (otherwise; e(tok_0) at t = 0)
 //     value-stream payload at t = e(tok_t)
 //     query                      = s_target                 (RoPE'd at the query position when
 //                                                             the key stream has RoPE)
-// A query therefore matches every token of its record (the first key token through its own
-// embedding, the others through s). For the default record that is exactly the previous-token
-// feature: the value token's key payload carries the key. Read-out = the reader's attention over
+// A query therefore matches its record's gap and value tokens through s, best, and its key tokens
+// through their own embeddings, less (a key token after the first carries no previous-token
+// feature: the key before it would double its match, and attention would settle on the key
+// rather than the value). For the default record that is exactly the previous-token feature: the
+// value token's key payload carries the key. Read-out = the reader's attention over
 // all complete entries (no raw window; every entry, or the top_k the key stream itself selects)
 // of the value stream, summed over heads (one query head per KV head; trials() reads many
 // targets at once, as GQA members of each KV head — one at a time with selection). Answer =
@@ -170,7 +173,8 @@ struct needle_config {
   record_shape record;
   // fixed_weight: the per-slot weights [W] of both streams (finite, ≥ 0, positive sum); empty =
   //   uniform, which is mean_pool. positional_gates: the per-slot biases [W] added to every
-  //   token's gate logit (log-weights, like DeepSeek-V4's ape); empty = N(0, 1) per slot from the seed.
+  //   token's gate logit (log-weights, like DeepSeek-V4's ape); empty = N(0, 1) per slot (a fixed
+  //   draw, the same for every seed: the seed changes the haystack, not the model).
   std::vector<float> slot_profile;
   // positional_gates: scale λ of the gate logit's content part λ·(z·e(tok)), z ~ N(0, I) (0 = the
   // bias alone, which is fixed_weight with weights exp(bias)).
@@ -294,8 +298,8 @@ struct needle_config {
     if (!slot_profile.empty() || (policy != needle_policy::fixed_weight && policy != needle_policy::positional_gates))
       return slot_profile;
     std::vector<float> p(static_cast<std::size_t>(window), 1.0f);
-    if (policy == needle_policy::positional_gates) {
-      std::mt19937_64 rng(seed ^ 0xA9E5ull);
+    if (policy == needle_policy::positional_gates) {  // one profile for every seed: the model, not the haystack
+      std::mt19937_64 rng(0xA9E5ull + static_cast<std::uint64_t>(window));
       std::normal_distribution<float> normal(0.0f, 1.0f);
       for (auto& x : p) x = normal(rng);
     }
@@ -426,8 +430,7 @@ class needle_probe {
     config_.seed = seed;
     prepared_ = false;
     build_embeddings();
-    if (config_.policy == needle_policy::deepseek_v4_csa || config_.policy == needle_policy::positional_gates)
-      build_engine();  // their random gate weights come from the seed too
+    if (config_.policy == needle_policy::deepseek_v4_csa) build_engine();  // its random weights come from the seed too
   }
   // The attention logit scale in use (the automatic choice when config().logit_scale is 0).
   double logit_scale() const noexcept { return logit_scale_; }
@@ -483,7 +486,7 @@ class needle_probe {
           blocked[static_cast<std::size_t>(u)] = 1;
       }
     }
-    std::vector<std::int32_t> feature(tokens.size(), -1);  // see compress()
+    std::vector<std::int32_t> feature(tokens.size(), previous_token);  // see for_each_chunk()
     // Record ids in random order, so targets do not always get the low ids.
     std::vector<std::int32_t> ids(static_cast<std::size_t>(R));
     for (std::int64_t i = 0; i < R; ++i) ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
@@ -498,7 +501,7 @@ class needle_probe {
       for (std::int64_t j = 0; j < V; ++j) tokens[at(value_at + j)] = static_cast<std::int32_t>(R * K + id * V + j);
       for (std::int64_t i = 0; i < L; ++i) {
         used[at(i)] = 1;
-        if (i > 0) feature[at(i)] = id;
+        if (i > 0) feature[at(i)] = i < K ? no_feature : id;
       }
       record_at[t] = id;
       starts.push_back(t);
@@ -662,6 +665,11 @@ class needle_probe {
     };
     key_summaries_ = K == 1 ? matrix() : sums(0, K);
     value_embeddings_ = V == 1 ? matrix(embeddings_.middleRows(R * K, R)) : sums(R * K, V);
+    gate_vector_.resize(0);
+    if (config_.policy == needle_policy::positional_gates) {  // λ·z, z ~ N(0, I): the gates' content part
+      gate_vector_.resize(C);
+      for (std::int64_t c = 0; c < C; ++c) gate_vector_(c) = config_.gate_content * normal(rng);
+    }
   }
   const float* key_summary(std::int32_t id) const {
     return config_.record.key_tokens == 1 ? embeddings_.row(id).data() : key_summaries_.row(id).data();
@@ -742,7 +750,6 @@ class needle_probe {
     rope_channels_ = 0;
     gated_logits_ = 0;
     gate_matrices_.clear();
-    gate_vector_.resize(0);
     geom_ = geom;
 
     switch (config_.policy) {
@@ -769,12 +776,8 @@ class needle_probe {
           kp.slot_bias = config_.key_slot_bias.empty() ? config_.concentrated_slot_bias(false) : config_.key_slot_bias;
           vp.slot_bias =
               config_.value_slot_bias.empty() ? config_.concentrated_slot_bias(true) : config_.value_slot_bias;
-        } else {  // one bias profile on both streams, content logits λ·(z·e(tok))
+        } else {  // one bias profile on both streams, content logits λ·(z·e(tok)) (z: build_embeddings)
           kp.slot_bias = vp.slot_bias = config_.resolved_slot_profile();
-          std::mt19937_64 rng(detail::mix(config_.seed, 0x6A7E));
-          std::normal_distribution<float> normal(0.0f, 1.0f);
-          gate_vector_.resize(C);
-          for (std::int64_t c = 0; c < C; ++c) gate_vector_(c) = config_.gate_content * normal(rng);
         }
         gated_logits_ = 1;
         engine_ = std::make_unique<detail::engine<comp, comp>>(
@@ -830,9 +833,11 @@ class needle_probe {
   }
 
   // f(tokens, payload per stream, logits per stream) for the prepared tokens in chunks, built on
-  // the fly. Key payload at t = e(tok_t) + f_t: the previous token's embedding, except inside a
-  // record after its first token, where it is the record's key summary (a one-token key: the
-  // key itself, so a two-token record gives the previous-token feature of the top).
+  // the fly. Key payload at t = e(tok_t) + f_t (see the top): f_t = the record's key summary at its
+  // gap and value tokens, nothing at its key tokens after the first (the previous key token
+  // there would double the key's match, and attention would settle on the key instead of the
+  // value), and the previous token's embedding everywhere else.
+  static constexpr std::int32_t previous_token = -1, no_feature = -2;
   template <class F>
   void for_each_chunk(F&& f) {
     const std::int64_t C = config_.channels, H = config_.effective_heads(), V = views_;
@@ -853,9 +858,9 @@ class needle_probe {
           const auto t = static_cast<std::size_t>(t0 + i);
           float* row = p.data() + i * H * V * C;
           const float* cur = embeddings_.row(tokens_[t]).data();
-          const float* extra = feature_[t] >= 0 ? key_summary(feature_[t])
-                               : t > 0          ? embeddings_.row(tokens_[t - 1]).data()
-                                                : nullptr;
+          const float* extra = feature_[t] >= 0                            ? key_summary(feature_[t])
+                               : feature_[t] == previous_token && t > 0 ? embeddings_.row(tokens_[t - 1]).data()
+                                                                        : nullptr;
           for (std::int64_t c = 0; c < C; ++c) row[c] = cur[c] + (key_payload && extra ? extra[c] : 0.0f);
           for (std::int64_t hv = 1; hv < H * V; ++hv) std::copy_n(row, C, row + hv * C);
         }
@@ -934,7 +939,7 @@ class needle_probe {
   bool prepared_ = false;
   std::int64_t query_position_ = 0;
   std::unordered_map<std::int64_t, std::int32_t> targets_;
-  std::vector<std::int32_t> tokens_, feature_;  // the prepared tokens; feature_[t]: record id or −1 (see for_each_chunk)
+  std::vector<std::int32_t> tokens_, feature_;  // the prepared tokens; feature_[t]: record id or a code (for_each_chunk)
   std::vector<std::int64_t> record_starts_;     // every record's first token, increasing
   std::unique_ptr<slot_weight_log> log_;        // explain()'s, built on demand
   std::vector<float> queries_, out_, rope_cos_;
