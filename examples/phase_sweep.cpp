@@ -5,8 +5,9 @@
 // dominant period, CSV and JSON per configuration, and one SVG plot of accuracy against residue.
 //
 //   phase_sweep [--tokens N] [--records N] [--channels C] [--stride S[,S…]] [--window W|double]
-//               [--policy mean|gates|rope|dsv4|control[,…]] [--trials N] [--seed K]
-//               [--layout any|contained|straddle] [--out DIR] [--quiet]
+//               [--policy mean|gates|rope|dsv4|fixed|ape|control[,…]] [--slot-profile P,P,…]
+//               [--key-tokens K] [--value-tokens V] [--gap G] [--isolate] [--top-k K] [--attribute]
+//               [--trials N] [--seed K] [--layout any|contained|straddle] [--out DIR] [--quiet]
 //
 // Defaults (close to the study's 128K-token, 16,000-record needle test): --tokens 131072
 // --records 16000 (that density, 16000 per 131072 tokens, for another --tokens) --channels 512
@@ -14,8 +15,14 @@
 // 128 channels leave S = 8 near chance, 512 show its weak phase clearly) --stride 2,4,8
 // --window = stride --policy mean,control --trials 64 --seed 1 --out phase_sweep_out.
 // --stride and --policy take comma lists and may repeat; every non-control policy runs at every
-// stride ("dsv4" only at its own S=4, W=8), "control" adds one full-attention run. --quiet drops
-// the progress line. Bad options exit with status 2 and say which option was wrong.
+// stride ("dsv4" only at its own S=4, W=8), "control" adds one full-attention run. "fixed" pools
+// with the static per-slot weights of --slot-profile (W of them; default uniform), "ape" with
+// scalar gates whose per-slot biases are --slot-profile (default N(0, 1) per slot from the seed).
+// The record is --key-tokens key tokens, --gap filler, --value-tokens value tokens (1, 0, 1).
+// --isolate keeps other records out of the targets' entries (the control for crowding); --top-k
+// reads only the entries the key stream selects; --attribute explains every failed trial
+// (selection miss, read or write dilution, readout: the table's and CSV's failure columns).
+// --quiet drops the progress line. Bad options exit with status 2 and say which option was wrong.
 //
 // Outputs in DIR, per configuration (name e.g. mean_S4_W4, control): <name>.csv (one row per
 // residue), <name>.summary.csv (key,value: gap, p-value, period, the probe's settings) and
@@ -31,6 +38,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -48,7 +56,7 @@ using phasekv::diag::probe::needle_policy;
 
 struct options {
   std::int64_t tokens = 131072;
-  std::int64_t records = 0;                  // 0 → 16000 per 131072 tokens (the study's density)
+  std::int64_t records = 0;                  // 0 → the study's density (a quarter of the tokens)
   std::int64_t channels = 512;               // embedding size: S = 8 needs about 512 at 128K
   std::vector<std::int64_t> strides;         // empty → {2, 4, 8}
   std::int64_t window = 0;                   // 0 → stride; −1 → 2·stride
@@ -57,6 +65,10 @@ struct options {
   std::uint64_t seed = 1;
   std::string out = "phase_sweep_out";
   phasekv::diag::layout_mode layout = phasekv::diag::layout_mode::any;
+  phasekv::diag::record_shape record;
+  std::vector<float> slot_profile;           // fixed and ape only
+  bool isolate = false, attribute = false;
+  std::int64_t top_k = 0;
   bool quiet = false;
 };
 
@@ -65,6 +77,8 @@ const std::vector<std::pair<std::string, needle_policy>> policy_names = {
     {"gates", needle_policy::concentrated_gates},
     {"rope", needle_policy::rope_after_pool},
     {"dsv4", needle_policy::deepseek_v4_csa},
+    {"fixed", needle_policy::fixed_weight},
+    {"ape", needle_policy::positional_gates},
     {"control", needle_policy::full_attention}};
 
 needle_policy policy_of(const std::string& name) {
@@ -79,7 +93,8 @@ options parse(int argc, char** argv) {
                    "The needle test by residue t mod 2S for each pooling policy and stride: a table per\n"
                    "configuration, <name>.csv, .summary.csv and .json, and phase_sweep.svg in --out.");
   args.integer("--tokens", "N", "context length; the query is at N - 1", o.tokens, 64);
-  args.option("--records", "N", "key-value records in the context, at least 1", "16000 per 131072 tokens",
+  args.option("--records", "N", "key-value records in the context, at least 1",
+              "a quarter of the tokens (16000 two-token records per 131072)",
               [&o](const std::string& text) { o.records = cli::integer(text, std::int64_t{1}); });
   args.integer("--channels", "C", "embedding size of the synthetic tokens", o.channels, 2);
   args.option("--stride", "S[,S...]", "strides to sweep, each at least 1; may repeat", "2,4,8",
@@ -91,13 +106,30 @@ options parse(int argc, char** argv) {
               [&o](const std::string& text) {
                 o.window = text == "double" ? -1 : cli::integer(text, std::int64_t{1});
               });
-  args.option("--policy", "P[,P...]", "mean, gates, rope, dsv4 (S=4, W=8) or control; may repeat", "mean,control",
+  args.option("--policy", "P[,P...]", "mean, gates, rope, dsv4 (S=4, W=8), fixed, ape or control; may repeat",
+              "mean,control",
               [&o](const std::string& text) {
                 cli::each_item(text, [&o](const std::string& p) {
                   policy_of(p);  // validates the name
                   o.policies.push_back(p);
                 });
               });
+  args.option("--slot-profile", "P[,P...]", "fixed: the W slot weights; ape: the W slot biases",
+              "uniform; N(0, 1) per slot", [&o](const std::string& text) {
+                cli::each_item(text, [&o](const std::string& item) {
+                  char* end = nullptr;
+                  const float value = std::strtof(item.c_str(), &end);
+                  if (item.empty() || end != item.c_str() + item.size() || !std::isfinite(value))
+                    throw cli::bad_value("is not a finite number");
+                  o.slot_profile.push_back(value);
+                });
+              });
+  args.integer("--key-tokens", "K", "key tokens of each record", o.record.key_tokens, 1, 4096);
+  args.integer("--value-tokens", "V", "value tokens of each record", o.record.value_tokens, 1, 4096);
+  args.integer("--gap", "G", "filler tokens between a record's key and its value", o.record.gap, 0, 4096);
+  args.flag("--isolate", "keep the other records out of the targets' entries (the control for crowding)", o.isolate);
+  args.integer("--top-k", "K", "entries the key stream selects for each read; 0 reads every entry", o.top_k, 0);
+  args.flag("--attribute", "explain each failed trial: selection miss, read or write dilution, readout", o.attribute);
   args.integer("--trials", "N", "trials per residue", o.trials, phasekv::diag::sweep_config::minimum_trials);
   args.integer("--seed", "K", "seed of the contexts and of the run order", o.seed, 0);
   args.choice("--layout",
@@ -111,7 +143,8 @@ options parse(int argc, char** argv) {
   args.flag("--quiet", "no progress line on stderr", o.quiet);
   args.parse(argc, argv);
   if (o.strides.empty()) o.strides = {2, 4, 8};
-  if (o.records == 0) o.records = std::max<std::int64_t>(1, o.tokens * 16000 / 131072);
+  // The study's density: 16000 two-token records per 131072 tokens, a quarter of the tokens.
+  if (o.records == 0) o.records = std::max<std::int64_t>(1, o.tokens * 16000 / 131072 * 2 / o.record.length());
   if (o.policies.empty()) o.policies = {"mean", "control"};
   return o;
 }
@@ -143,6 +176,13 @@ std::vector<job> plan_jobs(const options& o) {
       j.probe.stride = stride;
       j.probe.window = o.window == 0 ? stride : o.window < 0 ? 2 * stride : o.window;
       j.probe.seed = o.seed;
+      j.probe.record = o.record;
+      j.probe.isolate_targets = o.isolate;
+      j.probe.top_k = o.top_k;
+      const bool profiled = policy == "fixed" || policy == "ape";
+      if (profiled) j.probe.slot_profile = o.slot_profile;
+      if (!o.slot_profile.empty() && !profiled)
+        throw phasekv::input_error("--slot-profile: only the fixed and ape policies take one, not " + policy);
       if (control || preset) {
         j.probe.stride = j.probe.effective_stride();
         j.probe.window = j.probe.effective_window();
@@ -153,6 +193,7 @@ std::vector<job> plan_jobs(const options& o) {
       // against the blocks of the stride it is plotted with (it has none of its own).
       j.sweep.window = control ? 0 : window;
       j.sweep.layout = o.layout;
+      j.sweep.record = o.record;
       j.sweep.modulus = 2 * stride;
       j.sweep.trials_per_residue = o.trials;
       j.sweep.query_position = o.tokens - 1;
@@ -254,12 +295,14 @@ int run(const options& o) {
     // from its own content (see examples/host_sweep.cpp). Here the content is the probe's seed:
     // trial i uses seed group i mod M, within which every position occurs once per anchor. Each
     // group's targets are packed into contexts (first fit, sorted by position) at least
-    // window + 2 apart, so no compressed entry holds two targets (a needle record takes its
-    // position and the next), and at most `records` each. Every target is read once; run_sweep
-    // then replays the outcomes in the plan's order.
+    // window + L apart, so no compressed entry holds two targets (a record takes L positions from
+    // its first), L + 2W with --isolate (neither in the other's pooled tokens), and at most
+    // `records` each. Every target is read once; run_sweep then replays the outcomes in the
+    // plan's order.
     using phasekv::diag::probe::needle_probe;
     const std::int64_t modulus = j.sweep.resolved_modulus();
-    const std::int64_t gap = j.probe.window + 2;
+    const std::int64_t length = j.probe.record.length();
+    const std::int64_t gap = j.probe.isolate_targets ? length + 2 * j.probe.window : j.probe.window + length;
     std::vector<std::vector<phasekv::diag::placement>> groups(static_cast<std::size_t>(modulus));
     for (const auto& p : plan) groups[static_cast<std::size_t>(p.trial % modulus)].push_back(p);
     std::vector<std::vector<std::vector<phasekv::diag::placement>>> contexts(groups.size());
@@ -279,8 +322,9 @@ int run(const options& o) {
 
     progress bar("[" + std::to_string(i + 1) + "/" + std::to_string(jobs.size()) + "] " + j.label,
                  static_cast<std::int64_t>(plan.size()), !o.quiet);
-    std::vector<std::vector<char>> found(static_cast<std::size_t>(modulus),
-                                         std::vector<char>(static_cast<std::size_t>(j.sweep.trials_per_residue)));
+    std::vector<std::vector<phasekv::diag::attributed_outcome>> found(
+        static_cast<std::size_t>(modulus),
+        std::vector<phasekv::diag::attributed_outcome>(static_cast<std::size_t>(j.sweep.trials_per_residue)));
     needle_probe probe(j.probe);
     for (std::size_t g = 0; g < contexts.size(); ++g) {
       if (contexts[g].empty()) continue;
@@ -292,14 +336,16 @@ int run(const options& o) {
         probe.prepare(targets, j.sweep.query_position);
         const std::vector<char> answers = probe.trials(targets);  // one read serves the whole context
         for (std::size_t k = 0; k < context.size(); ++k) {
-          found[static_cast<std::size_t>(context[k].residue)][static_cast<std::size_t>(context[k].trial)] = answers[k];
+          auto& outcome = found[static_cast<std::size_t>(context[k].residue)][static_cast<std::size_t>(context[k].trial)];
+          outcome.success = answers[k] != 0;
+          if (!outcome.success && o.attribute) outcome.cause = probe.explain(targets[k]).cause;
           bar.step();
         }
       }
     }
     const phasekv::diag::sweep_result result =
         phasekv::diag::run_sweep(j.sweep, [&](const phasekv::diag::placement& p) {
-      return found[static_cast<std::size_t>(p.residue)][static_cast<std::size_t>(p.trial)] != 0;
+      return found[static_cast<std::size_t>(p.residue)][static_cast<std::size_t>(p.trial)];
     });
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count();
 

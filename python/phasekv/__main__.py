@@ -102,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     r = commands.add_parser("probe", formatter_class=defaults, help="answer a plan with the synthetic needle probe",
                             description="Runs phasekv's needle probe (a haystack of key->value records read through "
                                         "phasekv's cache and reader) on every trial of the plan files and writes the "
-                                        "outcome lines. Plan with --needle-tokens 2.")
+                                        "outcome lines. The record is the plan's; plan with --needle-tokens the record's "
+                                        "length (plus 2W with --isolate).")
     r.add_argument("--plan", nargs="+", required=True, help="plan shard file(s) to answer")
     r.add_argument("--out", required=True, help="outcome file to write")
     r.add_argument("--policy", choices=list(pk.probe.NeedlePolicy.__members__), default="mean_pool",
@@ -110,14 +111,21 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--stride", type=_positive, default=4, help="S (mean_pool, concentrated_gates, rope_after_pool)")
     r.add_argument("--window", type=_positive, default=4, help="W (likewise)")
     r.add_argument("--tokens", type=_positive, help="context length (default: the plan's query position + 1)")
-    r.add_argument("--records", type=_positive, help="key->value records (default: tokens / 8)")
+    r.add_argument("--records", type=_positive, help="key->value records (default: tokens / (4 x record length))")
     r.add_argument("--channels", type=_positive, default=64, help="embedding dimension")
     r.add_argument("--kappa", type=float, default=0.2, help="shared component of token embeddings")
     r.add_argument("--heads", type=_positive, default=1, help="concentrated_gates: KV heads")
     r.add_argument("--gate-offset", type=_non_negative, default=0, help="concentrated_gates: peaked slot")
     r.add_argument("--seed", type=_non_negative, default=1, help="the probe's embeddings")
-    r.add_argument("--outcome", choices=("success", "probability"), default="success",
-                   help="success: retrieved or not; probability: of the right value")
+    r.add_argument("--slot-profile", type=float, nargs="+", default=[],
+                   help="fixed_weight: W slot weights; positional_gates: W slot biases (default: uniform / N(0, 1))")
+    r.add_argument("--gate-content", type=float, default=1.0, help="positional_gates: scale of the content logits")
+    r.add_argument("--top-k", type=_non_negative, default=0, help="entries the key stream selects (0: every entry)")
+    r.add_argument("--isolate", action="store_true",
+                   help="keep the other records out of the targets' entries (the control for crowding)")
+    r.add_argument("--outcome", choices=("success", "probability", "attributed"), default="success",
+                   help="success: retrieved or not; probability: of the right value; attributed: success and "
+                        "each failure's cause")
     cluster = r.add_mutually_exclusive_group()
     cluster.add_argument("--scheduler", help="a Dask scheduler address (tcp://host:port) to run on")
     cluster.add_argument("--workers", type=_positive, help="run on a local Dask cluster of this many processes")
@@ -171,10 +179,14 @@ def _analyze(args) -> int:
 def _probe(args) -> int:
     part = sweep.read_shards(args.plan)
     tokens = args.tokens or part.trials[0]["layout"]["context_tokens"]
+    record = part.trials[0]["sweep"].get("record", {})
+    shape = pk.RecordShape(**record) if record else pk.RecordShape()
     evaluate = sweep.NeedleEvaluate(policy=args.policy, stride=args.stride, window=args.window, tokens=tokens,
-                                    records=args.records or max(1, tokens // 8), channels=args.channels,
-                                    kappa=args.kappa, heads=args.heads, gate_offset=args.gate_offset, seed=args.seed,
-                                    outcome=args.outcome)
+                                    records=args.records or max(1, tokens // (4 * shape.length())),
+                                    channels=args.channels, kappa=args.kappa, heads=args.heads,
+                                    gate_offset=args.gate_offset, seed=args.seed, record=shape,
+                                    slot_profile=args.slot_profile, gate_content=args.gate_content, top_k=args.top_k,
+                                    isolate_targets=args.isolate, outcome=args.outcome)
     client = None
     if args.scheduler or args.workers:
         from distributed import Client, LocalCluster

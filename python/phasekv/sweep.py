@@ -85,6 +85,17 @@ _FAILURES = {c.name: c for c in (_pk.FailureCause.selection_miss, _pk.FailureCau
                                  _pk.FailureCause.write_dilution, _pk.FailureCause.readout)}
 
 
+def _record_shape(value: Any) -> Any:
+    """A RecordShape from one, a dict of its fields or a (key_tokens, gap, value_tokens) tuple."""
+    if isinstance(value, Mapping):
+        return _pk.RecordShape(**value)
+    if isinstance(value, (tuple, list)):
+        if len(value) != len(_RECORD_FIELDS):
+            raise _pk.InputError(f"record = {value!r}: must be ({', '.join(_RECORD_FIELDS)})")
+        return _pk.RecordShape(**dict(zip(_RECORD_FIELDS, value)))
+    return value
+
+
 def _sweep_config(section: Mapping[str, Any]) -> Any:
     """A SweepConfig from a trial line's `sweep` section (without needle_tokens)."""
     section = dict(section)
@@ -92,7 +103,7 @@ def _sweep_config(section: Mapping[str, Any]) -> Any:
     layout = section.pop("layout_mode", "any")
     config = _pk.SweepConfig(**section)
     if record is not None:
-        config.record = _pk.RecordShape(**record)
+        config.record = _record_shape(record)
     if layout not in _pk.LayoutMode.__members__:
         raise _pk.ConfigError(f"layout_mode = {layout!r}: must be one of {sorted(_pk.LayoutMode.__members__)}")
     config.layout = _pk.LayoutMode.__members__[layout]
@@ -645,7 +656,10 @@ def evaluate_trials(
 # ---- the synthetic probe as an evaluate -----------------------------------------------------------
 
 _NEEDLE_FIELDS = ("tokens", "records", "channels", "kappa", "logit_scale", "policy", "stride", "window",
-                  "gate_offset", "heads", "seed", "origin", "key_slot_bias", "value_slot_bias")
+                  "gate_offset", "heads", "seed", "origin", "key_slot_bias", "value_slot_bias", "record",
+                  "slot_profile", "gate_content", "top_k", "isolate_targets")
+_LIST_FIELDS = ("key_slot_bias", "value_slot_bias", "slot_profile")
+_OUTCOMES = ("success", "probability", "attributed")
 
 # Per process: one probe per configuration (a long context's page pool is most of its cost) and
 # the outcomes of the haystack it last prepared. A lock per probe: a probe is not thread-safe.
@@ -659,32 +673,46 @@ class NeedleEvaluate:
     A trial's haystack is built once with all of its needles (``prepare`` with the haystack's
     needles and the haystack index as salt) and read in one batch; the outcomes of its needles are
     kept until another haystack is asked for. This is what ``phasekv.probe.needle_sweep`` does, so
-    a plan's analysis equals that sweep's result for the same configuration and sweep
-    (``needle_tokens`` must be 2: a record is a key and its value). Picklable: only the
-    configuration travels; each process builds its probe on first use."""
+    a plan's analysis equals that sweep's result for the same configuration and sweep (plan with
+    ``needle_tokens=evaluate.needle_tokens()``: the record's length, plus 2W for isolated targets,
+    and the sweep's ``record`` the probe's). ``outcome``: ``success``, ``probability``, or
+    ``attributed`` (success, and the cause of each failure: ``NeedleProbe.explain``). Picklable: only
+    the configuration travels; each process builds its probe on first use."""
 
     def __init__(self, config: Any = None, *, outcome: str = "success", **fields: Any):
-        if outcome not in ("success", "probability"):
-            raise _pk.InputError(f"outcome = {outcome!r}: must be 'success' or 'probability'")
+        if outcome not in _OUTCOMES:
+            raise _pk.InputError(f"outcome = {outcome!r}: must be one of {', '.join(map(repr, _OUTCOMES))}")
         values = {f: getattr(config, f) for f in _NEEDLE_FIELDS} if config is not None else {}
         values.update(fields)
         if isinstance(values.get("policy"), str):
             values["policy"] = _pk.probe.NeedlePolicy.__members__[values["policy"]]
+        if isinstance(values.get("record"), (tuple, list, dict)):
+            values["record"] = _record_shape(values["record"])
         probe_config = _pk.probe.NeedleConfig(**values)
         probe_config.validate()
-        # Only plain values are kept (enums by name, lists as tuples): picklable and hashable.
-        self.fields = tuple(
-            (f, getattr(probe_config, f).name if f == "policy" else
-             tuple(getattr(probe_config, f)) if f.endswith("_bias") else getattr(probe_config, f))
-            for f in _NEEDLE_FIELDS
-        )
+        # Only plain values are kept (enums by name, lists and records as tuples): picklable, hashable.
+        def plain(f: str) -> Any:
+            v = getattr(probe_config, f)
+            if f == "policy":
+                return v.name
+            if f == "record":
+                return (v.key_tokens, v.gap, v.value_tokens)
+            return tuple(v) if f in _LIST_FIELDS else v
+        self.fields = tuple((f, plain(f)) for f in _NEEDLE_FIELDS)
         self.outcome = outcome
 
     def config(self) -> Any:
         values = dict(self.fields)
         values["policy"] = _pk.probe.NeedlePolicy.__members__[values["policy"]]
-        values["key_slot_bias"], values["value_slot_bias"] = list(values["key_slot_bias"]), list(values["value_slot_bias"])
+        values["record"] = _record_shape(values["record"])
+        for f in _LIST_FIELDS:
+            values[f] = list(values[f])
         return _pk.probe.NeedleConfig(**values)
+
+    def needle_tokens(self) -> int:
+        """The spacing a plan for this probe needs: the record's length (+ 2W for isolated targets)."""
+        c = self.config()
+        return c.record.length() + (2 * c.effective_window() if c.isolate_targets else 0)
 
     def _entry(self) -> dict:
         key = (self.fields, self.outcome)
@@ -694,11 +722,19 @@ class NeedleEvaluate:
                 entry = _probes[key] = {"lock": threading.Lock(), "probe": None, "haystack": None, "outcomes": {}}
         return entry
 
-    def __call__(self, trial: Mapping[str, Any]) -> bool | float:
-        if trial["sweep"]["needle_tokens"] != 2:
+    def __call__(self, trial: Mapping[str, Any]) -> Any:
+        needed = self.needle_tokens()
+        if trial["sweep"]["needle_tokens"] != needed:
             raise _pk.InputError(
-                f"needle_tokens = {trial['sweep']['needle_tokens']}: the needle probe's records take 2 tokens "
-                "(plan with needle_tokens=2)"
+                f"needle_tokens = {trial['sweep']['needle_tokens']}: this needle probe's haystacks need {needed} "
+                f"(plan with needle_tokens=evaluate.needle_tokens())"
+            )
+        record = dict(self.fields)["record"]
+        planned = trial["sweep"].get("record", {})
+        if (planned.get("key_tokens", 1), planned.get("gap", 0), planned.get("value_tokens", 1)) != record:
+            raise _pk.InputError(
+                f"sweep.record = {planned}: must be the probe's record (key_tokens {record[0]}, gap {record[1]}, "
+                f"value_tokens {record[2]})"
             )
         entry = self._entry()
         with entry["lock"]:
@@ -710,14 +746,25 @@ class NeedleEvaluate:
                 entry["haystack"] = None  # a failed prepare leaves no stale outcomes behind
                 probe = entry["probe"]
                 probe.prepare(needles, trial["query_position"], context=trial["haystack"])
-                values = probe.trials(needles) if self.outcome == "success" else probe.probabilities(needles)
-                entry["outcomes"] = dict(zip(needles.tolist(), values.tolist()))
+                if self.outcome == "probability":
+                    values = probe.probabilities(needles).tolist()
+                else:
+                    values = probe.trials(needles).tolist()
+                    if self.outcome == "attributed":
+                        values = [_pk.AttributedOutcome(success=True) if ok else
+                                  _pk.AttributedOutcome(success=False, cause=probe.explain(int(t)).cause)
+                                  for t, ok in zip(needles.tolist(), values)]
+                entry["outcomes"] = dict(zip(needles.tolist(), values))
                 entry["haystack"] = haystack
             value = entry["outcomes"][trial["target_position"]]
+        if self.outcome == "attributed":
+            return value
         return bool(value) if self.outcome == "success" else float(value)
 
     def __repr__(self) -> str:
-        changed = ", ".join(f"{k}={v!r}" for k, v in self.fields if v not in ((), 0) or k == "policy")
+        default_record = (1, 0, 1)
+        changed = ", ".join(f"{k}={v!r}" for k, v in self.fields
+                            if (v not in ((), 0, False) and v != default_record) or k == "policy")
         return f"NeedleEvaluate({changed}, outcome={self.outcome!r})"
 
 

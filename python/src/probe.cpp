@@ -40,14 +40,17 @@ void init_probe(const modules& m) {
       .value("mean_pool", needle_policy::mean_pool)
       .value("concentrated_gates", needle_policy::concentrated_gates)
       .value("rope_after_pool", needle_policy::rope_after_pool)
-      .value("deepseek_v4_csa", needle_policy::deepseek_v4_csa);
+      .value("deepseek_v4_csa", needle_policy::deepseek_v4_csa)
+      .value("fixed_weight", needle_policy::fixed_weight)
+      .value("positional_gates", needle_policy::positional_gates);
   py::enum_<needle_outcome>(probe, "NeedleOutcome")
       .value("success", needle_outcome::success)
-      .value("probability", needle_outcome::probability);
+      .value("probability", needle_outcome::probability)
+      .value("attributed", needle_outcome::attributed);
 
   struct_binding<needle_config>(probe, "NeedleConfig", "The probe's task, write path and seed (validate() names a bad field).")
       .field("tokens", &needle_config::tokens, "context length N")
-      .field("records", &needle_config::records, "key->value records, at most tokens/4")
+      .field("records", &needle_config::records, "key->value records, at most tokens / (2 x record length)")
       .field("channels", &needle_config::channels, "embedding dimension, a multiple of 4")
       .field("kappa", &needle_config::kappa, "shared component of distinct token embeddings, in [0, 1)")
       .field("logit_scale", &needle_config::logit_scale, "attention logit scale; 0 = automatic")
@@ -60,7 +63,15 @@ void init_probe(const modules& m) {
       .field("origin", &needle_config::origin, "chunk origin (blocks start at t = origin mod S)")
       .field("key_slot_bias", &needle_config::key_slot_bias, "concentrated_gates: [heads][W] biases (a list)")
       .field("value_slot_bias", &needle_config::value_slot_bias, "concentrated_gates: [heads][W] biases (a list)")
+      .field("record", &needle_config::record, "RecordShape: key tokens, gap, value tokens (default 1, 0, 1)")
+      .field("slot_profile", &needle_config::slot_profile,
+             "fixed_weight: [W] weights; positional_gates: [W] logit biases (a list; empty = default)")
+      .field("gate_content", &needle_config::gate_content, "positional_gates: scale of the content logits")
+      .field("top_k", &needle_config::top_k, "entries the key stream selects; 0 reads every entry")
+      .field("isolate_targets", &needle_config::isolate_targets,
+             "keep the other records out of the targets' entries (the control for crowding)")
       .done()
+      .def("resolved_slot_profile", &needle_config::resolved_slot_profile)
       .def("effective_stride", &needle_config::effective_stride)
       .def("effective_window", &needle_config::effective_window)
       .def("validate", &needle_config::validate);
@@ -81,8 +92,8 @@ void init_probe(const modules& m) {
             p.prepare(span<const std::int64_t>(t.data(), t.size()), query_position, context);
           },
           py::arg("target_positions"), py::arg("query_position"), py::arg("context") = 0,
-          "A haystack with a record at each target (non-overlapping: a record takes t and t+1) and the query at "
-          "query_position; `context` salts the rest of the haystack.")
+          "A haystack with a record at each target (non-overlapping: a record takes t ... t + L - 1) and the "
+          "query at query_position; `context` salts the rest of the haystack.")
       .def(
           "trials",
           [](needle_probe& p, const py::object& targets) {
@@ -108,11 +119,19 @@ void init_probe(const modules& m) {
             }
             return adopt(std::move(out), {static_cast<py::ssize_t>(t.size())});
           },
-          py::arg("target_positions"), "The probability of each prepared target's value (float64 array).");
+          py::arg("target_positions"), "The probability of each prepared target's value (float64 array).")
+      .def("explain", &needle_probe::explain, py::arg("target_position"), py::arg("read_threshold") = 0.5,
+           py::arg("write_threshold") = 0.5, py::call_guard<py::gil_scoped_release>(),
+           "Why the target's read fails (or would): a FailureAttribution of its value tokens, from a traced "
+           "read and the value stream's slot weights.")
+      .def("crowding", &needle_probe::crowding, py::arg("target_position"),
+           "Other records with a token in the tokens the target's entries pool.")
+      .def_property_readonly("stream_geometry", &needle_probe::stream_geometry);
 
   probe.def("needle_sweep", &needle_sweep, py::arg("probe"), py::arg("config"),
             py::arg("kind") = needle_outcome::success, py::call_guard<py::gil_scoped_release>(),
-            "A phase sweep of the probe, haystacks by assign_haystacks(plan, 2) (what phasekv.sweep plans too).");
+            "A phase sweep of the probe, haystacks by assign_haystacks(plan, L), L + 2W for isolated targets (what "
+            "phasekv.sweep plans with NeedleEvaluate.needle_tokens()).");
 }
 
 }  // namespace pyphasekv

@@ -130,6 +130,7 @@ void init_sweep(const modules& m) {
       .field("permutations", &sweep_config::permutations, "of the phase fold's permutation null")
       .done()
       .def("resolved_window", &sweep_config::resolved_window)
+      .def("stream", &sweep_config::stream, "the Geometry layouts are classified against")
       .def("planned_residues", &sweep_config::planned_residues)
       .def_readonly_static("minimum_trials", &sweep_config::minimum_trials)
       .def("resolved_modulus", &sweep_config::resolved_modulus)

@@ -23,7 +23,7 @@ def test_the_config_checks_name_the_field():
     assert small_config(policy=probe_module.NeedlePolicy.full_attention).effective_stride() == 1
     with pytest.raises(pk.ConfigError, match=r"^needle_config.channels = 6: must be a multiple of 4"):
         small_config(channels=6).validate()
-    with pytest.raises(pk.ConfigError, match=r"^needle_config.records = 2000: must be at most tokens/4 = 1024"):
+    with pytest.raises(pk.ConfigError, match=r"^needle_config.records = 2000: must be at most tokens / \(2 × record length\) = 1024"):
         probe_module.NeedleProbe(small_config(records=2000))
     with pytest.raises(pk.ConfigError, match=r"^needle_config.key_slot_bias.size\(\) = 3"):
         probe_module.NeedleProbe(small_config(policy=probe_module.NeedlePolicy.concentrated_gates,

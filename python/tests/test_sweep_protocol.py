@@ -339,6 +339,35 @@ def test_the_needle_probe_through_plan_shards_and_analyze_equals_the_cpp_needle_
     assert analysis.result.to_json() == expected.to_json()
 
 
+def test_records_of_several_tokens_with_failure_causes_through_the_protocol_equal_the_cpp_sweep(tmp_path):
+    # Isolated two-key/one-gap/two-value records, top-1 selection (some failures are selection
+    # misses), layout = any: the layout and failure columns must come out as the C++ sweep's.
+    fields = dict(PROBE, channels=96, records=150, stride=8, window=8, top_k=1, isolate_targets=True,
+                  record=(2, 1, 2))
+    evaluate = sweep.NeedleEvaluate(outcome="attributed", **fields)
+    probe_cfg = evaluate.config()
+    assert probe_cfg.record.length() == 5 and evaluate.needle_tokens() == 5 + 16
+    config = probe_sweep_config(stride=8, modulus=8, window=8, min_distance=32, record=probe_cfg.record)
+    expected = pk.probe.needle_sweep(pk.probe.NeedleProbe(probe_cfg), config, pk.probe.NeedleOutcome.attributed)
+    assert expected.valid
+    causes = {c: sum(row.failures[c] for row in expected.residues) for c in ("selection_miss", "read_dilution")}
+    assert causes["selection_miss"] > 0, causes
+    p = sweep.plan(config, configuration={"probe": "records"}, needle_tokens=evaluate.needle_tokens())
+    files = p.write(tmp_path / "plan.jsonl", shards=2)
+    out = []
+    for k, f in enumerate(files):
+        out.append(tmp_path / f"outcomes-{k}.jsonl")
+        records = sweep.evaluate_trials(sweep.read_shards(f), evaluate)
+        assert all(("failure" in r) == (r["outcome"] is False) for r in records)
+        sweep.write_outcomes(out[-1], records)
+    for t in p.trials:
+        assert t["record_layout"]["class"] == pk.classify_record(config.stream(), t["target_position"], 5).kind.name
+    analysis = sweep.analyze(sweep.read_plan(files), out)
+    assert analysis.result.to_json() == expected.to_json()
+    csv = analysis.result.to_csv()
+    assert "selection_miss" in csv.splitlines()[0]
+
+
 def test_needle_evaluate_is_picklable_and_refuses_a_plan_it_cannot_answer():
     import pickle
 
@@ -347,8 +376,12 @@ def test_needle_evaluate_is_picklable_and_refuses_a_plan_it_cannot_answer():
     assert clone.fields == evaluate.fields and repr(clone) == repr(evaluate)
     assert "policy='mean_pool'" in repr(evaluate)
     trial = sweep.plan(probe_sweep_config(), needle_tokens=1).trials[0]
-    with pytest.raises(pk.InputError, match=r"needle_tokens = 1: the needle probe's records take 2 tokens"):
+    with pytest.raises(pk.InputError, match=r"needle_tokens = 1: this needle probe's haystacks need 2"):
         evaluate(trial)
+    other = sweep.plan(probe_sweep_config(record=pk.RecordShape(key_tokens=1, value_tokens=1, gap=1)),
+                       needle_tokens=2).trials[0]
+    with pytest.raises(pk.InputError, match=r"sweep.record = .*must be the probe's record"):
+        evaluate(other)
     with pytest.raises(pk.ConfigError, match=r"needle_config.records = 5000"):
         sweep.NeedleEvaluate(tokens=4096, records=5000)
     with pytest.raises(pk.InputError, match=r"outcome = 'maybe'"):
