@@ -263,7 +263,8 @@ std::string sweep_plot(const std::vector<job>& jobs, const std::vector<phasekv::
   }
   phasekv::diag::plot::plot_axes axes;
   axes.title = "Needle accuracy by residue (" + std::to_string(o.tokens) + " tokens, " + std::to_string(o.records) +
-               " records, " + std::to_string(o.trials) + " trials/residue, 95% Wilson bars)";
+               " records, " + std::to_string(o.trials) + " trials/residue, 95% Wilson bars; open markers: the record "
+               "crosses a chunk boundary)";
   axes.x_label = "(t mod 2S + 1) / S: the target's place in two chunks, in strides (chunks end at 1 and 2)";
   axes.y_label = "accuracy (%)";
   axes.x_min = -0.05;  // a margin, so the boundary lines at 0 and 2 stand clear of the frame

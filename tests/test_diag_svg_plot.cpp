@@ -167,5 +167,24 @@ TEST_CASE("phase_sweep_series puts every stride's boundary phase on the chunk bo
       CHECK(point.low == Approx(100.0 * result.residues[r].ci_low));
       CHECK(point.high == Approx(100.0 * result.residues[r].ci_high));
     }
+    // The layout profiles split the residues: a two-token record is contained at phases 0 … S − 2.
+    const plot::plot_series within = plot::phase_sweep_series(result, "contained", "contained");
+    const plot::plot_series across = plot::phase_sweep_series(result, "straddle", "straddle");
+    CHECK(within.points.size() == static_cast<std::size_t>(2 * (stride - 1)));
+    CHECK(across.points.size() == 2u);
+    for (const auto& point : across.points) CHECK((point.x == 1.0 || point.x == 2.0));
+    for (const auto& point : across.points) CHECK(point.hollow);
+    for (const auto& point : within.points) CHECK_FALSE(point.hollow);
+    plot::plot_axes axes;
+    axes.x_max = 2.0;
+    const std::string svg = plot::svg_line_plot({series}, axes);
+    CHECK(count(svg, "fill=\"#ffffff\"") == 2);  // the two straddling residues' open markers
   }
+  sweep_config config;
+  config.stride = 2;
+  config.trials_per_residue = 10;
+  config.span = 1024;
+  config.query_position = 2048;
+  const sweep_result result = run_sweep(config, [](const placement&) { return true; });
+  CHECK_THROWS_AS(plot::phase_sweep_series(result, "x", "some"), phasekv::input_error);
 }

@@ -370,6 +370,7 @@ void init_sweep(const modules& m) {
       .field("y", &plot::plot_point::y)
       .field("low", &plot::plot_point::low)
       .field("high", &plot::plot_point::high)
+      .field("hollow", &plot::plot_point::hollow, "an open marker (a record crossing a block boundary)")
       .done();
   struct_binding<plot::plot_series>(plot, "PlotSeries", "One line: label, points (a list), dashed.")
       .field("label", &plot::plot_series::label)
@@ -395,8 +396,9 @@ void init_sweep(const modules& m) {
   plot.def("svg_line_plot", &plot::svg_line_plot, py::arg("series"), py::arg("axes"), "The SVG document as a string.");
   plot.def("svg_escape", &plot::svg_escape, py::arg("text"));
   plot.def("phase_sweep_series", &plot::phase_sweep_series, py::arg("result"), py::arg("label"),
+           py::arg("profile") = "all",
            "A sweep's accuracy (%) by residue with its 95% interval at x = (residue + 1) / stride: chunk "
-           "boundaries at whole numbers for every stride.");
+           "boundaries at whole numbers for every stride. profile: all, contained or straddle residues.");
 }
 
 }  // namespace pyphasekv

@@ -36,6 +36,7 @@ struct plot_point {
   double y = 0.0;
   double low = std::numeric_limits<double>::quiet_NaN();   // error bar; NaN: none
   double high = std::numeric_limits<double>::quiet_NaN();
+  bool hollow = false;  // an open marker (phase_sweep_series: a record that crosses a block boundary)
 };
 
 struct plot_series {
@@ -185,7 +186,8 @@ inline std::string svg_line_plot(const std::vector<plot_series>& series, const p
         << (one.dashed ? " stroke-dasharray=\"7 5\"" : "") << "/>\n";
     for (const plot_point& p : one.points) {
       if (std::isnan(p.y) || !std::isfinite(p.x)) continue;
-      out << "<circle cx=\"" << svg_number(px(p.x)) << "\" cy=\"" << svg_number(py(p.y)) << "\" r=\"3.5\"/>\n";
+      out << "<circle cx=\"" << svg_number(px(p.x)) << "\" cy=\"" << svg_number(py(p.y)) << "\" r=\"3.5\""
+          << (p.hollow ? " fill=\"#ffffff\" stroke-width=\"1.5\"" : "") << "/>\n";
     }
     out << "</g>\n";
   }
@@ -214,15 +216,23 @@ inline std::string svg_line_plot(const std::vector<plot_series>& series, const p
 // a chunk, where pooling's weak spot sits — lands ON them, whatever S is: sweeps of different
 // strides line up where they differ most. (x = residue / S would put that phase at 1 − 1/S,
 // a different place for every stride.) Draw the boundaries with plot_axes::x_boundaries.
-// Residues the plan left out (sweep_config::layout) have no point.
-inline plot_series phase_sweep_series(const sweep_result& result, std::string label) {
+// Residues the plan left out (sweep_config::layout) have no point. `profile` "contained" or
+// "straddle" keeps only the residues whose record has that layout (the within-window profile and
+// the split-record one, as sweep_result::profiles); "all" keeps every planned residue. Residues
+// whose record crosses a block boundary get open markers, so one line shows both profiles.
+inline plot_series phase_sweep_series(const sweep_result& result, std::string label, const std::string& profile = "all") {
+  phasekv::detail::require<input_error>(profile == "all" || profile == "contained" || profile == "straddle",
+                                        "phase_sweep_series: profile", profile,
+                                        "must be all, contained or straddle");
   plot_series series;
   series.label = std::move(label);
   const double stride = static_cast<double>(result.config.stride);
-  for (const residue_outcome& row : result.residues)
-    if (row.planned > 0)
-      series.points.push_back({static_cast<double>(row.residue + 1) / stride, 100.0 * row.estimate, 100.0 * row.ci_low,
-                               100.0 * row.ci_high});
+  for (const residue_outcome& row : result.residues) {
+    const bool contained = row.layout == layout_class::contained;
+    if (row.planned == 0 || (profile == "contained" && !contained) || (profile == "straddle" && contained)) continue;
+    series.points.push_back({static_cast<double>(row.residue + 1) / stride, 100.0 * row.estimate, 100.0 * row.ci_low,
+                             100.0 * row.ci_high, !contained});
+  }
   return series;
 }
 
