@@ -233,6 +233,8 @@ int run_measure(const arguments& a) {
   const std::int64_t T = task.tokens;
   phasekv::diag::sweep_config sc;
   sc.stride = cfg.stride;
+  // Layouts (contained / straddle) against the model's own compressed stream.
+  sc.window = cfg.window >= cfg.stride ? cfg.window : 0;
   sc.modulus = modulus;
   sc.trials_per_residue = trials;
   sc.query_position = T - 1;
