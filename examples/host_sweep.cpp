@@ -32,7 +32,7 @@ class toy_model {
     static const double accuracy_by_phase[4] = {0.90, 0.85, 0.80, 0.45};
     std::uint64_t state = seed_ ^ (static_cast<std::uint64_t>(needle_position) * 0x9E3779B97F4A7C15ull) ^
                           (static_cast<std::uint64_t>(query_position) << 20) ^ static_cast<std::uint64_t>(prompt_id);
-    const double luck = static_cast<double>(phasekv::diag::detail::splitmix64(state) >> 11) * 0x1.0p-53;
+    const double luck = static_cast<double>(phasekv::detail::splitmix64(state) >> 11) * 0x1.0p-53;
     return luck < accuracy_by_phase[needle_position % 4];
   }
 

@@ -330,7 +330,7 @@ int run(const options& o) {
     for (std::size_t g = 0; g < contexts.size(); ++g) {
       if (contexts[g].empty()) continue;
       std::uint64_t state = o.seed * 0x100000001B3ull + g;
-      probe.reseed(phasekv::diag::detail::splitmix64(state));
+      probe.reseed(phasekv::detail::splitmix64(state));
       for (const auto& context : contexts[g]) {
         std::vector<std::int64_t> targets;
         for (const auto& p : context) targets.push_back(p.target_position);
@@ -386,7 +386,7 @@ int run(const options& o) {
     const auto& r = results[i];
     const std::string period = r.period.flat      ? "flat"
                                : !r.has_period() ? "-"
-                                                 : phasekv::diag::detail::format_number(r.period.period, 4);
+                                                 : phasekv::detail::format_number(r.period.period, 4);
     const auto* within = r.profile("contained");
     const auto* across = r.profile("straddle");
     std::string gap = "n/a", p = "n/a", phase = "n/a", straddle = "n/a";
@@ -395,8 +395,8 @@ int run(const options& o) {
       std::snprintf(text, sizeof text, "%.1f [%.1f, %.1f]", 100.0 * within->debiased_gap.estimate,
                     100.0 * within->debiased_gap.low, 100.0 * within->debiased_gap.high);
       gap = text;
-      p = phasekv::diag::detail::format_number(within->homogeneity.p_value, 3);
-      if (std::isfinite(within->phase_test.p_value)) phase = phasekv::diag::detail::format_number(within->phase_test.p_value, 3);
+      p = phasekv::detail::format_number(within->homogeneity.p_value, 3);
+      if (std::isfinite(within->phase_test.p_value)) phase = phasekv::detail::format_number(within->phase_test.p_value, 3);
     }
     if (across && !across->residues.empty() && std::isfinite(across->mean))
       straddle = phasekv::detail::fixed(100.0 * across->mean, 2);

@@ -39,7 +39,7 @@ sweep_config make_config(std::int64_t stride, std::int64_t modulus, std::int64_t
 double coin(std::uint64_t salt, const placement& p) {
   std::uint64_t state = salt * 0x100000001B3ull ^ static_cast<std::uint64_t>(p.target_position) * 0x9E3779B97F4A7C15ull ^
                         static_cast<std::uint64_t>(p.trial) << 32;
-  return static_cast<double>(diag::detail::splitmix64(state) >> 11) * 0x1.0p-53;
+  return static_cast<double>(phasekv::detail::splitmix64(state) >> 11) * 0x1.0p-53;
 }
 
 std::vector<std::string> split(const std::string& s, char separator) {

@@ -17,6 +17,7 @@
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/limits.hpp"
 #include "phasekv/core/openmp_executor.hpp"
+#include "phasekv/core/random.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/core/text.hpp"

@@ -165,7 +165,7 @@ int run_task(const arguments& a) {
 
 // ---- measure ---------------------------------------------------------------------------------
 
-std::string num(double x) { return phasekv::diag::detail::json_number(x); }
+std::string num(double x) { return phasekv::detail::json_number(x); }
 
 // `sequences`: how many calibration sequences fed the profile. write_profile indexes tokens by
 // absolute position, so N sequences add up at every position: the per-phase weights are divided
@@ -371,7 +371,7 @@ int run_measure(const arguments& a) {
 
   // measure.json: everything, for lab/report.py.
   std::ostringstream j;
-  j << "{\"label\":" << phasekv::diag::detail::json_string(label) << ",\"model\":" << phasekv::diag::detail::json_string(model_dir)
+  j << "{\"label\":" << phasekv::detail::json_string(label) << ",\"model\":" << phasekv::detail::json_string(model_dir)
     << ",\"kind\":\"" << cfg.kind << "\",\"stride\":" << cfg.stride << ",\"window\":" << cfg.window
     << ",\"win_tokens\":" << cfg.win_tokens << ",\"kv_heads\":" << cfg.kv_heads << ",\"q_heads\":" << cfg.q_heads
     << ",\"layers\":" << cfg.layers << ",\"seed\":" << seed << ",\"trials_per_residue\":" << trials

@@ -117,6 +117,7 @@
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
+#include "phasekv/core/random.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/diag/phase_sweep.hpp"
@@ -310,8 +311,8 @@ struct needle_config {
 namespace detail {
 
 // One configuration's cache and reader behind a run-time interface.
-struct engine_base {
-  virtual ~engine_base() = default;
+struct probe_engine_base {
+  virtual ~probe_engine_base() = default;
   virtual void reset() = 0;
   virtual void append(std::int64_t tokens, const std::vector<std::vector<float>>& payload,
                       const std::vector<std::vector<float>>& logits) = 0;
@@ -328,14 +329,14 @@ struct engine_base {
 };
 
 template <class... Comps>
-struct engine : engine_base {
+struct probe_engine : probe_engine_base {
   using cache_type = paged_cache<Comps...>;
   cache_type cache;
   reader_config reader_cfg;
   std::unordered_map<std::int64_t, std::unique_ptr<sparse_reader>> readers;  // by query heads
   sequence_id seq = -1;
 
-  engine(layer_compressor<Comps...> layer, cache_config cc, reader_config rc)
+  probe_engine(layer_compressor<Comps...> layer, cache_config cc, reader_config rc)
       : cache(std::move(layer), std::move(cc)), reader_cfg(std::move(rc)) {}
 
   void reset() override {
@@ -402,13 +403,6 @@ struct engine : engine_base {
   stream_state log_state;
 };
 
-inline std::uint64_t mix(std::uint64_t seed, std::uint64_t salt) {
-  std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (salt + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 }  // namespace detail
 
 class needle_probe {
@@ -470,7 +464,7 @@ class needle_probe {
     const std::int64_t R = config_.records, K = config_.record.key_tokens, V = config_.record.value_tokens;
     const std::int64_t value_at = config_.record.value_offset();
     const auto filler_base = static_cast<std::int32_t>(R * (K + V));
-    std::mt19937_64 rng(detail::mix(detail::mix(config_.seed, 0x7043ull + static_cast<std::uint64_t>(query_position)), context));
+    std::mt19937_64 rng(phasekv::detail::mix64(phasekv::detail::mix64(config_.seed, 0x7043ull + static_cast<std::uint64_t>(query_position)), context));
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(query_position + 1));
     std::uniform_int_distribution<std::int32_t> filler(0, static_cast<std::int32_t>(needle_config::filler_vocabulary - 1));
     for (auto& tok : tokens) tok = filler_base + filler(rng);
@@ -637,7 +631,7 @@ class needle_probe {
     const std::int64_t C = config_.channels, R = config_.records;
     const std::int64_t K = config_.record.key_tokens, V = config_.record.value_tokens;
     const std::int64_t vocab = R * (K + V) + needle_config::filler_vocabulary + 1;
-    std::mt19937_64 rng(detail::mix(config_.seed, 0xE3B));
+    std::mt19937_64 rng(phasekv::detail::mix64(config_.seed, 0xE3B));
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> common(static_cast<std::size_t>(C));
     for (auto& x : common) x = normal(rng);
@@ -756,7 +750,7 @@ class needle_probe {
       case needle_policy::full_attention:
       case needle_policy::mean_pool: {
         using comp = stream_compressor<compressor_policy<phasekv::mean_pool>>;
-        engine_ = std::make_unique<detail::engine<comp, comp>>(
+        engine_ = std::make_unique<detail::probe_engine<comp, comp>>(
             layer_compressor<comp, comp>(comp(geom, keys), comp(geom, values)), cc, rc);
         break;
       }
@@ -764,7 +758,7 @@ class needle_probe {
         using comp = stream_compressor<compressor_policy<fixed_weight_pool>>;
         stream_params p;
         p.slot_profile = config_.resolved_slot_profile();
-        engine_ = std::make_unique<detail::engine<comp, comp>>(
+        engine_ = std::make_unique<detail::probe_engine<comp, comp>>(
             layer_compressor<comp, comp>(comp(geom, keys, p), comp(geom, values, p)), cc, rc);
         break;
       }
@@ -780,7 +774,7 @@ class needle_probe {
           kp.slot_bias = vp.slot_bias = config_.resolved_slot_profile();
         }
         gated_logits_ = 1;
-        engine_ = std::make_unique<detail::engine<comp, comp>>(
+        engine_ = std::make_unique<detail::probe_engine<comp, comp>>(
             layer_compressor<comp, comp>(comp(geom, keys, kp), comp(geom, values, vp)), cc, rc);
         break;
       }
@@ -790,7 +784,7 @@ class needle_probe {
         keys.rope.channels = (C / 4) & ~std::int64_t{1};
         rope_channels_ = keys.rope.channels;
         rope_ = rope_rotation(keys.rope, C);
-        engine_ = std::make_unique<detail::engine<kcomp, vcomp>>(
+        engine_ = std::make_unique<detail::probe_engine<kcomp, vcomp>>(
             layer_compressor<kcomp, vcomp>(kcomp(geom, keys), vcomp(geom, values)), cc, rc);
         break;
       }
@@ -803,7 +797,7 @@ class needle_probe {
         rope_channels_ = kv.rope.channels;
         rope_ = rope_rotation(kv.rope, C);
         stream_params p;
-        std::mt19937_64 rng(detail::mix(config_.seed, 0xD5));
+        std::mt19937_64 rng(phasekv::detail::mix64(config_.seed, 0xD5));
         std::normal_distribution<float> bias(0.0f, 0.5f), z(0.0f, 1.0f / std::sqrt(static_cast<float>(C)));
         p.slot_bias.resize(static_cast<std::size_t>(W * C));
         for (auto& x : p.slot_bias) x = bias(rng);
@@ -816,7 +810,7 @@ class needle_probe {
         rc.value_stream = 0;
         rc.derotate_output = true;
         geom_ = presets::deepseek_v4_csa_geometry();
-        engine_ = std::make_unique<detail::engine<comp>>(layer_compressor<comp>(comp(geom_, kv, p)), cc, rc);
+        engine_ = std::make_unique<detail::probe_engine<comp>>(layer_compressor<comp>(comp(geom_, kv, p)), cc, rc);
         break;
       }
     }
@@ -930,7 +924,7 @@ class needle_probe {
   matrix embeddings_, value_embeddings_, key_summaries_;
   std::vector<matrix> gate_matrices_;
   Eigen::RowVectorXf gate_vector_;
-  std::unique_ptr<detail::engine_base> engine_;
+  std::unique_ptr<detail::probe_engine_base> engine_;
   geometry geom_;
   std::size_t value_stream_ = 1;
   std::int64_t views_ = 1, gated_logits_ = 0, rope_channels_ = 0;

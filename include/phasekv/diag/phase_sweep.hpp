@@ -87,6 +87,7 @@
 
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
+#include "phasekv/core/random.hpp"
 #include "phasekv/core/text.hpp"
 #include "phasekv/diag/record_layout.hpp"
 #include "phasekv/diag/resampling.hpp"
@@ -190,17 +191,6 @@ struct placement {
 
 namespace detail {
 
-inline std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace detail
-
-namespace detail {
-
 // The order in which one round's M rotations take its M anchors (anchor rank π(j) for rotation
 // j): alternately from the low and the high end, 0, M−1, 1, M−2, …, so every run of rotations
 // has an anchor mean near the round's — the covariance of anchor and rotation, which would
@@ -248,7 +238,7 @@ inline std::vector<placement> plan_sweep(const sweep_config& config) {
   }
   std::uint64_t state = config.seed;
   for (std::size_t i = plan.size(); i > 1; --i) {
-    const std::size_t pick = static_cast<std::size_t>(detail::splitmix64(state) % i);
+    const std::size_t pick = static_cast<std::size_t>(phasekv::detail::splitmix64(state) % i);
     std::swap(plan[i - 1], plan[pick]);
   }
   return plan;
@@ -360,54 +350,6 @@ struct homogeneity_result {
   bool approximate = false;      // χ² with an expected cell below 5
 };
 
-namespace detail {
-
-inline std::string format_number(double x, int precision = 10) {
-  if (std::isnan(x)) return "nan";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  return phasekv::detail::general(x, precision);
-}
-
-inline std::string json_number(double x) { return std::isfinite(x) ? format_number(x, 17) : "null"; }
-
-inline std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          const char* hex = "0123456789abcdef";
-          out += "\\u00";
-          out += hex[c >> 4];
-          out += hex[c & 15];
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
-
-// Free text as one CSV field (RFC 4180): quoted when it holds a comma or a quote, with quotes
-// doubled; line breaks become spaces so a line-based reader cannot be derailed either.
-inline std::string csv_field(const std::string& s) {
-  std::string out;
-  bool quote = false;
-  for (char c : s) {
-    if (c == '\n' || c == '\r') c = ' ';
-    if (c == ',' || c == '"') quote = true;
-    out += c;
-    if (c == '"') out += '"';
-  }
-  return quote ? '"' + out + '"' : out;
-}
-
-}  // namespace detail
 
 // Per layout class: the trials of the residues whose record has that class.
 struct layout_outcome {
@@ -492,7 +434,7 @@ struct sweep_result {
     const bool binary = kind == outcome_kind::binary;
     using phasekv::detail::fixed;
     using phasekv::detail::right;
-    using detail::format_number;
+    using phasekv::detail::format_number;
     if (!valid) out << "INVALID SWEEP: " << invalid_reason << "\n";
     out << "phase sweep: stride " << config.stride << ", window " << config.resolved_window() << ", origin "
         << config.origin << ", modulus " << config.modulus << ", " << config.trials_per_residue
@@ -581,8 +523,8 @@ struct sweep_result {
     for (const auto& r : residues) {
       out << r.residue << ',' << r.phase << ',' << to_string(r.layout) << ',' << r.planned << ',' << r.valid << ','
           << r.errored << ',' << (binary ? std::to_string(r.successes) : std::string()) << ','
-          << detail::format_number(r.estimate) << ',' << detail::format_number(r.ci_low) << ','
-          << detail::format_number(r.ci_high);
+          << phasekv::detail::format_number(r.estimate) << ',' << phasekv::detail::format_number(r.ci_low) << ','
+          << phasekv::detail::format_number(r.ci_high);
       for (std::size_t c : {1, 2, 3, 4, 0}) out << ',' << (binary ? std::to_string(r.failures[c]) : std::string());
       out << '\n';
     }
@@ -593,8 +535,8 @@ struct sweep_result {
   // to_csv()'s. Not-a-number values are "nan"; the period's fields are empty unless has_period().
   // The profiles follow as "<profile>.<field>" keys.
   std::string to_summary_csv() const {
-    using detail::csv_field;
-    using detail::format_number;
+    using phasekv::detail::csv_field;
+    using phasekv::detail::format_number;
     const bool reported = has_period();
     phasekv::detail::classic_stream out;
     out << "key,value\n"
@@ -645,8 +587,8 @@ struct sweep_result {
 
   // A JSON object; non-finite numbers are null, and so are the period's fields unless has_period().
   std::string to_json() const {
-    using detail::json_number;
-    using detail::json_string;
+    using phasekv::detail::json_number;
+    using phasekv::detail::json_string;
     const bool reported = has_period();
     const bool binary = kind == outcome_kind::binary;
     phasekv::detail::classic_stream out;
@@ -721,8 +663,8 @@ struct sweep_result {
   static std::string period_text(const stats::periodicity& p, bool reported) {
     if (p.flat) return "none (flat profile)";
     if (!reported) return "none (no significant phase effect)";
-    return detail::format_number(p.period, 6) + " (frequency " + std::to_string(p.frequency) + ", " +
-           detail::format_number(100.0 * p.power_fraction, 4) + "% of the variation)";
+    return phasekv::detail::format_number(p.period, 6) + " (frequency " + std::to_string(p.frequency) + ", " +
+           phasekv::detail::format_number(100.0 * p.power_fraction, 4) + "% of the variation)";
   }
 };
 
@@ -936,7 +878,7 @@ sweep_result run_sweep(const sweep_config& config, Trial&& trial) {
       } else {
         value = static_cast<double>(outcome);
         if (!(value >= 0.0 && value <= 1.0))  // NaN fails this too
-          failure = "returned " + detail::format_number(value, 17) + ", not a probability in [0, 1]";
+          failure = "returned " + phasekv::detail::format_number(value, 17) + ", not a probability in [0, 1]";
       }
     } catch (const std::exception& e) {
       failure = std::string("threw: ") + e.what();

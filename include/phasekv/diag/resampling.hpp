@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "phasekv/core/error.hpp"
+#include "phasekv/core/random.hpp"
 #include "phasekv/diag/statistics.hpp"
 
 namespace phasekv::diag::stats {
@@ -59,16 +60,9 @@ struct permutation_result {
 
 namespace detail {
 
-inline std::uint64_t next_random(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // Uniform in [0, n) (n ≥ 1); the modulo's bias is below n / 2^64.
 inline std::size_t uniform_index(std::uint64_t& state, std::size_t n) {
-  return static_cast<std::size_t>(next_random(state) % n);
+  return static_cast<std::size_t>(phasekv::detail::splitmix64(state) % n);
 }
 
 inline void check_classes(const char* function, const std::vector<std::int64_t>& class_of, std::int64_t classes,
