@@ -134,6 +134,55 @@ TEST_CASE("page_memory: a refused or misaligned block is an error and nothing le
   REQUIRE(misaligned.deallocations == 1);  // given back before the error left the constructor
 }
 
+TEST_CASE("page_memory: memory of a known size is never overrun; arena_page_memory carries its size",
+          "[cache][memory]") {
+  // A host arena too small for the pool: refused before any allocation, naming both sizes.
+  std::vector<std::byte> small(1000);
+  arena_page_memory tight(small.data(), small.size());
+  const std::string message = message_of([&] { page_pool p(small_pool(&tight)); });
+  CHECK_THAT(message, Contains("pool.capacity = 10") && Contains("its memory holds") && Contains("needs"));
+  CHECK(tight.used() == 0);
+
+  // A host's own page_memory that reports its size is checked the same way: allocate() never runs.
+  class sized final : public page_memory {
+   public:
+    void* allocate(std::size_t, std::size_t) override {
+      ++allocations;
+      throw std::bad_alloc();
+    }
+    void deallocate(void*, std::size_t, std::size_t) noexcept override {}
+    std::size_t capacity(std::size_t) const noexcept override { return 64; }
+    int allocations = 0;
+  } host;
+  CHECK_THROWS_AS(page_pool(small_pool(&host)), capacity_error);
+  CHECK(host.allocations == 0);
+
+  // Two pools fit one after the other, aligned, inside the buffer; a third does not; all given
+  // back, the buffer is whole again.
+  const std::size_t one = static_cast<std::size_t>(page_pool(small_pool(nullptr)).bytes_reserved());
+  std::vector<std::byte> buffer(2 * one + 200);
+  arena_page_memory arena_memory(buffer.data() + 3, buffer.size() - 3);  // a misaligned start
+  {
+    page_pool a(small_pool(&arena_memory)), b(small_pool(&arena_memory));
+    for (const page_pool* p : {&a, &b}) {
+      CHECK(reinterpret_cast<std::uintptr_t>(p->base()) % 64 == 0);
+      CHECK(p->base() >= buffer.data());
+      CHECK(p->base() + p->bytes_reserved() <= buffer.data() + buffer.size());
+    }
+    CHECK(b.base() >= a.base() + a.bytes_reserved());
+    CHECK(arena_memory.capacity(64) < one);
+    CHECK_THROWS_AS(page_pool(small_pool(&arena_memory)), capacity_error);
+    const page_id p = b.allocate();
+    std::vector<float> entry(16, 2.5f), back(16);
+    b.write_entry(p, 1, entry.data());
+    b.read_entry(p, 1, back.data());
+    CHECK(back == entry);
+  }
+  CHECK(arena_memory.used() == 0);
+  CHECK(arena_memory.capacity(64) >= 2 * one);
+  CHECK_THROWS_AS(arena_page_memory(nullptr, 16), input_error);
+}
+
 TEST_CASE("page_memory: a paged_cache with host memory reads and writes the host's block", "[cache][memory]") {
   using csa = stream_compressor<presets::deepseek_v4_csa_policy>;
   arena host(8 << 20);

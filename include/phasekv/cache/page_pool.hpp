@@ -259,6 +259,11 @@ class page_pool {
     layout_ = page_layout::for_config(config_);
     const std::int64_t total_bytes = config_.capacity * layout_.page_stride_bytes;
     page_memory& source = config_.memory ? *config_.memory : system_page_memory();
+    const std::size_t room = source.capacity(page_layout::page_alignment);
+    if (static_cast<std::uint64_t>(total_bytes) > room)
+      detail::fail<capacity_error>(config_.name + ".capacity", config_.capacity,
+                                   "needs " + std::to_string(total_bytes) + " bytes; its memory holds " +
+                                       std::to_string(room) + " (page_memory::capacity)");
     detail::allocate_or_fail(
         [&] {
           book_ = std::make_unique<bookkeeping>(config_.capacity);
