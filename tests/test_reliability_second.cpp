@@ -5,12 +5,14 @@
 //   2. write_profile: an entry index whose slot tokens overflow
 //   3. a host view whose token count overflows the visibility formulas
 //   4. null spans given to deepseek::import_compressor and reorder_projected
+//   7. a view read by a reader built for another geometry
 //   8. enums out of range (indexer_precision, stream_role, rope_layout)
 //   9. finite values that overflow inside (RMSNorm's x², 16-bit storage under check_finite)
 //  10. a model_cache layer mutated behind the model
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -147,6 +149,47 @@ TEST_CASE("reliability 2: a view's token count beyond the token limit is an inpu
 
   // The cache's own view still reads.
   REQUIRE_NOTHROW(reader.read(cache, seq, read_request{tokens - 1, q, {}, {}, {}}, out.data()));
+}
+
+// ---- 7. a view read by a reader of another geometry ---------------------------------------------
+
+TEST_CASE("reliability 2: a reader refuses a view pooled with another geometry", "[reliability][read]") {
+  constexpr i64 channels = 8, tokens = 24;
+  cache_config cc;
+  cc.page_size = 4;
+  cc.pages = 16;
+  // The same stream config and page layout, strides 2 and 4: only the geometry tells them apart.
+  mean_cache two(layer_compressor<mean_stream>(mean_stream(geometry{2, 2}, config("kv", channels))), cc);
+  mean_cache four(layer_compressor<mean_stream>(mean_stream(geometry{4, 4}, config("kv", channels))), cc);
+  const std::vector<float> payload(static_cast<std::size_t>(tokens * channels), 0.5f);
+  const sequence_id a = two.create(), b = four.create();
+  two.append(a, {token_chunk{tokens, payload, {}}});
+  four.append(b, {token_chunk{tokens, payload, {}}});
+
+  reader_config rc;
+  rc.query_heads = 1;
+  sparse_reader reader(four, rc);
+  const std::vector<float> q(channels, 0.1f);
+  std::vector<float> out(channels, 7.0f);
+  const std::vector<float> untouched = out;
+  const read_request request{tokens - 1, q, {}, {}, {}};
+
+  const sequence_view other = two.view_of(a);
+  REQUIRE(other.geom == geometry{2, 2});
+  REQUIRE_THAT(message_of<input_error>([&] { reader.read(other, request, out.data()); }),
+               Contains("view.geom = stride 2, window 2, origin 0") && Contains("must be the reader's, stride 4"));
+  REQUIRE_THAT(message_of<input_error>([&] { reader.read(two, a, request, out.data()); }), Contains("view.geom"));
+  REQUIRE(out == untouched);
+
+  // Its own cache's view reads; a host view that leaves the geometry unstated is taken on trust.
+  REQUIRE_NOTHROW(reader.read(four, b, request, out.data()));
+  const std::vector<float> own = out;
+  sequence_view host = four.view_of(b);
+  host.geom = sequence_view{}.geom;
+  REQUIRE(host.geom.stride == 0);
+  std::fill(out.begin(), out.end(), 7.0f);
+  reader.read(host, request, out.data());
+  REQUIRE(out == own);
 }
 
 // ---- 4. null spans in the checkpoint import ----------------------------------------------------

@@ -559,6 +559,7 @@ class paged_cache {
     const sequence& s = *it->second;
     v.tokens = s.tokens;
     v.stream_count = stream_count;
+    v.geom = layer_.geom();
     for (std::size_t k = 0; k < stream_count; ++k) {
       stream_view& sv = v.streams[k];
       sv.base = pools_[k]->base();

@@ -42,6 +42,12 @@
 // than geom.completed_entries(tokens) — the reader never looks past what the position sees — but
 // not fewer. Validation names the field: "view.streams[1].entries = 7: ...".
 //
+// Geometry: `geom` states the stride, window, origin and anchor the entries were pooled with, so
+// a reader built for another geometry refuses the view instead of reading entries as if they were
+// its own (the page layouts of two geometries can be the same). paged_cache::view_of() sets it; a
+// host view may leave it unstated (stride 0, the default), and the reader then takes the
+// geometry on trust.
+//
 // Lifetime: a view borrows. One from paged_cache stays valid until the next call that writes that
 // sequence (append, remove_suffix, copy onto it, free); reading it concurrently with appends to
 // other sequences is safe (their pages are different or immutable, see paged_cache.hpp).
@@ -51,6 +57,7 @@
 #include <cstdint>
 
 #include "phasekv/cache/page_pool.hpp"
+#include "phasekv/core/geometry.hpp"
 #include "phasekv/core/span.hpp"
 
 namespace phasekv {
@@ -87,6 +94,8 @@ struct sequence_view {
   std::array<stream_view, max_streams> streams{};
   std::size_t stream_count = 0;
   window_view window;
+  // After the fields above, so that a host's aggregate initialisation stays as it was.
+  geometry geom{0, 0, 0, anchor_mode::block_start};  // stride 0: not stated (see the top)
 };
 
 }  // namespace phasekv

@@ -367,6 +367,11 @@ class sparse_reader {
   }
 
   // The view holds what a read at the request's position touches, in the reader's shape.
+  static std::string geometry_text(const geometry& g) {
+    return "stride " + std::to_string(g.stride) + ", window " + std::to_string(g.window) + ", origin " +
+           std::to_string(g.origin) + (g.anchor == anchor_mode::block_start ? "" : ", another anchor");
+  }
+
   void check_view(const sequence_view& v, const read_item& it, std::ptrdiff_t i) const {
     const std::int64_t t = it.request.position;
     if (v.tokens <= 0)
@@ -382,6 +387,10 @@ class sparse_reader {
     if (v.stream_count != shape_.streams.size())
       detail::fail<input_error>(field(i, "view.stream_count"), v.stream_count,
                                 "must be the layer's stream count, " + std::to_string(shape_.streams.size()));
+    if (v.geom.stride != 0 && !(v.geom == shape_.geom))
+      detail::fail<input_error>(field(i, "view.geom"), geometry_text(v.geom),
+                                "must be the reader's, " + geometry_text(shape_.geom) +
+                                    ": the entries were pooled with another geometry");
     if (config_.derotate_output && !rope_.covers(t))
       detail::fail<input_error>(field(i, "request.position"), t,
                                 "must lie in the key stream's rope.table positions [0, " +
