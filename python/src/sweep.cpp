@@ -330,28 +330,29 @@ void init_sweep(const modules& m) {
   stats.def(
       "summarize_residues", [](const values& accuracy) { return stats::summarize_residues(accuracy); },
       py::arg("accuracy"));
+  // Trials as (group, stratum, value) columns of one length.
+  const auto observations = [](const char* function, const counts& groups, const counts& strata, const values& outcomes) {
+    phasekv::detail::require<input_error>(groups.size() == strata.size() && groups.size() == outcomes.size(),
+                                          std::string(function) + ": len(strata), len(values)", strata.size(),
+                                          "must equal len(groups) = " + std::to_string(groups.size()));
+    std::vector<stats::observation> obs;
+    for (std::size_t i = 0; i < groups.size(); ++i) obs.push_back({groups[i], strata[i], outcomes[i]});
+    return obs;
+  };
   stats.def(
       "debiased_gap",
-      [](const counts& groups, const counts& strata, const values& outcomes, const counts& class_of, std::int64_t classes) {
-        phasekv::detail::require<input_error>(groups.size() == strata.size() && groups.size() == outcomes.size(),
-                                              "debiased_gap: len(strata), len(values)", strata.size(),
-                                              "must equal len(groups) = " + std::to_string(groups.size()));
-        std::vector<stats::observation> obs;
-        for (std::size_t i = 0; i < groups.size(); ++i) obs.push_back({groups[i], strata[i], outcomes[i]});
-        return stats::debiased_gap(obs, class_of, classes);
+      [observations](const counts& groups, const counts& strata, const values& outcomes, const counts& class_of,
+                     std::int64_t classes) {
+        return stats::debiased_gap(observations("debiased_gap", groups, strata, outcomes), class_of, classes);
       },
       py::arg("groups"), py::arg("strata"), py::arg("values"), py::arg("class_of"), py::arg("classes"),
       "Cross-fitted best-minus-worst class gap of trials (group, stratum, value), with a 95% interval.");
   stats.def(
       "fold_permutation_test",
-      [](const counts& groups, const counts& strata, const values& outcomes, const counts& class_of, std::int64_t classes,
-         std::int64_t permutations, std::uint64_t seed) {
-        phasekv::detail::require<input_error>(groups.size() == strata.size() && groups.size() == outcomes.size(),
-                                              "fold_permutation_test: len(strata), len(values)", strata.size(),
-                                              "must equal len(groups) = " + std::to_string(groups.size()));
-        std::vector<stats::observation> obs;
-        for (std::size_t i = 0; i < groups.size(); ++i) obs.push_back({groups[i], strata[i], outcomes[i]});
-        return stats::fold_permutation_test(obs, class_of, classes, permutations, seed);
+      [observations](const counts& groups, const counts& strata, const values& outcomes, const counts& class_of,
+                     std::int64_t classes, std::int64_t permutations, std::uint64_t seed) {
+        return stats::fold_permutation_test(observations("fold_permutation_test", groups, strata, outcomes), class_of,
+                                            classes, permutations, seed);
       },
       py::arg("groups"), py::arg("strata"), py::arg("values"), py::arg("class_of"), py::arg("classes"),
       py::arg("permutations") = 999, py::arg("seed") = 0,

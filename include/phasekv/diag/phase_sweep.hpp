@@ -475,33 +475,35 @@ struct sweep_result {
           << (homogeneity.approximate ? " (approximate: an expected cell count is below 5)" : "") << "\n";
       out << "dominant period (all trials): " << period_text(period, has_period()) << "\n";
     }
-    if (!valid) out << "profiles: n/a (invalid sweep)\n";
-    else out << "profiles (gaps in points; debiased = chosen on half the trials, measured on the other; phase = the fold "
-           "onto the "
-        << config.stride << " in-block offsets):\n"
-        << right("profile", 10) << ' ' << right("residues", 8) << ' ' << right("trials", 7) << ' ' << right("mean%", 7)
-        << ' ' << right("gap", 6) << ' ' << right("debiased gap [95% CI]", 24) << ' '
-        << right("phase amplitude [95% CI]", 25) << ' ' << right("phase p", 8) << ' ' << right("homog. p", 9)
-        << "  period\n";
-    for (const auto& p : profiles) {
-      if (!valid) break;
-      out << right(p.name, 10) << ' ' << right(std::to_string(p.residues.size()), 8) << ' '
-          << right(std::to_string(p.trials), 7) << ' ';
-      if (!p.valid) {
-        out << "  n/a: " << p.invalid_reason << '\n';
-        continue;
-      }
+    if (!valid) {
+      out << "profiles: n/a (invalid sweep)\n";
+    } else {
+      out << "profiles (gaps in points; debiased = chosen on half the trials, measured on the other; phase = the fold "
+             "onto the "
+          << config.stride << " in-block offsets):\n"
+          << right("profile", 10) << ' ' << right("residues", 8) << ' ' << right("trials", 7) << ' ' << right("mean%", 7)
+          << ' ' << right("gap", 6) << ' ' << right("debiased gap [95% CI]", 24) << ' '
+          << right("phase amplitude [95% CI]", 25) << ' ' << right("phase p", 8) << ' ' << right("homog. p", 9)
+          << "  period\n";
       const auto interval = [](const stats::interval_estimate& e) {
         if (!std::isfinite(e.estimate)) return std::string("n/a");
         std::string t = fixed(100.0 * e.estimate, 2);
         if (std::isfinite(e.low)) t += " [" + fixed(100.0 * e.low, 2) + ", " + fixed(100.0 * e.high, 2) + "]";
         return t;
       };
-      out << right(fixed(100.0 * p.mean, 2), 7) << ' ' << right(fixed(p.gap_points, 2), 6) << ' '
-          << right(interval(p.debiased_gap), 24) << ' ' << right(interval(p.phase_amplitude), 25) << ' '
-          << right(std::isfinite(p.phase_test.p_value) ? format_number(p.phase_test.p_value, 3) : "n/a", 8) << ' '
-          << right(format_number(p.homogeneity.p_value, 3), 9) << "  " << period_text(p.period, p.has_period())
-          << '\n';
+      for (const auto& p : profiles) {
+        out << right(p.name, 10) << ' ' << right(std::to_string(p.residues.size()), 8) << ' '
+            << right(std::to_string(p.trials), 7) << ' ';
+        if (!p.valid) {
+          out << "  n/a: " << p.invalid_reason << '\n';
+          continue;
+        }
+        out << right(fixed(100.0 * p.mean, 2), 7) << ' ' << right(fixed(p.gap_points, 2), 6) << ' '
+            << right(interval(p.debiased_gap), 24) << ' ' << right(interval(p.phase_amplitude), 25) << ' '
+            << right(std::isfinite(p.phase_test.p_value) ? format_number(p.phase_test.p_value, 3) : "n/a", 8) << ' '
+            << right(format_number(p.homogeneity.p_value, 3), 9) << "  " << period_text(p.period, p.has_period())
+            << '\n';
+      }
     }
     if (errored_trials > 0)
       out << "errored trials: " << errored_trials << " (excluded; no outcome, not wrong answers); first error: "
