@@ -29,7 +29,34 @@ __path__ = _extend_path(__path__, __name__)
 
 import sys as _sys
 
-from . import _phasekv
+
+def _import_failure(error: ImportError) -> ImportError:
+    """What to do when the extension does not load: say which interpreter, and the fix."""
+    import glob
+    import importlib.util
+    import os
+
+    here = f"{_sys.executable} (Python {_sys.version_info[0]}.{_sys.version_info[1]})"
+    try:
+        numpy_missing = importlib.util.find_spec("numpy") is None
+    except (ImportError, ValueError):  # a broken or blocked NumPy
+        numpy_missing = True
+    if numpy_missing:
+        return ImportError(f"phasekv needs NumPy, which {here} cannot import: install it (Debian: "
+                           "apt-get install python3-numpy, or scripts/setup-python) or run Debian's /usr/bin/python3")
+    built = [f for d in __path__ for f in glob.glob(os.path.join(d, "_phasekv*")) if not f.endswith(".pyi")]
+    if not built:
+        return ImportError(f"phasekv's extension module is not built for {here}: pip install --no-build-isolation "
+                           "<the phasekv repository> (README, 'From Python'), or build it with scripts/test-python "
+                           "and put build/python/python before python/ on PYTHONPATH")
+    return ImportError(f"phasekv's extension module ({', '.join(built)}) does not load in {here}: {error} — was it "
+                       "built for another interpreter? Rebuild it for this one (pip install --no-build-isolation .)")
+
+
+try:
+    from . import _phasekv
+except ImportError as _error:
+    raise _import_failure(_error) from _error
 from ._phasekv import *  # noqa: F401,F403 (the C++ API, under its own names)
 from ._phasekv import CapacityError, ConfigError, Error, InputError, __version__, plot, presets, probe, stats
 
