@@ -83,8 +83,17 @@ const std::vector<std::pair<std::string, needle_policy>> policy_names = {
 
 needle_policy policy_of(const std::string& name) {
   for (const auto& [known, policy] : policy_names)
-    if (name == known) return policy;
-  throw cli::bad_value("must be one of mean, gates, rope, dsv4, control");
+    if (name == known || name == phasekv::diag::probe::to_string(policy)) return policy;
+  throw cli::bad_value("must be one of mean, gates, rope, dsv4, fixed, ape, control (or the library's names: "
+                       "mean_pool, concentrated_gates, …)");
+}
+
+// The short name of a policy given by either name (the probe of python -m phasekv takes both).
+std::string short_name(const std::string& name) {
+  const needle_policy policy = policy_of(name);
+  for (const auto& [known, p] : policy_names)
+    if (p == policy) return known;
+  return name;
 }
 
 options parse(int argc, char** argv) {
@@ -110,8 +119,7 @@ options parse(int argc, char** argv) {
               "mean,control",
               [&o](const std::string& text) {
                 cli::each_item(text, [&o](const std::string& p) {
-                  policy_of(p);  // validates the name
-                  o.policies.push_back(p);
+                  o.policies.push_back(short_name(p));  // validates the name
                 });
               });
   args.option("--slot-profile", "P[,P...]", "fixed: the W slot weights; ape: the W slot biases",

@@ -106,13 +106,15 @@ def _parser() -> argparse.ArgumentParser:
                                         "length (plus 2W with --isolate).")
     r.add_argument("--plan", nargs="+", required=True, help="plan shard file(s) to answer")
     r.add_argument("--out", required=True, help="outcome file to write")
-    r.add_argument("--policy", choices=list(pk.probe.NeedlePolicy.__members__), default="mean_pool",
-                   help="the probe's write path")
-    r.add_argument("--stride", type=_positive, default=4, help="S (mean_pool, concentrated_gates, rope_after_pool)")
-    r.add_argument("--window", type=_positive, default=4, help="W (likewise)")
+    r.add_argument("--policy", choices=list(sweep.POLICY_NAMES) + list(pk.probe.NeedlePolicy.__members__),
+                   default="mean", help="the probe's write path (the short names are examples/phase_sweep's)")
+    r.add_argument("--stride", type=_positive, help="S of the probe's own geometry (default: the plan's stride)")
+    r.add_argument("--window", type=_positive, help="W (default: the plan's window, else S)")
     r.add_argument("--tokens", type=_positive, help="context length (default: the plan's query position + 1)")
-    r.add_argument("--records", type=_positive, help="key->value records (default: tokens / (4 x record length))")
-    r.add_argument("--channels", type=_positive, default=64, help="embedding dimension")
+    r.add_argument("--records", type=_positive,
+                   help="key->value records (default: a quarter of the tokens, 16000 two-token records per 131072)")
+    r.add_argument("--channels", type=_positive, default=512,
+                   help="embedding dimension (examples/phase_sweep's default: at 128K, 128 leave S = 8 near chance)")
     r.add_argument("--kappa", type=float, default=0.2, help="shared component of token embeddings")
     r.add_argument("--heads", type=_positive, default=1, help="concentrated_gates: KV heads")
     r.add_argument("--gate-offset", type=_non_negative, default=0, help="concentrated_gates: peaked slot")
@@ -181,12 +183,23 @@ def _probe(args) -> int:
     tokens = args.tokens or part.trials[0]["layout"]["context_tokens"]
     record = part.trials[0]["sweep"].get("record", {})
     shape = pk.RecordShape(**record) if record else pk.RecordShape()
-    evaluate = sweep.NeedleEvaluate(policy=args.policy, stride=args.stride, window=args.window, tokens=tokens,
-                                    records=args.records or max(1, tokens // (4 * shape.length())),
+    # The study's density, as examples/phase_sweep: 16000 two-token records per 131072 tokens.
+    records = args.records or max(1, tokens * 16000 // 131072 * 2 // shape.length())
+    planned = part.trials[0]["sweep"]
+    stride = args.stride or planned["stride"]
+    if args.window:
+        window = args.window
+    elif args.stride:
+        window = stride
+    else:
+        window = planned.get("window") or stride
+    evaluate = sweep.NeedleEvaluate(policy=args.policy, stride=stride, window=window, tokens=tokens,
+                                    records=records,
                                     channels=args.channels, kappa=args.kappa, heads=args.heads,
                                     gate_offset=args.gate_offset, seed=args.seed, record=shape,
                                     slot_profile=args.slot_profile, gate_content=args.gate_content, top_k=args.top_k,
                                     isolate_targets=args.isolate, outcome=args.outcome)
+    evaluate.check(part.trials[0])  # a plan made for other settings: exit 2 before any trial
     client = None
     if args.scheduler or args.workers:
         from distributed import Client, LocalCluster

@@ -660,6 +660,9 @@ _NEEDLE_FIELDS = ("tokens", "records", "channels", "kappa", "logit_scale", "poli
                   "slot_profile", "gate_content", "top_k", "isolate_targets")
 _LIST_FIELDS = ("key_slot_bias", "value_slot_bias", "slot_profile")
 _OUTCOMES = ("success", "probability", "attributed")
+# The probe's policies by the short names of examples/phase_sweep too (either name works in both).
+POLICY_NAMES = {"mean": "mean_pool", "gates": "concentrated_gates", "rope": "rope_after_pool", "dsv4": "deepseek_v4_csa",
+                "fixed": "fixed_weight", "ape": "positional_gates", "control": "full_attention"}
 
 # Per process: one probe per configuration (a long context's page pool is most of its cost) and
 # the outcomes of the haystack it last prepared. A lock per probe: a probe is not thread-safe.
@@ -685,7 +688,11 @@ class NeedleEvaluate:
         values = {f: getattr(config, f) for f in _NEEDLE_FIELDS} if config is not None else {}
         values.update(fields)
         if isinstance(values.get("policy"), str):
-            values["policy"] = _pk.probe.NeedlePolicy.__members__[values["policy"]]
+            name = POLICY_NAMES.get(values["policy"], values["policy"])
+            if name not in _pk.probe.NeedlePolicy.__members__:
+                known = sorted(set(POLICY_NAMES) | set(_pk.probe.NeedlePolicy.__members__))
+                raise _pk.InputError(f"policy = {values['policy']!r}: must be one of {', '.join(known)}")
+            values["policy"] = _pk.probe.NeedlePolicy.__members__[name]
         if isinstance(values.get("record"), (tuple, list, dict)):
             values["record"] = _record_shape(values["record"])
         probe_config = _pk.probe.NeedleConfig(**values)
@@ -722,7 +729,8 @@ class NeedleEvaluate:
                 entry = _probes[key] = {"lock": threading.Lock(), "probe": None, "haystack": None, "outcomes": {}}
         return entry
 
-    def __call__(self, trial: Mapping[str, Any]) -> Any:
+    def check(self, trial: Mapping[str, Any]) -> None:
+        """Raises InputError if this probe cannot answer the plan `trial` belongs to."""
         needed = self.needle_tokens()
         if trial["sweep"]["needle_tokens"] != needed:
             raise _pk.InputError(
@@ -736,6 +744,13 @@ class NeedleEvaluate:
                 f"sweep.record = {planned}: must be the probe's record (key_tokens {record[0]}, gap {record[1]}, "
                 f"value_tokens {record[2]})"
             )
+        tokens = dict(self.fields)["tokens"]
+        if trial["query_position"] >= tokens:
+            raise _pk.InputError(f"query_position = {trial['query_position']}: must lie below the probe's tokens = "
+                                 f"{tokens}")
+
+    def __call__(self, trial: Mapping[str, Any]) -> Any:
+        self.check(trial)
         entry = self._entry()
         with entry["lock"]:
             if entry["probe"] is None:

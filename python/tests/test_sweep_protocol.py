@@ -449,8 +449,9 @@ def test_the_command_line_plans_probes_and_analyzes(tmp_path):
     shards = sorted(tmp_path.glob("plan.shard-*-of-2.jsonl"))
     assert len(shards) == 2
     for k, shard in enumerate(shards):
-        cli("probe", "--plan", shard, "--out", tmp_path / f"o{k}.jsonl", "--policy", "mean_pool", "--stride", 4,
-            "--window", 4, "--records", 256, "--seed", 5, "--quiet")
+        policy = ("mean_pool", "mean")[k]  # either name of the policy: the same probe
+        cli("probe", "--plan", shard, "--out", tmp_path / f"o{k}.jsonl", "--policy", policy, "--channels", 64,
+            "--records", 256, "--seed", 5, "--quiet")
     report = cli("analyze", "--plan", *shards, "--outcomes", tmp_path / "o1.jsonl", tmp_path / "o0.jsonl",
                  "--out-dir", tmp_path / "out")
     expected = pk.probe.needle_sweep(pk.probe.NeedleProbe(probe_config()), config)
@@ -480,4 +481,11 @@ def test_the_command_line_rejects_bad_arguments(tmp_path):
     done = cli("analyze", "--plan", tmp_path / "absent.jsonl", "--outcomes", tmp_path / "o", check=False)
     assert done.returncode == 2 and "absent.jsonl" in done.stderr and "Traceback" not in done.stderr
     help_text = cli("probe", "--help").stdout
-    assert "--scheduler" in help_text and "(default: mean_pool)" in help_text
+    assert "--scheduler" in help_text and "(default: mean)" in help_text
+    # A plan the probe cannot answer (needles of 3 tokens for its 2-token records): exit 2 before any
+    # trial, no outcome file.
+    cli("plan", "--stride", 4, "--trials", 12, "--query-position", 4095, "--min-distance", 16, "--span", 3000,
+        "--needle-tokens", 3, "--out", tmp_path / "other.jsonl")
+    done = cli("probe", "--plan", tmp_path / "other.jsonl", "--out", tmp_path / "never.jsonl", "--quiet", check=False)
+    assert done.returncode == 2 and "needle_tokens = 3" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "never.jsonl").exists()
