@@ -726,3 +726,21 @@ TEST_CASE("phase sweep: attributed failures are counted by cause, per residue an
   const auto bad = run_sweep(c, [](const placement&) { return attributed_outcome{false, static_cast<failure_cause>(9)}; });
   CHECK(bad.errored_trials == 8 * 20);
 }
+
+TEST_CASE("phase sweep: one cycle over all residues is reported as the trivial fit, unless M = S", "[diag][sweep]") {
+  for (const std::int64_t modulus : {8, 4}) {
+    sweep_config c;
+    c.stride = 4;
+    c.modulus = modulus;
+    c.trials_per_residue = 20;
+    c.query_position = 4000;
+    c.span = 3000;
+    // Good in the first half of the residues, bad in the second: one cycle of M.
+    const sweep_result r = run_sweep(c, [&](const placement& p) { return p.residue < modulus / 2; });
+    REQUIRE(r.has_period());
+    REQUIRE(r.period.frequency == 1);
+    const bool trivial = r.to_table().find("the trivial fit") != std::string::npos;
+    INFO("modulus " << modulus);
+    CHECK(trivial == (modulus != c.stride));
+  }
+}

@@ -406,7 +406,9 @@ def read_outcomes(paths: Iterable[PathLike] | PathLike) -> list[tuple[str, dict]
 
 class _TrialFailed(Exception):
     """What the lookup trial raises for a trial without a usable outcome; run_sweep records the
-    message as the trial's error (shown as "threw: _TrialFailed: ...")."""
+    message alone as the trial's error (phasekv_message_only: no class name in reports)."""
+
+    phasekv_message_only = True
 
 
 @dataclasses.dataclass

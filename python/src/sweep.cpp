@@ -34,6 +34,8 @@ struct python_trial {
         stop = std::make_shared<py::error_already_set>(std::move(e));
         throw std::runtime_error("interrupted");
       }
+      // The protocol's own "no outcome" exception reports its message alone, no class name.
+      if (py::hasattr(e.value(), "phasekv_message_only")) throw std::runtime_error(py::str(e.value()).cast<std::string>());
       throw std::runtime_error(py::str(e.type().attr("__name__")).cast<std::string>() + ": " +
                                py::str(e.value()).cast<std::string>());
     }

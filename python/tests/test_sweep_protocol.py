@@ -489,3 +489,11 @@ def test_the_command_line_rejects_bad_arguments(tmp_path):
     done = cli("probe", "--plan", tmp_path / "other.jsonl", "--out", tmp_path / "never.jsonl", "--quiet", check=False)
     assert done.returncode == 2 and "needle_tokens = 3" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "never.jsonl").exists()
+
+
+def test_a_trial_without_an_outcome_is_reported_without_internal_names():
+    p = sweep.plan(toy_config())
+    outcomes = [sweep.outcome_record(t, True) for t in p.trials[1:]]
+    analysis = sweep.analyze(p, outcomes)
+    assert analysis.missing == [0]
+    assert "trial_id 0" in analysis.result.first_error and "_TrialFailed" not in analysis.result.first_error

@@ -662,11 +662,16 @@ struct sweep_result {
   }
 
  private:
-  static std::string period_text(const stats::periodicity& p, bool reported) {
+  std::string period_text(const stats::periodicity& p, bool reported) const {
     if (p.flat) return "none (flat profile)";
     if (!reported) return "none (no significant phase effect)";
-    return phasekv::detail::format_number(p.period, 6) + " (frequency " + std::to_string(p.frequency) + ", " +
-           phasekv::detail::format_number(100.0 * p.power_fraction, 4) + "% of the variation)";
+    const std::string text = phasekv::detail::format_number(p.period, 6) + " (frequency " +
+                             std::to_string(p.frequency) + ", " +
+                             phasekv::detail::format_number(100.0 * p.power_fraction, 4) + "% of the variation)";
+    // One cycle over the whole profile fits any uneven profile: no evidence of a repeating pattern
+    // (unless the residues are one block, M = S, where one cycle is the phase effect itself).
+    const bool trivial = p.frequency == 1 && config.resolved_modulus() != config.stride;
+    return trivial ? text + ", the trivial fit: one cycle over all residues, not a repeating pattern" : text;
   }
 };
 
