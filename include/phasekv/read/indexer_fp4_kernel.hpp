@@ -82,7 +82,7 @@
 // or not) and unpacked up to 16 KiB at a time before any is scored. On DeepSeek-V4's shape (64
 // heads, 128 channels) it runs at 0.8–0.85 of this machine's measured int8 dot-product peak
 // (bench_read: BM_sparse_decode_v4_precision, indexer_of_int8_peak); the tiles alone, keys
-// unpacked once, at ~0.88 — where the rest goes, bench/RESULTS.md ("fifth session").
+// unpacked once, at ~0.88 — where the rest goes, bench/RESULTS.md ("DeepSeek-V4-precision decode step").
 
 #include <algorithm>
 #include <array>
