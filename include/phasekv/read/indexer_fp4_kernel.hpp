@@ -79,10 +79,9 @@
 // registers per 64-head block), a tile of 4 keys keeps 16 accumulators in registers, and one
 // broadcast of four key bytes feeds four vpdpbusd; the four keys' trees share their shuffles.
 // Keys are planned 16 at a time (their scale bytes gathered: least exponent, shift pattern, fast
-// or not) and unpacked up to 16 KiB at a time before any is scored. On DeepSeek-V4's shape (64
-// heads, 128 channels) it runs at 0.8–0.85 of this machine's measured int8 dot-product peak
-// (bench_read: BM_sparse_decode_v4_precision, indexer_of_int8_peak); the tiles alone, keys
-// unpacked once, at ~0.88 — where the rest goes, bench/RESULTS.md ("fifth session").
+// or not) and unpacked up to 16 KiB at a time before any is scored. How close this runs to the
+// measured int8 dot-product peak (bench_read: BM_sparse_decode_v4_precision, indexer_of_int8_peak)
+// and where the rest of its time goes: bench/RESULTS.md ("DeepSeek-V4-precision decode step").
 
 #include <algorithm>
 #include <array>

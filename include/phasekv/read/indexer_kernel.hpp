@@ -77,9 +77,9 @@ struct indexer {
 
   // The six rows starting at entry `from` of keys[0, count) ++ next[0, next_count), prefetched a
   // few lines at a time while a tile runs (step() every 8 channels): issued all at once, their
-  // 48 lines (128 channels) filled the core's miss buffers and stalled the tile's own loads, and
-  // with keys in DRAM (a batch of sequences, a cold cache) the kernel ran at ~150 GFLOP/s;
-  // spread, ~180 (a 64 MiB pool of pages in random order; no change with the keys in cache).
+  // 48 lines (128 channels) filled the core's miss buffers and stalled the tile's own loads, which
+  // slows the kernel whenever the keys come from DRAM (a batch of sequences, a cold cache); with
+  // the keys in cache the spreading changes nothing.
   struct row_prefetcher {
     const float* rows[6] = {};
     std::int64_t lines_per_row = 0, line = 0, end = 0, per_step = 0;

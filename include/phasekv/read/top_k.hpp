@@ -9,11 +9,10 @@
 //
 // The selection runs on rank keys: each (score, index) packed into one 64-bit integer whose
 // natural order is the rank order (rank_key below), so every step compares, counts or moves
-// integers instead of calling a comparator that tests for NaN and ties (about 4x faster on 32K
-// scores). The radix sort replaced nth_element + std::sort for the sorted top 512 of 1–8K
-// winners: both mispredict a branch on about every other comparison of random keys, and took
-// ~30 µs per DeepSeek-V4 read (3% of a 32K-context read); the sort's passes have no branch on
-// the data.
+// integers instead of calling a comparator that tests for NaN and ties. The radix sort, not
+// nth_element + std::sort, orders the top 512 of 1–8K winners: both of those mispredict a branch
+// on about every other comparison of random keys; the sort's passes have no branch on the data.
+// The selection's time: bench_read's BM_top_k (bench/RESULTS.md).
 
 #include <algorithm>
 #include <cstdint>
@@ -58,8 +57,8 @@ inline std::int64_t rank_key_index(std::uint64_t key) noexcept {
 namespace detail {
 
 // The least and greatest score order (a key's high half) of keys[0 … n), folded into lo and hi.
-// Four running minima and maxima (eight lanes with AVX-512): one pair made every key wait for the
-// previous key's compare-and-move (~0.9 ns a key).
+// Four running minima and maxima (eight lanes with AVX-512): one pair would make every key wait
+// for the previous key's compare-and-move.
 inline void low_high_orders(const std::uint64_t* keys, std::size_t n, std::uint32_t& lo, std::uint32_t& hi) noexcept {
   std::size_t i = 0;
 #if defined(__AVX512F__)
@@ -120,10 +119,9 @@ inline std::size_t keep_at_least(std::uint64_t* keys, std::size_t n, std::uint64
 // lowest and highest score (the keys' high halves, in rank order), a second counts the keys in
 // 2048 bins spread evenly between them, and a third keeps the bins from the top down to the one
 // where the count first reaches `keep`. What stays is the top `keep` plus the rest of that one
-// bin, for the caller to partition or sort: on a top-512 of 4096 indexer scores about 600 keys,
-// and the chunk's selection took 13 µs instead of 28 (nth_element over all 4096 keys
-// mispredicts its branches about half the time). Any distribution is safe: equal scores share a
-// bin, and only whole bins below the cut are dropped.
+// bin, for the caller to partition or sort: on a top-512 of 4096 indexer scores about 600 keys
+// (nth_element over all 4096 keys would mispredict its branches about half the time). Any
+// distribution is safe: equal scores share a bin, and only whole bins below the cut are dropped.
 inline void drop_below_top(std::vector<std::uint64_t>& keys, std::size_t keep) {
   constexpr int bin_bits = 11;
   std::uint32_t lo = 0xFFFFFFFFu, hi = 0;
@@ -182,8 +180,8 @@ inline void sort_descending(std::vector<std::uint64_t>& keys, std::vector<std::u
 // every score instead — with the top k at 1/64 of the scores (a sample rank of 24, expected
 // 8), about one input in 10^6 of independent scores. Any input is safe: at least k scores at or
 // above the cut means the k-th best is too, so every one of the top k is kept, ties included.
-// On 32K scores and a top 512 the whole selection takes ~12 µs (bench_read's BM_top_k), where
-// making all 32K keys and narrowing them took 29–30.
+// Keying only the scores above the cut is what makes the selection cheap: most of the work was
+// making keys of all scores and narrowing them (bench_read's BM_top_k, bench/RESULTS.md).
 inline constexpr std::size_t cut_samples = 512;
 
 // Sample i of n scores: one in each stretch of n / cut_samples, at an offset scrambled by
