@@ -64,6 +64,7 @@
 #include "phasekv/simd/bf16.hpp"
 #include "phasekv/simd/exp.hpp"
 #include "phasekv/simd/finite.hpp"
+#include "phasekv/simd/intrinsics.hpp"
 #include "phasekv/simd/prefetch.hpp"
 #include "phasekv/simd/transpose.hpp"
 #include "phasekv/simd/unroll.hpp"

@@ -87,9 +87,7 @@
 #include "phasekv/cache/fp8.hpp"  // UE8M0 scale bytes
 #include "phasekv/cache/storage.hpp"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "phasekv/simd/intrinsics.hpp"
 
 namespace phasekv {
 

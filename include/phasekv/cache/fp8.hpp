@@ -65,9 +65,7 @@
 
 #include "phasekv/cache/storage.hpp"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "phasekv/simd/intrinsics.hpp"
 
 namespace phasekv {
 

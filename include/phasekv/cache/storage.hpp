@@ -45,9 +45,7 @@
 
 #include "phasekv/core/error.hpp"
 
-#if defined(__F16C__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "phasekv/simd/intrinsics.hpp"
 
 namespace phasekv {
 

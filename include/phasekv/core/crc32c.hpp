@@ -44,7 +44,7 @@
 #include <wmmintrin.h>
 #endif
 #if defined(__SSE4_2__) && defined(__AVX512F__) && defined(__VPCLMULQDQ__)
-#include <immintrin.h>
+#include "phasekv/simd/intrinsics.hpp"
 #endif
 
 namespace phasekv {

@@ -108,6 +108,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "phasekv/simd/intrinsics.hpp"  // before Eigen, which includes the intrinsics too
 #include <Eigen/Core>
 
 #include "phasekv/cache/paged_cache.hpp"

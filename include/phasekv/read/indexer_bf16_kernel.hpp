@@ -21,7 +21,7 @@
 #include "phasekv/simd/unroll.hpp"
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-#include <immintrin.h>
+#include "phasekv/simd/intrinsics.hpp"
 #define PHASEKV_HAS_BF16_DOT 1
 #else
 #define PHASEKV_HAS_BF16_DOT 0

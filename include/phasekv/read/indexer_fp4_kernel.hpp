@@ -98,7 +98,7 @@
 #include "phasekv/simd/unroll.hpp"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
+#include "phasekv/simd/intrinsics.hpp"
 #define PHASEKV_HAS_INT8_DOT 1
 #else
 #define PHASEKV_HAS_INT8_DOT 0

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "phasekv/simd/intrinsics.hpp"  // before Eigen, which includes the intrinsics too
 #include <Eigen/Core>
 
 namespace phasekv {

@@ -73,6 +73,7 @@
 #include <utility>
 #include <vector>
 
+#include "phasekv/simd/intrinsics.hpp"  // before Eigen, which includes the intrinsics too
 #include <Eigen/Core>
 
 #include "phasekv/cache/layer_shape.hpp"

@@ -22,9 +22,7 @@
 
 #include "phasekv/core/span.hpp"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "phasekv/simd/intrinsics.hpp"
 
 namespace phasekv {
 

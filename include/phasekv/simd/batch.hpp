@@ -7,11 +7,9 @@
 #include <type_traits>
 #include <vector>
 
-#include <xsimd/xsimd.hpp>
+#include "phasekv/simd/intrinsics.hpp"  // before xsimd, which includes the intrinsics too
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include <xsimd/xsimd.hpp>
 
 namespace phasekv::simd {
 

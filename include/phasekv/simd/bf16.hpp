@@ -13,9 +13,7 @@
 
 #include "phasekv/simd/batch.hpp"
 
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "phasekv/simd/intrinsics.hpp"
 
 namespace phasekv::simd {
 
