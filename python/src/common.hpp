@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <phasekv/compress/entry_view.hpp>
 #include <phasekv/core/error.hpp>
@@ -51,6 +52,31 @@ void require_layout(const py::array& a, const std::string& name) {
     throw py::value_error(name + " = " + describe_array(a) + ": must be aligned to its element size");
 }
 
+// One axis of a documented shape: its name and size.
+struct axis {
+  const char* name;
+  std::int64_t size;
+};
+
+// The array has exactly these axes (ndim and each size), else InputError in shape terms, e.g.
+// "queries: shape (512, 64), expected (query_heads=64, channels=512)": a transposed or flattened
+// array would otherwise be read as the right number of floats in the wrong order.
+inline void require_shape(const py::array& a, const std::string& name, std::initializer_list<axis> axes) {
+  bool same = a.ndim() == static_cast<py::ssize_t>(axes.size());
+  std::string expected = "(";
+  std::size_t i = 0;
+  for (const axis& x : axes) {
+    if (same && a.shape(static_cast<py::ssize_t>(i)) != x.size) same = false;
+    expected += (i++ ? ", " : "") + std::string(x.name) + "=" + std::to_string(x.size);
+  }
+  expected += axes.size() == 1 ? ",)" : ")";
+  if (same) return;
+  std::string shape = "(";
+  for (py::ssize_t d = 0; d < a.ndim(); ++d) shape += (d ? ", " : "") + std::to_string(a.shape(d));
+  shape += a.ndim() == 1 ? ",)" : ")";
+  throw phasekv::input_error(name + ": shape " + shape + ", expected " + expected);
+}
+
 // The array's memory as a span (no copy). The array must outlive the span: callers keep the
 // py::array (an argument, or an element of `keep`).
 template <class T = float>
@@ -72,7 +98,8 @@ span<const T> optional_input(const py::object& o, const std::string& name, std::
 // Memory the call writes `size` elements into: the caller's array (checked: layout, writable,
 // exactly `size` elements, else InputError naming it) or a new one of `shape`.
 template <class T>
-T* output(py::object& o, const std::string& name, const std::vector<py::ssize_t>& shape, const std::string& what) {
+T* output(py::object& o, const std::string& name, const std::vector<py::ssize_t>& shape, const std::string& what,
+          std::initializer_list<axis> axes = {}) {
   py::ssize_t size = 1;
   for (py::ssize_t d : shape) size *= d;
   if (o.is_none()) {
@@ -83,6 +110,7 @@ T* output(py::object& o, const std::string& name, const std::vector<py::ssize_t>
   if (!a) throw py::type_error(name + ": must be an array (or None to allocate one)");
   require_layout<T>(a, name);
   if (!a.writeable()) throw py::value_error(name + ": is read-only");
+  if (axes.size() != 0) require_shape(a, name, axes);
   if (a.size() != size)
     phasekv::detail::fail<phasekv::input_error>(name + ".size", a.size(),
                                                 "must be " + std::to_string(size) + " (" + what + ")");

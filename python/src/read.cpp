@@ -21,6 +21,39 @@ void locked_read(reader& r, const layer_cache& c, F&& f) {
 }
 
 std::int64_t value_channels(const reader& r) { return r.sparse.output_floats() / r.sparse.config().query_heads; }
+std::int64_t stream_channels(const reader& r, std::size_t k) {
+  const auto& streams = r.sparse.shape().streams;
+  return k < streams.size() ? streams[k].channels : 0;
+}
+
+// The documented shapes of a read's inputs, checked before any size check: leading axes `batch`
+// (read_batch: {B}) then the item's own.
+void check_read_shapes(const reader& r, std::vector<py::array>& keep, const py::object& queries,
+                       const py::object& indexer_queries, const py::object& indexer_weights, const py::object& sinks,
+                       std::int64_t batch) {
+  const reader_config& rc = r.sparse.config();
+  const std::int64_t qh = rc.query_heads, ih = rc.indexer_heads, kc = stream_channels(r, rc.key_stream),
+                     ic = stream_channels(r, rc.indexer_stream);
+  const auto check = [&](const py::object& o, const char* name, std::initializer_list<axis> item) {
+    if (o.is_none()) return;
+    py::array a = py::array::ensure(o);
+    if (!a || !py::isinstance<py::array_t<float>>(a)) return;  // optional_input names a type error first
+    keep.push_back(a);
+    if (batch < 0) return require_shape(a, name, item);
+    std::vector<axis> all{{"len(seqs)", batch}};
+    all.insert(all.end(), item.begin(), item.end());
+    switch (all.size()) {
+      case 2: return require_shape(a, name, {all[0], all[1]});
+      case 3: return require_shape(a, name, {all[0], all[1], all[2]});
+    }
+  };
+  check(queries, "queries", {{"query_heads", qh}, {"channels", kc}});
+  if (rc.top_k > 0) {
+    check(indexer_queries, "indexer_queries", {{"indexer_heads", ih}, {"indexer_channels", ic}});
+    check(indexer_weights, "indexer_weights", {{"indexer_heads", ih}});
+  }
+  if (rc.sink) check(sinks, "sinks", {{"query_heads", qh}});
+}
 
 // A batch input [B][...]: its memory and the floats of one item, or an empty span for None.
 struct batch_rows {
@@ -141,6 +174,7 @@ void init_read(const modules& m) {
              const py::object& indexer_queries, const py::object& indexer_weights, const py::object& sinks,
              std::int64_t top_k, py::object out, read_trace* trace) {
             std::vector<py::array> keep;
+            check_read_shapes(r, keep, queries, indexer_queries, indexer_weights, sinks, -1);
             read_request request;
             request.position = position;
             request.queries = optional_input<float>(queries, "queries", keep);
@@ -149,7 +183,8 @@ void init_read(const modules& m) {
             request.sinks = optional_input<float>(sinks, "sinks", keep);
             request.top_k = top_k;
             float* to = output<float>(out, "out", {r.sparse.config().query_heads, value_channels(r)},
-                                      "query_heads × value channels");
+                                      "query_heads × value channels",
+                                      {{"query_heads", r.sparse.config().query_heads}, {"channels", value_channels(r)}});
             locked_read(r, c, [&] { read_one(r, c, seq, request, to, trace); });
             return out;
           },
@@ -171,6 +206,8 @@ void init_read(const modules& m) {
             detail::require<input_error>(positions.size() == batch, "read_batch: len(positions)", positions.size(),
                                          "must be len(seqs) = " + std::to_string(batch));
             std::vector<py::array> keep;
+            check_read_shapes(r, keep, queries, indexer_queries, indexer_weights, sinks,
+                              static_cast<std::int64_t>(batch));
             const batch_rows q = rows_of(queries, "queries", batch, keep);
             const batch_rows iq = rows_of(indexer_queries, "indexer_queries", batch, keep);
             const batch_rows iw = rows_of(indexer_weights, "indexer_weights", batch, keep);
@@ -184,8 +221,10 @@ void init_read(const modules& m) {
             const reader_config& rc = r.sparse.config();
             const auto b = static_cast<py::ssize_t>(batch);
             float* o = output<float>(out, "out", {b, rc.query_heads, value_channels(r)},
-                                     "len(seqs) × query_heads × value channels");
-            float* l = output<float>(lse, "lse", {b, rc.query_heads}, "len(seqs) × query_heads");
+                                     "len(seqs) × query_heads × value channels",
+                                     {{"len(seqs)", b}, {"query_heads", rc.query_heads}, {"channels", value_channels(r)}});
+            float* l = output<float>(lse, "lse", {b, rc.query_heads}, "len(seqs) × query_heads",
+                                     {{"len(seqs)", b}, {"query_heads", rc.query_heads}});
             std::int32_t* logical = selection_output(selected_logical, "selected_logical", batch, rc.top_k);
             std::int32_t* physical = selection_output(selected_physical, "selected_physical", batch, rc.top_k);
             std::vector<read_trace*> trace(batch, nullptr);

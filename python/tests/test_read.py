@@ -227,15 +227,16 @@ def test_arrays_that_would_need_a_copy_are_rejected(rng, csa):
         frozen = np.empty((64, 512), dtype=np.float32)
         frozen.flags.writeable = False
         reader.read(csa.cache, seq, 99, q, iq, iw, sinks, out=frozen)
-    with pytest.raises(pk.InputError, match=r"^out.size = 10: must be 32768 \(query_heads × value channels\)$"):
+    with pytest.raises(pk.InputError, match=r"^out: shape \(10,\), expected \(query_heads=64, channels=512\)$"):
         reader.read(csa.cache, seq, 99, q, iq, iw, sinks, out=np.empty(10, dtype=np.float32))
-    with pytest.raises(pk.InputError, match=r"^csa.reader: request.queries.size\(\) = 512: must be 32768"):
+    with pytest.raises(pk.InputError, match=r"^queries: shape \(1, 512\), expected \(query_heads=64, channels=512\)$"):
         reader.read(csa.cache, seq, 99, q[:1], iq, iw, sinks)
     message = r"^csa.reader: items\[1\].request.position = 100: must lie in \[0, tokens = 100\)"
     with pytest.raises(pk.InputError, match=message):
         reader.read_batch(csa.cache, [seq, seq], [99, 100], np.stack([q, q]), np.stack([iq, iq]), np.stack([iw, iw]),
                           np.stack([sinks, sinks]))
-    with pytest.raises(pk.InputError, match=r"^queries.shape\[0\] = 1: must be the batch size len\(seqs\) = 2$"):
+    with pytest.raises(pk.InputError,
+                       match=r"^queries: shape \(1, 64, 512\), expected \(len\(seqs\)=2, query_heads=64, channels=512\)$"):
         reader.read_batch(csa.cache, [seq, seq], [99, 99], q[None], iq[None], iw[None], sinks[None])
 
 

@@ -1,0 +1,67 @@
+"""Array arguments are checked by shape, not only by size: a transposed, flattened or extra-axis
+array is an InputError in shape terms, before anything is read or written."""
+
+import re
+
+import numpy as np
+import pytest
+
+import phasekv as pk
+from conftest import csa_layer
+
+P = pk.presets
+
+
+@pytest.fixture
+def world(rng):
+    layer = csa_layer(rng)
+    seq = layer.cache.create()
+    layer.append(seq, 40)
+    reader = pk.SparseReader(layer.cache, P.deepseek_v4_csa_reader())
+    rc = reader.config
+    inputs = dict(queries=rng.standard_normal((rc.query_heads, 512), dtype=np.float32),
+                  indexer_queries=rng.standard_normal((rc.indexer_heads, 128), dtype=np.float32),
+                  indexer_weights=np.full(rc.indexer_heads, 1 / 64, np.float32),
+                  sinks=rng.standard_normal(rc.query_heads, dtype=np.float32))
+    return layer.cache, seq, reader, inputs
+
+
+def shape_error(expected):
+    return pytest.raises(pk.InputError, match="^" + re.escape(expected) + "$")
+
+
+def test_a_read_takes_its_arrays_in_their_documented_shapes_only(world):
+    cache, seq, reader, good = world
+    out = reader.read(cache, seq, 39, **good)
+    assert out.shape == (64, 512)
+    q = good["queries"]
+    for bad, text in [(q.T.copy(), "(512, 64)"), (q.reshape(-1), "(32768,)"), (q[None], "(1, 64, 512)")]:
+        with shape_error(f"queries: shape {text}, expected (query_heads=64, channels=512)"):
+            reader.read(cache, seq, 39, **dict(good, queries=bad))
+    with shape_error("indexer_queries: shape (128, 64), expected (indexer_heads=64, indexer_channels=128)"):
+        reader.read(cache, seq, 39, **dict(good, indexer_queries=good["indexer_queries"].T.copy()))
+    with shape_error("indexer_weights: shape (64, 1), expected (indexer_heads=64,)"):
+        reader.read(cache, seq, 39, **dict(good, indexer_weights=good["indexer_weights"][:, None].copy()))
+    with shape_error("sinks: shape (1, 64), expected (query_heads=64,)"):
+        reader.read(cache, seq, 39, **dict(good, sinks=good["sinks"][None].copy()))
+    # The output too: an array of the right size but the wrong shape is refused, left unwritten.
+    wrong = np.full((512, 64), 7.0, np.float32)
+    with shape_error("out: shape (512, 64), expected (query_heads=64, channels=512)"):
+        reader.read(cache, seq, 39, **good, out=wrong)
+    assert (wrong == 7.0).all()
+    mine = np.empty((64, 512), np.float32)
+    assert reader.read(cache, seq, 39, **good, out=mine) is mine
+    np.testing.assert_array_equal(mine, out)
+
+
+def test_a_batched_read_takes_stacked_arrays_of_the_documented_shape(world):
+    cache, seq, reader, good = world
+    stacked = {k: np.stack([v, v]) for k, v in good.items()}
+    out, lse, _, _ = reader.read_batch(cache, [seq, seq], [39, 38], **stacked)
+    assert out.shape == (2, 64, 512) and lse.shape == (2, 64)
+    with shape_error("queries: shape (2, 512, 64), expected (len(seqs)=2, query_heads=64, channels=512)"):
+        reader.read_batch(cache, [seq, seq], [39, 38], **dict(stacked, queries=stacked["queries"].transpose(0, 2, 1).copy()))
+    with shape_error("queries: shape (64, 512), expected (len(seqs)=2, query_heads=64, channels=512)"):
+        reader.read_batch(cache, [seq, seq], [39, 38], **dict(stacked, queries=good["queries"]))
+    with shape_error("lse: shape (64, 2), expected (len(seqs)=2, query_heads=64)"):
+        reader.read_batch(cache, [seq, seq], [39, 38], **stacked, lse=np.empty((64, 2), np.float32))
