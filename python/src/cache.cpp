@@ -169,8 +169,10 @@ void init_cache(const modules& m) {
              const py::object& window_values, bool check_finite) {
             std::vector<py::array> keep;
             std::vector<token_chunk> in;
+            const std::vector<token_shape> shapes = c.visit([](const auto& x) { return token_shapes_of(x.compressors()); });
             for (std::size_t k = 0; k < chunks.size(); ++k)
-              in.push_back(chunk_from(chunks[k], "chunks[" + std::to_string(k) + "]", keep));
+              in.push_back(chunk_from(chunks[k], "chunks[" + std::to_string(k) + "]", keep,
+                                      k < shapes.size() ? &shapes[k] : nullptr));
             const span<const float> keys = optional_input<float>(window_keys, "window_keys", keep);
             const span<const float> values = optional_input<float>(window_values, "window_values", keep);
             append_options options;

@@ -139,9 +139,32 @@ py::array_t<T> copy_of(const std::vector<T>& values) {
 // One stream's new tokens from Python: `payload` [tokens][...] and `logits` [tokens][...] (None
 // without gates); tokens = payload.shape[0]. `chunk` is either a payload array or a
 // (payload, logits) pair. The arrays (or NumPy views of tensors) are appended to `keep`.
+// `shape` (when given) is the stream's per-token shape: a payload is then (tokens, kv_heads, views,
+// channels) or (tokens, kv_heads·views·channels), its logits likewise with gate channels, and any
+// other shape an InputError naming the axes.
+struct token_shape {
+  std::int64_t kv_heads = 0, views = 0, channels = 0, gate_channels = 0;
+};
 phasekv::token_chunk chunk_of(const py::object& payload, const py::object& logits, const std::string& name,
-                              std::vector<py::array>& keep);
-phasekv::token_chunk chunk_from(const py::handle& chunk, const std::string& name, std::vector<py::array>& keep);
+                              std::vector<py::array>& keep, const token_shape* shape = nullptr);
+phasekv::token_chunk chunk_from(const py::handle& chunk, const std::string& name, std::vector<py::array>& keep,
+                                const token_shape* shape = nullptr);
+
+// A stream compressor's token_shape.
+template <class Compressor>
+token_shape token_shape_of(const Compressor& c) {
+  return {c.config().kv_heads, c.views(), c.config().channels, c.gate_channels()};
+}
+
+// Every stream's token_shape of a layer_compressor.
+template <class Layer, std::size_t... K>
+std::vector<token_shape> token_shapes_of(const Layer& layer, std::index_sequence<K...>) {
+  return {token_shape_of(layer.template stream<K>())...};
+}
+template <class Layer>
+std::vector<token_shape> token_shapes_of(const Layer& layer) {
+  return token_shapes_of(layer, std::make_index_sequence<Layer::stream_count>{});
+}
 
 // The entries one append emitted, as arrays (Python's Entries); also built by hand from a
 // host's own arrays to feed the write profile or the slot-weight log.

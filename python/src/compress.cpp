@@ -33,8 +33,21 @@ void chunk_input(const py::array& a, const std::string& name, span<const float>&
   bf16 = span<const std::uint16_t>(static_cast<const std::uint16_t*>(a.data()), static_cast<std::size_t>(a.size()));
 }
 
+namespace {
+
+// (tokens, kv_heads, views, last) or (tokens, kv_heads·views·last), by the array's rank.
+void require_token_shape(const py::array& a, const std::string& name, const token_shape& s, std::int64_t last,
+                         const char* last_name) {
+  const std::int64_t tokens = a.ndim() >= 1 ? a.shape(0) : 0;
+  if (a.ndim() == 2)
+    return require_shape(a, name, {{"tokens", tokens}, {"kv_heads·views·channels", s.kv_heads * s.views * last}});
+  require_shape(a, name, {{"tokens", tokens}, {"kv_heads", s.kv_heads}, {"views", s.views}, {last_name, last}});
+}
+
+}  // namespace
+
 token_chunk chunk_of(const py::object& payload, const py::object& logits, const std::string& name,
-                     std::vector<py::array>& keep) {
+                     std::vector<py::array>& keep, const token_shape* shape) {
   keep.push_back(py::array::ensure(payload));
   const py::array& p = keep.back();
   if (!p) throw py::type_error(name + " payload: must be an array");
@@ -47,22 +60,26 @@ token_chunk chunk_of(const py::object& payload, const py::object& logits, const 
         name + " payload = " + describe_array(p) +
         ": needs a leading token axis, shape (tokens, kv_heads, views, channels) or (tokens, floats)");
   chunk.tokens = static_cast<std::int64_t>(p.shape(0));
+  if (shape) require_token_shape(p, name + " payload", *shape, shape->channels, "channels");
   if (!logits.is_none()) {
     keep.push_back(py::array::ensure(logits));
     if (!keep.back()) throw py::type_error(name + " logits: must be an array (or None)");
     chunk_input(keep.back(), name + " logits", chunk.logits, chunk.logits_bf16);
+    if (shape && shape->gate_channels > 0)
+      require_token_shape(keep.back(), name + " logits", *shape, shape->gate_channels, "gate_channels");
   }
   return chunk;
 }
 
-token_chunk chunk_from(const py::handle& chunk, const std::string& name, std::vector<py::array>& keep) {
+token_chunk chunk_from(const py::handle& chunk, const std::string& name, std::vector<py::array>& keep,
+                       const token_shape* shape) {
   // A tuple or list is (payload, logits); a list is never stacked into an array (a copy).
   if (py::isinstance<py::tuple>(chunk) || py::isinstance<py::list>(chunk)) {
     const auto pair = py::reinterpret_borrow<py::sequence>(chunk);
     if (pair.size() != 2) throw py::value_error(name + ": must be a payload array or a (payload, logits) pair");
-    return chunk_of(pair[0], pair[1], name, keep);
+    return chunk_of(pair[0], pair[1], name, keep, shape);
   }
-  return chunk_of(py::reinterpret_borrow<py::object>(chunk), py::none(), name, keep);
+  return chunk_of(py::reinterpret_borrow<py::object>(chunk), py::none(), name, keep, shape);
 }
 
 entry_view entries::view(std::size_t k) const {
@@ -282,7 +299,8 @@ void init_compress(const modules& m) {
           [](const compressor& c, compressor_state& st, const py::object& payload, const py::object& logits,
              bool slot_weights, bool check_finite) {
             std::vector<py::array> keep;
-            const token_chunk chunk = chunk_of(payload, logits, "chunk", keep);
+            const token_shape shape = c.visit([](const auto& s) { return token_shape_of(s); });
+            const token_chunk chunk = chunk_of(payload, logits, "chunk", keep, &shape);
             append_options options;
             options.slot_weights = slot_weights;
             options.check_finite = check_finite;

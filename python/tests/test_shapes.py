@@ -65,3 +65,28 @@ def test_a_batched_read_takes_stacked_arrays_of_the_documented_shape(world):
         reader.read_batch(cache, [seq, seq], [39, 38], **dict(stacked, queries=good["queries"]))
     with shape_error("lse: shape (64, 2), expected (len(seqs)=2, query_heads=64)"):
         reader.read_batch(cache, [seq, seq], [39, 38], **stacked, lse=np.empty((64, 2), np.float32))
+
+
+def test_an_append_takes_payloads_and_logits_in_the_stream_shape(rng):
+    layer = csa_layer(rng)
+    cache, seq = layer.cache, layer.cache.create()
+    x = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
+    n = 8
+    kv, ix, keys = (x(n, 1, 2, 512), x(n, 1, 2, 512)), (x(n, 1, 2, 128), x(n, 1, 2, 128)), x(n, 1, 512)
+    swapped = (kv[0].transpose(0, 2, 1, 3).copy(), kv[1])  # (tokens, views, kv_heads, channels)
+    with shape_error("chunks[0] payload: shape (8, 2, 1, 512), expected (tokens=8, kv_heads=1, views=2, channels=512)"):
+        cache.append(seq, [swapped, ix], keys)
+    with shape_error("chunks[1] logits: shape (8, 2, 128), expected (tokens=8, kv_heads=1, views=2, gate_channels=128)"):
+        cache.append(seq, [kv, (ix[0], ix[1][:, 0].copy())], keys)
+    assert cache.tokens(seq) == 0  # nothing appended by the refused calls
+    # The documented flat form (tokens, kv_heads·views·channels) is the same bytes.
+    flat = [(kv[0].reshape(n, -1), kv[1].reshape(n, -1)), (ix[0].reshape(n, -1), ix[1].reshape(n, -1))]
+    cache.append(seq, flat, keys)
+    assert cache.tokens(seq) == n
+    with shape_error("chunks[0] payload: shape (8, 512), expected (tokens=8, kv_heads·views·channels=1024)"):
+        cache.append(seq, [(kv[0][:, 0, 0].copy(), kv[1].reshape(n, -1)), flat[1]], keys)
+    # A compressor alone checks the same.
+    comp = pk.Compressor(P.deepseek_v4_csa_policy, P.deepseek_v4_csa_geometry(), P.deepseek_v4_csa_kv())
+    state = comp.make_state()
+    with shape_error("chunk payload: shape (8, 2, 1, 512), expected (tokens=8, kv_heads=1, views=2, channels=512)"):
+        comp.append(state, swapped[0], kv[1])
