@@ -1,5 +1,5 @@
-// A decode step through the README's calls ("Use it"): the DeepSeek-V4 CSA layer appended to and
-// read with its indexer, sink and de-rotation — what a consumer compiles. scripts/test builds it
+// A decode step as the README's "Use it" writes it: the DeepSeek-V4 CSA layer appended to and read
+// with its indexer, sink and de-rotation (the reader preset) — what a consumer compiles. scripts/test builds it
 // with -Wall -Wextra -Werror under GCC and Clang: a warning from phasekv's headers fails CI.
 #include <phasekv/phasekv.hpp>
 
@@ -21,14 +21,7 @@ int main() {
   token_chunk kv_chunk{tokens, kv, kv}, indexer_chunk{tokens, ix, ix};
   cache.append(seq, {kv_chunk, indexer_chunk}, window);
 
-  reader_config rc;
-  rc.query_heads = 64;
-  rc.indexer_stream = 1;
-  rc.top_k = 512;
-  rc.indexer_heads = 64;
-  rc.sink = true;
-  rc.derotate_output = true;
-  sparse_reader reader(cache, rc);
+  sparse_reader reader(cache, presets::deepseek_v4_csa_reader());  // 64 heads, top 512, sink, de-rotation
   std::vector<float> queries(64 * 512, 0.1f), indexer_queries(64 * 128, 0.1f), weights(64, 1.0f / 64), sinks(64),
       out(64 * 512);
   reader.read(cache, seq, read_request{tokens - 1, queries, indexer_queries, weights, sinks}, out.data());
