@@ -141,7 +141,12 @@ void init_sweep(const modules& m) {
       .def("validate", &sweep_config::validate);
   py::class_<placement>(root, "Placement", "One trial of a sweep: where its needle goes.")
       .def(py::init([](std::int64_t residue, std::int64_t trial, std::int64_t target, std::int64_t query) {
-             return placement{residue, trial, target, query};
+             placement p;
+             p.residue = residue;
+             p.trial = trial;
+             p.target_position = target;
+             p.query_position = query;
+             return p;
            }),
            py::arg("residue"), py::arg("trial"), py::arg("target_position"), py::arg("query_position"))
       .def_readonly("residue", &placement::residue)
