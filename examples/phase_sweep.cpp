@@ -187,9 +187,8 @@ std::vector<job> plan_jobs(const options& o) {
       j.probe.record = o.record;
       j.probe.isolate_targets = o.isolate;
       j.probe.top_k = o.top_k;
-      const bool profiled = policy == "fixed" || policy == "ape";
-      if (profiled) j.probe.slot_profile = o.slot_profile;
-      if (!o.slot_profile.empty() && !profiled)
+      if (j.probe.takes_slot_profile()) j.probe.slot_profile = o.slot_profile;
+      if (!o.slot_profile.empty() && !j.probe.takes_slot_profile())
         throw phasekv::input_error("--slot-profile: only the fixed and ape policies take one, not " + policy);
       if (control || preset) {
         j.probe.stride = j.probe.effective_stride();
@@ -311,7 +310,7 @@ int run(const options& o) {
     using phasekv::diag::probe::needle_probe;
     const std::int64_t modulus = j.sweep.resolved_modulus();
     const std::int64_t length = j.probe.record.length();
-    const std::int64_t gap = j.probe.isolate_targets ? length + 2 * j.probe.window : j.probe.window + length;
+    const std::int64_t gap = j.probe.isolate_targets ? j.probe.haystack_spacing() : j.probe.window + length;
     std::vector<std::vector<phasekv::diag::placement>> groups(static_cast<std::size_t>(modulus));
     for (const auto& p : plan) groups[static_cast<std::size_t>(p.trial % modulus)].push_back(p);
     std::vector<std::vector<std::vector<phasekv::diag::placement>>> contexts(groups.size());

@@ -720,8 +720,7 @@ class NeedleEvaluate:
 
     def needle_tokens(self) -> int:
         """The spacing a plan for this probe needs: the record's length (+ 2W for isolated targets)."""
-        c = self.config()
-        return c.record.length() + (2 * c.effective_window() if c.isolate_targets else 0)
+        return self.config().haystack_spacing()
 
     def _entry(self) -> dict:
         key = (self.fields, self.outcome)

@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <phasekv/compress/entry_view.hpp>
 #include <phasekv/core/error.hpp>
@@ -61,7 +60,7 @@ struct axis {
 // The array has exactly these axes (ndim and each size), else InputError in shape terms, e.g.
 // "queries: shape (512, 64), expected (query_heads=64, channels=512)": a transposed or flattened
 // array would otherwise be read as the right number of floats in the wrong order.
-inline void require_shape(const py::array& a, const std::string& name, std::initializer_list<axis> axes) {
+inline void require_shape(const py::array& a, const std::string& name, const std::vector<axis>& axes) {
   bool same = a.ndim() == static_cast<py::ssize_t>(axes.size());
   std::string expected = "(";
   std::size_t i = 0;
@@ -99,7 +98,7 @@ span<const T> optional_input(const py::object& o, const std::string& name, std::
 // exactly `size` elements, else InputError naming it) or a new one of `shape`.
 template <class T>
 T* output(py::object& o, const std::string& name, const std::vector<py::ssize_t>& shape, const std::string& what,
-          std::initializer_list<axis> axes = {}) {
+          const std::vector<axis>& axes = {}) {
   py::ssize_t size = 1;
   for (py::ssize_t d : shape) size *= d;
   if (o.is_none()) {

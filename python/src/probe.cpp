@@ -72,6 +72,8 @@ void init_probe(const modules& m) {
              "keep the other records out of the targets' entries (the control for crowding)")
       .done()
       .def("resolved_slot_profile", &needle_config::resolved_slot_profile)
+      .def("haystack_spacing", &needle_config::haystack_spacing,
+           "how far apart needle_sweep places a haystack's targets (the plan's needle_tokens)")
       .def("effective_stride", &needle_config::effective_stride)
       .def("effective_window", &needle_config::effective_window)
       .def("validate", &needle_config::validate);

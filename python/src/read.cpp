@@ -39,13 +39,10 @@ void check_read_shapes(const reader& r, std::vector<py::array>& keep, const py::
     py::array a = py::array::ensure(o);
     if (!a || !py::isinstance<py::array_t<float>>(a)) return;  // optional_input names a type error first
     keep.push_back(a);
-    if (batch < 0) return require_shape(a, name, item);
-    std::vector<axis> all{{"len(seqs)", batch}};
-    all.insert(all.end(), item.begin(), item.end());
-    switch (all.size()) {
-      case 2: return require_shape(a, name, {all[0], all[1]});
-      case 3: return require_shape(a, name, {all[0], all[1], all[2]});
-    }
+    std::vector<axis> axes;
+    if (batch >= 0) axes.push_back({"len(seqs)", batch});
+    for (const axis& x : item) axes.push_back(x);
+    require_shape(a, name, axes);
   };
   check(queries, "queries", {{"query_heads", qh}, {"channels", kc}});
   if (rc.top_k > 0) {

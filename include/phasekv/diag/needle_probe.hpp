@@ -202,6 +202,15 @@ struct needle_config {
     return policy == needle_policy::full_attention ? 1 : policy == needle_policy::deepseek_v4_csa ? 8 : window;
   }
   std::int64_t effective_heads() const { return policy == needle_policy::concentrated_gates ? heads : 1; }
+  // Whether the policy takes a slot_profile.
+  bool takes_slot_profile() const {
+    return policy == needle_policy::fixed_weight || policy == needle_policy::positional_gates;
+  }
+  // How far apart needle_sweep places the targets of one haystack: a record's length, and for
+  // isolated targets 2W more, which puts each outside the other's pooled tokens.
+  std::int64_t haystack_spacing() const {
+    return record.length() + (isolate_targets ? 2 * effective_window() : 0);
+  }
   // Whether the policy takes stride, window and origin from this config.
   bool own_geometry() const {
     return policy == needle_policy::mean_pool || policy == needle_policy::concentrated_gates ||
@@ -270,9 +279,8 @@ struct needle_config {
         require(std::isfinite((*bias)[i]), std::string(field) + "[" + std::to_string(i) + "]", (*bias)[i],
                 "must be finite");
     }
-    const bool profiled = policy == needle_policy::fixed_weight || policy == needle_policy::positional_gates;
     if (!slot_profile.empty()) {
-      require(profiled, "needle_config.slot_profile.size()", slot_profile.size(),
+      require(takes_slot_profile(), "needle_config.slot_profile.size()", slot_profile.size(),
               "must be 0 (only the fixed_weight and positional_gates policies take a slot profile)");
       require(static_cast<std::int64_t>(slot_profile.size()) == window, "needle_config.slot_profile.size()",
               slot_profile.size(), "must be window = " + std::to_string(window) + " (or 0 for the default)");
@@ -297,8 +305,7 @@ struct needle_config {
 
   // The per-slot profile in use: slot_profile, or its default (see above).
   std::vector<float> resolved_slot_profile() const {
-    if (!slot_profile.empty() || (policy != needle_policy::fixed_weight && policy != needle_policy::positional_gates))
-      return slot_profile;
+    if (!slot_profile.empty() || !takes_slot_profile()) return slot_profile;
     std::vector<float> p(static_cast<std::size_t>(window), 1.0f);
     if (policy == needle_policy::positional_gates) {  // one profile for every seed: the model, not the haystack
       std::mt19937_64 rng(0xA9E5ull + static_cast<std::uint64_t>(window));
@@ -956,17 +963,11 @@ inline sweep_result needle_sweep(needle_probe& probe, const sweep_config& sweep,
                                  needle_outcome kind = needle_outcome::success) {
   const record_shape& mine = probe.config().record;
   phasekv::detail::require<config_error>(
-      sweep.record.key_tokens == mine.key_tokens && sweep.record.value_tokens == mine.value_tokens &&
-          sweep.record.gap == mine.gap,
-      "needle_sweep: sweep.record length", sweep.record.length(),
+      sweep.record == mine, "needle_sweep: sweep.record length", sweep.record.length(),
       "must be the probe's record (key_tokens " + std::to_string(mine.key_tokens) + ", gap " +
           std::to_string(mine.gap) + ", value_tokens " + std::to_string(mine.value_tokens) + ")");
   const std::vector<placement> plan = plan_sweep(sweep);
-  // Isolated targets keep apart from each other too: L + 2W between two targets of one haystack
-  // puts each outside the other's pooled tokens.
-  const std::int64_t spacing =
-      mine.length() + (probe.config().isolate_targets ? 2 * probe.stream_geometry().window : 0);
-  const std::vector<std::int64_t> context_of = assign_haystacks(plan, spacing);
+  const std::vector<std::int64_t> context_of = assign_haystacks(plan, probe.config().haystack_spacing());
   std::vector<std::vector<std::int64_t>> contexts;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     const auto c = static_cast<std::size_t>(context_of[i]);

@@ -73,6 +73,11 @@ struct record_shape {
   }
 };
 
+inline bool operator==(const record_shape& a, const record_shape& b) noexcept {
+  return a.key_tokens == b.key_tokens && a.value_tokens == b.value_tokens && a.gap == b.gap;
+}
+inline bool operator!=(const record_shape& a, const record_shape& b) noexcept { return !(a == b); }
+
 enum class layout_class { contained, straddle_covered, straddle_split };
 
 inline const char* to_string(layout_class c) {
