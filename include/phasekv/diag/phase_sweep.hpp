@@ -903,7 +903,8 @@ sweep_result run_sweep(const sweep_config& config, Trial&& trial) {
     ++row.valid;
     if (binary && value == 1.0) ++row.successes;
     if (binary && value == 0.0) {
-      ++row.failures[static_cast<std::size_t>(cause)];
+      const auto c = static_cast<std::size_t>(cause);  // in range: an out-of-range cause errored above
+      if (c < failure_causes) ++row.failures[c];
       if (cause != failure_cause::unattributed) result.attributed = true;
     }
     values[static_cast<std::size_t>(p.residue)].push_back(value);
