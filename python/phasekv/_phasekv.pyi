@@ -1,9 +1,11 @@
 # Type stubs of the extension module phasekv._phasekv (python/src/*.cpp). Written by hand;
 # python/tests/test_stubs.py checks that every name the module defines is declared here.
 #
-# Arrays: inputs are read in place and must already be float32 (indices int64), C-contiguous and
-# aligned (anything NumPy views without a copy: an ndarray, a CPU torch tensor, a memoryview);
-# outputs come back as the array passed in `out=` or as a new one.
+# Arrays: inputs are read in place and must already be float32 (indices int64), C-contiguous,
+# aligned and on the host: an ndarray, any DLPack producer (a CPU torch tensor; one that requires
+# grad is refused: pass x.detach()), or a buffer such as a memoryview. Lists are not arrays.
+# Outputs come back as the array or tensor passed in `out=`, or as a new ndarray (which exports
+# __dlpack__: torch.from_dlpack(out) is a view).
 
 from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence, Tuple, Union, overload
 
@@ -19,8 +21,9 @@ FloatArray = NDArray[np.float32]
 # What an input argument accepts: an array NumPy can view as float32 C-contiguous memory.
 FloatInput = Any
 # One stream's chunk: a payload array, or (payload, logits). Payload and logits may each also be
-# bf16 bits instead of float32: a uint16 array (or int16, as torch's bf16 `.view(torch.int16)`
-# gives), read in place; it means exactly its float32 widening (bits << 16), bit for bit.
+# bf16 instead of float32: a torch.bfloat16 tensor, or its bits as a uint16 array (or int16, as
+# `.view(torch.int16)` gives), read in place; it means exactly its float32 widening (bits << 16),
+# bit for bit.
 Chunk = Union[FloatInput, Tuple[FloatInput, Union[FloatInput, None]]]
 
 __version__: str

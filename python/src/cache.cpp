@@ -252,7 +252,8 @@ void init_cache(const modules& m) {
               const stream_config& s = x.compressors().config(stream);
               return std::vector<py::ssize_t>{s.kv_heads, s.channels};
             });
-            float* to = output<float>(out, "out", shape, "kv_heads × channels");
+            float* to = output<float>(out, "out", shape, "kv_heads × channels",
+                                      {{"kv_heads", shape[0]}, {"channels", shape[1]}});
             shared(c, [&](const auto& x) { x.read_entry(seq, stream, entry, to); });
             return out;
           },

@@ -4,11 +4,13 @@
 // engine header (layer.hpp does), so the diagnostics and core files compile quickly.
 //
 // Arrays. Large inputs are read in place: an argument must already be a float32 (int64 for
-// indices), C-contiguous, aligned array — anything NumPy can view without copying (a NumPy
-// array, a CPU torch tensor through its __array__, a memoryview). Nothing is converted: a float64
-// array is a TypeError and a strided view a ValueError, each naming the argument, so a hidden
-// copy can never cost a read its time. Outputs are written into arrays the caller passes (out=)
-// or into arrays the binding allocates and returns.
+// indices; bf16 where documented), C-contiguous, aligned array on the host — a NumPy array, any
+// DLPack producer (a CPU torch tensor, bf16 included) or a buffer (a memoryview). Nothing is
+// converted: a float64 array is a TypeError and a strided view a ValueError, each naming the
+// argument and the fix (x.astype, np.ascontiguousarray or x.contiguous(), x.detach()), so a
+// hidden copy can never cost a read its time. Outputs are written into arrays or tensors the
+// caller passes (out=, returned as given) or into NumPy arrays the binding allocates (which
+// export __dlpack__: torch.from_dlpack(result) is a view).
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -76,6 +78,12 @@ inline void require_shape(const py::array& a, const std::string& name, const std
   throw phasekv::input_error(name + ": shape " + shape + ", expected " + expected);
 }
 
+// The object as a NumPy array viewing its memory (dlpack.cpp): an array as it is, a DLPack
+// producer through its capsule (a bf16 tensor as its uint16 bits where bf16_ok, else a TypeError;
+// one that requires grad, is not contiguous or not on the CPU an error naming the fix), anything
+// else through the buffer protocol; a non-array a TypeError naming the argument.
+py::array as_array(const py::object& o, const std::string& name, bool bf16_ok = false);
+
 // The array's memory as a span (no copy). The array must outlive the span: callers keep the
 // py::array (an argument, or an element of `keep`).
 template <class T = float>
@@ -89,13 +97,13 @@ span<const T> input(const py::array& a, const std::string& name) {
 template <class T = float>
 span<const T> optional_input(const py::object& o, const std::string& name, std::vector<py::array>& keep) {
   if (o.is_none()) return {};
-  keep.push_back(py::array::ensure(o));
-  if (!keep.back()) throw py::type_error(name + ": must be an array (or None)");
+  keep.push_back(as_array(o, name));
   return input<T>(keep.back(), name);
 }
 
-// Memory the call writes `size` elements into: the caller's array (checked: layout, writable,
-// exactly `size` elements, else InputError naming it) or a new one of `shape`.
+// Memory the call writes `size` elements into: the caller's array or tensor (checked: layout,
+// writable, the documented axes when given, exactly `size` elements, else an error naming it;
+// `o` stays the caller's object, which the call returns) or a new array of `shape`.
 template <class T>
 T* output(py::object& o, const std::string& name, const std::vector<py::ssize_t>& shape, const std::string& what,
           const std::vector<axis>& axes = {}) {
@@ -105,15 +113,14 @@ T* output(py::object& o, const std::string& name, const std::vector<py::ssize_t>
     o = py::array_t<T>(shape);
     return static_cast<T*>(py::array(o).mutable_data());
   }
-  py::array a = py::array::ensure(o);
-  if (!a) throw py::type_error(name + ": must be an array (or None to allocate one)");
+  py::array a = as_array(o, name);
   require_layout<T>(a, name);
   if (!a.writeable()) throw py::value_error(name + ": is read-only");
   if (axes.size() != 0) require_shape(a, name, axes);
   if (a.size() != size)
     phasekv::detail::fail<phasekv::input_error>(name + ".size", a.size(),
                                                 "must be " + std::to_string(size) + " (" + what + ")");
-  o = a;  // what the call returns: the very array passed (or its NumPy view of a tensor)
+  // The memory stays valid after `a` (a view) is gone: the caller's object owns it.
   return static_cast<T*>(a.mutable_data());
 }
 

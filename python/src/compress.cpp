@@ -48,9 +48,8 @@ void require_token_shape(const py::array& a, const std::string& name, const toke
 
 token_chunk chunk_of(const py::object& payload, const py::object& logits, const std::string& name,
                      std::vector<py::array>& keep, const token_shape* shape) {
-  keep.push_back(py::array::ensure(payload));
+  keep.push_back(as_array(payload, name + " payload", true));
   const py::array& p = keep.back();
-  if (!p) throw py::type_error(name + " payload: must be an array");
   token_chunk chunk;
   chunk_input(p, name + " payload", chunk.payload, chunk.payload_bf16);
   // The token count comes from the leading axis: a flat array would make every size error
@@ -62,8 +61,7 @@ token_chunk chunk_of(const py::object& payload, const py::object& logits, const 
   chunk.tokens = static_cast<std::int64_t>(p.shape(0));
   if (shape) require_token_shape(p, name + " payload", *shape, shape->channels, "channels");
   if (!logits.is_none()) {
-    keep.push_back(py::array::ensure(logits));
-    if (!keep.back()) throw py::type_error(name + " logits: must be an array (or None)");
+    keep.push_back(as_array(logits, name + " logits", true));
     chunk_input(keep.back(), name + " logits", chunk.logits, chunk.logits_bf16);
     if (shape && shape->gate_channels > 0)
       require_token_shape(keep.back(), name + " logits", *shape, shape->gate_channels, "gate_channels");
@@ -115,8 +113,7 @@ decltype(auto) with_state(compressor_state& s, F&& f) {
 
 py::object entry_array(const py::object& o, const char* name, py::ssize_t n) {
   if (o.is_none()) return o;
-  py::array a = py::array::ensure(o);
-  if (!a) throw py::type_error(std::string(name) + ": must be an array or None");
+  py::array a = as_array(o, name);
   require_layout<float>(a, name);
   if (a.ndim() != 3 || a.shape(0) != n)
     throw py::value_error(std::string(name) + " = " + describe_array(a) + ": must have shape (" + std::to_string(n) +
@@ -203,8 +200,7 @@ void init_compress(const modules& m) {
                        const py::object& anchor) {
              entries e;
              std::vector<py::array> keep;
-             keep.push_back(py::array::ensure(index));
-             if (!keep.back()) throw py::type_error("index: must be an array");
+             keep.push_back(as_array(index, "index"));
              require_layout<std::int64_t>(keep.back(), "index");
              e.index = keep.back();
              if (e.index.ndim() != 1) throw py::value_error("index = " + describe_array(e.index) + ": must be 1-D");
@@ -213,13 +209,19 @@ void init_compress(const modules& m) {
                e.anchor = py::array_t<std::int64_t>(n);
                std::fill_n(e.anchor.mutable_data(), n, std::int64_t{0});
              } else {
-               keep.push_back(py::array::ensure(anchor));
+               keep.push_back(as_array(anchor, "anchor"));
                require_layout<std::int64_t>(keep.back(), "anchor");
                e.anchor = keep.back();
-               if (e.anchor.size() != n) throw py::value_error("anchor: must have as many elements as index");
+               require_shape(e.anchor, "anchor", {{"len(index)", n}});
              }
              e.values = entry_array(values, "values", n);
              e.slot_weights = entry_array(slot_weights, "slot_weights", n);
+             // One kv_heads for both: an entry_view strides through each array by it.
+             if (!e.values.is_none() && !e.slot_weights.is_none()) {
+               const py::array v(e.values), w(e.slot_weights);
+               require_shape(w, "slot_weights",
+                             {{"len(index)", n}, {"kv_heads (of values)", v.shape(1)}, {"window", w.shape(2)}});
+             }
              return e;
            }),
            py::arg("index"), py::arg("slot_weights") = py::none(), py::arg("values") = py::none(),

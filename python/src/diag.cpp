@@ -14,10 +14,14 @@ using namespace phasekv::diag;
 
 namespace {
 
-// Feeds every entry of `e` to a sink that takes entry_views (write_profile, slot_weight_log).
+// Feeds every entry of `e` to a sink that takes entry_views (write_profile, slot_weight_log),
+// all or nothing: a bad entry k must not leave entries 0…k−1 counted, so a copy takes them and
+// replaces the sink only when every one was accepted.
 template <class Sink>
 void feed(Sink& sink, const entries& e) {
-  for (std::size_t k = 0; k < e.size(); ++k) sink(e.view(k));
+  Sink next = sink;
+  for (std::size_t k = 0; k < e.size(); ++k) next(e.view(k));
+  sink = std::move(next);
 }
 
 }  // namespace

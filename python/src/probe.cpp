@@ -17,8 +17,8 @@ namespace {
 
 // Target positions from a list or an int64 array (copied: a haystack holds a few hundred).
 std::vector<std::int64_t> positions_of(const py::object& targets) {
-  if (py::isinstance<py::array>(targets)) {
-    const py::array a = py::array::ensure(targets);
+  if (py::isinstance<py::array>(targets) || py::hasattr(targets, "__dlpack__")) {
+    const py::array a = as_array(targets, "target_positions");
     if (!py::isinstance<py::array_t<std::int64_t>>(a))
       throw py::type_error("target_positions.dtype = " + py::str(a.dtype()).cast<std::string>() + ": must be int64");
     if (a.ndim() != 1) throw py::value_error("target_positions = " + describe_array(a) + ": must be one-dimensional");

@@ -36,8 +36,8 @@ void check_read_shapes(const reader& r, std::vector<py::array>& keep, const py::
                      ic = stream_channels(r, rc.indexer_stream);
   const auto check = [&](const py::object& o, const char* name, std::initializer_list<axis> item) {
     if (o.is_none()) return;
-    py::array a = py::array::ensure(o);
-    if (!a || !py::isinstance<py::array_t<float>>(a)) return;  // optional_input names a type error first
+    py::array a = as_array(o, name);
+    if (!py::isinstance<py::array_t<float>>(a)) return;  // optional_input names a dtype error first
     keep.push_back(a);
     std::vector<axis> axes;
     if (batch >= 0) axes.push_back({"len(seqs)", batch});

@@ -90,3 +90,42 @@ def test_an_append_takes_payloads_and_logits_in_the_stream_shape(rng):
     state = comp.make_state()
     with shape_error("chunk payload: shape (8, 2, 1, 512), expected (tokens=8, kv_heads=1, views=2, channels=512)"):
         comp.append(state, swapped[0], kv[1])
+
+
+def test_an_entry_read_into_the_callers_array_checks_its_shape(world):
+    cache, seq, _, _ = world
+    want = cache.read_entry(seq, 0, 3)
+    assert want.shape == (1, 512)
+    wrong = np.full((512, 1), 7.0, np.float32)
+    with shape_error("out: shape (512, 1), expected (kv_heads=1, channels=512)"):
+        cache.read_entry(seq, 0, 3, out=wrong)
+    assert (wrong == 7.0).all()
+    mine = np.empty((1, 512), np.float32)
+    assert cache.read_entry(seq, 0, 3, out=mine) is mine
+    np.testing.assert_array_equal(mine, want)
+
+
+def test_host_entries_are_checked_by_shape_and_fed_all_or_nothing():
+    n, window = 4, 4
+    index = np.arange(n, dtype=np.int64)
+    weights = np.full((n, 1, window), 0.25, np.float32)
+    with shape_error("anchor: shape (3,), expected (len(index)=4,)"):
+        pk.Entries(index, slot_weights=weights, anchor=np.zeros(3, np.int64))
+    # values and slot_weights must agree on kv_heads: each entry is a view striding through both.
+    with shape_error("slot_weights: shape (4, 2, 4), expected (len(index)=4, kv_heads (of values)=1, window=4)"):
+        pk.Entries(index, slot_weights=np.full((n, 2, window), 0.25, np.float32),
+                   values=np.zeros((n, 1, 64), np.float32))
+    # A bad entry late in the batch leaves the profile and the log as they were.
+    profile, log = pk.WriteProfile(pk.Geometry(stride=4, window=window), 1), pk.SlotWeightLog(window=window)
+    profile.add(pk.Entries(index[:2].copy(), slot_weights=weights[:2].copy()))
+    log.add(pk.Entries(index[:2].copy(), slot_weights=weights[:2].copy()))
+    before = (profile.concentration_windows(0), profile.slot_profile(0).tobytes(), log.recorded)
+    bad = weights.copy()
+    bad[3, 0, 1] = np.nan
+    for sink in (profile, log):
+        with pytest.raises(pk.InputError, match=r"entry 5 slot_weights\[head 0\]\[slot 1\] = nan"):
+            sink.add(pk.Entries(index + 2, slot_weights=bad))
+    assert (profile.concentration_windows(0), profile.slot_profile(0).tobytes(), log.recorded) == before
+    assert not log.has(2)
+    profile.add(pk.Entries(index + 2, slot_weights=weights))
+    assert profile.concentration_windows(0) == before[0] + n
