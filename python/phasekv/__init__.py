@@ -60,6 +60,10 @@ except ImportError as _error:
 from ._phasekv import *  # noqa: F401,F403 (the C++ API, under its own names)
 from ._phasekv import CapacityError, ConfigError, Error, InputError, __version__, plot, presets, probe, stats
 
+from . import _reprs  # noqa: E402
+
+_reprs.install(_phasekv, plot, presets, probe, stats)
+
 # `import phasekv.stats` and `from phasekv.presets import ...` work like real submodules.
 for _name in ("plot", "presets", "probe", "stats"):
     _sys.modules[__name__ + "." + _name] = getattr(_phasekv, _name)

@@ -212,6 +212,9 @@ class struct_binding {
 
   py::class_<T>& done() {
     auto names = names_;
+    // help() shows the fields as keyword-only parameters with their defaults, not **kwargs.
+    py::options plain;
+    plain.disable_function_signatures();
     cls_.def(py::init([names](const py::kwargs& fields) {
       auto made = std::make_unique<T>();
       py::object target = py::cast(made.get(), py::return_value_policy::reference);
@@ -223,11 +226,15 @@ class struct_binding {
         py::setattr(target, key, value);
       }
       return made;
-    }));
+    }),
+             signature().c_str());
     cls_.def("__repr__", [names](const py::object& self) {
       std::string out = py::str(self.get_type().attr("__name__")).cast<std::string>() + "(";
-      for (std::size_t i = 0; i < names->size(); ++i)
-        out += (i ? ", " : "") + (*names)[i] + "=" + py::repr(self.attr((*names)[i].c_str())).cast<std::string>();
+      for (std::size_t i = 0; i < names->size(); ++i) {
+        const py::object value = self.attr((*names)[i].c_str());
+        const bool is_enum = py::hasattr(py::type::of(value), "__members__");  // StorageType.f32, not <…: 0>
+        out += (i ? ", " : "") + (*names)[i] + "=" + (is_enum ? py::str(value) : py::repr(value)).cast<std::string>();
+      }
       return out + ")";
     });
     cls_.def("__copy__", [](const T& self) { return T(self); });
@@ -237,6 +244,38 @@ class struct_binding {
   }
 
  private:
+  // "__init__(self, *, stride: int = 4, …) -> None": each field's type and default, read from a
+  // default-constructed T (a field whose type is not bound yet shows its name alone).
+  std::string signature() const {
+    std::string out = "__init__(self, *";
+    py::object made;
+    try {
+      made = py::cast(T());
+    } catch (const std::exception&) {
+      PyErr_Clear();
+    }
+    for (const std::string& name : *names_) {
+      out += ", " + name;
+      if (!made) continue;
+      try {
+        const py::object value = made.attr(name.c_str());
+        if (value.is_none()) {  // an optional field, unset
+          out += " = None";
+          continue;
+        }
+        const py::object type = py::type::of(value);
+        const bool is_enum = py::hasattr(type, "__members__");
+        out += ": " + py::str(type.attr("__name__")).cast<std::string>() + " = " +
+               (is_enum ? py::str(type.attr("__name__")).cast<std::string>() + "." +
+                              py::str(value.attr("name")).cast<std::string>()
+                        : py::repr(value).cast<std::string>());
+      } catch (const std::exception&) {
+        PyErr_Clear();
+      }
+    }
+    return out + ") -> None\n\nEvery field is optional (its default above); an unknown name is a TypeError.";
+  }
+
   py::class_<T> cls_;
   std::shared_ptr<std::vector<std::string>> names_;
 };

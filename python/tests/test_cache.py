@@ -78,7 +78,7 @@ def test_read_entry_into_a_preallocated_array(csa):
     out = np.empty((1, 128), dtype=np.float32)
     got = csa.cache.read_entry(seq, 1, 5, out=out)
     assert got is out and np.array_equal(out, csa.cache.read_entries(seq, 1)[5])
-    with pytest.raises(pk.InputError, match=r"^out.size = 64: must be 128 \(kv_heads × channels\)$"):
+    with pytest.raises(pk.InputError, match=r"^out: shape \(64,\), expected \(kv_heads=1, channels=128\)$"):
         csa.cache.read_entry(seq, 1, 5, out=np.empty(64, dtype=np.float32))
 
 
@@ -139,3 +139,17 @@ def test_fp8_stream_storage_is_read_back_block_quantized(rng):
     cache.append(seq, [x])
     expected = fp8_round_oracle(x.reshape(6, 1, 128))
     assert np.array_equal(cache.read_entries(seq), expected)
+
+
+def test_every_class_shows_what_it_holds(csa):
+    seq = csa.cache.create()
+    csa.append(seq, 40)
+    text = repr(csa.cache)
+    assert text.startswith("PagedCache(policy=Policy.deepseek_v4, streams=2, geometry=Geometry(stride=4, window=8,")
+    assert "sequences=1, tokens=40, pages used per stream=[1/64, 1/64], page_size=64)" in text
+    memory = repr(csa.cache.memory(seq))
+    assert memory.startswith("SequenceMemory(tokens=40, entries=20, pages=2, ")  # both streams
+    assert repr(pk.stats.wilson_interval(3, 10)) == "ProportionInterval(estimate=0.3, low=0.107791, high=0.603222)"
+    bare = [f"{m.__name__}.{n}" for m in (pk, pk.stats, pk.plot, pk.probe, pk.presets) for n, v in vars(m).items()
+            if isinstance(v, type) and v.__repr__ is object.__repr__]
+    assert bare == []

@@ -59,7 +59,13 @@ def test_config_structs_take_keywords_repr_and_copy():
     c = pk.StreamConfig(name="k", channels=64, kv_heads=2, role=pk.StreamRole.key)
     assert (c.name, c.channels, c.kv_heads, c.role) == ("k", 64, 2, pk.StreamRole.key)
     assert c.inputs == pk.InputLayout.per_branch and c.norm_eps == 1e-6  # C++ defaults
-    assert repr(c).startswith("StreamConfig(name='k', role=<StreamRole.key: 0>, channels=64")
+    assert repr(c).startswith("StreamConfig(name='k', role=StreamRole.key, channels=64")
+    # help() shows the fields with their types and defaults, not **kwargs.
+    assert pk.StreamConfig.__init__.__doc__.startswith(
+        "__init__(self, *, name: str = 'stream', role: StreamRole = StreamRole.key_value, channels: int = 0, ")
+    assert "geometry: Geometry = Geometry(stride=1, window=1, origin=0, anchor=AnchorMode.block_start)" in \
+        pk.LayerShape.__init__.__doc__
+    assert "indexer_stream = None," in pk.ReaderConfig.__init__.__doc__
     with pytest.raises(TypeError, match="unexpected keyword argument 'chanels'"):
         pk.StreamConfig(chanels=3)
     with pytest.raises(AttributeError):
