@@ -1,0 +1,217 @@
+"""Hostile inputs from Python: every one is a Python exception naming what is wrong — never a
+crash, never a partial change. After each refused call the cache's state (tokens, entries, pool
+use) is byte-for-byte what it was."""
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import phasekv as pk
+from conftest import csa_layer, random_chunk
+
+P = pk.presets
+
+
+@pytest.fixture
+def world(rng):
+    layer = csa_layer(rng, pages=8)
+    cache = layer.cache
+    seq = cache.create()
+    layer.append(seq, 40)
+    reader = pk.SparseReader(cache, P.deepseek_v4_csa_reader())
+    inputs = dict(queries=rng.standard_normal((64, 512), dtype=np.float32),
+                  indexer_queries=rng.standard_normal((64, 128), dtype=np.float32),
+                  indexer_weights=np.full(64, 1 / 64, np.float32),
+                  sinks=rng.standard_normal(64, dtype=np.float32))
+    return layer, seq, reader, inputs
+
+
+def state_of(cache):
+    """Everything a refused call must leave as it was."""
+    seqs = cache.live_sequences()
+    return (seqs, [cache.tokens(s) for s in seqs],
+            [cache.read_entries(s, k).tobytes() for s in seqs for k in range(cache.stream_count)],
+            [cache.pool_usage(k) for k in range(cache.stream_count)])
+
+
+def read_cases(inputs):
+    q, iq, iw, sinks = (inputs[k] for k in ("queries", "indexer_queries", "indexer_weights", "sinks"))
+    read_only = np.empty((64, 512), np.float32)
+    read_only.flags.writeable = False
+    misaligned = np.frombuffer(bytearray(q.nbytes + 1), np.float32, count=q.size, offset=1).reshape(q.shape)
+    return [
+        ("float64 queries", dict(queries=q.astype(np.float64)), TypeError, r"^queries\.dtype = float64: must be float32"),
+        ("int queries", dict(queries=q.astype(np.int32)), TypeError, r"^queries\.dtype = int32"),
+        ("strided queries", dict(queries=np.repeat(q, 2, axis=1)[:, ::2]), ValueError, r"^queries = .*C-contiguous"),
+        ("misaligned queries", dict(queries=misaligned), ValueError, r"^queries = .*aligned"),
+        ("0-d queries", dict(queries=np.array(1.0, np.float32)), pk.InputError, r"^queries: shape \(\), expected"),
+        ("a scalar", dict(queries=np.float32(1.0)), pk.InputError, r"^queries: shape \(\), expected"),
+        ("a list", dict(queries=q.tolist()), TypeError, r"^queries: list is not an array"),
+        ("None queries", dict(queries=None), pk.InputError, r"queries"),
+        ("empty queries", dict(queries=np.empty((0, 512), np.float32)), pk.InputError, r"^queries: shape \(0, 512\)"),
+        ("NaN queries", dict(queries=np.full_like(q, np.nan)), pk.InputError, r"request\.queries\[0\] = nan"),
+        ("Inf sinks", dict(sinks=np.full_like(sinks, np.inf)), pk.InputError, r"sinks\[0\] = inf"),
+        ("transposed indexer", dict(indexer_queries=iq.T.copy()), pk.InputError, r"^indexer_queries: shape \(128, 64\)"),
+        ("read-only out", dict(out=read_only), ValueError, r"^out: is read-only"),
+        ("small out", dict(out=np.empty((64, 100), np.float32)), pk.InputError, r"^out: shape \(64, 100\)"),
+        ("float64 out", dict(out=np.empty((64, 512))), TypeError, r"^out\.dtype = float64"),
+        ("huge top_k", dict(top_k=2**62), pk.InputError, r"request\.top_k = 4611686018427387904"),
+        ("negative top_k", dict(top_k=-2), pk.InputError, r"request\.top_k = -2"),
+    ]
+
+
+def test_reads_refuse_bad_arrays_and_leave_everything_as_it_was(world):
+    layer, seq, reader, inputs = world
+    cache = layer.cache
+    before, want = state_of(cache), reader.read(cache, seq, 39, **inputs)
+    for name, change, error, message in read_cases(inputs):
+        with pytest.raises(error, match=message):
+            reader.read(cache, seq, 39, **dict(inputs, **change))
+        assert state_of(cache) == before, name
+    for position in (-1, 40, 2**62):
+        with pytest.raises(pk.InputError, match=rf"request\.position = {position}: must lie in \[0, tokens = 40\)"):
+            reader.read(cache, seq, position, **inputs)
+    for bad_seq in (-1, 2**63 - 1, seq + 1):
+        with pytest.raises(pk.InputError, match=r"is not a live sequence of this cache"):
+            reader.read(cache, bad_seq, 39, **inputs)
+    # An id of another cache, and an id freed since, are refused too.
+    other = csa_layer(np.random.default_rng(5), pages=8)
+    foreign = other.cache.create()
+    with pytest.raises(pk.InputError, match=r"is not a live sequence of this cache"):
+        reader.read(cache, foreign, 39, **inputs)
+    gone = cache.create()
+    cache.free(gone)
+    with pytest.raises(pk.InputError, match=r"is not a live sequence of this cache"):
+        cache.append(gone, [random_chunk(np.random.default_rng(2), s, 1, layer.geometry, layer.policy)
+                            for s in layer.streams])
+    assert state_of(cache) == before
+    assert reader.read(cache, seq, 39, **inputs).tobytes() == want.tobytes()
+
+
+def test_appends_refuse_bad_chunks_all_or_nothing(world, rng):
+    layer, seq, _, _ = world
+    cache = layer.cache
+    before = state_of(cache)
+    good = [random_chunk(rng, s, 8, layer.geometry, layer.policy) for s in layer.streams]
+    keys = rng.standard_normal((8, 1, 512), dtype=np.float32)
+    nan = [(good[0][0].copy(), good[0][1]), good[1]]
+    nan[0][0][5, 0, 1, 3] = np.nan
+    cases = [
+        ("too few streams", [good[0]], keys, pk.InputError, r"len\(chunks\) = 1: must be the layer's stream count, 2"),
+        ("a str chunk", ["x", good[1]], keys, TypeError, r"^chunks\[0\] payload: str is not an array"),
+        ("a 1-D payload", [(good[0][0].reshape(-1), good[0][1]), good[1]], keys, ValueError, r"needs a leading token axis"),
+        ("float64 logits", [(good[0][0], good[0][1].astype(np.float64)), good[1]], keys, TypeError,
+         r"^chunks\[0\] logits\.dtype = float64"),
+        ("token counts differ", [good[0], (good[1][0][:7].copy(), good[1][1][:7].copy())], keys, pk.InputError, r"token"),
+        ("keys of other tokens", good, keys[:3].copy(), pk.InputError, r"window_keys"),
+        ("NaN with check_finite", nan, keys, pk.InputError, r"chunk.payload\[token 5, element 515\] = nan"),
+    ]
+    for name, chunks, k, error, message in cases:
+        with pytest.raises(error, match=message):
+            cache.append(seq, chunks, k, check_finite=True)
+        assert state_of(cache) == before, name
+    # A full pool: the append that needs one more page than there is is refused whole.
+    big = [random_chunk(rng, s, 2100, layer.geometry, layer.policy) for s in layer.streams]  # > 8 pages of entries
+    with pytest.raises(pk.CapacityError, match=r"cannot allocate"):
+        cache.append(seq, big, rng.standard_normal((2100, 1, 512), dtype=np.float32))
+    assert state_of(cache) == before
+
+
+def test_configs_and_diagnostics_refuse_what_would_overflow(rng):
+    with pytest.raises(pk.ConfigError, match=r"geometry\.window = 1099511627776: must be at most 2\^20"):
+        pk.Compressor(pk.Policy.mean, pk.Geometry(stride=2**40, window=2**40), pk.StreamConfig(name="kv", channels=64))
+    with pytest.raises(pk.ConfigError, match=r"kv\.channels = 1099511627776"):
+        pk.Compressor(pk.Policy.mean, pk.Geometry(stride=4, window=4), pk.StreamConfig(name="kv", channels=2**40))
+    with pytest.raises(pk.ConfigError, match=r"capacity = 1099511627776: must be at most 2\^31 - 1"):
+        pk.PagedCache(pk.Policy.mean, pk.Geometry(stride=4, window=4), [pk.StreamConfig(name="kv", channels=64)],
+                      pk.CacheConfig(pages=2**40))
+    layer = csa_layer(rng)
+    rc = P.deepseek_v4_csa_reader()
+    rc.precision = pk.IndexerPrecision(9)  # an enum value no member has
+    with pytest.raises(pk.ConfigError, match=r"precision = 9: is not an indexer_precision"):
+        pk.SparseReader(layer.cache, rc)
+    # Host-built entries with absurd indices: refused before any table is sized.
+    w = np.full((1, 1, 4), 0.25, np.float32)
+    for sink, who in ((pk.SlotWeightLog(window=4), "slot_weight_log"),
+                      (pk.WriteProfile(pk.Geometry(stride=4, window=4), 1), "write_profile")):
+        for index, why in ((2**62, "must be below 2\\^48"), (-5, "must be non-negative")):
+            with pytest.raises(pk.InputError, match=rf"^{who}: entry\.index = {index}: {why}"):
+                sink.add(pk.Entries(np.array([index], np.int64), slot_weights=w))
+    # Finite values a storage cannot hold, under check_finite: f16 tops out at 65504.
+    cache = pk.PagedCache(pk.Policy.mean, pk.Geometry(stride=4, window=4), [pk.StreamConfig(name="kv", channels=64)],
+                          pk.CacheConfig(pages=8, storage=pk.StorageType.f16))
+    seq = cache.create()
+    with pytest.raises(pk.InputError, match=r"value\[0\] = 100000: is not representable in f16 storage"):
+        cache.append(seq, [np.full((4, 1, 1, 64), 1e5, np.float32)], check_finite=True)
+    assert cache.tokens(seq) == 0
+
+
+def test_objects_outlive_what_they_were_made_from(rng):
+    layer = csa_layer(rng)
+    cache, seq = layer.cache, layer.cache.create()
+    layer.append(seq, 40)
+    entries, window = cache.read_entries(seq, 0), cache.window_key(seq, 39)
+    want = entries.copy(), window.copy()
+    reader = pk.SparseReader(cache.shape(), P.deepseek_v4_csa_reader())
+    del cache, layer
+    gc.collect()
+    # Returned arrays own their memory.
+    assert entries.tobytes() == want[0].tobytes() and window.tobytes() == want[1].tobytes()
+    # Host entries keep the arrays they view; the caller's names may go.
+    index, weights = np.arange(3, dtype=np.int64), np.full((3, 1, 4), 0.25, np.float32)
+    e = pk.Entries(index, slot_weights=weights)
+    del index, weights
+    gc.collect()
+    profile = pk.WriteProfile(pk.Geometry(stride=4, window=4), 1)
+    profile.add(e)
+    assert profile.concentration_windows(0) == 3
+    # A reader needs only a cache of its shape: another one reads as well.
+    other = csa_layer(rng)
+    s = other.cache.create()
+    other.append(s, 20)
+    inputs = (rng.standard_normal((64, 512), dtype=np.float32), rng.standard_normal((64, 128), dtype=np.float32),
+              np.full(64, 1 / 64, np.float32), np.zeros(64, np.float32))
+    assert np.isfinite(reader.read(other.cache, s, 19, *inputs)).all()
+    # A freed sequence's id stays refused, and a reused id is a different sequence.
+    other.cache.free(s)
+    with pytest.raises(pk.InputError, match=r"is not a live sequence"):
+        reader.read(other.cache, s, 19, *inputs)
+    assert other.cache.create() != s
+
+
+def test_hostile_calls_from_threads_leave_good_reads_intact(world):
+    layer, seq, reader, inputs = world
+    cache = layer.cache
+    want = reader.read(cache, seq, 39, **inputs).tobytes()
+    before = state_of(cache)
+    bad = read_cases(inputs)
+    refused, errors = [], []
+
+    def hostile():
+        try:
+            for _ in range(5):
+                for _, change, error, _ in bad:
+                    try:
+                        reader.read(cache, seq, 39, **dict(inputs, **change))
+                    except error:
+                        refused.append(1)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    def good():
+        try:
+            for _ in range(20):
+                assert reader.read(cache, seq, 39, **inputs).tobytes() == want
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=f) for f in (hostile, hostile, good, good)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(refused) == 2 * 5 * len(bad)
+    assert state_of(cache) == before
