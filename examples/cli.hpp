@@ -10,8 +10,8 @@
 //   args.choice("--indexer", "indexer precision", precision, {{"f32", f32}, {"bf16", bf16}});
 //   args.parse(argc, argv);
 //
-// Options take their value as the next argument ("--steps 8"), so "--prompt -5" is the value -5
-// (rejected by its range), not an option. A repeated option is applied again (lists append).
+// Options take their value as the next argument ("--steps 8") or after '=' ("--steps=8"), so
+// "--prompt -5" is the value -5 (rejected by its range), not an option. A repeated option is applied again (lists append).
 
 #include <algorithm>
 #include <charconv>
@@ -143,17 +143,22 @@ class parser {
         std::exit(0);
       }
       if (word.size() > 1 && word[0] == '-') {
+        // "--stride=4" is "--stride 4" (an option name never holds '=').
+        const std::size_t equals = word.find('=');
+        const std::string name = word.substr(0, equals);
         const spec* found = nullptr;
         for (const spec& o : options_)
-          if (o.name == word) found = &o;
-        if (found == nullptr) fail("unknown option " + word);
+          if (o.name == name) found = &o;
+        if (found == nullptr) fail("unknown option " + name);
         const bool takes_value = !found->value_name.empty();
-        if (takes_value && k + 1 >= argc) fail(word + " needs a value (" + found->value_name + ")");
-        const std::string value = takes_value ? argv[++k] : "";
+        if (!takes_value && equals != std::string::npos) fail(name + " takes no value");
+        if (takes_value && equals == std::string::npos && k + 1 >= argc)
+          fail(name + " needs a value (" + found->value_name + ")");
+        const std::string value = !takes_value ? "" : equals != std::string::npos ? word.substr(equals + 1) : argv[++k];
         try {
           found->keep(value);
         } catch (const bad_value& e) {
-          fail(word + " '" + (e.item.empty() ? value : e.item) + "' " + e.what());
+          fail(name + " '" + (e.item.empty() ? value : e.item) + "' " + e.what());
         }
       } else {
         if (given >= positionals_.size()) fail("unexpected argument '" + word + "'");

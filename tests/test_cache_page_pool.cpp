@@ -280,6 +280,7 @@ TEST_CASE("page_pool: multi-page allocation is all or nothing", "[cache][page_po
   pool.allocate(5, out.data());  // exactly what is left, in the order the free list had them
   CHECK(std::vector<page_id>(out.begin(), out.begin() + 5) == std::vector<page_id>{3, 4, 5, 6, 7});
   CHECK(pool.free_pages() == 0);
+  CHECK_THROWS_WITH(pool.allocate(1, out.data()), Contains("cannot allocate 1 page, only 0 free"));
 
   CHECK_NOTHROW(pool.allocate(0, nullptr));
   CHECK_THROWS_AS(pool.allocate(-1, out.data()), phasekv::input_error);

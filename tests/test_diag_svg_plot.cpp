@@ -188,3 +188,74 @@ TEST_CASE("phase_sweep_series puts every stride's boundary phase on the chunk bo
   const sweep_result result = run_sweep(config, [](const placement&) { return true; });
   CHECK_THROWS_AS(plot::phase_sweep_series(result, "x", "some"), phasekv::input_error);
 }
+
+// The tick labels a plot draws along one axis: the text of every <text> at the given y (x axis)
+// or with text-anchor="end" (y axis), in order.
+namespace {
+namespace plot = phasekv::diag::plot;
+std::vector<std::string> tick_texts(const std::string& svg, const std::string& marker) {
+  std::vector<std::string> out;
+  for (std::size_t at = svg.find(marker); at != std::string::npos; at = svg.find(marker, at + 1)) {
+    const std::size_t open = svg.find('>', at), close = svg.find("</text>", at);
+    out.push_back(svg.substr(open + 1, close - open - 1));
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("svg_line_plot's default ticks are round steps inside the range", "[diag][svg_plot]") {
+  using ticks = std::vector<std::pair<double, std::string>>;
+  const auto labels = [](const ticks& t) {
+    std::vector<std::string> out;
+    for (const auto& one : t) out.push_back(one.second);
+    return out;
+  };
+  using v = std::vector<std::string>;
+  // The sweep plot's range: a margin of 0.05 either side of [0, M/S].
+  CHECK(labels(plot::detail::round_ticks(-0.05, 2.05)) == v{"0", "0.25", "0.5", "0.75", "1", "1.25", "1.5", "1.75", "2"});
+  CHECK(labels(plot::detail::round_ticks(-0.05, 4.05)) == v{"0", "0.5", "1", "1.5", "2", "2.5", "3", "3.5", "4"});
+  CHECK(labels(plot::detail::round_ticks(0, 100)) == v{"0", "10", "20", "30", "40", "50", "60", "70", "80", "90", "100"});
+  CHECK(labels(plot::detail::round_ticks(0, 0.3)) == v{"0", "0.05", "0.1", "0.15", "0.2", "0.25", "0.3"});
+  CHECK(labels(plot::detail::round_ticks(-7, -3)) == v{"-7", "-6.5", "-6", "-5.5", "-5", "-4.5", "-4", "-3.5", "-3"});
+  // Brute force over ranges: every tick is inside, a multiple of its step, 4 to 11 of them.
+  for (double lo = -3.0; lo < 3.0; lo += 0.37)
+    for (double width = 0.013; width < 900.0; width *= 1.7) {
+      const ticks t = plot::detail::round_ticks(lo, lo + width);
+      REQUIRE(t.size() >= 4);
+      REQUIRE(t.size() <= 11);
+      const double step = t[1].first - t[0].first;
+      for (std::size_t k = 0; k < t.size(); ++k) {
+        CHECK(t[k].first >= lo - 1e-9 * width);
+        CHECK(t[k].first <= lo + width + 1e-9 * width);
+        CHECK(std::fabs(t[k].first / step - std::round(t[k].first / step)) < 1e-6);
+      }
+    }
+  plot::plot_axes axes;
+  axes.x_min = -0.05;
+  axes.x_max = 2.05;
+  const std::string svg = plot::svg_line_plot({{"s", {{0.0, 50.0}, {1.0, 60.0}}, false}}, axes);
+  CHECK(tick_texts(svg, "text-anchor=\"middle\">").size() >= 9);
+  CHECK(svg.find(">-0.05<") == std::string::npos);
+  CHECK(svg.find(">0.25<") != std::string::npos);
+}
+
+TEST_CASE("svg_line_plot keeps a long legend label inside the picture", "[diag][svg_plot]") {
+  plot::plot_axes axes;
+  axes.width = 600;
+  const std::string long_label(400, 'x');
+  const std::string multibyte = "S = 4 \xE2\x80\x94 " + std::string(200, 'y');  // an em dash
+  for (const std::string& label : {long_label, multibyte}) {
+    const std::string svg = plot::svg_line_plot({{label, {{0.0, 50.0}, {1.0, 60.0}}, false}}, axes);
+    const std::size_t at = svg.rfind("<text x=\"");
+    const double x = std::stod(svg.substr(at + 9));
+    const std::size_t open = svg.find('>', at), close = svg.find("</text>", at);
+    const std::string shown = svg.substr(open + 1, close - open - 1);
+    CHECK(shown.size() < label.size());
+    CHECK(shown.substr(shown.size() - 3) == "\xE2\x80\xA6");  // ends with an ellipsis
+    CHECK(x + 8.0 * static_cast<double>(shown.size()) <= axes.width);  // 8 px bounds a 13 px character
+    CHECK(label.compare(0, shown.size() - 3, shown, 0, shown.size() - 3) == 0);  // a prefix, whole characters
+  }
+  // A short label is drawn as it is, and the plot keeps the rest of the width.
+  const std::string svg = plot::svg_line_plot({{"S = 4", {{0.0, 50.0}, {1.0, 60.0}}, false}}, axes);
+  CHECK(svg.find(">S = 4</text>") != std::string::npos);
+}

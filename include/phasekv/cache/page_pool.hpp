@@ -310,7 +310,8 @@ class page_pool {
     if (count > free) {
       detail::fail<capacity_error>(
           config_.name + ".capacity", config_.capacity,
-          "cannot allocate " + std::to_string(count) + " pages, only " + std::to_string(free) + " free");
+          "cannot allocate " + std::to_string(count) + (count == 1 ? " page" : " pages") + ", only " +
+              std::to_string(free) + " free");
     }
     for (std::int64_t i = 0; i < count; ++i) out[i] = pop_free_locked();
   }

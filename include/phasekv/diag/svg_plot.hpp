@@ -51,7 +51,7 @@ struct plot_axes {
   std::string y_label;
   double x_min = 0.0, x_max = 1.0;
   double y_min = 0.0, y_max = 100.0;
-  // Tick positions and labels; empty → 5 even intervals labelled with their values.
+  // Tick positions and labels; empty → round steps (0, 0.25, 0.5, … or 0, 20, 40, …).
   std::vector<std::pair<double, std::string>> x_ticks;
   std::vector<std::pair<double, std::string>> y_ticks;
   std::vector<double> x_boundaries;  // x of vertical boundary lines (outside [x_min, x_max]: left out)
@@ -90,15 +90,32 @@ namespace detail {
 
 inline std::string svg_number(double x) { return phasekv::detail::fixed(x, 2); }
 
-inline std::string tick_label(double x) { return phasekv::detail::general(x); }
-
-inline std::vector<std::pair<double, std::string>> even_ticks(double lo, double hi) {
+// Ticks at the multiples of a round step (1, 2, 2.5 or 5 × 10^k) inside [lo, hi], the smallest
+// such step that gives at most 10: 0, 0.25, …, 2 on [−0.05, 2.05], never −0.05, 0.37, ….
+inline std::vector<std::pair<double, std::string>> round_ticks(double lo, double hi) {
+  const double span = hi - lo;
+  double step = std::pow(10.0, std::floor(std::log10(span / 10.0)));
+  for (const double m : {1.0, 2.0, 2.5, 5.0, 10.0}) {
+    if (span / (step * m) <= 10.0) {
+      step *= m;
+      break;
+    }
+  }
   std::vector<std::pair<double, std::string>> ticks;
-  for (int k = 0; k <= 5; ++k) {
-    const double v = lo + (hi - lo) * k / 5.0;
-    ticks.emplace_back(v, tick_label(v));
+  const double slack = 1e-9 * span;  // k·step computed a hair outside [lo, hi] still counts
+  for (double k = std::ceil((lo - slack) / step); k * step <= hi + slack; k += 1.0) {
+    const double v = k * step == 0.0 ? 0.0 : k * step;  // no "-0"
+    ticks.emplace_back(v, phasekv::detail::general(v));  // 6 significant digits: 0.3, not 0.30000000000000004
   }
   return ticks;
+}
+
+// `text` cut to at most `bytes` bytes at a UTF-8 character boundary, with "…" when cut.
+inline std::string shortened(const std::string& text, std::size_t bytes) {
+  if (text.size() <= bytes) return text;
+  std::size_t end = bytes >= 3 ? bytes - 3 : 0;  // room for the ellipsis (3 bytes)
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return text.substr(0, end) + "\xE2\x80\xA6";  // U+2026
 }
 
 // Okabe–Ito colours: distinguishable with the common colour-vision deficiencies.
@@ -114,11 +131,19 @@ inline const char* series_colour(std::size_t index) {
 inline std::string svg_line_plot(const std::vector<plot_series>& series, const plot_axes& axes) {
   axes.validate();
   using detail::svg_number;
-  // The legend's width follows its longest label (about 6.8 px a character at 13 px).
-  std::size_t longest = 0;
-  for (const plot_series& one : series) longest = std::max(longest, one.label.size());
+  // The legend's width follows its longest label, at most half the picture: 8 px a character
+  // bounds DejaVu Sans at 13 px (digits 8.3, lower case ~7.4 on average), and a label longer than
+  // the legend holds is shortened with an ellipsis rather than run off the edge.
+  constexpr double char_px = 8.0, sample_px = 36.0, gap_px = 20.0;
   const double left = 80, top = 50, bottom_margin = 70;
-  const double right_margin = std::min(0.5 * axes.width, 60.0 + 6.8 * static_cast<double>(longest));
+  const auto label_room = static_cast<std::size_t>((0.5 * axes.width - gap_px - sample_px - 4.0) / char_px);
+  std::vector<std::string> labels;
+  std::size_t longest = 0;
+  for (const plot_series& one : series) {
+    labels.push_back(detail::shortened(one.label, label_room));
+    longest = std::max(longest, labels.back().size());
+  }
+  const double right_margin = gap_px + sample_px + 4.0 + char_px * static_cast<double>(longest);
   const double plot_width = axes.width - left - right_margin, plot_height = axes.height - top - bottom_margin;
   auto px = [&](double x) { return left + (x - axes.x_min) / (axes.x_max - axes.x_min) * plot_width; };
   auto py = [&](double y) {
@@ -135,8 +160,8 @@ inline std::string svg_line_plot(const std::vector<plot_series>& series, const p
       << svg_escape(axes.title) << "</text>\n";
 
   // Grid and ticks.
-  const auto y_ticks = axes.y_ticks.empty() ? detail::even_ticks(axes.y_min, axes.y_max) : axes.y_ticks;
-  const auto x_ticks = axes.x_ticks.empty() ? detail::even_ticks(axes.x_min, axes.x_max) : axes.x_ticks;
+  const auto y_ticks = axes.y_ticks.empty() ? detail::round_ticks(axes.y_min, axes.y_max) : axes.y_ticks;
+  const auto x_ticks = axes.x_ticks.empty() ? detail::round_ticks(axes.x_min, axes.x_max) : axes.x_ticks;
   for (const auto& [value, label] : y_ticks) {
     const double y = py(value);
     out << "<line x1=\"" << svg_number(left) << "\" y1=\"" << svg_number(y) << "\" x2=\"" << svg_number(left + plot_width)
@@ -193,7 +218,7 @@ inline std::string svg_line_plot(const std::vector<plot_series>& series, const p
   }
 
   // Legend.
-  const double legend_x = left + plot_width + 20;
+  const double legend_x = left + plot_width + gap_px;
   for (std::size_t s = 0; s < series.size(); ++s) {
     const double y = top + 12 + 22.0 * static_cast<double>(s);
     const char* colour = detail::series_colour(s);
@@ -202,8 +227,8 @@ inline std::string svg_line_plot(const std::vector<plot_series>& series, const p
         << (series[s].dashed ? " stroke-dasharray=\"7 5\"" : "") << "/>\n"
         << "<circle cx=\"" << svg_number(legend_x + 14) << "\" cy=\"" << svg_number(y) << "\" r=\"3.5\" fill=\""
         << colour << "\"/>\n"
-        << "<text x=\"" << svg_number(legend_x + 36) << "\" y=\"" << svg_number(y + 4) << "\">"
-        << svg_escape(series[s].label) << "</text>\n";
+        << "<text x=\"" << svg_number(legend_x + sample_px) << "\" y=\"" << svg_number(y + 4) << "\">"
+        << svg_escape(labels[s]) << "</text>\n";
   }
   out << "</svg>\n";
   return out.str();
