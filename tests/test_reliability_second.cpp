@@ -192,6 +192,68 @@ TEST_CASE("reliability 2: a reader refuses a view pooled with another geometry",
   REQUIRE(out == own);
 }
 
+// ---- 6. a view read after its sequence was freed or written ----------------------------------
+
+TEST_CASE("reliability 2: a view read after its sequence was freed, shortened or written is stale",
+          "[reliability][read]") {
+  constexpr i64 channels = 8, tokens = 24;
+  cache_config cc;
+  cc.page_size = 4;
+  cc.pages = 16;
+  mean_cache cache(layer_compressor<mean_stream>(mean_stream(geometry{4, 4}, config("kv", channels))), cc);
+  const std::vector<float> payload(static_cast<std::size_t>(tokens * channels), 0.5f);
+  reader_config rc;
+  rc.query_heads = 1;
+  sparse_reader reader(cache, rc);
+  const std::vector<float> q(channels, 0.1f);
+  std::vector<float> out(channels, 7.0f);
+  const read_request request{tokens - 1, q, {}, {}, {}};
+  const auto stale = [&](const sequence_view& v) {
+    const std::vector<float> before = out;
+    const std::string message = message_of<input_error>([&] { reader.read(v, request, out.data()); });
+    CHECK(out == before);  // refused before anything is written
+    return message;
+  };
+
+  const sequence_id a = cache.create(), b = cache.create();
+  cache.append(a, {token_chunk{tokens, payload, {}}});
+  cache.append(b, {token_chunk{tokens, payload, {}}});
+  const sequence_view of_a = cache.view_of(a), of_b = cache.view_of(b);
+  REQUIRE(of_a.stamp.current != nullptr);
+  REQUIRE_NOTHROW(reader.read(of_a, request, out.data()));
+
+  // Freed: its pages went back to the pool (a read would have been a use after free).
+  cache.free(a);
+  REQUIRE_THAT(stale(of_a), Contains("view = stale") && Contains("was freed or written since view_of()"));
+  // Writes of another sequence leave a view current.
+  const sequence_id c = cache.create();
+  cache.append(c, {token_chunk{tokens, payload, {}}});
+  REQUIRE_NOTHROW(reader.read(of_b, request, out.data()));
+  // Appended to (its page table may have moved), shortened, overwritten by copy: stale each time.
+  cache.append(b, {token_chunk{4, span<const float>(payload.data(), 4 * channels), {}}});
+  REQUIRE_THAT(stale(of_b), Contains("view = stale"));
+  const sequence_view after_append = cache.view_of(b);
+  REQUIRE_NOTHROW(reader.read(after_append, request, out.data()));
+  cache.remove_suffix(b, tokens);
+  REQUIRE_THAT(stale(after_append), Contains("view = stale"));
+  const sequence_view after_rollback = cache.view_of(b), of_c = cache.view_of(c);
+  cache.copy(c, b);
+  REQUIRE_THAT(stale(after_rollback), Contains("view = stale"));
+  REQUIRE_NOTHROW(reader.read(of_c, request, out.data()));  // the source of a copy is not written
+  // A refused append (a malformed chunk) moves nothing and leaves the view current; one the pool
+  // cannot hold may have grown the page table, so the view is stale even though nothing changed.
+  const sequence_view current = cache.view_of(c);
+  REQUIRE_THROWS_AS(cache.append(c, {token_chunk{2, span<const float>(payload.data(), 3), {}}}), input_error);
+  REQUIRE_NOTHROW(reader.read(current, request, out.data()));
+  const std::vector<float> lots(static_cast<std::size_t>(4 * 16 * 4 * channels), 0.5f);
+  REQUIRE_THROWS_AS(cache.append(c, {token_chunk{4 * 16 * 4, lots, {}}}), capacity_error);
+  REQUIRE_THAT(stale(current), Contains("view = stale"));
+  // A host view without a stamp is read on trust.
+  sequence_view host = cache.view_of(c);
+  host.stamp = view_stamp{};
+  REQUIRE_NOTHROW(reader.read(host, request, out.data()));
+}
+
 // ---- 4. null spans in the checkpoint import ----------------------------------------------------
 
 TEST_CASE("reliability 2: deepseek import and reorder reject null spans that claim elements",

@@ -31,7 +31,8 @@
 //
 // Lifetimes: a sequence_id lives until free/keep/clear drops it, and carries a per-cache tag, so
 // another cache's id is rejected as unknown. References from page_table()/state() and a
-// paged_view live until the next call that writes that sequence (the cache, for a paged_view).
+// paged_view live until the next call that writes that sequence (the cache, for a paged_view);
+// a sequence_view from view_of() carries a stamp that the reader checks (sequence_view.hpp).
 // Allocation failures keep the strong guarantee too (tests/fault); docs/RELIABILITY.md.
 
 #include <algorithm>
@@ -292,7 +293,9 @@ class paged_cache {
     layer_.check(s.states, in, options);  // a malformed chunk is an input_error, however full the pool
 
     // Reserve every page this append needs in every stream before anything changes.
-    // The page tables grow here too (reserve), so adopting the plans below cannot fail.
+    // The page tables grow here too (reserve), so adopting the plans below cannot fail; a grown
+    // table may have moved, so views of the sequence are stale from here, even if this fails.
+    s.writes.bump();
     std::array<page_plan, stream_count> plans;
     try {
       for (std::size_t k = 0; k < stream_count; ++k) {
@@ -338,6 +341,7 @@ class paged_cache {
     const sequence& from = find(source, "copy");
     sequence& to = find(destination, "copy");
     sequence replacement(from);
+    replacement.writes.n = to.writes.get() + 1;  // to's views are stale; from's stay current
     retain_pages(replacement);
     release_pages(to);
     to = std::move(replacement);
@@ -359,6 +363,7 @@ class paged_cache {
               ", history = " + std::to_string(config_.history) + "): the inputs needed to continue are gone");
     const std::int64_t kept_entries = layer_.geom().completed_entries(p0);
     const std::int64_t kept_pages = (kept_entries + config_.page_size - 1) / config_.page_size;
+    s.writes.bump();
     for_each_stream([&](std::size_t k, const auto& c) {
       c.truncate(s.states[k], p0);
       for (std::size_t i = static_cast<std::size_t>(kept_pages); i < s.tables[k].size(); ++i) pools_[k]->release(s.tables[k][i]);
@@ -560,6 +565,7 @@ class paged_cache {
     v.tokens = s.tokens;
     v.stream_count = stream_count;
     v.geom = layer_.geom();
+    v.stamp = {this, &stamp_current, id, s.writes.get()};
     for (std::size_t k = 0; k < stream_count; ++k) {
       stream_view& sv = v.streams[k];
       sv.base = pools_[k]->base();
@@ -589,6 +595,21 @@ class paged_cache {
     return v;
   }
 
+  // How many times a sequence was written in a way that moves or changes memory a view points
+  // into (append, remove_suffix, copy onto it). Atomic so that checking a misused view — one read
+  // while its sequence is written — is not itself a data race.
+  struct write_count {
+    std::atomic<std::uint64_t> n{0};
+    write_count() = default;
+    write_count(const write_count& o) noexcept : n(o.get()) {}
+    write_count& operator=(const write_count& o) noexcept {
+      n.store(o.get(), std::memory_order_relaxed);
+      return *this;
+    }
+    std::uint64_t get() const noexcept { return n.load(std::memory_order_relaxed); }
+    void bump() noexcept { n.fetch_add(1, std::memory_order_relaxed); }
+  };
+
   struct sequence {
     typename layer::states states;
     std::array<std::vector<page_id>, stream_count> tables;
@@ -599,7 +620,16 @@ class paged_cache {
     std::vector<std::byte> window_value_bytes;  // [window rows][kv_heads][window_value_head().bytes], empty when tied
     std::int64_t tokens = 0;
     std::int64_t window_first = 0;     // oldest token whose window row is still intact
+    write_count writes;                // what a view's stamp records
   };
+
+  // view_stamp::current for this cache's views: the sequence is live and written no further.
+  static bool stamp_current(const void* owner, std::int64_t id, std::uint64_t writes) {
+    const auto& self = *static_cast<const paged_cache*>(owner);
+    std::lock_guard<std::mutex> lock(self.table_mutex_);
+    const auto it = self.sequences_.find(id);
+    return it != self.sequences_.end() && it->second->writes.get() == writes;
+  }
 
   // The pages one append adds to one stream: fresh pages for new entries past the table's end,
   // and a private copy of the last page when it is shared and about to be written.

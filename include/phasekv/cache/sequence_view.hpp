@@ -50,7 +50,12 @@
 //
 // Lifetime: a view borrows. One from paged_cache stays valid until the next call that writes that
 // sequence (append, remove_suffix, copy onto it, free); reading it concurrently with appends to
-// other sequences is safe (their pages are different or immutable, see paged_cache.hpp).
+// other sequences is safe (their pages are different or immutable, see paged_cache.hpp). Such a
+// view carries a `stamp`: the cache, the sequence and how many times it had been written. The
+// reader asks the cache whether the stamp is still current before it touches a page, so a view
+// read after its sequence was freed, shortened or appended to is an input_error ("view: stale"),
+// not a use after free. A host view leaves the stamp empty and is read on trust; the cache a
+// stamped view came from must outlive the view (it owns the memory the view points into).
 
 #include <array>
 #include <cstddef>
@@ -87,6 +92,15 @@ struct window_view {
   const std::byte* value_bytes = nullptr;    // fp8_e4m3_block: [rows][kv_heads][value head bytes]; == key_bytes when tied
 };
 
+// Whether a view is still current: `current(owner, sequence, writes)` is the owner's answer
+// (false once the sequence is freed or written again). Empty (current == nullptr) for host views.
+struct view_stamp {
+  const void* owner = nullptr;
+  bool (*current)(const void* owner, std::int64_t sequence, std::uint64_t writes) = nullptr;
+  std::int64_t sequence = 0;
+  std::uint64_t writes = 0;
+};
+
 struct sequence_view {
   static constexpr std::size_t max_streams = 8;
 
@@ -96,6 +110,7 @@ struct sequence_view {
   window_view window;
   // After the fields above, so that a host's aggregate initialisation stays as it was.
   geometry geom{0, 0, 0, anchor_mode::block_start};  // stride 0: not stated (see the top)
+  view_stamp stamp;                                   // set by paged_cache::view_of (see the top)
 };
 
 }  // namespace phasekv

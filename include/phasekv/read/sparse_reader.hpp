@@ -375,6 +375,10 @@ class sparse_reader {
 
   void check_view(const sequence_view& v, const read_item& it, std::ptrdiff_t i) const {
     const std::int64_t t = it.request.position;
+    if (v.stamp.current && !v.stamp.current(v.stamp.owner, v.stamp.sequence, v.stamp.writes))
+      detail::fail<input_error>(field(i, "view"), "stale",
+                                "its sequence (" + std::to_string(v.stamp.sequence) +
+                                    ") was freed or written since view_of(): take a new view");
     if (v.tokens <= 0)
       detail::fail<input_error>(field(i, "view.tokens"), v.tokens, "is empty: append the query's token first");
     // A host-built view may claim any count: bounded, every position formula (visible_entries
