@@ -268,7 +268,7 @@ std::vector<std::vector<float>> contents(const Model& m) {
   const auto add = [&](const auto& cache, sequence_id id, std::size_t streams) {
     out.push_back({static_cast<float>(cache.tokens(id))});
     for (std::size_t k = 0; k < streams; ++k) {
-      std::vector<float> row(static_cast<std::size_t>(cache.pool(k).layout().entry_stride));
+      std::vector<float> row(static_cast<std::size_t>(cache.pool(k).layout().values_per_entry()));
       for (i64 j = 0; j < cache.entries(id, k); ++j) {
         cache.read_entry(id, k, j, row.data());
         out.push_back(row);

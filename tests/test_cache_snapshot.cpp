@@ -41,6 +41,7 @@
 #include "oracle/cache_dump.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/scalar_compressor.hpp"
+#include "oracle/snapshot_format.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
 #include "phasekv/cache/storage.hpp"
@@ -56,19 +57,17 @@ namespace {
 using namespace phasekv;
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
+using phasekv_test::crc32c_bitwise;
+using phasekv_test::get_u64;
+using phasekv_test::kLayer;
+using phasekv_test::kStreams;
+using phasekv_test::put_u32;
+using phasekv_test::put_u64;
+using phasekv_test::reseal;
+using phasekv_test::table_at;
 
 // ==================================================================================================
 // CRC-32C
-
-// The definition, one bit at a time: reflected polynomial 0x82F63B78, init and final XOR ~0.
-std::uint32_t crc32c_bitwise(const unsigned char* p, std::size_t n, std::uint32_t crc = 0) {
-  std::uint32_t r = ~crc;
-  for (std::size_t i = 0; i < n; ++i) {
-    r ^= p[i];
-    for (int b = 0; b < 8; ++b) r = (r & 1u) ? (r >> 1) ^ 0x82F63B78u : r >> 1;
-  }
-  return ~r;
-}
 
 // Every implementation of this build, by name.
 std::vector<std::pair<std::string, std::uint32_t>> all_crcs(const unsigned char* p, std::size_t n, std::uint32_t crc) {
@@ -992,19 +991,66 @@ cache_config tiny_config(const std::string& name, std::int64_t pages) {
   return c;
 }
 
-// A destination holding a few sequences (one a fork, sharing pages), its twin, and a snapshot.
-struct rejection_world {
-  tiny_cache::layer layer = tiny_layer();
-  tiny_cache source{layer, tiny_config("source", 16)};
-  tiny_cache destination{layer, tiny_config("destination", 24)};
-  tiny_cache twin{layer, tiny_config("twin", 24)};  // receives the same successful calls only
-  std::vector<sequence_id> ids, twin_ids;           // the sequences each holds, in the same order
+// FP8 keys and values, FP4 indexer keys and an FP8 raw window: DeepSeek-V4's precision at the
+// smallest channel counts the formats take (64 for an FP8 head with 8 RoPE channels in bf16, 32
+// for a Hadamard FP4 key), so every bit of the snapshot can still be flipped.
+using precise_kv = stream_compressor<compressor_policy<mean_pool>>;
+using precise_cache = paged_cache<precise_kv, precise_kv>;
+
+struct precise_spec {
+  using cache = precise_cache;
+  static cache::layer layer() {
+    const geometry g{2, 2};
+    stream_config kv;
+    kv.name = "kv";
+    kv.role = stream_role::key_value;
+    kv.channels = 64;
+    stream_config ix;
+    ix.name = "indexer";
+    ix.role = stream_role::indexer;
+    ix.channels = 32;
+    return cache::layer(precise_kv(g, kv), precise_kv(g, ix));
+  }
+  static cache_config config(const std::string& name, std::int64_t pages) {
+    cache_config c;
+    c.name = name;
+    c.page_size = 2;
+    c.pages = pages;
+    c.history = 1;
+    c.stream_storage = {storage_type::fp8_e4m3_block, storage_type::fp4_e2m1_hadamard};
+    c.window.tokens = 2;
+    c.window.kv_heads = 1;
+    c.window.key_channels = 64;
+    c.window.precision = storage_type::fp8_e4m3_block;
+    c.window.rope_channels = 8;
+    return c;
+  }
+};
+
+struct tiny_spec {
+  using cache = tiny_cache;
+  static cache::layer layer() { return tiny_layer(); }
+  static cache_config config(const std::string& name, std::int64_t pages) { return tiny_config(name, pages); }
+};
+
+// A destination holding a few sequences (one a fork, sharing pages), its twin, and a snapshot of
+// a source sequence of `tokens` tokens (stride 2: an odd count leaves one pending in the
+// compressor). `forked`: the snapshot is of a fork of it, one token further (its pages shared).
+template <class Spec>
+struct rejection_world_of {
+  using cache = typename Spec::cache;
+  static constexpr std::size_t streams = cache::stream_count;
+  typename cache::layer layer = Spec::layer();
+  cache source{layer, Spec::config("source", 16)};
+  cache destination{layer, Spec::config("destination", 24)};
+  cache twin{layer, Spec::config("twin", 24)};  // receives the same successful calls only
+  std::vector<sequence_id> ids, twin_ids;      // the sequences each holds, in the same order
   std::vector<std::byte> bytes;
-  shape_of<tiny_cache> shape{source};
+  shape_of<cache> shape{source};
   std::mt19937 rng{77};
 
-  explicit rejection_world(std::int64_t tokens = 5) {
-    for (tiny_cache* c : {&destination, &twin}) {
+  explicit rejection_world_of(std::int64_t tokens = 5, bool forked = false) {
+    for (cache* c : {&destination, &twin}) {
       std::mt19937 same(9);
       const sequence_id x = c->create();
       shape.append(*c, x, shape.random(same, 7));
@@ -1015,8 +1061,13 @@ struct rejection_world {
       c->free(z);  // a hole in the free list
       (c == &destination ? ids : twin_ids) = {x, y};
     }
-    const sequence_id s = source.create();
+    sequence_id s = source.create();
     shape.append(source, s, shape.random(rng, tokens));
+    if (forked) {
+      const sequence_id f = source.fork(s);
+      shape.append(source, f, shape.random(rng, 1));
+      s = f;
+    }
     bytes = snapshot(source, s);
   }
 
@@ -1029,7 +1080,7 @@ struct rejection_world {
     const sequence_id a = restore(destination, bytes), b = restore(twin, bytes);
     REQUIRE(a - ids[0] == b - twin_ids[0]);
     std::mt19937 same(10);
-    const token_inputs<2> more = shape.random(same, 9);
+    const token_inputs<streams> more = shape.random(same, 9);
     const sequence_id c = destination.create(), d = twin.create();
     REQUIRE(c - ids[0] == d - twin_ids[0]);
     shape.append(destination, c, more);
@@ -1037,10 +1088,11 @@ struct rejection_world {
     REQUIRE(phasekv_test::first_difference(phasekv_test::dump(destination), phasekv_test::dump(twin)) == "");
   }
 };
+using rejection_world = rejection_world_of<tiny_spec>;
 
 // restore() must throw Error with a message containing `expected`, and change nothing.
-template <class Error = input_error>
-std::string expect_rejected(rejection_world& w, const std::vector<std::byte>& bytes, const std::string& expected) {
+template <class Error = input_error, class World>
+std::string expect_rejected(World& w, const std::vector<std::byte>& bytes, const std::string& expected) {
   const phasekv_test::cache_dump before = w.dump();
   std::string message;
   try {
@@ -1058,41 +1110,9 @@ std::string expect_rejected(rejection_world& w, const std::vector<std::byte>& by
   return "";
 }
 
-// Offsets of the format (the header comment of snapshot.hpp), for crafting snapshots.
-constexpr std::size_t kLayer = 32, kStreams = kLayer + 88;
-std::size_t table_at(std::size_t streams) { return kStreams + 152 * streams + 8; }
-
-std::uint64_t get_u64(const std::vector<std::byte>& b, std::size_t at) {
-  std::uint64_t v = 0;
-  for (int k = 7; k >= 0; --k) v = (v << 8) | std::to_integer<std::uint64_t>(b[at + static_cast<std::size_t>(k)]);
-  return v;
-}
-void put_u64(std::vector<std::byte>& b, std::size_t at, std::uint64_t v) {
-  for (int k = 0; k < 8; ++k) b[at + static_cast<std::size_t>(k)] = static_cast<std::byte>(v >> (8 * k));
-}
-void put_u32(std::vector<std::byte>& b, std::size_t at, std::uint32_t v) {
-  for (int k = 0; k < 4; ++k) b[at + static_cast<std::size_t>(k)] = static_cast<std::byte>(v >> (8 * k));
-}
-
-// Recomputes every checksum of a (patched) snapshot from its bytes, with the bitwise CRC.
-void reseal(std::vector<std::byte>& b, std::size_t streams) {
-  const auto* p = reinterpret_cast<const unsigned char*>(b.data());
-  const std::size_t header = static_cast<std::size_t>(get_u64(b, 12) & 0xFFFFFFFFu);
-  const std::size_t table = table_at(streams);
-  std::size_t at = header;
-  for (std::size_t i = 0; i < 2 * streams + 1 && at <= b.size(); ++i) {
-    const std::size_t row = table + 24 * i;
-    const std::size_t n = static_cast<std::size_t>(get_u64(b, row + 8));
-    if (at + n > b.size()) break;
-    put_u32(b, row + 16, crc32c_bitwise(p + at, n));
-    at += n;
-  }
-  put_u32(b, header - 4, crc32c_bitwise(p, header - 4));
-  put_u32(b, 28, crc32c_bitwise(p, 28));
-}
-
-TEST_CASE("snapshot: truncated at every length, rejected with the length; trailing bytes too", "[snapshot][reject]") {
-  rejection_world w;
+// Every truncation of the world's snapshot is rejected with its length, and one extra byte too.
+template <class World>
+void every_truncation_rejected(World& w) {
   const std::size_t size = w.bytes.size();
   INFO("snapshot of " << size << " bytes");
   std::size_t failures = 0;
@@ -1112,16 +1132,20 @@ TEST_CASE("snapshot: truncated at every length, rejected with the length; traili
   w.check_twin();
 }
 
-TEST_CASE("snapshot: every single bit flip is rejected, by the checksum of the part it hit", "[snapshot][reject]") {
-  rejection_world w;
-  const std::size_t size = w.bytes.size(), header = 160 + 200 * 2;
-  // Where each section starts, from the table.
+// Every single-bit flip of the world's snapshot is rejected by the checksum of the part it hit.
+template <class World>
+void every_flip_rejected(World& w) {
+  constexpr std::size_t K = World::streams;
+  const std::size_t size = w.bytes.size(), header = 160 + 200 * K;
+  // Where each section starts, from the table: K entry sections, K compressor states, the window.
   std::vector<std::size_t> starts{header};
-  for (std::size_t i = 0; i < 5; ++i) starts.push_back(starts.back() + get_u64(w.bytes, table_at(2) + 24 * i + 8));
+  for (std::size_t i = 0; i < 2 * K + 1; ++i) starts.push_back(starts.back() + get_u64(w.bytes, table_at(K) + 24 * i + 8));
   REQUIRE(starts.back() == size);
-  const char* names[] = {"section 0 (stream 0 entries)", "section 1 (stream 1 entries)",
-                         "section 2 (stream 0 compressor state)", "section 3 (stream 1 compressor state)",
-                         "section 4 (raw window)"};
+  const auto section = [&](std::size_t i) {
+    const std::string k = std::to_string(i < K ? i : i - K);
+    return "section " + std::to_string(i) + " (" +
+           (i < K ? "stream " + k + " entries" : i < 2 * K ? "stream " + k + " compressor state" : "raw window") + ")";
+  };
   INFO("snapshot of " << size << " bytes, " << 8 * size << " bits");
   std::size_t failures = 0;
   std::string first;
@@ -1133,7 +1157,7 @@ TEST_CASE("snapshot: every single bit flip is rejected, by the checksum of the p
     if (byte < 8) expected = "bad magic";
     else if (byte < 32) expected = "preamble checksum mismatch";
     else if (byte < header) expected = "header checksum mismatch";
-    else expected = std::string(names[std::upper_bound(starts.begin(), starts.end(), byte) - starts.begin() - 1]) +
+    else expected = section(static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), byte) - starts.begin() - 1)) +
                     " checksum mismatch";
     const std::string r = expect_rejected(w, flipped, expected);
     if (!r.empty() && failures++ == 0) first = "bit " + std::to_string(bit) + ": " + r;
@@ -1141,6 +1165,40 @@ TEST_CASE("snapshot: every single bit flip is rejected, by the checksum of the p
   INFO(first);
   REQUIRE(failures == 0);
   w.check_twin();
+}
+
+TEST_CASE("snapshot: truncated at every length, rejected with the length; trailing bytes too", "[snapshot][reject]") {
+  SECTION("f32 and a gated stream") {
+    rejection_world w;
+    every_truncation_rejected(w);
+  }
+  SECTION("a forked sequence") {
+    rejection_world w(6, true);
+    every_truncation_rejected(w);
+  }
+  SECTION("FP8 entries, FP4 indexer keys, an FP8 window, a pending token") {
+    rejection_world_of<precise_spec> w(5);
+    every_truncation_rejected(w);
+  }
+}
+
+TEST_CASE("snapshot: every single bit flip is rejected, by the checksum of the part it hit", "[snapshot][reject]") {
+  SECTION("f32 and a gated stream, a pending token") {
+    rejection_world w;
+    every_flip_rejected(w);
+  }
+  SECTION("a forked sequence, a pending token") {
+    rejection_world w(6, true);
+    every_flip_rejected(w);
+  }
+  SECTION("FP8 entries, FP4 indexer keys, an FP8 window, a pending token") {
+    rejection_world_of<precise_spec> w(5);
+    every_flip_rejected(w);
+  }
+  SECTION("the same, forked") {
+    rejection_world_of<precise_spec> w(4, true);
+    every_flip_rejected(w);
+  }
 }
 
 TEST_CASE("snapshot: consistent checksums around inconsistent contents are rejected", "[snapshot][reject]") {
@@ -1235,6 +1293,43 @@ TEST_CASE("snapshot: a full destination pool throws capacity_error and changes n
     w.destination.free(added[i]);
     w.twin.free(twin_added[i]);
   }
+  w.check_twin();
+}
+
+TEST_CASE("snapshot: a full FP8/FP4 destination refuses a forked snapshot and changes nothing", "[snapshot][reject]") {
+  rejection_world_of<precise_spec> w(28, true);  // 29 tokens: 14 entries per stream, 7 pages of 2
+  std::mt19937 rng(4);
+  std::vector<sequence_id> added, twin_added;
+  while (w.destination.pool(0).free_pages() >= 7) {
+    const token_inputs<2> in = w.shape.random(rng, 4);
+    added.push_back(w.destination.create());
+    w.shape.append(w.destination, added.back(), in);
+    twin_added.push_back(w.twin.create());
+    w.shape.append(w.twin, twin_added.back(), in);
+  }
+  REQUIRE(expect_rejected<capacity_error>(w, w.bytes, "snapshot: restoring 14 entries of stream 0 needs 7 pages") ==
+          "");
+  for (std::size_t i = 0; i < 3; ++i) {
+    w.destination.free(added[i]);
+    w.twin.free(twin_added[i]);
+  }
+  w.check_twin();
+}
+
+// Restores that fail one after another (a truncation, a resealed field, a full pool, a flip)
+// leave nothing behind: the destination then behaves exactly as its twin that saw none of them.
+TEST_CASE("snapshot: a run of rejected restores leaves the destination as its twin", "[snapshot][reject]") {
+  rejection_world_of<precise_spec> w(5);
+  std::vector<std::byte> cut(w.bytes.begin(), w.bytes.end() - 7), resealed = w.bytes, flipped = w.bytes;
+  put_u64(resealed, kLayer, std::uint64_t{1} << 62);  // tokens
+  reseal(resealed, 2);
+  flipped[w.bytes.size() / 2] ^= std::byte{4};
+  for (int round = 0; round < 3; ++round) {
+    REQUIRE(expect_rejected(w, cut, "truncated at byte") == "");
+    REQUIRE(expect_rejected(w, resealed, "tokens = 4611686018427387904") == "");
+    REQUIRE(expect_rejected(w, flipped, "checksum mismatch") == "");
+  }
+  REQUIRE(w.destination.sequences() == 2);
   w.check_twin();
 }
 

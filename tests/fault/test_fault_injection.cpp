@@ -61,11 +61,17 @@ bool should_fail() noexcept {
   return false;
 }
 
+std::atomic<std::size_t> largest{0};  // the largest allocation since arm() or arm_tracking()
+
 void arm(long n, bool keep_failing) {
   fired = false;
   persistent = keep_failing;
+  largest = 0;
   countdown = n;
 }
+// Counts without failing: largest_since() then says how big the largest allocation was.
+void arm_tracking() { arm(0, false); }
+std::size_t largest_since() { return largest.load(); }
 // True when an allocation failed since arm().
 bool disarm() {
   countdown = 0;
@@ -73,6 +79,9 @@ bool disarm() {
 }
 
 void* allocate(std::size_t size, std::size_t alignment) {
+  for (std::size_t seen = largest.load(std::memory_order_relaxed);
+       size > seen && !largest.compare_exchange_weak(seen, size, std::memory_order_relaxed);) {
+  }
   if (should_fail()) throw std::bad_alloc();
   if (size == 0) size = 1;
   void* p = nullptr;

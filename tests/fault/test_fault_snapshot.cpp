@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
+#include "oracle/snapshot_format.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
@@ -27,6 +28,8 @@
 namespace fault {  // tests/fault/test_fault_injection.cpp
 void arm(long n, bool keep_failing);
 bool disarm();
+void arm_tracking();
+std::size_t largest_since();
 }  // namespace fault
 
 namespace {
@@ -97,45 +100,153 @@ struct world {
   }
 };
 
-TEST_CASE("fault injection: restore keeps the destination unchanged when an allocation fails", "[snapshot][fault]") {
-  for (storage_type from : {storage_type::f32, storage_type::bf16}) {  // bf16: the widening path too
-    const std::vector<std::byte> bytes = snapshot_bytes(from);
-    world reference;
-    restore(reference.cache, bytes);
-    const phasekv_test::cache_dump expected = phasekv_test::dump(reference.cache);
-    for (bool keep_failing : {false, true}) {
-      long failures = 0;
-      for (long n = 1;; ++n) {
-        world w;
-        const phasekv_test::cache_dump before = phasekv_test::dump(w.cache);
-        bool threw = false;
-        std::string what;
-        fault::arm(n, keep_failing);
-        try {
-          restore(w.cache, bytes);
-        } catch (const std::bad_alloc&) {
-          threw = true;
-          what = "std::bad_alloc";
-        } catch (const capacity_error& e) {
-          threw = true;
-          what = e.what();
-        }
-        const bool fired = fault::disarm();
-        INFO("from " << to_string(from) << ": allocation " << n << (keep_failing ? " and every later one" : "")
-                     << " failed; threw " << what);
-        if (!fired) {
-          REQUIRE_FALSE(threw);
-          REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), expected) == "");
-          break;
-        }
-        ++failures;
-        REQUIRE(threw);
-        REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), before) == "");
-        restore(w.cache, bytes);  // with memory back
-        REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), expected) == "");
+// Restores `bytes` into a fresh World for n = 1, 2, … with the n-th allocation failing (once, or
+// from then on): each failure throws bad_alloc or capacity_error and leaves the destination's full
+// dump as it was, and the same restore with memory back gives exactly what a world that never
+// failed gives. Returns how many failures were injected.
+template <class World>
+long restore_under_faults(const std::vector<std::byte>& bytes, const std::string& what) {
+  World reference;
+  restore(reference.cache, bytes);
+  const phasekv_test::cache_dump expected = phasekv_test::dump(reference.cache);
+  long failures = 0;
+  for (bool keep_failing : {false, true}) {
+    for (long n = 1;; ++n) {
+      World w;
+      const phasekv_test::cache_dump before = phasekv_test::dump(w.cache);
+      bool threw = false;
+      std::string thrown;
+      fault::arm(n, keep_failing);
+      try {
+        restore(w.cache, bytes);
+      } catch (const std::bad_alloc&) {
+        threw = true;
+        thrown = "std::bad_alloc";
+      } catch (const capacity_error& e) {
+        threw = true;
+        thrown = e.what();
       }
-      REQUIRE(failures >= 5);  // restore allocates: the loop really injected failures
+      const bool fired = fault::disarm();
+      INFO(what << ": allocation " << n << (keep_failing ? " and every later one" : "") << " failed; threw " << thrown);
+      if (!fired) {
+        REQUIRE_FALSE(threw);
+        REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), expected) == "");
+        break;
+      }
+      ++failures;
+      REQUIRE(threw);
+      REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), before) == "");
+      restore(w.cache, bytes);  // with memory back
+      REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), expected) == "");
     }
+  }
+  return failures;
+}
+
+TEST_CASE("fault injection: restore keeps the destination unchanged when an allocation fails", "[snapshot][fault]") {
+  for (storage_type from : {storage_type::f32, storage_type::bf16})  // bf16: the widening path too
+    REQUIRE(restore_under_faults<world>(snapshot_bytes(from), "from " + std::string(to_string(from))) >= 10);
+}
+
+// ---- DeepSeek-V4's precision: FP8 entries, FP4 indexer keys, an FP8 raw window --------------
+
+using precise_stream = stream_compressor<compressor_policy<mean_pool>>;
+using precise_cache = paged_cache<precise_stream, precise_stream>;
+
+precise_cache make_precise_cache() {
+  const geometry g{2, 2};
+  stream_config kv;
+  kv.name = "kv";
+  kv.channels = 64;
+  stream_config ix;
+  ix.name = "indexer";
+  ix.role = stream_role::indexer;
+  ix.channels = 32;
+  cache_config cc;
+  cc.page_size = 2;
+  cc.pages = 24;
+  cc.history = 1;
+  cc.stream_storage = {storage_type::fp8_e4m3_block, storage_type::fp4_e2m1_hadamard};
+  cc.window.tokens = 2;
+  cc.window.key_channels = 64;
+  cc.window.precision = storage_type::fp8_e4m3_block;
+  cc.window.rope_channels = 8;
+  return precise_cache(layer_compressor<precise_stream, precise_stream>(precise_stream(g, kv), precise_stream(g, ix)), cc);
+}
+
+void append_precise(precise_cache& cache, sequence_id id, i64 tokens, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto values = [&](i64 n) {
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (float& f : x) f = u(rng);
+    return x;
+  };
+  const auto kv = values(tokens * 64), ix = values(tokens * 32);
+  cache.append(id, {token_chunk{tokens, kv, {}}, token_chunk{tokens, ix, {}}}, values(tokens * 64));
+}
+
+// A destination with a forked pair and a hole in its free list, as `world`.
+struct precise_world {
+  precise_cache cache = make_precise_cache();
+  precise_world() {
+    const sequence_id a = cache.create();
+    append_precise(cache, a, 7, 1);
+    const sequence_id b = cache.fork(a);
+    append_precise(cache, b, 1, 2);
+    const sequence_id c = cache.create();
+    append_precise(cache, c, 5, 3);
+    cache.free(c);
+  }
+};
+
+// The snapshot of a fork (sharing its parent's pages) 13 tokens long: 6 entries, one token pending.
+std::vector<std::byte> precise_snapshot() {
+  precise_cache source = make_precise_cache();
+  const sequence_id parent = source.create();
+  append_precise(source, parent, 12, 7);
+  const sequence_id s = source.fork(parent);
+  append_precise(source, s, 1, 8);
+  return snapshot(source, s);
+}
+
+TEST_CASE("fault injection: an FP8/FP4 restore of a forked sequence keeps the destination unchanged",
+          "[snapshot][fault]") {
+  REQUIRE(restore_under_faults<precise_world>(precise_snapshot(), "fp8/fp4") >= 10);
+}
+
+// A resealed snapshot (valid checksums) whose sizes are absurd is refused from its header, before
+// anything is allocated for them: nothing larger than an error message's few hundred bytes.
+TEST_CASE("fault injection: absurd sizes in a resealed snapshot are refused before any allocation",
+          "[snapshot][fault]") {
+  using namespace phasekv_test;
+  const std::vector<std::byte> good = precise_snapshot();
+  const std::size_t table = table_at(2);
+  struct absurd {
+    const char* what;
+    std::size_t at;
+    std::uint64_t value;
+  };
+  const absurd cases[] = {
+      {"tokens", kLayer, std::uint64_t{1} << 47},
+      {"tokens past the limit", kLayer, std::uint64_t{1} << 62},
+      {"history", kLayer + 48, std::uint64_t{1} << 40},
+      {"an entry section's length", table + 8, std::uint64_t{1} << 40},
+      {"the window section's length", table + 4 * 24 + 8, std::uint64_t{1} << 40},
+      {"a state section's length", table + 2 * 24 + 8, std::uint64_t{1} << 33},
+  };
+  for (const absurd& c : cases) {
+    INFO(c.what);
+    std::vector<std::byte> b = good;
+    put_u64(b, c.at, c.value);
+    reseal(b, 2);
+    precise_world w;
+    const phasekv_test::cache_dump before = phasekv_test::dump(w.cache);
+    fault::arm_tracking();
+    REQUIRE_THROWS_AS(restore(w.cache, b), input_error);
+    fault::disarm();
+    CHECK(fault::largest_since() <= 4096);
+    REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), before) == "");
   }
 }
 

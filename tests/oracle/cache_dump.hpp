@@ -85,7 +85,9 @@ cache_dump dump(const Cache& cache) {
       for (auto p : cache.page_table(id, k)) out << ' ' << p;
       line(out);
       const auto& pool = cache.pool(k);
-      std::vector<float> row(static_cast<std::size_t>(pool.layout().entry_stride));
+      // read_entry writes kv_heads × channels floats (entry_stride counts bytes for FP8/FP4,
+      // fewer than the floats of a 32-channel FP4 key).
+      std::vector<float> row(static_cast<std::size_t>(pool.layout().values_per_entry()));
       for (std::int64_t j = 0; j < entries; ++j) {
         cache.read_entry(id, k, j, row.data());
         std::ostringstream e;
