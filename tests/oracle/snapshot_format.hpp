@@ -37,22 +37,26 @@ inline void put_u32(std::vector<std::byte>& b, std::size_t at, std::uint32_t v) 
   for (int k = 0; k < 4; ++k) b[at + static_cast<std::size_t>(k)] = static_cast<std::byte>(v >> (8 * k));
 }
 
-// Recomputes every checksum of a (patched) snapshot from its bytes, with the bitwise CRC.
+// Recomputes every checksum of a (patched) snapshot from its bytes, with the bitwise CRC. Safe on
+// any bytes (a fuzzer's edits): a checksum whose field or range lies outside them is left alone.
 inline void reseal(std::vector<std::byte>& b, std::size_t streams) {
+  if (b.size() < 32) return;
   const auto* p = reinterpret_cast<const unsigned char*>(b.data());
   const std::size_t header = static_cast<std::size_t>(get_u64(b, 12) & 0xFFFFFFFFu);
   const std::size_t table = table_at(streams);
-  std::size_t at = header;
-  for (std::size_t i = 0; i < 2 * streams + 1 && at <= b.size(); ++i) {
-    const std::size_t row = table + 24 * i;
-    const std::size_t n = static_cast<std::size_t>(get_u64(b, row + 8));
-    if (at + n > b.size()) break;
-    put_u32(b, row + 16, crc32c_bitwise(p + at, n));
-    at += n;
+  if (header >= 4 && header <= b.size()) {
+    std::size_t at = header;
+    for (std::size_t i = 0; i < 2 * streams + 1; ++i) {
+      const std::size_t row = table + 24 * i;
+      if (row + 24 > header) break;
+      const std::uint64_t n = get_u64(b, row + 8);
+      if (n > b.size() - at) break;
+      put_u32(b, row + 16, crc32c_bitwise(p + at, static_cast<std::size_t>(n)));
+      at += static_cast<std::size_t>(n);
+    }
+    put_u32(b, header - 4, crc32c_bitwise(p, header - 4));
   }
-  put_u32(b, header - 4, crc32c_bitwise(p, header - 4));
   put_u32(b, 28, crc32c_bitwise(p, 28));
 }
-
 
 }  // namespace phasekv_test

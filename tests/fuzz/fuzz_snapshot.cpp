@@ -1,0 +1,248 @@
+// libFuzzer target for snapshot restore from hostile bytes (issue 35): a valid snapshot of a small
+// sequence, edited by the input, restored into a destination that holds other sequences, and
+// checked against a twin destination that never sees a hostile restore. tests/fuzz/README.md says
+// how to run it; scripts/fuzz --target snapshot builds and runs it.
+//
+// Input bytes, read front to back (a byte past the end reads as 0, so every input decodes):
+//   1. the source: which layer (f32 keys with a gated, RMS-normed value stream; or FP8 K/V, FP4
+//      indexer keys and an FP8 raw window), 1–24 tokens (odd counts leave a compressor token
+//      pending), whether the snapshot is of a fork (pages shared with its parent), a value seed;
+//   2. up to 8 edits of the snapshot's bytes: flip a bit, set a byte, set a little-endian u64
+//      (sizes, counts), truncate, or insert a byte — at a position taken modulo the length;
+//   3. whether to reseal: recompute every checksum (tests/oracle/snapshot_format.hpp), so edits
+//      reach the parser's checks of values, sizes and consistency instead of a checksum.
+//
+// Checks, each a "phasekv fuzz: FAILED" and an abort when it does not hold:
+//   (i)   restore throws input_error or capacity_error, or succeeds — nothing else, no sanitizer
+//         report;
+//   (ii)  a refused restore leaves the destination's full dump (pages, reference counts,
+//         sequences, states, windows) unchanged;
+//   (iii) an unedited snapshot restores to the source sequence exactly (the same snapshot bytes);
+//   (iv)  an accepted one is a sequence the cache can use: its own snapshot restores into a fresh
+//         cache and snapshots to the same bytes, and it takes an append;
+//   (v)   afterwards the destination and its twin behave the same: the same valid restore and
+//         append give the same dumps (so nothing a refused restore did lingers — a page off the
+//         free list, a sequence id consumed, a pool count).
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <array>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "oracle/cache_dump.hpp"
+#include "oracle/snapshot_format.hpp"
+#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/cache/snapshot.hpp"
+#include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
+
+namespace {
+
+using namespace phasekv;
+using i64 = std::int64_t;
+
+std::string g_setup;  // what the current input decoded to, for a failure's message
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "\nphasekv fuzz: FAILED: %s\n  input: %s\n", what.c_str(), g_setup.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+bool tracing() {
+  static const bool on = std::getenv("PHASEKV_FUZZ_TRACE") != nullptr;
+  return on;
+}
+
+// Reads the input front to back; past the end, zeros.
+struct reader {
+  const std::uint8_t* data;
+  std::size_t size, at = 0;
+  std::uint8_t byte() { return at < size ? data[at++] : 0; }
+  std::uint16_t u16() { return static_cast<std::uint16_t>(byte() | (byte() << 8)); }
+};
+
+// ---- the two layers ----------------------------------------------------------------------------
+
+using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
+using gated_stream = stream_compressor<compressor_policy<vector_gated_pool, no_rope, rms_norm>>;
+using f32_cache = paged_cache<mean_stream, gated_stream>;
+using precise_cache = paged_cache<mean_stream, mean_stream>;
+
+cache_config base_config(i64 pages) {
+  cache_config c;
+  c.page_size = 2;
+  c.pages = pages;
+  c.history = 1;
+  c.window.tokens = 2;
+  return c;
+}
+
+f32_cache make_f32(i64 pages) {
+  const geometry g{2, 3};
+  stream_config k, v;
+  k.name = "keys";
+  k.role = stream_role::key;
+  k.channels = 3;
+  v.name = "values";
+  v.role = stream_role::value;
+  v.channels = 2;
+  cache_config c = base_config(pages);
+  c.window.key_channels = 3;
+  c.window.value_channels = 2;
+  return f32_cache(layer_compressor<mean_stream, gated_stream>(mean_stream(g, k), gated_stream(g, v)), c);
+}
+
+precise_cache make_precise(i64 pages) {
+  const geometry g{2, 2};
+  stream_config kv, ix;
+  kv.name = "kv";
+  kv.channels = 64;
+  ix.name = "indexer";
+  ix.role = stream_role::indexer;
+  ix.channels = 32;
+  cache_config c = base_config(pages);
+  c.stream_storage = {storage_type::fp8_e4m3_block, storage_type::fp4_e2m1_hadamard};
+  c.window.key_channels = 64;
+  c.window.precision = storage_type::fp8_e4m3_block;
+  c.window.rope_channels = 8;
+  return precise_cache(layer_compressor<mean_stream, mean_stream>(mean_stream(g, kv), mean_stream(g, ix)), c);
+}
+
+// `tokens` new tokens of moderate random values for every stream and the window.
+template <class Cache>
+void append_random(Cache& cache, sequence_id id, i64 tokens, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const auto values = [&](i64 n) {
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (float& f : x) f = u(rng);
+    return x;
+  };
+  std::array<std::vector<float>, 2> payload, logits;
+  typename Cache::chunks chunks;
+  const auto stream = [&](std::size_t k, const auto& c) {
+    payload[k] = values(tokens * c.payload_floats_per_token());
+    logits[k] = values(tokens * c.logit_floats_per_token());
+    chunks[k] = token_chunk{tokens, payload[k], logits[k]};
+  };
+  stream(0, cache.compressors().template stream<0>());
+  stream(1, cache.compressors().template stream<1>());
+  const raw_window_config& w = cache.config().window;
+  const std::vector<float> keys = values(tokens * w.kv_heads * w.key_channels);
+  const std::vector<float> vals = values(tokens * w.kv_heads * w.value_channels);
+  cache.append(id, chunks, keys, vals);
+}
+
+// A destination: a forked pair (sharing pages, one copied on write) and a hole in the free list.
+template <class Cache>
+void populate(Cache& c) {
+  const sequence_id x = c.create();
+  append_random(c, x, 7, 1);
+  const sequence_id y = c.fork(x);
+  append_random(c, y, 1, 2);
+  const sequence_id z = c.create();
+  append_random(c, z, 3, 3);
+  c.free(z);
+}
+
+template <class Cache, class Make>
+void run(reader& in, Make make) {
+  const i64 tokens = 1 + in.byte() % 24;
+  const bool forked = in.byte() & 1;
+  const std::uint32_t seed = in.byte();
+
+  // The source and its snapshot.
+  Cache source = make(32);
+  sequence_id s = source.create();
+  append_random(source, s, tokens, seed);
+  if (forked) {
+    const sequence_id f = source.fork(s);
+    append_random(source, f, 1, seed + 1);
+    s = f;
+  }
+  const std::vector<std::byte> valid = snapshot(source, s);
+  std::vector<std::byte> bytes = valid;
+
+  // The edits.
+  const int edits = in.byte() % 9;
+  g_setup += " tokens=" + std::to_string(tokens) + (forked ? " forked" : "") + " snapshot=" +
+             std::to_string(valid.size()) + "B edits:";
+  for (int e = 0; e < edits; ++e) {
+    const int op = in.byte() % 5;
+    const std::size_t at = bytes.empty() ? 0 : in.u16() % bytes.size();
+    const std::uint8_t value = in.byte();
+    g_setup += " " + std::to_string(op) + "@" + std::to_string(at);
+    if (bytes.empty() && op != 4) continue;
+    switch (op) {
+      case 0: bytes[at] ^= static_cast<std::byte>(1u << (value % 8)); break;
+      case 1: bytes[at] = static_cast<std::byte>(value); break;
+      case 2: {  // a u64 field: small, near a power of two, or huge
+        const std::uint64_t v = value < 64 ? value : value < 128 ? (std::uint64_t{1} << (value % 64)) + (value & 3) - 1
+                                                                 : ~std::uint64_t{0} - value;
+        if (at + 8 <= bytes.size()) phasekv_test::put_u64(bytes, at, v);
+        break;
+      }
+      case 3: bytes.resize(at); break;
+      case 4: bytes.insert(bytes.begin() + static_cast<std::ptrdiff_t>(at), static_cast<std::byte>(value)); break;
+    }
+  }
+  const bool resealed = in.byte() & 1;
+  if (resealed) phasekv_test::reseal(bytes, 2);
+  g_setup += resealed ? " resealed" : "";
+  if (tracing()) std::fprintf(stderr, "phasekv fuzz:%s\n", g_setup.c_str());
+
+  Cache destination = make(24), twin = make(24);
+  populate(destination);
+  populate(twin);
+  const phasekv_test::cache_dump before = phasekv_test::dump(destination);
+  bool accepted = false;
+  sequence_id restored = -1;
+  try {
+    restored = restore(destination, bytes);
+    accepted = true;
+  } catch (const input_error&) {
+  } catch (const capacity_error&) {
+  } catch (const std::exception& e) {
+    fail(std::string("restore threw neither input_error nor capacity_error: ") + e.what());
+  }
+  if (!accepted) {
+    const phasekv_test::cache_dump after = phasekv_test::dump(destination);
+    if (after != before) fail("a refused restore changed the destination: " + phasekv_test::first_difference(before, after));
+  } else {
+    // (iii) an unedited snapshot gives back the source sequence: the same snapshot bytes.
+    const std::vector<std::byte> own = snapshot(destination, restored);
+    if (bytes == valid && own != valid) fail("an unedited snapshot restored to another sequence");
+    // (iv) usable: its own snapshot round-trips through a fresh cache, and it takes an append.
+    Cache fresh = make(32);
+    if (snapshot(fresh, restore(fresh, own)) != own) fail("an accepted snapshot does not round-trip");
+    try {
+      append_random(destination, restored, 3, 99);
+    } catch (const capacity_error&) {  // the destination may be full
+    }
+    destination.free(restored);
+  }
+  // (v) the destination and its twin: the same valid restore and append, the same dumps.
+  if (!accepted) {
+    const sequence_id x = restore(destination, valid), y = restore(twin, valid);
+    append_random(destination, x, 2, 5);
+    append_random(twin, y, 2, 5);
+    const phasekv_test::cache_dump dx = phasekv_test::dump(destination), dy = phasekv_test::dump(twin);
+    if (dx != dy) fail("after a refused restore the destination and its twin differ: " + phasekv_test::first_difference(dx, dy));
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  reader in{data, size};
+  const bool precise = in.byte() & 1;
+  g_setup = precise ? "fp8/fp4 layer" : "f32 layer";
+  if (precise) run<precise_cache>(in, make_precise);
+  else run<f32_cache>(in, make_f32);
+  return 0;
+}
