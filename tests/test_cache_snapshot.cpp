@@ -1274,13 +1274,15 @@ TEST_CASE("snapshot: bytes that are not a snapshot", "[snapshot][reject]") {
   w.check_twin();
 }
 
-TEST_CASE("snapshot: a full destination pool throws capacity_error and changes nothing", "[snapshot][reject]") {
-  rejection_world w(29);  // 14 entries per stream: 7 pages of 2
-  // Fill the destination (and the twin alike) until fewer than 7 pages are free in each pool.
+// Fills the world's destination (and its twin alike) until fewer than 7 pages are free in each
+// pool, so the snapshot's 14 entries per stream (7 pages of 2) cannot be restored: capacity_error
+// with nothing changed; then, with room made in both, the twins agree.
+template <class World>
+void full_pool_refuses(World& w) {
   std::mt19937 rng(3);
   std::vector<sequence_id> added, twin_added;
   while (w.destination.pool(0).free_pages() >= 7) {
-    const token_inputs<2> in = w.shape.random(rng, 4);
+    const token_inputs<World::streams> in = w.shape.random(rng, 4);
     added.push_back(w.destination.create());
     w.shape.append(w.destination, added.back(), in);
     twin_added.push_back(w.twin.create());
@@ -1288,7 +1290,7 @@ TEST_CASE("snapshot: a full destination pool throws capacity_error and changes n
   }
   REQUIRE(expect_rejected<capacity_error>(w, w.bytes, "snapshot: restoring 14 entries of stream 0 needs 7 pages") ==
           "");
-  // Make room in both (7 pages for the restore, 2 for check_twin's append), then the twins agree.
+  // Make room in both (7 pages for the restore, 2 for check_twin's append).
   for (std::size_t i = 0; i < 3; ++i) {
     w.destination.free(added[i]);
     w.twin.free(twin_added[i]);
@@ -1296,24 +1298,14 @@ TEST_CASE("snapshot: a full destination pool throws capacity_error and changes n
   w.check_twin();
 }
 
+TEST_CASE("snapshot: a full destination pool throws capacity_error and changes nothing", "[snapshot][reject]") {
+  rejection_world w(29);  // 14 entries per stream: 7 pages of 2
+  full_pool_refuses(w);
+}
+
 TEST_CASE("snapshot: a full FP8/FP4 destination refuses a forked snapshot and changes nothing", "[snapshot][reject]") {
-  rejection_world_of<precise_spec> w(28, true);  // 29 tokens: 14 entries per stream, 7 pages of 2
-  std::mt19937 rng(4);
-  std::vector<sequence_id> added, twin_added;
-  while (w.destination.pool(0).free_pages() >= 7) {
-    const token_inputs<2> in = w.shape.random(rng, 4);
-    added.push_back(w.destination.create());
-    w.shape.append(w.destination, added.back(), in);
-    twin_added.push_back(w.twin.create());
-    w.shape.append(w.twin, twin_added.back(), in);
-  }
-  REQUIRE(expect_rejected<capacity_error>(w, w.bytes, "snapshot: restoring 14 entries of stream 0 needs 7 pages") ==
-          "");
-  for (std::size_t i = 0; i < 3; ++i) {
-    w.destination.free(added[i]);
-    w.twin.free(twin_added[i]);
-  }
-  w.check_twin();
+  rejection_world_of<precise_spec> w(28, true);  // 29 tokens: 14 entries per stream
+  full_pool_refuses(w);
 }
 
 // Restores that fail one after another (a truncation, a resealed field, a full pool, a flip)

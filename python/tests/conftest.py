@@ -82,6 +82,15 @@ def rng():
     return np.random.default_rng(12345)
 
 
+def csa_inputs(rng, rc):
+    """A CSA read's inputs for reader config rc: queries, indexer queries and weights, sinks."""
+    q = rng.standard_normal((rc.query_heads, 512), dtype=np.float32)
+    iq = rng.standard_normal((rc.indexer_heads, 128), dtype=np.float32)
+    iw = rng.random(rc.indexer_heads, dtype=np.float32) / rc.indexer_heads
+    sinks = rng.standard_normal(rc.query_heads, dtype=np.float32)
+    return q, iq, iw, sinks
+
+
 def csa_layer(rng, pages=64, history=0, window=128, precision=False):
     """DeepSeek-V4 CSA: tied 512-channel K/V and 128-channel indexer keys, S=4, W=8; with
     precision, stored as DeepSeek-V4 does (FP8 entries, FP4 indexer keys)."""

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import phasekv as pk
-from conftest import csa_layer, mean_layer
+from conftest import csa_inputs, csa_layer, mean_layer
 
 P = pk.presets
 
@@ -53,14 +53,6 @@ def oracle(layer, seq, t, rc, q, iq=None, iw=None, sinks=None, selected=None):
     lse = (top + np.log(denominator))[:, 0]
     mass = (p / denominator)
     return out, lse, list(selected), mass.mean(axis=0), first
-
-
-def csa_inputs(rng, rc):
-    q = rng.standard_normal((rc.query_heads, 512), dtype=np.float32)
-    iq = rng.standard_normal((rc.indexer_heads, 128), dtype=np.float32)
-    iw = rng.random(rc.indexer_heads, dtype=np.float32) / rc.indexer_heads
-    sinks = rng.standard_normal(rc.query_heads, dtype=np.float32)
-    return q, iq, iw, sinks
 
 
 def test_csa_read_equals_the_oracle(rng):

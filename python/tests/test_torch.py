@@ -8,18 +8,10 @@ import numpy as np
 import pytest
 
 import phasekv as pk
-from conftest import csa_layer, random_chunk
+from conftest import csa_inputs, csa_layer, random_chunk
 from phasekv import presets as P
 
 torch = pytest.importorskip("torch")
-
-
-def csa_inputs(rng, rc):
-    q = rng.standard_normal((rc.query_heads, 512), dtype=np.float32)
-    iq = rng.standard_normal((rc.indexer_heads, 128), dtype=np.float32)
-    iw = rng.random(rc.indexer_heads, dtype=np.float32) / rc.indexer_heads
-    sinks = rng.standard_normal(rc.query_heads, dtype=np.float32)
-    return q, iq, iw, sinks
 
 
 class DLPackOnly:

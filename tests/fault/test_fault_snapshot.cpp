@@ -61,14 +61,17 @@ snap_cache make_cache(storage_type storage) {
   return snap_cache(layer_compressor<key_stream, value_stream>(key_stream(g, k), value_stream(g, v)), cc);
 }
 
+// n uniform values in [−1, 1) from rng.
+std::vector<float> uniform(std::mt19937& rng, i64 n) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (float& f : x) f = u(rng);
+  return x;
+}
+
 void append_tokens(snap_cache& cache, sequence_id id, i64 tokens, unsigned seed) {
   std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  auto values = [&](i64 n) {
-    std::vector<float> x(static_cast<std::size_t>(n));
-    for (float& f : x) f = u(rng);
-    return x;
-  };
+  const auto values = [&](i64 n) { return uniform(rng, n); };
   const auto& k = cache.compressors().stream<0>();
   const auto& v = cache.compressors().stream<1>();
   const auto keys = values(tokens * k.payload_floats_per_token());
@@ -86,18 +89,21 @@ std::vector<std::byte> snapshot_bytes(storage_type storage) {
   return snapshot(source, s);
 }
 
-// A destination with a forked pair (sharing pages) and a hole in its free list.
+// Gives a destination a forked pair (sharing pages) and a hole in its free list.
+template <class Cache, class Append>
+void populate(Cache& cache, Append append) {
+  const sequence_id a = cache.create();
+  append(cache, a, 7, 1);
+  const sequence_id b = cache.fork(a);
+  append(cache, b, 1, 2);
+  const sequence_id c = cache.create();
+  append(cache, c, 5, 3);
+  cache.free(c);
+}
+
 struct world {
   snap_cache cache = make_cache(storage_type::f32);
-  world() {
-    const sequence_id a = cache.create();
-    append_tokens(cache, a, 7, 1);
-    const sequence_id b = cache.fork(a);
-    append_tokens(cache, b, 1, 2);
-    const sequence_id c = cache.create();
-    append_tokens(cache, c, 5, 3);
-    cache.free(c);
-  }
+  world() { populate(cache, append_tokens); }
 };
 
 // Restores `bytes` into a fresh World for n = 1, 2, … with the n-th allocation failing (once, or
@@ -176,28 +182,13 @@ precise_cache make_precise_cache() {
 
 void append_precise(precise_cache& cache, sequence_id id, i64 tokens, unsigned seed) {
   std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  auto values = [&](i64 n) {
-    std::vector<float> x(static_cast<std::size_t>(n));
-    for (float& f : x) f = u(rng);
-    return x;
-  };
-  const auto kv = values(tokens * 64), ix = values(tokens * 32);
-  cache.append(id, {token_chunk{tokens, kv, {}}, token_chunk{tokens, ix, {}}}, values(tokens * 64));
+  const auto kv = uniform(rng, tokens * 64), ix = uniform(rng, tokens * 32);
+  cache.append(id, {token_chunk{tokens, kv, {}}, token_chunk{tokens, ix, {}}}, uniform(rng, tokens * 64));
 }
 
-// A destination with a forked pair and a hole in its free list, as `world`.
 struct precise_world {
   precise_cache cache = make_precise_cache();
-  precise_world() {
-    const sequence_id a = cache.create();
-    append_precise(cache, a, 7, 1);
-    const sequence_id b = cache.fork(a);
-    append_precise(cache, b, 1, 2);
-    const sequence_id c = cache.create();
-    append_precise(cache, c, 5, 3);
-    cache.free(c);
-  }
+  precise_world() { populate(cache, append_precise); }
 };
 
 // The snapshot of a fork (sharing its parent's pages) 13 tokens long: 6 entries, one token pending.
