@@ -28,15 +28,18 @@ std::int64_t stream_channels(const reader& r, std::size_t k) {
 
 // The documented shapes of a read's inputs, checked before any size check: leading axes `batch`
 // (read_batch: {B}) then the item's own.
-void check_read_shapes(const reader& r, std::vector<py::array>& keep, const py::object& queries,
-                       const py::object& indexer_queries, const py::object& indexer_weights, const py::object& sinks,
+void check_read_shapes(const reader& r, std::vector<py::array>& keep, py::object& queries,
+                       py::object& indexer_queries, py::object& indexer_weights, py::object& sinks,
                        std::int64_t batch) {
   const reader_config& rc = r.sparse.config();
   const std::int64_t qh = rc.query_heads, ih = rc.indexer_heads, kc = stream_channels(r, rc.key_stream),
                      ic = stream_channels(r, rc.indexer_stream);
-  const auto check = [&](const py::object& o, const char* name, std::initializer_list<axis> item) {
+  // Each argument is replaced by its array, so the read that follows takes it as it is (a
+  // tensor is imported through DLPack once, not twice).
+  const auto check = [&](py::object& o, const char* name, std::initializer_list<axis> item) {
     if (o.is_none()) return;
     py::array a = as_array(o, name);
+    o = a;
     if (!py::isinstance<py::array_t<float>>(a)) return;  // optional_input names a dtype error first
     keep.push_back(a);
     std::vector<axis> axes;
@@ -167,8 +170,8 @@ void init_read(const modules& m) {
       .def_property_readonly("output_floats", [](const reader& r) { return r.sparse.output_floats(); })
       .def(
           "read",
-          [](reader& r, const layer_cache& c, sequence_id seq, std::int64_t position, const py::object& queries,
-             const py::object& indexer_queries, const py::object& indexer_weights, const py::object& sinks,
+          [](reader& r, const layer_cache& c, sequence_id seq, std::int64_t position, py::object queries,
+             py::object indexer_queries, py::object indexer_weights, py::object sinks,
              std::int64_t top_k, py::object out, read_trace* trace) {
             std::vector<py::array> keep;
             check_read_shapes(r, keep, queries, indexer_queries, indexer_weights, sinks, -1);
@@ -196,8 +199,8 @@ void init_read(const modules& m) {
       .def(
           "read_batch",
           [](reader& r, const layer_cache& c, const std::vector<sequence_id>& seqs,
-             const std::vector<std::int64_t>& positions, const py::object& queries, const py::object& indexer_queries,
-             const py::object& indexer_weights, const py::object& sinks, const py::object& top_k, py::object out,
+             const std::vector<std::int64_t>& positions, py::object queries, py::object indexer_queries,
+             py::object indexer_weights, py::object sinks, const py::object& top_k, py::object out,
              py::object lse, py::object selected_logical, py::object selected_physical, const py::object& traces) {
             const std::size_t batch = seqs.size();
             detail::require<input_error>(positions.size() == batch, "read_batch: len(positions)", positions.size(),
