@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "harness.hpp"
 #include "phasekv/diag/read_attribution.hpp"
 #include "phasekv/diag/write_profile.hpp"
 
@@ -33,20 +34,7 @@ namespace {
 using namespace phasekv;
 using namespace phasekv::diag;
 using i64 = std::int64_t;
-
-std::string g_setup;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "\nphasekv fuzz: FAILED: %s\n  input: %s\n", what.c_str(), g_setup.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
-
-struct reader_bytes {
-  const std::uint8_t* data;
-  std::size_t size, at = 0;
-  std::uint8_t byte() { return at < size ? data[at++] : 0; }
-};
+using phasekv_fuzz::fail;
 
 i64 pick_index(std::uint8_t how, std::uint8_t small) {
   switch (how % 6) {
@@ -97,13 +85,13 @@ std::string report(const slot_weight_log& log, const std::vector<i64>& indices) 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  reader_bytes in{data, size};
+  phasekv_fuzz::input_bytes in{data, size};
   const i64 stride = 1 + in.byte() % 6;
   const i64 window = stride + in.byte() % (stride + 2);
   const i64 heads = 1 + in.byte() % 3;
   const i64 log_head = static_cast<i64>(in.byte() % (heads + 1)) - 1;  // −1: the mean over heads
   const geometry geom{stride, window, static_cast<i64>(in.byte()) % stride, anchor_mode::block_start};
-  g_setup = "S=" + std::to_string(stride) + " W=" + std::to_string(window) + " heads=" + std::to_string(heads) +
+  phasekv_fuzz::setup() = "S=" + std::to_string(stride) + " W=" + std::to_string(window) + " heads=" + std::to_string(heads) +
             " log_head=" + std::to_string(log_head) + " origin=" + std::to_string(geom.origin);
 
   write_profile profile(geom, heads);
@@ -123,7 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::vector<float> exact(weights);
     e.slot_weights = null_weights || exact.empty() ? nullptr : exact.data();
     indices.push_back(e.index);
-    g_setup += " [" + std::to_string(e.index) + " h" + std::to_string(e.kv_heads) + " w" + std::to_string(e.window) +
+    phasekv_fuzz::setup() += " [" + std::to_string(e.index) + " h" + std::to_string(e.kv_heads) + " w" + std::to_string(e.window) +
                (null_weights ? " null" : "") + "]";
 
     // An index the sinks accept but whose tables would not fit in memory (both keep one row per

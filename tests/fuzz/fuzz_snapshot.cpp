@@ -35,6 +35,7 @@
 
 #include "oracle/cache_dump.hpp"
 #include "oracle/snapshot_format.hpp"
+#include "harness.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
@@ -44,27 +45,12 @@ namespace {
 
 using namespace phasekv;
 using i64 = std::int64_t;
-
-std::string g_setup;  // what the current input decoded to, for a failure's message
-
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "\nphasekv fuzz: FAILED: %s\n  input: %s\n", what.c_str(), g_setup.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
+using phasekv_fuzz::fail;
 
 bool tracing() {
   static const bool on = std::getenv("PHASEKV_FUZZ_TRACE") != nullptr;
   return on;
 }
-
-// Reads the input front to back; past the end, zeros.
-struct reader {
-  const std::uint8_t* data;
-  std::size_t size, at = 0;
-  std::uint8_t byte() { return at < size ? data[at++] : 0; }
-  std::uint16_t u16() { return static_cast<std::uint16_t>(byte() | (byte() << 8)); }
-};
 
 // ---- the two layers ----------------------------------------------------------------------------
 
@@ -151,7 +137,7 @@ void populate(Cache& c) {
 }
 
 template <class Cache, class Make>
-void run(reader& in, Make make) {
+void run(phasekv_fuzz::input_bytes& in, Make make) {
   const i64 tokens = 1 + in.byte() % 24;
   const bool forked = in.byte() & 1;
   const std::uint32_t seed = in.byte();
@@ -170,13 +156,13 @@ void run(reader& in, Make make) {
 
   // The edits.
   const int edits = in.byte() % 9;
-  g_setup += " tokens=" + std::to_string(tokens) + (forked ? " forked" : "") + " snapshot=" +
+  phasekv_fuzz::setup() += " tokens=" + std::to_string(tokens) + (forked ? " forked" : "") + " snapshot=" +
              std::to_string(valid.size()) + "B edits:";
   for (int e = 0; e < edits; ++e) {
     const int op = in.byte() % 5;
     const std::size_t at = bytes.empty() ? 0 : in.u16() % bytes.size();
     const std::uint8_t value = in.byte();
-    g_setup += " " + std::to_string(op) + "@" + std::to_string(at);
+    phasekv_fuzz::setup() += " " + std::to_string(op) + "@" + std::to_string(at);
     if (bytes.empty() && op != 4) continue;
     switch (op) {
       case 0: bytes[at] ^= static_cast<std::byte>(1u << (value % 8)); break;
@@ -193,8 +179,8 @@ void run(reader& in, Make make) {
   }
   const bool resealed = in.byte() & 1;
   if (resealed) phasekv_test::reseal(bytes, 2);
-  g_setup += resealed ? " resealed" : "";
-  if (tracing()) std::fprintf(stderr, "phasekv fuzz:%s\n", g_setup.c_str());
+  phasekv_fuzz::setup() += resealed ? " resealed" : "";
+  if (tracing()) std::fprintf(stderr, "phasekv fuzz:%s\n", phasekv_fuzz::setup().c_str());
 
   Cache destination = make(24), twin = make(24);
   populate(destination);
@@ -239,9 +225,9 @@ void run(reader& in, Make make) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  reader in{data, size};
+  phasekv_fuzz::input_bytes in{data, size};
   const bool precise = in.byte() & 1;
-  g_setup = precise ? "fp8/fp4 layer" : "f32 layer";
+  phasekv_fuzz::setup() = precise ? "fp8/fp4 layer" : "f32 layer";
   if (precise) run<precise_cache>(in, make_precise);
   else run<f32_cache>(in, make_f32);
   return 0;

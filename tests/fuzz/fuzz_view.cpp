@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "harness.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
@@ -38,20 +39,7 @@ namespace {
 
 using namespace phasekv;
 using i64 = std::int64_t;
-
-std::string g_setup;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "\nphasekv fuzz: FAILED: %s\n  input: %s\n", what.c_str(), g_setup.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
-
-struct reader_bytes {
-  const std::uint8_t* data;
-  std::size_t size, at = 0;
-  std::uint8_t byte() { return at < size ? data[at++] : 0; }
-};
+using phasekv_fuzz::fail;
 
 // A value for an integer field: small, near the truth, or at the edges of its type.
 i64 pick(std::uint8_t how, std::uint8_t small, i64 truth) {
@@ -102,12 +90,12 @@ reader_config make_reader(bool sink) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  reader_bytes in{data, size};
+  phasekv_fuzz::input_bytes in{data, size};
   const std::uint8_t shape = in.byte();
   const storage_type kv_storage = (shape & 1) ? storage_type::bf16 : storage_type::f32;
   const bool sink = shape & 2;
   const i64 tokens = 1 + in.byte() % 30;
-  g_setup = "tokens=" + std::to_string(tokens) + ((shape & 1) ? " bf16" : " f32") + (sink ? " sink" : "");
+  phasekv_fuzz::setup() = "tokens=" + std::to_string(tokens) + ((shape & 1) ? " bf16" : " f32") + (sink ? " sink" : "");
 
   cache_t cache = make_cache(kv_storage);
   const sequence_id id = cache.create();
@@ -183,7 +171,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 14: request.position = pick(how, small, request.position); break;
       default: request.top_k = pick(how, small, request.top_k); break;
     }
-    g_setup += " " + std::to_string((what >> 1) % 16) + ":" + std::to_string(how % 6) + "/" + std::to_string(small);
+    phasekv_fuzz::setup() += " " + std::to_string((what >> 1) % 16) + ":" + std::to_string(how % 6) + "/" + std::to_string(small);
   }
   std::vector<float> out(want.size(), 7.0f);
   try {
