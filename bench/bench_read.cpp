@@ -60,7 +60,7 @@
 //                                   reads into the same output slots, paired; overhead_of_4k_read =
 //                                   batch / singles − 1, the batch API's cost per sequence as a
 //                                   fraction of a 4K read.
-//   BM_selection/ctx/page           indexer scores + top-k alone (see selection_replica);
+//   BM_selection/ctx/page           indexer scores + top-k alone (entry_selector::select);
 //                                   per_entry constant across contexts = selection linear in n;
 //                                   of_roofline against the indexer's own floor.
 //   BM_top_k/ctx                    select_top_k alone, on those scores.
@@ -79,7 +79,7 @@
 // shared with peer/peer_dump.cpp so the PyTorch peer recomputes these very numbers. Setup also
 // checks, once: the dense baseline against plain attention in double; the sparse read (ctx ≤ 16K)
 // against plain attention in double over the entries it selected, the window and the sink; its
-// output finite; and the selection replica against the reader's own selection. A failed check
+// output finite; and the selection stage's choice against the reader's own. A failed check
 // skips the benchmarks.
 
 #include <benchmark/benchmark.h>
@@ -187,39 +187,13 @@ const std::string& dense_check() {
 
 // ---- the sparse read -------------------------------------------------------------------------
 
-// The reader's score_candidates() — the fused indexer kernel page by page — over the same
-// pages, followed by the library's select_top_k. The reader does not expose its selection phase
-// on its own; this copy times exactly that work, and sparse_setup checks once that it selects
-// exactly the entries the reader selected. Keep it in step with sparse_reader::score_candidates.
-class selection_replica {
- public:
-  void score(const csa_cache& cache, sequence_id seq, const float* indexer_queries, const float* indexer_weights,
-             std::int64_t candidates) {
-    const page_pool& pool = cache.pool(1);
-    const auto& table = cache.page_table(seq, 1);
-    const std::int64_t page_size = pool.layout().page_size;
-    kernels::indexer<>::prepare(indexer_queries, indexer_weights, kIndexerHeads, kIndexerChannels, queries_);
-    scores.resize(static_cast<std::size_t>(candidates));
-    for (std::int64_t first = 0; first < candidates; first += page_size) {
-      const std::int64_t count = std::min(page_size, candidates - first);
-      const auto* keys = reinterpret_cast<const float*>(pool.base() + table[static_cast<std::size_t>(first / page_size)] *
-                                                                          pool.layout().page_stride_bytes);
-      kernels::indexer<>::score(queries_, keys, count, scores.data() + first);
-    }
-  }
-  void select() { select_top_k(span<const float>(scores.data(), scores.size()), kTopK, selection); }
-
-  std::vector<float> scores;
-  std::vector<scored_entry> selection;
-
- private:
-  kernels::indexer<>::prepared queries_;
-};
-
 // The benchmarked step (decode_workload.hpp) plus its checks: a failed check skips the benchmarks.
 struct sparse_setup : sparse_workload {
   std::int64_t candidates = 0;
-  selection_replica replica;
+  entry_selector selector{cache, selection_of(reader.config())};  // the reader's selection stage alone
+  std::vector<std::int32_t> selected = std::vector<std::int32_t>(static_cast<std::size_t>(kTopK));
+  std::vector<float> scores;                                        // BM_top_k's input
+  std::vector<scored_entry> top;
   std::string error;  // a failed check, reported by the benchmarks instead of timing wrong work
 
   sparse_setup(std::int64_t context, std::int64_t page) : sparse_workload("bench_read", context, page) {
@@ -231,17 +205,23 @@ struct sparse_setup : sparse_workload {
                  static_cast<long long>(page_size), static_cast<long long>(candidates), thread_seconds() - t0);
   }
 
+  selection_request selection() const {
+    return {tokens - 1, span<const float>(indexer_queries), span<const float>(indexer_weights), kTopK};
+  }
+  std::int64_t select() { return selector.select(cache, seq, selection(), span<std::int32_t>(selected)); }
+
  private:
   // The reader's output against plain attention in double over the entries it selected, the window
-  // and the sink (then de-rotated), and the replica's selection against the reader's.
+  // and the sink (then de-rotated), and the selection stage's choice against the reader's.
   void check() {
     read_trace trace;
     reader.read(cache, seq, request(), out.data(), &trace);
-    replica.score(cache, seq, indexer_queries.data(), indexer_weights.data(), candidates);
-    replica.select();
-    bool same = replica.selection.size() == trace.selected.size();
-    for (std::size_t i = 0; same && i < trace.selected.size(); ++i) same = replica.selection[i].index == trace.selected[i];
-    if (!same) error = "selection_replica does not select the entries the reader selects";
+    const std::int64_t n = select();
+    bool same = n == static_cast<std::int64_t>(trace.selected.size());
+    for (std::size_t i = 0; same && i < trace.selected.size(); ++i) same = selected[i] == trace.selected[i];
+    if (!same) error = "entry_selector does not select the entries the reader selects";
+    scores.resize(static_cast<std::size_t>(candidates));
+    selector.score(cache, seq, selection(), scores);
     if (trace.candidates != candidates || static_cast<std::int64_t>(trace.selected.size()) != std::min(kTopK, candidates))
       error = "reader saw " + std::to_string(trace.candidates) + " candidates and selected " +
               std::to_string(trace.selected.size());
@@ -852,11 +832,7 @@ void BM_selection(benchmark::State& state) {
   const std::int64_t tokens = state.range(0), page_size = state.range(1);
   sparse_setup& s = sparse(tokens, page_size);
   if (!s.error.empty()) return state.SkipWithError(s.error.c_str());
-  for (auto _ : state) {
-    s.replica.score(s.cache, s.seq, s.indexer_queries.data(), s.indexer_weights.data(), s.candidates);
-    s.replica.select();
-    benchmark::DoNotOptimize(s.replica.selection.data());
-  }
+  for (auto _ : state) benchmark::DoNotOptimize(s.select());
   state.counters["entries"] = static_cast<double>(s.candidates);
   state.counters["per_entry"] = benchmark::Counter(static_cast<double>(s.candidates),
                                                    benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
@@ -868,10 +844,9 @@ void BM_selection(benchmark::State& state) {
 void BM_top_k(benchmark::State& state) {
   sparse_setup& s = sparse(state.range(0), 64);
   if (!s.error.empty()) return state.SkipWithError(s.error.c_str());
-  s.replica.score(s.cache, s.seq, s.indexer_queries.data(), s.indexer_weights.data(), s.candidates);
   for (auto _ : state) {
-    s.replica.select();
-    benchmark::DoNotOptimize(s.replica.selection.data());
+    select_top_k(span<const float>(s.scores), kTopK, s.top);
+    benchmark::DoNotOptimize(s.top.data());
   }
   state.counters["entries"] = static_cast<double>(s.candidates);
   state.counters["per_entry"] = benchmark::Counter(static_cast<double>(s.candidates),

@@ -418,6 +418,15 @@ class IndexerPrecision:
     @property
     def value(self) -> int: ...
 
+class LseConvention:
+    with_sink: ClassVar[LseConvention]
+    flashmla: ClassVar[LseConvention]
+    __members__: ClassVar[dict[str, LseConvention]]
+    def __init__(self, value: int) -> None: ...
+    def __int__(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+
 class ReaderConfig:
     name: str
     query_heads: int
@@ -430,11 +439,42 @@ class ReaderConfig:
     precision: IndexerPrecision
     sink: bool
     derotate_output: bool
+    lse: LseConvention
     def __init__(
         self, *, name: str = "reader", query_heads: int = 1, scale: float = 0.0, key_stream: int = 0,
         value_stream: int = 0, indexer_stream: int | None = None, top_k: int = 0, indexer_heads: int = 0,
         precision: IndexerPrecision = ..., sink: bool = False, derotate_output: bool = False,
+        lse: LseConvention = ...,
     ) -> None: ...
+
+class SelectionConfig:
+    name: str
+    indexer_stream: int | None
+    indexer_heads: int
+    precision: IndexerPrecision
+    top_k: int
+    physical_stream: int
+    def __init__(
+        self, *, name: str = "selection", indexer_stream: int | None = None, indexer_heads: int = 0,
+        precision: IndexerPrecision = ..., top_k: int = 0, physical_stream: int = 0,
+    ) -> None: ...
+
+def selection_of(config: ReaderConfig) -> SelectionConfig: ...
+
+class EntrySelector:
+    @overload
+    def __init__(self, cache: PagedCache, config: SelectionConfig) -> None: ...
+    @overload
+    def __init__(self, shape: LayerShape, config: SelectionConfig) -> None: ...
+    @property
+    def config(self) -> SelectionConfig: ...
+    def candidates(self, position: int) -> int: ...
+    def score(self, cache: PagedCache, seq: int, position: int, indexer_queries: FloatInput,
+              indexer_weights: FloatInput) -> FloatArray: ...
+    def select(
+        self, cache: PagedCache, seq: int, position: int, indexer_queries: FloatInput, indexer_weights: FloatInput,
+        *, top_k: int = -1,
+    ) -> Tuple[NDArray[np.int32], NDArray[np.int32], FloatArray]: ...
 
 class ReadTrace:
     def __init__(self) -> None: ...
@@ -470,7 +510,7 @@ class SparseReader:
         self, cache: PagedCache, seq: int, position: int, queries: FloatInput,
         indexer_queries: FloatInput | None = None, indexer_weights: FloatInput | None = None,
         sinks: FloatInput | None = None, *, top_k: int = -1, out: FloatArray | None = None,
-        trace: ReadTrace | None = None,
+        trace: ReadTrace | None = None, indices: NDArray[np.int32] | None = None,
     ) -> FloatArray: ...
     def read_batch(
         self, cache: PagedCache, seqs: Sequence[int], positions: Sequence[int], queries: FloatInput,
@@ -478,6 +518,7 @@ class SparseReader:
         sinks: FloatInput | None = None, *, top_k: Sequence[int] | None = None, out: FloatArray | None = None,
         lse: FloatArray | None = None, selected_logical: NDArray[np.int32] | bool | None = None,
         selected_physical: NDArray[np.int32] | bool | None = None, traces: Sequence[ReadTrace] | None = None,
+        indices: NDArray[np.int32] | None = None,
     ) -> Tuple[FloatArray, FloatArray, NDArray[np.int32] | None, NDArray[np.int32] | None]: ...
 
 # ---- diagnostics --------------------------------------------------------------------------------

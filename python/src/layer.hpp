@@ -113,6 +113,12 @@ struct reader {
   std::mutex lock;
 };
 
+struct selector {
+  selector(phasekv::layer_shape shape, phasekv::selection_config config) : stage(std::move(shape), std::move(config)) {}
+  phasekv::entry_selector stage;
+  std::mutex lock;
+};
+
 // reader.read(cache, seq, request, out, trace) on whichever cache `c` holds: what SparseReader.read
 // runs once its arguments are converted and its locks taken. Out of line, so the benchmark's C++
 // loop (bench/python/bench_module.cpp) runs the very same machine code as a read from Python.

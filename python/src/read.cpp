@@ -88,10 +88,61 @@ std::int32_t* selection_output(py::object& o, const char* name, std::size_t batc
   return to;
 }
 
+// Host indices: None, or int32 entry ids (−1 padding) of `batch` rows (read: batch = −1, one row)
+// of at most the reader's top_k each.
+struct index_rows {
+  const std::int32_t* data = nullptr;
+  std::size_t per_item = 0;
+  span<const std::int32_t> item(std::size_t b) const {
+    return data ? span<const std::int32_t>(data + b * per_item, per_item) : span<const std::int32_t>();
+  }
+};
+index_rows indices_of(py::object& o, std::int64_t batch, std::vector<py::array>& keep) {
+  if (o.is_none()) return {};
+  py::array a = as_array(o, "indices");
+  o = a;
+  keep.push_back(a);
+  const span<const std::int32_t> all = input<std::int32_t>(a, "indices");
+  const py::ssize_t rows = batch < 0 ? 1 : batch;
+  if (a.ndim() != (batch < 0 ? 1 : 2) || (batch >= 0 && a.shape(0) != rows))
+    detail::fail<input_error>("indices.shape", describe_array(a),
+                              batch < 0 ? "must be (n,): entry ids, −1 padded" : "must be (len(seqs), n): entry ids, −1 padded");
+  return {all.data(), rows == 0 ? 0 : all.size() / static_cast<std::size_t>(rows)};
+}
+
 // A copied array property of the trace (a trace is reused by later reads, so views would dangle).
 template <class T>
 py::array_t<T> trace_copy(const std::vector<T>& v) {
   return copy_of(v);
+}
+
+// The selector's indexer inputs as a request, their shapes checked.
+selection_request selection_inputs(const selector& s, std::vector<py::array>& keep, std::int64_t position,
+                                   py::object& indexer_queries, py::object& indexer_weights, std::int64_t top_k) {
+  const selection_config& sc = s.stage.config();
+  const std::int64_t ih = sc.indexer_heads, ic = s.stage.shape().streams[sc.indexer_stream].channels;
+  for (auto [o, name] : {std::pair<py::object*, const char*>{&indexer_queries, "indexer_queries"}, {&indexer_weights, "indexer_weights"}}) {
+    py::array a = as_array(*o, name);
+    *o = a;
+    if (!py::isinstance<py::array_t<float>>(a)) continue;  // input() names the dtype
+    if (o == &indexer_queries) require_shape(a, name, {{"indexer_heads", ih}, {"indexer_channels", ic}});
+    else require_shape(a, name, {{"indexer_heads", ih}});
+  }
+  selection_request r;
+  r.position = position;
+  r.indexer_queries = optional_input<float>(indexer_queries, "indexer_queries", keep);
+  r.indexer_weights = optional_input<float>(indexer_weights, "indexer_weights", keep);
+  r.top_k = top_k;
+  return r;
+}
+
+// Runs f(cache) with the selector's scratch and the cache's sequences to ourselves, without the GIL.
+template <class F>
+void locked_selection(selector& s, const layer_cache& c, F&& f) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> selecting(s.lock);
+  std::shared_lock<std::shared_mutex> cache(c.lock);
+  c.visit([&](const auto& x) { f(x); });
 }
 
 }  // namespace
@@ -109,6 +160,10 @@ void init_read(const modules& m) {
       .value("f32", indexer_precision::f32)
       .value("bf16", indexer_precision::bf16)
       .value("fp4", indexer_precision::fp4);
+
+  py::enum_<lse_convention>(root, "LseConvention", "What a read reports as its log-sum-exp.")
+      .value("with_sink", lse_convention::with_sink, "ln(Σ exp ℓ + exp(sink)): an exact softmax state; −inf when empty")
+      .value("flashmla", lse_convention::flashmla, "FlashMLA's: ln Σ exp ℓ over the keys only; +inf when no key");
 
   // indexer_stream is a std::size_t with no_stream for "none": None in Python.
   struct_binding<reader_config>(root, "ReaderConfig",
@@ -132,7 +187,29 @@ void init_read(const modules& m) {
       .field("precision", &reader_config::precision)
       .field("sink", &reader_config::sink, "requests carry one sink logit per query head")
       .field("derotate_output", &reader_config::derotate_output, "tied K/V with RoPE: rotate the output back by t")
+      .field("lse", &reader_config::lse, "the log-sum-exp convention of read_batch's lse")
       .done();
+
+  struct_binding<selection_config>(root, "SelectionConfig",
+                                   "The selection stage on its own (read/selection.hpp): the indexer's stream, "
+                                   "heads and precision, top_k, and the stream physical ids index.")
+      .field("name", &selection_config::name)
+      .property(
+          "indexer_stream",
+          [](const selection_config& c) -> py::object {
+            return c.indexer_stream == no_stream ? py::object(py::none()) : py::int_(c.indexer_stream);
+          },
+          [](selection_config& c, const py::object& v) {
+            c.indexer_stream = v.is_none() ? no_stream : v.cast<std::size_t>();
+          },
+          "the indexer's stream")
+      .field("indexer_heads", &selection_config::indexer_heads)
+      .field("precision", &selection_config::precision)
+      .field("top_k", &selection_config::top_k)
+      .field("physical_stream", &selection_config::physical_stream,
+             "the stream whose pages physical ids index (a reader's key stream)")
+      .done();
+  root.def("selection_of", &selection_of, py::arg("config"), "The selection stage of a ReaderConfig.");
 
   py::class_<read_trace>(root, "ReadTrace",
                          "What one read looked at (pass one as trace= to a read; it is overwritten). Array "
@@ -172,9 +249,10 @@ void init_read(const modules& m) {
           "read",
           [](reader& r, const layer_cache& c, sequence_id seq, std::int64_t position, py::object queries,
              py::object indexer_queries, py::object indexer_weights, py::object sinks,
-             std::int64_t top_k, py::object out, read_trace* trace) {
+             std::int64_t top_k, py::object out, read_trace* trace, py::object indices) {
             std::vector<py::array> keep;
             check_read_shapes(r, keep, queries, indexer_queries, indexer_weights, sinks, -1);
+            const index_rows host = indices_of(indices, -1, keep);
             read_request request;
             request.position = position;
             request.queries = optional_input<float>(queries, "queries", keep);
@@ -182,6 +260,7 @@ void init_read(const modules& m) {
             request.indexer_weights = optional_input<float>(indexer_weights, "indexer_weights", keep);
             request.sinks = optional_input<float>(sinks, "sinks", keep);
             request.top_k = top_k;
+            request.indices = host.item(0);
             float* to = output<float>(out, "out", {r.sparse.config().query_heads, value_channels(r)},
                                       "query_heads × value channels",
                                       {{"query_heads", r.sparse.config().query_heads}, {"channels", value_channels(r)}});
@@ -191,17 +270,20 @@ void init_read(const modules& m) {
           py::arg("cache"), py::arg("seq"), py::arg("position"), py::arg("queries"),
           py::arg("indexer_queries") = py::none(), py::arg("indexer_weights") = py::none(),
           py::arg("sinks") = py::none(), py::kw_only(), py::arg("top_k") = -1, py::arg("out") = py::none(),
-          py::arg("trace") = static_cast<read_trace*>(nullptr),
+          py::arg("trace") = static_cast<read_trace*>(nullptr), py::arg("indices") = py::none(),
           "Attention output of one query at `position` (already appended): queries [query_heads][key channels] "
           "RoPE'd at position; indexer_queries [indexer_heads][indexer channels] and indexer_weights "
-          "[indexer_heads] with top_k; sinks [query_heads] with the sink. Returns out [query_heads][value "
-          "channels] (the array passed as out=, or a new one).")
+          "[indexer_heads] with top_k; sinks [query_heads] with the sink. indices: int32 entry ids the host "
+          "selected (−1 padding, at most the reader's top_k), read in their order instead of running the "
+          "indexer (indexer inputs None). Returns out [query_heads][value channels] (the array passed as "
+          "out=, or a new one).")
       .def(
           "read_batch",
           [](reader& r, const layer_cache& c, const std::vector<sequence_id>& seqs,
              const std::vector<std::int64_t>& positions, py::object queries, py::object indexer_queries,
              py::object indexer_weights, py::object sinks, const py::object& top_k, py::object out,
-             py::object lse, py::object selected_logical, py::object selected_physical, const py::object& traces) {
+             py::object lse, py::object selected_logical, py::object selected_physical, const py::object& traces,
+             py::object indices) {
             const std::size_t batch = seqs.size();
             detail::require<input_error>(positions.size() == batch, "read_batch: len(positions)", positions.size(),
                                          "must be len(seqs) = " + std::to_string(batch));
@@ -212,6 +294,7 @@ void init_read(const modules& m) {
             const batch_rows iq = rows_of(indexer_queries, "indexer_queries", batch, keep);
             const batch_rows iw = rows_of(indexer_weights, "indexer_weights", batch, keep);
             const batch_rows s = rows_of(sinks, "sinks", batch, keep);
+            const index_rows host = indices_of(indices, static_cast<std::int64_t>(batch), keep);
             std::vector<std::int64_t> k(batch, -1);
             if (!top_k.is_none()) {
               k = top_k.cast<std::vector<std::int64_t>>();
@@ -242,7 +325,7 @@ void init_read(const modules& m) {
               for (std::size_t i = 0; i < batch; ++i) {
                 read_item& item = items[i];
                 item.view = &views[i];
-                item.request = {positions[i], q.item(i), iq.item(i), iw.item(i), s.item(i), k[i]};
+                item.request = {positions[i], q.item(i), iq.item(i), iw.item(i), s.item(i), k[i], host.item(i)};
                 item.out = o + i * static_cast<std::size_t>(r.sparse.output_floats());
                 item.lse = l + i * static_cast<std::size_t>(rc.query_heads);
                 if (logical) item.selected_logical = logical + i * static_cast<std::size_t>(rc.top_k);
@@ -257,11 +340,65 @@ void init_read(const modules& m) {
           py::arg("indexer_queries") = py::none(), py::arg("indexer_weights") = py::none(),
           py::arg("sinks") = py::none(), py::kw_only(), py::arg("top_k") = py::none(), py::arg("out") = py::none(),
           py::arg("lse") = py::none(), py::arg("selected_logical") = py::none(),
-          py::arg("selected_physical") = py::none(), py::arg("traces") = py::none(),
+          py::arg("selected_physical") = py::none(), py::arg("traces") = py::none(), py::arg("indices") = py::none(),
           "B sequences in one call, bit-identical to B single reads. Inputs are stacked [B][...] arrays; top_k "
-          "a list of B (None: the reader's). Returns (out [B][query_heads][value channels], lse "
+          "a list of B (None: the reader's), the per-sequence length of host indices [B][n] (int32, −1 "
+          "padded; FlashMLA's indices and topk_length, as logical entry ids). Returns (out [B][query_heads][value channels], lse "
           "[B][query_heads], selected_logical, selected_physical): the selections are int32 [B][reader top_k] "
           "when asked for (True, or an array to fill), else None.");
+
+  py::class_<selector>(root, "EntrySelector",
+                       "The lightning indexer and top-k alone (entry_selector): score a sequence's candidate "
+                       "entries, or select the top k as logical and physical ids, without attention queries. "
+                       "Holds scratch: one call at a time (concurrent calls wait). Calls release the GIL.")
+      .def(py::init([](const layer_cache& c, const selection_config& config) {
+             return std::make_unique<selector>(c.visit([](const auto& x) { return x.shape(); }), config);
+           }),
+           py::arg("cache"), py::arg("config"))
+      .def(py::init([](const layer_shape& shape, const selection_config& config) {
+             return std::make_unique<selector>(shape, config);
+           }),
+           py::arg("shape"), py::arg("config"))
+      .def_property_readonly("config", [](const selector& s) { return s.stage.config(); })
+      .def("candidates", [](const selector& s, std::int64_t position) { return s.stage.candidates(position); },
+           py::arg("position"), "The entries a query at `position` may see.")
+      .def(
+          "score",
+          [](selector& s, const layer_cache& c, sequence_id seq, std::int64_t position, py::object indexer_queries,
+             py::object indexer_weights) {
+            std::vector<py::array> keep;
+            const selection_request request = selection_inputs(s, keep, position, indexer_queries, indexer_weights, -1);
+            std::vector<float> scores;
+            locked_selection(s, c, [&](const auto& cache) {
+              const sequence_view view = cache.view_of(seq);
+              // Sized only for a position the sequence holds; any other is the call's error.
+              if (position >= 0 && position < view.tokens) scores.resize(static_cast<std::size_t>(s.stage.candidates(position)));
+              s.stage.score(view, request, scores);
+            });
+            const auto n = static_cast<py::ssize_t>(scores.size());
+            return adopt(std::move(scores), {n});
+          },
+          py::arg("cache"), py::arg("seq"), py::arg("position"), py::arg("indexer_queries"), py::arg("indexer_weights"),
+          "Every candidate's indexer score I_j = Σ_h w_h · ReLU(q_h · k_j), float32 [candidates(position)].")
+      .def(
+          "select",
+          [](selector& s, const layer_cache& c, sequence_id seq, std::int64_t position, py::object indexer_queries,
+             py::object indexer_weights, std::int64_t top_k) {
+            std::vector<py::array> keep;
+            const selection_request request =
+                selection_inputs(s, keep, position, indexer_queries, indexer_weights, top_k);
+            // Never more than the config's top_k: a larger request is the call's error.
+            const std::int64_t k = top_k < 0 ? s.stage.config().top_k : std::min(top_k, s.stage.config().top_k);
+            std::vector<std::int32_t> logical(static_cast<std::size_t>(k)), physical(logical.size());
+            std::vector<float> scores(logical.size());
+            locked_selection(s, c, [&](const auto& cache) { s.stage.select(cache, seq, request, logical, physical, scores); });
+            return py::make_tuple(adopt(std::move(logical), {k}), adopt(std::move(physical), {k}),
+                                  adopt(std::move(scores), {k}));
+          },
+          py::arg("cache"), py::arg("seq"), py::arg("position"), py::arg("indexer_queries"), py::arg("indexer_weights"),
+          py::kw_only(), py::arg("top_k") = -1,
+          "The top k in rank order (ties: lower id first): (logical ids, physical ids, scores), int32/int32/"
+          "float32 [top_k], −1 (NaN for scores) past the number selected. top_k −1: the config's.");
 
   presets.def("deepseek_v4_csa_reader", &presets::deepseek_v4_csa_reader,
               "64 query heads, tied 512-channel K/V on stream 0, indexer (64 heads) on stream 1, top 512, sink, "

@@ -240,7 +240,12 @@ def test_reader_accessors_and_config_errors(csa):
     assert reader.output_floats == 64 * 512 and reader.config.top_k == 512
     assert reader.shape.geometry == csa.geometry and len(reader.shape.streams) == 2
     rc.indexer_stream = None
-    message = r"^csa.reader.indexer_stream = -1: must name a stream of the cache when top_k > 0$"
+    message = (r"^csa.reader.indexer_heads = 64: must be 0 without an indexer stream "
+               r"\(the host supplies the indices\)$")
+    with pytest.raises(pk.ConfigError, match=message):
+        pk.SparseReader(csa.cache, rc)
+    rc.indexer_stream = 7
+    message = r"^csa.reader.indexer_stream = 7: must name a stream of the cache when top_k > 0, or be no_stream"
     with pytest.raises(pk.ConfigError, match=message):
         pk.SparseReader(csa.cache, rc)
     rc.indexer_stream, rc.key_stream = 1, 5

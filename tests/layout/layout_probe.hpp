@@ -40,6 +40,8 @@ layout_report layout_native();
 struct phasekv::detail::layout_access {
   static std::size_t sequence_work_size() { return sizeof(sparse_reader::sequence_work); }
   static std::size_t sequence_work_alignment() { return alignof(sparse_reader::sequence_work); }
+  static std::size_t selection_state_size() { return sizeof(entry_selector::state); }
+  static std::size_t selection_state_alignment() { return alignof(entry_selector::state); }
 };
 
 namespace phasekv_test {
@@ -57,6 +59,9 @@ layout_report PHASEKV_LAYOUT_PROBE() {
   PHASEKV_LAYOUT(read_request);
   PHASEKV_LAYOUT(read_item);
   PHASEKV_LAYOUT(read_trace);
+  PHASEKV_LAYOUT(entry_selector);
+  PHASEKV_LAYOUT(selection_config);
+  PHASEKV_LAYOUT(selection_request);
   PHASEKV_LAYOUT(softmax_state);
   PHASEKV_LAYOUT(sequence_view);
   PHASEKV_LAYOUT(stream_view);
@@ -79,6 +84,8 @@ layout_report PHASEKV_LAYOUT_PROBE() {
 #undef PHASEKV_LAYOUT
   r.types.push_back({"sparse_reader::sequence_work", detail::layout_access::sequence_work_size(),
                      detail::layout_access::sequence_work_alignment()});
+  r.types.push_back({"entry_selector::state", detail::layout_access::selection_state_size(),
+                     detail::layout_access::selection_state_alignment()});
   return r;
 }
 

@@ -25,6 +25,13 @@ inline constexpr std::size_t no_stream = static_cast<std::size_t>(-1);
 // 68-byte key instead of 512. Attention itself always runs in fp32.
 enum class indexer_precision { f32, bf16, fp4 };
 
+// What a read reports as its log-sum-exp (read_item::lse), for a host that merges branches:
+//   with_sink — ln(Σ exp ℓ + exp(sink)): (out, lse) is an exact softmax state; −inf when empty.
+//   flashmla  — FlashMLA's sparse decode: ln Σ exp ℓ over the keys only (the sink only rescales
+//               the output), +inf for a query that sees no key.
+// The output is the same under both.
+enum class lse_convention { with_sink, flashmla };
+
 struct reader_config {
   std::string name = "reader";
   std::int64_t query_heads = 1;
@@ -39,6 +46,31 @@ struct reader_config {
   indexer_precision precision = indexer_precision::f32;
   bool sink = false;             // read_request.sinks holds one logit per query head
   bool derotate_output = false;  // tied K/V with RoPE: rotate the output back by the query position
+  lse_convention lse = lse_convention::with_sink;
+};
+
+// The selection stage on its own (selection.hpp): which entries a query reads. A reader's is
+// selection_of(its config); indexer_stream = no_stream with top_k > 0 is a selection the host
+// makes itself (read_request::indices).
+struct selection_config {
+  std::string name = "selection";
+  std::size_t indexer_stream = no_stream;
+  std::int64_t indexer_heads = 0;
+  indexer_precision precision = indexer_precision::f32;
+  std::int64_t top_k = 0;            // entries selected (at most)
+  std::size_t physical_stream = 0;   // the stream whose pages physical ids index (a reader's key stream)
+};
+
+inline selection_config selection_of(const reader_config& c) {
+  return {c.name, c.indexer_stream, c.indexer_heads, c.precision, c.top_k, c.key_stream};
+}
+
+// One query's selection: its position and indexer inputs.
+struct selection_request {
+  std::int64_t position = 0;           // t: the query token, already appended
+  span<const float> indexer_queries;   // [indexer_heads][indexer channels]
+  span<const float> indexer_weights;   // [indexer_heads]
+  std::int64_t top_k = -1;             // in [0, selection_config::top_k]; −1 takes the config's
 };
 
 struct read_request {
@@ -51,6 +83,12 @@ struct read_request {
   // selection on, 0 reads the window (and sink) alone. Without selection (config top_k = 0), only
   // −1 or 0.
   std::int64_t top_k = -1;
+  // Entries the host selected (FlashMLA's sparse-decode `indices`, here logical entry ids): when
+  // not empty, the read attends to these, in this order, and runs no indexer (indexer inputs
+  // empty). At most the config's top_k ids, −1 for padding; only the first top_k (above) are
+  // read, so top_k is the per-sequence length. A reader without an indexer stream
+  // (indexer_stream = no_stream, top_k > 0) reads only such selections.
+  span<const std::int32_t> indices = {};
 };
 
 // What one read looked at, for the diagnostics. Masses are means over query heads; for each

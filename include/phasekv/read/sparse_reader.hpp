@@ -3,8 +3,9 @@
 // compressed sparse attention reads:
 //
 //   1. candidates  — the complete entries a query at position t may see: j < floor((t+1+lead)/S)
-//   2. selection   — all of them (HCA), or the lightning indexer's top k:
+//   2. selection   — all of them (HCA), the lightning indexer's top k (selection.hpp):
 //                      I_j = Σ_h w_h · ReLU(q^I_h · k^I_j)     (ties: lower j first)
+//                    or the entries the host selected (read_request::indices, read in its order)
 //   3. attention   — over the selected entries plus the raw window tokens [t − N_win + 1, t],
 //                    normalised jointly: logits scale·q·k, an optional per-head sink logit in the
 //                    denominator only, output Σ p·v. The compressed and window parts are
@@ -13,6 +14,10 @@
 //
 // Tied K/V (one stream read as both, DeepSeek-V4): the output's RoPE channels carry the entries'
 // rotations; `derotate_output` rotates them back by the query position, as DeepSeek-V4 does.
+//
+// The stages live apart: read_checks.hpp rejects a bad request before anything is written,
+// selection.hpp scores and selects (a host can run it alone: entry_selector), this file plans the
+// attention pieces, runs them and writes the outputs and the trace.
 //
 // What it reads: a sequence_view (cache/sequence_view.hpp) — per stream a page base, layout and
 // page table, and the raw window ring — never the cache object itself. The reader is built from
@@ -31,6 +36,9 @@
 // the union of both branches' keys. A host merging two branches turns the sink on in only one of
 // them (it belongs in the denominator once). A read that sees nothing (no entry, no window token,
 // no sink or a sink of −∞) gives lse = −∞ and a zero output, the identity of the merge.
+// reader_config::lse = flashmla reports FlashMLA's instead: ln Σ exp(ℓ) over the keys alone
+// (the sink only rescales the output; with_sink = ln(exp(lse) + exp(sink))) and +∞ for a query
+// that sees no key.
 // And optionally the selected entries: logical entry ids in rank order, and physical indices
 // into the key stream's pages, page_id · page_size + slot (FlashMLA's sparse-decode indices),
 // −1 in the slots past the number selected.
@@ -69,6 +77,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -86,13 +95,11 @@
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/read/attention_kernel.hpp"
-#include "phasekv/read/indexer_bf16_kernel.hpp"
-#include "phasekv/read/indexer_fp4_kernel.hpp"
-#include "phasekv/read/indexer_kernel.hpp"
+#include "phasekv/read/read_checks.hpp"
 #include "phasekv/read/read_types.hpp"
+#include "phasekv/read/selection.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/top_k.hpp"
-#include "phasekv/simd/finite.hpp"
 
 namespace phasekv {
 
@@ -108,7 +115,12 @@ class sparse_reader {
 
  public:
   sparse_reader(layer_shape shape, reader_config config) : shape_(std::move(shape)), config_(std::move(config)) {
-    validate();
+    const detail::read_dims dims = detail::check_reader_config(shape_, config_);
+    kv_heads_ = dims.kv_heads;
+    key_channels_ = dims.key_channels;
+    value_channels_ = dims.value_channels;
+    indexer_channels_ = dims.indexer_channels;
+    if (config_.top_k > 0 && config_.indexer_stream != no_stream) selector_.emplace(shape_, selection_of(config_));
     const stream_shape& keys = shape_.streams[config_.key_stream];
     if (config_.derotate_output) rope_ = rope_rotation(keys.rope, keys.channels);
     scale_ = config_.scale > 0.0f ? config_.scale : 1.0f / std::sqrt(static_cast<float>(key_channels_));
@@ -154,15 +166,12 @@ class sparse_reader {
   // L2-sized stream); 256 keys per attention piece: its values (512 KiB at 512 channels) are
   // still in the L2 when the output pass re-reads them, and a top-512 read with a 128-token
   // window splits three ways.
-  static constexpr std::int64_t score_chunk_entries = 4096;
+  static constexpr std::int64_t score_chunk_entries = entry_selector::score_chunk_entries;
   static constexpr std::int64_t attention_piece_keys = 256;
-  static constexpr std::int64_t max_selectable_entries = (std::int64_t{1} << 32) - 1;
+  static constexpr std::int64_t max_selectable_entries = entry_selector::max_selectable_entries;
 
  private:
   friend struct detail::layout_access;
-  struct score_task {
-    std::vector<float> page;  // a converted page (non-fp32 storage)
-  };
   // A run of keys of one kind: ranks [first, first + count) of the selection, entries
   // [first, first + count) (no selection: every candidate), or window tokens [first, first + count)
   // of the read.
@@ -186,24 +195,16 @@ class sparse_reader {
     softmax_state total;
   };
 
-  // Which kernel scores a read's indexer keys.
-  enum class indexer_path { f32, bf16_dot, fp4 };
-
   // One sequence of a read in flight: its plan and its scratch (kept across reads).
   struct sequence_work {
     const read_item* item = nullptr;
     std::int64_t position = 0, candidates = 0, top_k = 0, n_entries = 0, w_first = 0, n_win = 0;
-    std::int64_t chunk = 0, chunks = 0;
     bool tracing = false;
-    indexer_path path = indexer_path::f32;
-    kernels::indexer_queries indexer_queries;
-    kernels::indexer_bf16_queries indexer_bf16_queries;  // used only where the bf16 kernel is built
-    kernels::indexer_fp4_queries indexer_fp4_queries;    // fp4 precision
-    std::vector<float> rounded_queries;  // bf16 precision without the bf16 kernel
-    std::vector<float> scores, rope_cos;
-    std::vector<score_task> score_tasks;
-    std::vector<std::uint64_t> winners, sort_scratch;
-    std::vector<scored_entry> selection;
+    bool scored = false;                        // the indexer selected (not the host, not "all")
+    entry_selector::state selection;            // the indexer's stages (selection.hpp)
+    std::vector<scored_entry> host_selection;   // read_request::indices, in their order
+    span<const scored_entry> selected;          // what the read attends to: one of the two
+    std::vector<float> rope_cos;
     std::vector<piece> pieces;
     std::vector<attention_kernel::prepared> queries;           // per KV head
     std::vector<const float*> window_keys, window_values;      // the read's window rows in the ring (f32)
@@ -212,111 +213,7 @@ class sparse_reader {
     Eigen::VectorXf final_max, final_norm;                     // per query head, for the trace
   };
 
-  // ---- configuration -----------------------------------------------------------------------
-
-  void validate() {
-    using detail::require;
-    const std::string& n = config_.name;
-    const std::size_t streams = shape_.streams.size();
-    shape_.geom.validate();
-    require(streams >= 1 && streams <= sequence_view::max_streams, n + ": shape.streams.size()", streams,
-            "must lie in [1, " + std::to_string(sequence_view::max_streams) + "]");
-    for (std::size_t k = 0; k < streams; ++k) {
-      const stream_shape& st = shape_.streams[k];
-      const std::string f = n + ": shape.streams[" + std::to_string(k) + "]";
-      require(st.kv_heads >= 1 && st.kv_heads <= limits::max_heads, f + ".kv_heads", st.kv_heads, "must lie in [1, 2^16]");
-      require(st.channels >= 1 && st.channels <= limits::max_channels, f + ".channels", st.channels,
-              "must lie in [1, 2^20]");
-      require(is_valid(st.storage), f + ".storage", static_cast<int>(st.storage), "is not a storage_type");
-      if (st.storage == storage_type::fp8_e4m3_block) {
-        const std::int64_t rope = stored_rope_channels(st);
-        require(rope >= 0 && rope <= st.channels, f + ".rope.channels", rope,
-                "must lie in [0, channels = " + std::to_string(st.channels) +
-                    "]: fp8_e4m3_block keeps the RoPE channels of a stream that applies RoPE in bf16");
-      }
-      if (st.storage == storage_type::fp4_e2m1_hadamard)
-        require(is_fp4_channel_count(st.channels), f + ".channels", st.channels,
-                "must be a power of two in [32, 1024] for fp4_e2m1_hadamard storage");
-    }
-    require(config_.query_heads >= 1, n + ".query_heads", config_.query_heads, "must be at least 1");
-    require(config_.query_heads <= limits::max_heads, n + ".query_heads", config_.query_heads, "must be at most 2^16");
-    require(config_.key_stream < streams, n + ".key_stream", config_.key_stream,
-            "must name a stream of the cache (it has " + std::to_string(streams) + ")");
-    require(config_.value_stream < streams, n + ".value_stream", config_.value_stream,
-            "must name a stream of the cache (it has " + std::to_string(streams) + ")");
-    require(std::isfinite(config_.scale) && config_.scale >= 0.0f, n + ".scale", config_.scale,
-            "must be finite and non-negative (0 = 1/sqrt(channels))");
-    require(config_.precision == indexer_precision::f32 || config_.precision == indexer_precision::bf16 ||
-                config_.precision == indexer_precision::fp4,
-            n + ".precision", static_cast<int>(config_.precision), "is not an indexer_precision");
-    require(config_.top_k >= 0, n + ".top_k", config_.top_k, "must be non-negative (0 = no selection)");
-    require(config_.top_k <= std::numeric_limits<std::int32_t>::max(), n + ".top_k", config_.top_k,
-            "must be below 2^31 (selected entries are reported as 32-bit indices)");
-    const stream_shape& keys = shape_.streams[config_.key_stream];
-    const stream_shape& values = shape_.streams[config_.value_stream];
-    // FP4 entries are indexer keys in the transformed basis (cache/fp4.hpp): nothing to attend to.
-    for (const auto& [field, stream] : {std::pair<const char*, const stream_shape*>{".key_stream", &keys}, {".value_stream", &values}})
-      require(stream->storage != storage_type::fp4_e2m1_hadamard, n + field, "'" + stream->name + "'",
-              "is stored as fp4_e2m1_hadamard, which only the FP4 indexer reads (attention needs another storage type)");
-    kv_heads_ = keys.kv_heads;
-    key_channels_ = keys.channels;
-    value_channels_ = values.channels;
-    require(values.kv_heads == kv_heads_, n + ".value_stream kv_heads", values.kv_heads,
-            "must equal the key stream's kv_heads = " + std::to_string(kv_heads_));
-    require(config_.query_heads % kv_heads_ == 0, n + ".query_heads", config_.query_heads,
-            "must be a multiple of the key stream's kv_heads = " + std::to_string(kv_heads_));
-    const raw_window_config& w = shape_.window;
-    require(w.tokens >= 0 && w.tokens <= (std::int64_t{1} << 32), n + ": shape.window.tokens", w.tokens,
-            "must lie in [0, 2^32]");
-    if (w.tokens > 0) {
-      require(w.kv_heads == kv_heads_, n + ": shape window.kv_heads", w.kv_heads,
-              "must equal the key stream's kv_heads = " + std::to_string(kv_heads_));
-      require(w.key_channels == key_channels_, n + ": shape window.key_channels", w.key_channels,
-              "must equal the key stream's channels = " + std::to_string(key_channels_));
-      const std::int64_t wv = w.value_channels == 0 ? w.key_channels : w.value_channels;
-      require(wv == value_channels_, n + ": shape window value channels", wv,
-              "must equal the value stream's channels = " + std::to_string(value_channels_));
-    }
-    if (config_.top_k > 0) {
-      require(config_.indexer_stream < streams, n + ".indexer_stream", static_cast<long long>(config_.indexer_stream),
-              "must name a stream of the cache when top_k > 0");
-      const stream_shape& ix = shape_.streams[config_.indexer_stream];
-      require(ix.kv_heads == 1, n + ": indexer stream kv_heads", ix.kv_heads, "must be 1");
-      require(config_.indexer_heads >= 1, n + ".indexer_heads", config_.indexer_heads, "must be at least 1 when top_k > 0");
-      require(config_.indexer_heads <= limits::max_heads, n + ".indexer_heads", config_.indexer_heads,
-              "must be at most 2^16");
-      indexer_channels_ = ix.channels;
-      if (config_.precision == indexer_precision::bf16)
-        require(ix.storage == storage_type::bf16, n + ".precision", "bf16",
-                std::string("needs the indexer stream stored in bf16 (cache_config.stream_storage), not ") +
-                    to_string(ix.storage));
-      if (config_.precision == indexer_precision::fp4)
-        require(ix.storage == storage_type::fp4_e2m1_hadamard, n + ".precision", "fp4",
-                std::string("needs the indexer stream stored in fp4_e2m1_hadamard (cache_config.stream_storage), not ") +
-                    to_string(ix.storage));
-      else
-        require(ix.storage != storage_type::fp4_e2m1_hadamard, n + ".precision",
-                config_.precision == indexer_precision::bf16 ? "bf16" : "f32",
-                "must be fp4 for an indexer stream stored in fp4_e2m1_hadamard (its keys are in the transformed basis)");
-    }
-    if (config_.derotate_output) {
-      require(config_.key_stream == config_.value_stream, n + ".derotate_output", "true",
-              "applies to tied K/V only (key_stream == value_stream)");
-      // A stream's rope config means something only when its policy rotates the entries.
-      require(keys.applies_rope, n + ".derotate_output", "true",
-              "needs a key stream whose policy applies RoPE (stream '" + keys.name + "' rotates nothing)");
-      require(keys.rope.channels >= 2, n + ".derotate_output", "true",
-              "needs RoPE channels in the key stream's config (rope.channels = " + std::to_string(keys.rope.channels) + ")");
-      keys.rope.validate(n + ": shape.streams[" + std::to_string(config_.key_stream) + "].rope", keys.channels);
-    }
-  }
-
-  // ---- checks of a read ----------------------------------------------------------------------
-
-  // "<name>: request.queries" for a single read, "<name>: items[3].request.queries" in a batch.
-  std::string field(std::ptrdiff_t item, const std::string& what) const {
-    return config_.name + ": " + (item < 0 ? std::string() : "items[" + std::to_string(item) + "].") + what;
-  }
+  // ---- checks of a read (read_checks.hpp) ------------------------------------------------------
 
   static std::int64_t effective_top_k(const reader_config& c, const read_request& r) noexcept {
     return r.top_k < 0 ? c.top_k : r.top_k;
@@ -324,196 +221,64 @@ class sparse_reader {
 
   void check_item(const read_item& it, std::ptrdiff_t i) const {
     const read_request& r = it.request;
-    auto require_span = [&](span<const float> s, std::int64_t expected, const char* what, const char* shape) {
-      if (s.data() == nullptr && s.size() != 0)
-        detail::fail<input_error>(field(i, std::string("request.") + what + ".data()"), "null",
-                                  "must not be null when the size is not 0");
-      if (static_cast<std::int64_t>(s.size()) != expected)
-        detail::fail<input_error>(field(i, std::string("request.") + what + ".size()"), s.size(),
-                                  "must be " + std::to_string(expected) + " (" + shape + ")");
-    };
-    if (it.out == nullptr) detail::fail<input_error>(field(i, "out"), "null", "must point to query_heads × value channels floats");
-    if (it.view == nullptr) detail::fail<input_error>(field(i, "view"), "null", "must point to the sequence's view");
-    require_span(r.queries, config_.query_heads * key_channels_, "queries", "query_heads × key channels");
-    require_span(r.indexer_queries, config_.top_k > 0 ? config_.indexer_heads * indexer_channels_ : 0, "indexer_queries",
-                 "indexer_heads × indexer channels, empty without top_k");
-    require_span(r.indexer_weights, config_.top_k > 0 ? config_.indexer_heads : 0, "indexer_weights",
-                 "indexer_heads, empty without top_k");
-    require_span(r.sinks, config_.sink ? config_.query_heads : 0, "sinks", "query_heads when the sink is on, else empty");
-    if (r.top_k < -1 || r.top_k > config_.top_k)
-      detail::fail<input_error>(field(i, "request.top_k"), r.top_k,
-                                "must lie in [0, reader top_k = " + std::to_string(config_.top_k) + "], or be -1 (the reader's)");
-    if ((it.selected_logical || it.selected_physical) && config_.top_k == 0)
-      detail::fail<input_error>(field(i, it.selected_logical ? "selected_logical" : "selected_physical"), "non-null",
-                                "needs a reader that selects (top_k > 0)");
-    // Non-finite inputs would turn into a silently wrong selection (a NaN score ranks anywhere)
-    // or an all-NaN output, so they are rejected. A sink of −inf is allowed: it means "no sink".
-    require_finite(r.queries, i, "queries", false);
-    require_finite(r.indexer_queries, i, "indexer_queries", false);
-    require_finite(r.indexer_weights, i, "indexer_weights", false);
-    require_finite(r.sinks, i, "sinks", true);
-    check_view(*it.view, it, i);
-  }
-
-  // One vectorised pass that only looks further when something is not finite (the common case
-  // costs about a microsecond for DeepSeek-V4's 64 × 512 queries).
-  void require_finite(span<const float> values, std::ptrdiff_t item, const char* what, bool allow_minus_infinity) const {
-    if (kernels::all_finite(values.data(), static_cast<std::int64_t>(values.size()))) return;
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      const float v = values[i];
-      if (std::isfinite(v) || (allow_minus_infinity && v == -std::numeric_limits<float>::infinity())) continue;
-      detail::fail<input_error>(field(item, std::string("request.") + what + "[" + std::to_string(i) + "]"), v,
-                                allow_minus_infinity ? "must be finite or −inf (no sink)" : "must be finite");
+    const detail::field_name field{config_.name, i};
+    if (it.out == nullptr) detail::fail<input_error>(field("out"), "null", "must point to query_heads × value channels floats");
+    if (it.view == nullptr) detail::fail<input_error>(field("view"), "null", "must point to the sequence's view");
+    detail::require_span_size(r.queries.size(), r.queries.data(), config_.query_heads * key_channels_,
+                              field("request.queries"), "query_heads × key channels");
+    const bool host = !r.indices.empty();
+    if (host) {
+      if (config_.top_k == 0)
+        detail::fail<input_error>(field("request.indices"), "non-empty", "needs a reader that selects (top_k > 0)");
+      if (r.indices.data() == nullptr)
+        detail::fail<input_error>(field("request.indices.data()"), "null", "must not be null when the size is not 0");
+      if (static_cast<std::int64_t>(r.indices.size()) > config_.top_k)
+        detail::fail<input_error>(field("request.indices.size()"), r.indices.size(),
+                                  "must be at most the reader's top_k = " + std::to_string(config_.top_k));
+    } else if (config_.top_k > 0 && !selector_ && effective_top_k(config_, r) > 0) {
+      detail::fail<input_error>(field("request.indices"), "empty",
+                                "must name the entries to read: the reader has no indexer stream (indexer_stream = no_stream)");
     }
+    // The indexer's inputs whenever the reader has one and the host did not select.
+    detail::check_selection_request(selection_of(config_), indexer_channels_,
+                                    {r.position, r.indexer_queries, r.indexer_weights, r.top_k}, selector_ && !host, field,
+                                    "request.");
+    detail::require_span_size(r.sinks.size(), r.sinks.data(), config_.sink ? config_.query_heads : 0, field("request.sinks"),
+                              "query_heads when the sink is on, else empty");
+    if ((it.selected_logical || it.selected_physical) && config_.top_k == 0)
+      detail::fail<input_error>(field(it.selected_logical ? "selected_logical" : "selected_physical"), "non-null",
+                                "needs a reader that selects (top_k > 0)");
+    detail::require_finite(r.queries, field("request.queries"), false);
+    detail::require_finite(r.sinks, field("request.sinks"), true);
+    check_view(*it.view, it, field);
   }
 
   // The view holds what a read at the request's position touches, in the reader's shape.
-  static std::string geometry_text(const geometry& g) {
-    return "stride " + std::to_string(g.stride) + ", window " + std::to_string(g.window) + ", origin " +
-           std::to_string(g.origin) + (g.anchor == anchor_mode::block_start ? "" : ", another anchor");
-  }
-
-  void check_view(const sequence_view& v, const read_item& it, std::ptrdiff_t i) const {
+  void check_view(const sequence_view& v, const read_item& it, const detail::field_name& field) const {
     const std::int64_t t = it.request.position;
-    if (v.stamp.current && !v.stamp.current(v.stamp.owner, v.stamp.sequence, v.stamp.writes))
-      detail::fail<input_error>(field(i, "view"), "stale",
-                                "its sequence (" + std::to_string(v.stamp.sequence) +
-                                    ") was freed or written since view_of(): take a new view");
-    if (v.tokens <= 0)
-      detail::fail<input_error>(field(i, "view.tokens"), v.tokens, "is empty: append the query's token first");
-    // A host-built view may claim any count: bounded, every position formula (visible_entries
-    // adds lead + 1) stays far from overflow.
-    if (v.tokens > limits::max_tokens)
-      detail::fail<input_error>(field(i, "view.tokens"), v.tokens, "must be at most 2^48 (limits::max_tokens)");
-    if (t < 0 || t >= v.tokens)
-      detail::fail<input_error>(field(i, "request.position"), t,
-                                "must lie in [0, tokens = " + std::to_string(v.tokens) +
-                                    "): the query's own token must be appended before it reads");
-    if (v.stream_count != shape_.streams.size())
-      detail::fail<input_error>(field(i, "view.stream_count"), v.stream_count,
-                                "must be the layer's stream count, " + std::to_string(shape_.streams.size()));
-    if (v.geom.stride != 0 && !(v.geom == shape_.geom))
-      detail::fail<input_error>(field(i, "view.geom"), geometry_text(v.geom),
-                                "must be the reader's, " + geometry_text(shape_.geom) +
-                                    ": the entries were pooled with another geometry");
+    detail::check_view_common(v, t, shape_, field, "request.position");
     if (config_.derotate_output && !rope_.covers(t))
-      detail::fail<input_error>(field(i, "request.position"), t,
+      detail::fail<input_error>(field("request.position"), t,
                                 "must lie in the key stream's rope.table positions [0, " +
                                     std::to_string(rope_.table()->positions) +
                                     "): the output is rotated back at it with the host's table");
     const std::int64_t candidates = shape_.geom.visible_entries(t);
-    // Top-k ranks entries by 64-bit keys that hold a 32-bit index (top_k.hpp).
     if (config_.top_k > 0 && candidates > max_selectable_entries)
-      detail::fail<input_error>(field(i, "request.position"), t,
+      detail::fail<input_error>(field("request.position"), t,
                                 "sees more than 2^32 − 1 entries, the most top-k selection can rank");
-    check_stream(v, config_.key_stream, candidates, it, i);
-    if (config_.value_stream != config_.key_stream) check_stream(v, config_.value_stream, candidates, it, i);
-    if (config_.top_k > 0 && effective_top_k(config_, it.request) > 0 && config_.indexer_stream != config_.key_stream &&
-        config_.indexer_stream != config_.value_stream)
-      check_stream(v, config_.indexer_stream, candidates, it, i);
-    if (it.selected_physical) {
-      const stream_view& keys = v.streams[config_.key_stream];
-      std::int64_t slots = 0;
-      if (!detail::product_within(keys.capacity, keys.layout.page_size, std::numeric_limits<std::int32_t>::max(), slots))
-        detail::fail<input_error>(field(i, "selected_physical"), "non-null",
-                                  "needs the key stream's capacity × page_size = " + std::to_string(keys.capacity) +
-                                      " × " + std::to_string(keys.layout.page_size) + " below 2^31 (32-bit indices)");
+    detail::check_stream(v, config_.key_stream, candidates, shape_, field);
+    if (config_.value_stream != config_.key_stream) detail::check_stream(v, config_.value_stream, candidates, shape_, field);
+    if (selector_ && it.request.indices.empty() && effective_top_k(config_, it.request) > 0 &&
+        config_.indexer_stream != config_.key_stream && config_.indexer_stream != config_.value_stream)
+      detail::check_stream(v, config_.indexer_stream, candidates, shape_, field);
+    if (!it.request.indices.empty()) {
+      const std::int64_t k = std::min<std::int64_t>(effective_top_k(config_, it.request),
+                                                    static_cast<std::int64_t>(it.request.indices.size()));
+      detail::check_host_indices(it.request.indices.subspan(0, static_cast<std::size_t>(k)), candidates,
+                                 field("request.indices"));
     }
-    const raw_window_config& cfg = shape_.window;
-    if (cfg.tokens == 0) return;
-    const window_view& w = v.window;
-    auto bad = [&](const char* what, auto value, const std::string& why) {
-      detail::fail<input_error>(field(i, std::string("view.window.") + what), value, why);
-    };
-    const std::int64_t value_channels = cfg.value_channels == 0 ? cfg.key_channels : cfg.value_channels;
-    if (w.storage != cfg.precision)
-      bad("storage", to_string(w.storage), std::string("must be the layer's window precision, ") + to_string(cfg.precision));
-    if (cfg.precision == storage_type::fp8_e4m3_block) {
-      if (w.rope_channels != cfg.rope_channels)
-        bad("rope_channels", w.rope_channels, "must be the layer's " + std::to_string(cfg.rope_channels));
-      if (w.key_bytes == nullptr) bad("key_bytes", "null", "must point to the window ring's FP8 key rows");
-      if (w.value_bytes == nullptr)
-        bad("value_bytes", "null", "must point to the window ring's FP8 value rows (the keys when tied)");
-      if (cfg.value_channels == 0 && w.value_bytes != w.key_bytes)
-        bad("value_bytes", "not key_bytes", "must equal key_bytes: the layer's window is tied (its values are the keys)");
-    } else {
-      if (w.keys == nullptr) bad("keys", "null", "must point to the window ring's key rows");
-      if (w.values == nullptr) bad("values", "null", "must point to the window ring's value rows (the keys when tied)");
-    }
-    if (w.kv_heads != cfg.kv_heads) bad("kv_heads", w.kv_heads, "must be the layer's " + std::to_string(cfg.kv_heads));
-    if (w.key_channels != cfg.key_channels)
-      bad("key_channels", w.key_channels, "must be the layer's " + std::to_string(cfg.key_channels));
-    if (w.value_channels != value_channels)
-      bad("value_channels", w.value_channels, "must be the layer's " + std::to_string(value_channels));
-    if (w.rows < 1 || w.rows > limits::max_tokens) bad("rows", w.rows, "must lie in [1, 2^48]");
-    if (w.first < 0 || w.first > w.tokens || w.tokens - w.first > w.rows)
-      bad("first", w.first, "must lie in [max(0, tokens − rows), tokens] (tokens = " + std::to_string(w.tokens) +
-                                ", rows = " + std::to_string(w.rows) + ")");
-    if (w.tokens <= t) bad("tokens", w.tokens, "must exceed request.position = " + std::to_string(t));
-    const std::int64_t first = std::max<std::int64_t>(0, t - cfg.tokens + 1);
-    if (first < w.first)
-      detail::fail<input_error>(field(i, "request.position"), t,
-                                "needs window tokens from " + std::to_string(first) +
-                                    ", but the cache keeps only tokens from " + std::to_string(w.first));
-  }
-
-  // Stream k of the view: the reader's element shape in a packed NHD layout, and a page table
-  // whose first pages — those holding entries [0, candidates) — name pages of the arena.
-  void check_stream(const sequence_view& v, std::size_t k, std::int64_t candidates, const read_item&, std::ptrdiff_t i) const {
-    const stream_view& s = v.streams[k];
-    const stream_shape& st = shape_.streams[k];
-    const page_layout& l = s.layout;
-    const std::string f = "view.streams[" + std::to_string(k) + "]";
-    auto bad = [&](const std::string& what, auto value, const std::string& why) {
-      detail::fail<input_error>(field(i, f + "." + what), value, why);
-    };
-    if (l.storage != st.storage) bad("layout.storage", to_string(l.storage), std::string("must be the stream's ") + to_string(st.storage));
-    if (l.kv_heads != st.kv_heads) bad("layout.kv_heads", l.kv_heads, "must be the stream's " + std::to_string(st.kv_heads));
-    if (l.channels != st.channels) bad("layout.channels", l.channels, "must be the stream's " + std::to_string(st.channels));
-    const bool fp8 = st.storage == storage_type::fp8_e4m3_block, blocks = is_block_storage(st.storage);
-    const std::int64_t rope = fp8 ? stored_rope_channels(st) : 0;
-    if (l.rope_channels != rope)
-      bad("layout.rope_channels", l.rope_channels,
-          fp8 ? "must be the stream's RoPE channels, " + std::to_string(rope) + " (kept in bf16)"
-              : std::string("must be 0 (only fp8_e4m3_block keeps RoPE channels apart)"));
-    const page_layout packed = page_layout::packed(st.storage, st.kv_heads, st.channels, rope);
-    const std::int64_t e = packed.element_bytes;
-    if (l.element_bytes != e) bad("layout.element_bytes", l.element_bytes, "must be " + std::to_string(e));
-    if (l.page_size < 1 || l.page_size > limits::max_tokens) bad("layout.page_size", l.page_size, "must lie in [1, 2^48]");
-    if (l.head_stride != packed.head_stride || l.head_stride_bytes != packed.head_stride_bytes)
-      bad("layout.head_stride", l.head_stride,
-          blocks ? std::string(fp8 ? "must be the fp8" : "must be the fp4") + " head's bytes = " +
-                       std::to_string(packed.head_stride) + " (packed heads)"
-                 : "must be channels = " + std::to_string(l.channels) + " (packed heads)");
-    if (l.entry_stride != packed.entry_stride || l.entry_stride_bytes != packed.entry_stride_bytes)
-      bad("layout.entry_stride", l.entry_stride,
-          (blocks ? "must be kv_heads × head bytes = " : "must be kv_heads × channels = ") +
-              std::to_string(packed.entry_stride) + " (packed entries)");
-    std::int64_t payload = 0;
-    if (!detail::product_within(l.page_size, l.entry_stride_bytes, limits::max_bytes, payload) ||
-        l.page_stride_bytes < payload || l.page_stride_bytes % e != 0 || l.page_stride * e != l.page_stride_bytes)
-      bad("layout.page_stride_bytes", l.page_stride_bytes,
-          "must hold page_size entries (" + std::to_string(payload) + " bytes), a whole number of elements, page_stride = bytes / element");
-    std::int64_t arena = 0;
-    if (s.capacity < 0 || !detail::product_within(s.capacity, l.page_stride_bytes, limits::max_bytes, arena))
-      bad("capacity", s.capacity, "must be non-negative and the arena at most 2^48 bytes");
-    if (s.entries < candidates)
-      bad("entries", s.entries, "must be at least the " + std::to_string(candidates) +
-                                    " entries a query at request.position may see (geometry.visible_entries)");
-    const std::int64_t pages = (candidates + l.page_size - 1) / l.page_size;
-    if (static_cast<std::int64_t>(s.pages.size()) < pages)
-      bad("pages.size()", s.pages.size(), "must cover the " + std::to_string(candidates) + " entries read (" +
-                                              std::to_string(pages) + " pages)");
-    if (pages == 0) return;
-    if (s.pages.data() == nullptr) bad("pages.data()", "null", "must not be null when pages are read");
-    if (s.base == nullptr) bad("base", "null", "must point to page 0 of the stream's arena");
-    if (reinterpret_cast<std::uintptr_t>(s.base) % static_cast<std::uintptr_t>(e) != 0)
-      bad("base", "misaligned", "must be aligned to the element size " + std::to_string(e));
-    for (std::int64_t p = 0; p < pages; ++p) {
-      const page_id id = s.pages[static_cast<std::size_t>(p)];
-      if (id < 0 || id >= s.capacity)
-        bad("pages[" + std::to_string(p) + "]", id, "must lie in [0, capacity = " + std::to_string(s.capacity) + ")");
-    }
+    if (it.selected_physical) detail::check_physical_ids(v, config_.key_stream, field("selected_physical"));
+    detail::check_window(v, t, shape_.window, field);
   }
 
   // ---- the read ------------------------------------------------------------------------------
@@ -550,12 +315,12 @@ class sparse_reader {
       w.w_first = n_win_tokens > 0 ? std::max<std::int64_t>(0, r.position - n_win_tokens + 1) : r.position + 1;
       w.n_win = r.position + 1 - w.w_first;
       w.tracing = items[s].trace != nullptr;
-      w.chunks = 0;
-      if (config_.top_k > 0 && w.top_k > 0) {
-        const std::int64_t page_size = items[s].view->streams[config_.indexer_stream].layout.page_size;
-        w.chunk = std::max<std::int64_t>(1, score_chunk_entries / page_size) * page_size;
-        w.chunks = (w.candidates + w.chunk - 1) / w.chunk;
-        for (std::int64_t c = 0; c < w.chunks; ++c) score_jobs_.push_back({static_cast<std::int64_t>(s), c});
+      w.scored = selector_ && r.indices.empty();
+      w.selection.chunks = 0;
+      if (w.scored) {
+        selector_->plan(w.selection, *items[s].view, r.position, r.indexer_queries.data(), r.indexer_weights.data(),
+                        w.top_k, false);
+        for (std::int64_t c = 0; c < w.selection.chunks; ++c) score_jobs_.push_back({static_cast<std::int64_t>(s), c});
       }
     }
 
@@ -563,7 +328,7 @@ class sparse_reader {
     executor_->for_each(static_cast<std::int64_t>(count), prepare);
     auto score = [&](std::int64_t job) {
       const auto [s, c] = score_jobs_[static_cast<std::size_t>(job)];
-      score_chunk(work_[static_cast<std::size_t>(s)], c);
+      selector_->score_chunk(work_[static_cast<std::size_t>(s)].selection, c);
     };
     executor_->for_each(static_cast<std::int64_t>(score_jobs_.size()), score);
     auto select = [&](std::int64_t s) { finish_selection(work_[static_cast<std::size_t>(s)]); };
@@ -606,16 +371,12 @@ class sparse_reader {
       if (items[s].trace) write_trace(work_[s], *items[s].trace);
   }
 
-  // Before scoring: the indexer queries in the kernel's layout, the attention queries per KV
-  // head, the window rows, the de-rotation angles.
+  // Before scoring: the indexer queries in their kernel's layout (selection.hpp), the attention
+  // queries per KV head, the window rows, the de-rotation angles.
   void prepare_sequence(sequence_work& w) {
     const read_item& it = *w.item;
     const read_request& r = it.request;
-    if (w.chunks > 0) {
-      w.path = prepare_indexer(w, r);
-      w.scores.resize(static_cast<std::size_t>(w.candidates));
-      w.score_tasks.resize(static_cast<std::size_t>(w.chunks));
-    }
+    if (w.scored) selector_->prepare(w.selection);
     const std::int64_t group = config_.query_heads / kv_heads_;
     w.queries.resize(static_cast<std::size_t>(kv_heads_));
     for (std::int64_t g = 0; g < kv_heads_; ++g)
@@ -628,108 +389,33 @@ class sparse_reader {
     }
   }
 
-  // The indexer queries in the layout of the kernel that will score them: the bf16 dot-product
-  // kernel (bf16 precision, AVX512-BF16, an even channel count), the FP4 kernel (fp4 precision),
-  // or the fp32 kernel.
-  indexer_path prepare_indexer(sequence_work& w, const read_request& r) {
-    const float* queries = r.indexer_queries.data();
-    if (config_.precision == indexer_precision::fp4) {
-      kernels::indexer_fp4::prepare(queries, r.indexer_weights.data(), config_.indexer_heads, indexer_channels_,
-                                    w.indexer_fp4_queries);
-      return indexer_path::fp4;
-    }
-    if (config_.precision == indexer_precision::bf16) {
-#if PHASEKV_HAS_BF16_DOT
-      if (kernels::indexer_bf16::supports(indexer_channels_)) {
-        kernels::indexer_bf16::prepare(queries, r.indexer_weights.data(), config_.indexer_heads, indexer_channels_,
-                                       w.indexer_bf16_queries);
-        return indexer_path::bf16_dot;
-      }
-#endif
-      w.rounded_queries.resize(r.indexer_queries.size());
-      kernels::round_to_bf16(queries, static_cast<std::int64_t>(r.indexer_queries.size()), w.rounded_queries.data());
-      queries = w.rounded_queries.data();
-    }
-    kernels::indexer<>::prepare(queries, r.indexer_weights.data(), config_.indexer_heads, indexer_channels_,
-                                w.indexer_queries);
-    return indexer_path::f32;
-  }
-
-  // Scores I_j of one chunk of whole pages into w.scores.
-  void score_chunk(sequence_work& w, std::int64_t c) {
-    const stream_view& sv = w.item->view->streams[config_.indexer_stream];
-    const page_layout& layout = sv.layout;
-    const std::int64_t page_size = layout.page_size;
-    score_task& task = w.score_tasks[static_cast<std::size_t>(c)];
-    const std::int64_t first = c * w.chunk, last = std::min(w.candidates, first + w.chunk);
-    for (std::int64_t j = first; j < last; j += page_size) {
-      const std::int64_t count = std::min(page_size, last - j);
-      const std::byte* bytes = sv.base + sv.pages[static_cast<std::size_t>(j / page_size)] * layout.page_stride_bytes;
-      // The next page's keys, prefetched while this page's last entries are scored (fp32 and
-      // FP4 pages: other storage is converted into scratch first).
-      const std::byte* next = nullptr;
-      std::int64_t next_count = 0;
-      if (j + page_size < last) {
-        next = sv.base + sv.pages[static_cast<std::size_t>((j + page_size) / page_size)] * layout.page_stride_bytes;
-        next_count = std::min(page_size, last - j - page_size);
-      }
-      if (w.path == indexer_path::fp4) {
-        kernels::indexer_fp4::score(w.indexer_fp4_queries, bytes, layout.entry_stride_bytes, count, w.scores.data() + j,
-                                    next, next_count);
-        continue;
-      }
-#if PHASEKV_HAS_BF16_DOT
-      if (w.path == indexer_path::bf16_dot) {
-        kernels::indexer_bf16::score(w.indexer_bf16_queries, reinterpret_cast<const std::uint16_t*>(bytes),
-                                     layout.entry_stride, count, w.scores.data() + j);
-        continue;
-      }
-#endif
-      const float* keys = page_floats(layout, bytes, count, task.page);
-      const bool f32 = layout.storage == storage_type::f32;
-      kernels::indexer<>::score(w.indexer_queries, keys, count, w.scores.data() + j,
-                                f32 ? reinterpret_cast<const float*>(next) : nullptr, f32 ? next_count : 0);
-    }
-  }
-
-  // The top k of all chunks' scores in rank order; the selected-entry outputs; the attention
-  // pieces.
+  // What the read attends to — the indexer's top k, the host's indices (−1 skipped, in their
+  // order) or every candidate —, the selected-entry outputs, the attention pieces.
   void finish_selection(sequence_work& w) {
     const read_item& it = *w.item;
     const bool selecting = config_.top_k > 0;
-    if (selecting) {
-      w.selection.clear();
-      select_top_keys(span<const float>(w.scores.data(), static_cast<std::size_t>(w.chunks > 0 ? w.candidates : 0)), 0,
-                      w.top_k, w.winners, w.sort_scratch);
-      w.selection.resize(w.winners.size());
-      for (std::size_t r = 0; r < w.winners.size(); ++r) {
-        const std::int64_t j = rank_key_index(w.winners[r]);
-        w.selection[r] = {j, w.scores[static_cast<std::size_t>(j)]};
-      }
-      write_selected(w, it);
+    if (w.scored) {
+      selector_->rank(w.selection);
+      w.selected = span<const scored_entry>(w.selection.selection.data(), w.selection.selection.size());
+    } else if (selecting) {
+      const span<const std::int32_t> indices = it.request.indices;
+      const auto k = static_cast<std::size_t>(std::min<std::int64_t>(w.top_k, static_cast<std::int64_t>(indices.size())));
+      w.host_selection.clear();
+      for (std::size_t r = 0; r < k; ++r)
+        if (indices[r] >= 0) w.host_selection.push_back({indices[r], std::numeric_limits<float>::quiet_NaN()});
+      w.selected = span<const scored_entry>(w.host_selection.data(), w.host_selection.size());
     }
-    w.n_entries = selecting ? static_cast<std::int64_t>(w.selection.size()) : w.candidates;
+    if (selecting) {
+      const stream_view& keys = it.view->streams[config_.key_stream];
+      entry_selector::write_ids(w.selected, keys, w.top_k, it.selected_logical, it.selected_physical);
+    }
+    w.n_entries = selecting ? static_cast<std::int64_t>(w.selected.size()) : w.candidates;
     plan_pieces(w);
     if (w.tracing) {
       w.entry_logits.resize(config_.query_heads, w.n_entries);
       w.window_logits.resize(config_.query_heads, w.n_win);
       w.final_max.resize(config_.query_heads);
       w.final_norm.resize(config_.query_heads);
-    }
-  }
-
-  // Logical ids and physical indices (key stream: page · page_size + slot) in rank order, −1 after.
-  void write_selected(const sequence_work& w, const read_item& it) const {
-    const stream_view& keys = it.view->streams[config_.key_stream];
-    const std::int64_t page_size = keys.layout.page_size;
-    const std::size_t n = w.selection.size();
-    for (std::int64_t r = 0; r < w.top_k; ++r) {
-      const auto rank = static_cast<std::size_t>(r);
-      const std::int64_t j = rank < n ? w.selection[rank].index : -1;
-      if (it.selected_logical) it.selected_logical[r] = static_cast<std::int32_t>(j);
-      if (it.selected_physical)
-        it.selected_physical[r] =
-            j < 0 ? -1 : static_cast<std::int32_t>(keys.pages[static_cast<std::size_t>(j / page_size)] * page_size + j % page_size);
     }
   }
 
@@ -833,7 +519,12 @@ class sparse_reader {
     const float* sinks = config_.sink ? it.request.sinks.data() + g * group : nullptr;
     float* out = it.out + g * group * value_channels_;
     total.finish(out, sinks);
-    if (it.lse)
+    if (it.lse && config_.lse == lse_convention::flashmla)
+      for (std::int64_t h = 0; h < group; ++h) {
+        const float keys_only = total.log_denominator(h, nullptr);
+        it.lse[g * group + h] = keys_only == -std::numeric_limits<float>::infinity() ? std::numeric_limits<float>::infinity() : keys_only;
+      }
+    else if (it.lse)
       for (std::int64_t h = 0; h < group; ++h) it.lse[g * group + h] = total.log_denominator(h, sinks);
     if (w.tracing)
       for (std::int64_t h = 0; h < group; ++h) {
@@ -846,15 +537,6 @@ class sparse_reader {
   }
 
   // ---- rows ----------------------------------------------------------------------------------
-
-  // A page's first `count` entries as fp32 rows: the page itself, or a converted copy in `scratch`.
-  static const float* page_floats(const page_layout& layout, const std::byte* bytes, std::int64_t count,
-                                  std::vector<float>& scratch) {
-    if (layout.storage == storage_type::f32) return reinterpret_cast<const float*>(bytes);
-    scratch.resize(static_cast<std::size_t>(count * layout.values_per_entry()));
-    load_entries(layout, bytes, count, scratch.data());
-    return scratch.data();
-  }
 
   // An FP8 window's heads (window_view): keys with the layer's RoPE channels in bf16; values
   // the key heads when tied, else without RoPE channels.
@@ -934,7 +616,7 @@ class sparse_reader {
     else if (!f32) converted.resize(static_cast<std::size_t>(pc.count * channels));
     for (std::int64_t i = 0; i < pc.count; ++i) {
       const std::int64_t j =
-          pc.source == key_source::selected ? w.selection[static_cast<std::size_t>(pc.first + i)].index : pc.first + i;
+          pc.source == key_source::selected ? w.selected[static_cast<std::size_t>(pc.first + i)].index : pc.first + i;
       const std::byte* src = sv.base + sv.pages[static_cast<std::size_t>(j / layout.page_size)] * layout.page_stride_bytes +
                              (j % layout.page_size) * layout.entry_stride_bytes + g * layout.head_stride_bytes;
       if (f32) {
@@ -959,8 +641,8 @@ class sparse_reader {
     tr.selected.resize(static_cast<std::size_t>(n_entries));
     tr.scores.clear();
     for (std::int64_t i = 0; i < n_entries; ++i) {
-      tr.selected[static_cast<std::size_t>(i)] = selecting ? w.selection[static_cast<std::size_t>(i)].index : i;
-      if (selecting) tr.scores.push_back(w.selection[static_cast<std::size_t>(i)].score);
+      tr.selected[static_cast<std::size_t>(i)] = selecting ? w.selected[static_cast<std::size_t>(i)].index : i;
+      if (w.scored) tr.scores.push_back(w.selected[static_cast<std::size_t>(i)].score);
     }
     tr.entry_mass.assign(static_cast<std::size_t>(n_entries), 0.0f);
     tr.window_first = w.w_first;
@@ -1003,6 +685,7 @@ class sparse_reader {
   float scale_ = 1.0f;
   std::int64_t kv_heads_ = 0, key_channels_ = 0, value_channels_ = 0, indexer_channels_ = 0;
 
+  std::optional<entry_selector> selector_;  // the indexer's stages (top_k > 0 with an indexer stream)
   executor* executor_ = &default_executor();
 
   // Scratch, reused across reads.
