@@ -17,6 +17,8 @@
 #include "phasekv/compress/pool_kernels.hpp"
 #include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
+#include "../examples/pools/max_pool.hpp"
+#include "../examples/pools/nsa_mlp_pool.hpp"
 
 namespace {
 
@@ -69,18 +71,26 @@ bool bit_identical(const recorded& a, const recorded& b) {
          std::memcmp(a.weights.data(), b.weights.data(), a.weights.size() * sizeof(float)) == 0;
 }
 
+// "" when every chunking gives the token-by-token entries and states, forks continue alike and
+// == tells a changed input apart; else what failed. `pool`: the pooling policy's instance (a
+// policy of the host's, with its weights).
 template <class Policy>
-void check_streaming(const geometry& g, const stream_config& config, std::uint32_t seed, double logit_magnitude = 0) {
+std::string streaming_failures(const geometry& g, const stream_config& config, std::uint32_t seed,
+                               double logit_magnitude = 0, typename Policy::pooling pool = {}) {
+  std::string failures;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) failures += (failures.empty() ? "" : "; ") + what;
+  };
   std::mt19937 rng(seed);
   stream_params params;
   using pooling = typename Policy::pooling;
-  if constexpr (is_gated_v<pooling>)
+  if constexpr (is_gated_v<pooling> && !is_custom_pool_v<pooling>)
     params.slot_bias = random_bias(rng, static_cast<std::size_t>(config.kv_heads * g.window *
                                                                  (std::is_same_v<pooling, vector_gated_pool> ? config.channels : 1)),
                                    logit_magnitude > 0);
   if constexpr (has_norm_v<Policy>) params.norm_weight = random_norm_weight(rng, static_cast<std::size_t>(config.channels));
   if constexpr (std::is_same_v<pooling, fixed_weight_pool>) params.slot_profile = random_profile(rng, g.window);
-  const stream_compressor<Policy> compressor(g, config, params);
+  const stream_compressor<Policy> compressor(g, config, params, std::move(pool));
   const std::int64_t ppt = compressor.payload_floats_per_token(), lpt = compressor.logit_floats_per_token();
   const std::int64_t tokens = 5 * g.window + 3;
   logit_options lo;
@@ -122,17 +132,17 @@ void check_streaming(const geometry& g, const stream_config& config, std::uint32
       if (kind == 1) reference_states.push_back(state);
       else if (!(state == reference_states[static_cast<std::size_t>(offset)])) ++mismatched_states;
     }
-    INFO("chunking kind " << kind << ", " << sizes.size() << " chunks");
-    CHECK(mismatched_counts == 0);
-    CHECK(mismatched_states == 0);
-    CHECK(state.tokens() == tokens);
-    CHECK(state.entries() == static_cast<std::int64_t>(rec.index.size()));
+    const std::string kind_name = "chunking kind " + std::to_string(kind) + ": ";
+    expect(mismatched_counts == 0, kind_name + "mismatched_counts == 0");
+    expect(mismatched_states == 0, kind_name + "mismatched_states == 0");
+    expect(state.tokens() == tokens, kind_name + "state.tokens() == tokens");
+    expect(state.entries() == static_cast<std::int64_t>(rec.index.size()), kind_name + "state.entries() == static_cast<std::int64_t>(rec.index.size())");
     if (kind == 1) {
       reference = rec;
       REQUIRE(reference.index.size() >= 4);
-      for (std::size_t k = 0; k < reference.index.size(); ++k) CHECK(reference.index[k] == static_cast<std::int64_t>(k));
+      for (std::size_t k = 0; k < reference.index.size(); ++k) expect(reference.index[k] == static_cast<std::int64_t>(k), "entry indices in order");
     } else {
-      CHECK(bit_identical(rec, reference));
+      expect(bit_identical(rec, reference), kind_name + "bit_identical(rec, reference)");
     }
   }
 
@@ -147,8 +157,8 @@ void check_streaming(const geometry& g, const stream_config& config, std::uint32
   if (lpt > 0) rest.logits = span<const float>(in.logits.data() + from * lpt, static_cast<std::size_t>(rest.tokens * lpt));
   compressor.append(a, rest, ea);
   compressor.append(b, rest, eb);
-  CHECK(a == b);
-  CHECK(ea.all_values() == eb.all_values());
+  expect(a == b, "forked states continue equal");
+  expect(ea.all_values() == eb.all_values(), "forked states continue with the same entries");
 
   // == is not vacuous: the same token count with one changed payload value compares unequal.
   std::vector<float> changed(in.payload.begin(), in.payload.begin() + from * ppt);
@@ -159,8 +169,9 @@ void check_streaming(const geometry& g, const stream_config& config, std::uint32
   if (lpt > 0) prefix.logits = span<const float>(in.logits.data(), static_cast<std::size_t>(from * lpt));
   stream_state c = compressor.make_state();
   compressor.append(c, prefix, [](const entry_view&) {});
-  CHECK(c.tokens() == from);
-  CHECK(!(c == reference_states[static_cast<std::size_t>(from)]));
+  expect(c.tokens() == from, "c.tokens() == from");
+  expect(!(c == reference_states[static_cast<std::size_t>(from)]), "a changed input compares unequal");
+  return failures;
 }
 
 const geometry streaming_geometries[] = {
@@ -179,13 +190,13 @@ TEMPLATE_TEST_CASE("streaming: any chunking gives bit-identical entries and equa
                    (compressor_policy<fixed_weight_pool, rope_before_pool, rms_norm>)) {
   std::uint32_t seed = 100;
   for (const geometry& g : streaming_geometries) {
-    check_streaming<TestType>(g, make_config(5, 1, input_layout::per_branch, 4), seed++);
-    check_streaming<TestType>(g, make_config(37, 3, input_layout::per_slot, 6), seed++);
+    CHECK(streaming_failures<TestType>(g, make_config(5, 1, input_layout::per_branch, 4), seed++) == "");
+    CHECK(streaming_failures<TestType>(g, make_config(37, 3, input_layout::per_slot, 6), seed++) == "");
     if constexpr (is_gated_v<typename TestType::pooling>)
-      check_streaming<TestType>(g, make_config(16, 2, input_layout::per_branch, 8), seed++, 1e4);
+      CHECK(streaming_failures<TestType>(g, make_config(16, 2, input_layout::per_branch, 8), seed++, 1e4) == "");
   }
-  check_streaming<TestType>(geometry{4, 8, 0, anchor_mode::block_start},
-                            make_config(512, 1, input_layout::per_branch, 64), seed++);
+  CHECK(streaming_failures<TestType>(geometry{4, 8, 0, anchor_mode::block_start},
+                                     make_config(512, 1, input_layout::per_branch, 64), seed++) == "");
 }
 
 TEST_CASE("streaming: an empty chunk changes nothing and emits nothing", "[compress][streaming]") {
@@ -242,4 +253,56 @@ TEST_CASE("streaming: a prefill large enough to prefetch equals token-by-token a
   const std::vector<float> prefill = run(tokens), decoded = run(1);
   REQUIRE(prefill.size() == static_cast<std::size_t>((tokens / 4) * compressor.floats_per_entry()));
   CHECK(std::memcmp(prefill.data(), decoded.data(), prefill.size() * sizeof(float)) == 0);
+}
+
+namespace {
+
+// A pooling of the host's with a planted streaming bug: each entry adds a quarter of the previous
+// one (reset at entry 0), carried in the policy object instead of the sequence's state — so a
+// sequence continued from a fork (or two sequences interleaved) sees another's.
+struct carried_max_pool {
+  static constexpr const char* name = "carried_max";
+  static constexpr std::uint32_t version = 1;
+  static constexpr std::int64_t gate_channels(std::int64_t) { return 0; }
+  void pool(const window_rows& w, float* out) const {
+    phasekv_examples::max_pool{}.pool(w, out);
+    carry.resize(static_cast<std::size_t>(w.channels), 0.0f);
+    if (w.entry == 0) std::fill(carry.begin(), carry.end(), 0.0f);
+    for (std::int64_t c = 0; c < w.channels; ++c)
+      out[c] = carry[static_cast<std::size_t>(c)] = out[c] + 0.25f * carry[static_cast<std::size_t>(c)];
+  }
+  mutable std::vector<float> carry;
+};
+
+// NSA's MLP with random weights for a geometry and channel count.
+phasekv_examples::nsa_mlp_pool random_mlp(std::int64_t window, std::int64_t channels, std::int64_t hidden, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto draw = [&](std::int64_t n, float scale) { return random_uniform(rng, static_cast<std::size_t>(n), -scale, scale); };
+  return phasekv_examples::nsa_mlp_pool(window, channels, hidden, draw(window * channels, 0.5f),
+                                        draw(hidden * window * channels, 0.3f), draw(hidden, 0.1f),
+                                        draw(channels * hidden, 0.3f), draw(channels, 0.1f));
+}
+
+}  // namespace
+
+TEST_CASE("streaming: pooling policies of the host's keep the invariant (max, NSA's MLP)", "[compress][streaming][custom_pool]") {
+  std::uint32_t seed = 500;
+  for (const geometry& g : streaming_geometries) {
+    using max_policy = compressor_policy<phasekv_examples::max_pool, no_rope, no_norm>;
+    using max_rope = compressor_policy<phasekv_examples::max_pool, rope_after_pool, rms_norm>;
+    using mlp_policy = compressor_policy<phasekv_examples::nsa_mlp_pool, no_rope, rms_norm>;
+    CHECK(streaming_failures<max_policy>(g, make_config(5, 1, input_layout::per_branch, 4), seed++) == "");
+    CHECK(streaming_failures<max_rope>(g, make_config(37, 3, input_layout::per_slot, 6), seed++) == "");
+    CHECK(streaming_failures<mlp_policy>(g, make_config(6, 2, input_layout::per_branch, 4), seed, 0,
+                                         random_mlp(g.window, 6, 5, seed)) == "");
+    ++seed;
+  }
+}
+
+TEST_CASE("streaming: a planted bug in a host policy's streaming state is caught", "[compress][streaming][custom_pool]") {
+  using bug = compressor_policy<carried_max_pool, no_rope, no_norm>;
+  const std::string failures = streaming_failures<bug>(geometry{4, 8, 0, anchor_mode::block_start},
+                                                       make_config(5, 1, input_layout::per_branch, 4), 900);
+  INFO(failures);
+  CHECK_THAT(failures, Catch::Matchers::Contains("forked states continue with the same entries"));
 }

@@ -189,6 +189,111 @@ void init_cache(const modules& m) {
           "exactly their float32 widening — and to the raw window (window_keys [tokens][kv_heads][key "
           "channels], RoPE'd; window_values likewise, None when tied). Returns the entries emitted per stream.")
       .def(
+          "append_batch",
+          [](layer_cache& c, const std::vector<sequence_id>& seqs, const py::sequence& chunks,
+             const py::object& window_keys, const py::object& window_values, bool check_finite) {
+            const std::size_t batch = seqs.size();
+            detail::require<input_error>(chunks.size() == batch, "append_batch: len(chunks)", chunks.size(),
+                                         "must be len(seqs) = " + std::to_string(batch));
+            auto per_item = [&](const py::object& o, const char* name) {
+              std::vector<py::object> out(batch, py::none());
+              if (o.is_none()) return out;
+              const auto list = o.cast<py::sequence>();
+              detail::require<input_error>(list.size() == batch, std::string("append_batch: len(") + name + ")",
+                                           list.size(), "must be len(seqs) = " + std::to_string(batch));
+              for (std::size_t b = 0; b < batch; ++b) out[b] = list[b];
+              return out;
+            };
+            const std::vector<py::object> keys = per_item(window_keys, "window_keys");
+            const std::vector<py::object> values = per_item(window_values, "window_values");
+            std::vector<py::array> keep;
+            const std::vector<token_shape> shapes = c.visit([](const auto& x) { return token_shapes_of(x.compressors()); });
+            std::vector<std::vector<token_chunk>> in(batch);
+            std::vector<span<const float>> key_rows(batch), value_rows(batch);
+            for (std::size_t b = 0; b < batch; ++b) {
+              const auto item = chunks[b].cast<py::sequence>();
+              for (std::size_t k = 0; k < item.size(); ++k)
+                in[b].push_back(chunk_from(item[k], "chunks[" + std::to_string(b) + "][" + std::to_string(k) + "]", keep,
+                                           k < shapes.size() ? &shapes[k] : nullptr));
+              key_rows[b] = optional_input<float>(keys[b], "window_keys", keep);
+              value_rows[b] = optional_input<float>(values[b], "window_values", keep);
+            }
+            append_options options;
+            options.check_finite = check_finite;
+            exclusive(c, [&](auto& x) {
+              using cache = std::decay_t<decltype(x)>;
+              std::vector<typename cache::append_item> items(batch);
+              for (std::size_t b = 0; b < batch; ++b)
+                items[b] = {seqs[b], chunk_array<cache>(in[b]), key_rows[b], value_rows[b]};
+              x.append_batch(span<const typename cache::append_item>(items.data(), items.size()), default_executor(),
+                             options);
+            });
+          },
+          py::arg("seqs"), py::arg("chunks"), py::arg("window_keys") = py::none(), py::arg("window_values") = py::none(),
+          py::kw_only(), py::arg("check_finite") = false,
+          "A decode step: appends to len(seqs) distinct sequences at once — chunks[b] is what append() takes for "
+          "seqs[b], window_keys[b] its window rows — all or nothing (a bad item, a full pool: nothing changes), "
+          "equal to single appends in order.")
+      .def(
+          "append_entries",
+          [](layer_cache& c, sequence_id seq, std::int64_t tokens, const py::sequence& entries,
+             const py::object& window_keys, const py::object& window_values, bool check_finite) {
+            std::vector<py::array> keep;
+            std::vector<span<const float>> in;
+            // The shape to check against (the append checks the sizes again, under its lock).
+            const std::int64_t n = shared(c, [&](const auto& x) { return x.entries_after(seq, tokens); });
+            for (std::size_t k = 0; k < entries.size(); ++k) {
+              const std::string name = "entries[" + std::to_string(k) + "]";
+              keep.push_back(as_array(entries[k], name));
+              const py::array& a = keep.back();
+              const auto shape = c.visit([&](const auto& x) {
+                const stream_config& sc = x.compressors().config(std::min(k, x.stream_count - 1));
+                return std::pair<std::int64_t, std::int64_t>{sc.kv_heads, sc.channels};
+              });
+              if (py::isinstance<py::array_t<float>>(a))
+                require_shape(a, name, {{"entries", n}, {"kv_heads", shape.first}, {"channels", shape.second}});
+              in.push_back(input<float>(a, name));
+            }
+            const span<const float> keys = optional_input<float>(window_keys, "window_keys", keep);
+            const span<const float> values = optional_input<float>(window_values, "window_values", keep);
+            append_options options;
+            options.check_finite = check_finite;
+            return exclusive(c, [&](auto& x) {
+              using cache = std::decay_t<decltype(x)>;
+              std::array<span<const float>, cache::stream_count> per_stream;
+              detail::require<input_error>(in.size() == per_stream.size(), "append_entries: len(entries)", in.size(),
+                                           "must be the layer's stream count, " + std::to_string(per_stream.size()));
+              std::copy(in.begin(), in.end(), per_stream.begin());
+              return x.append_entries(seq, tokens, per_stream, keys, values, options);
+            });
+          },
+          py::arg("seq"), py::arg("tokens"), py::arg("entries"), py::arg("window_keys") = py::none(),
+          py::arg("window_values") = py::none(), py::kw_only(), py::arg("check_finite") = false,
+          "Appends `tokens` tokens whose entries the host pooled itself: entries[k] is float32 [n][kv_heads]"
+          "[channels] for stream k, n = entries_after(seq, tokens), stored in the stream's storage exactly as "
+          "the write path stores its own (FP8/FP4 quantized); the window rows as append(). The compressor "
+          "continues such a sequence (append) only where no entry pools a skipped token. Returns n.")
+      .def(
+          "entries_after",
+          [](const layer_cache& c, sequence_id seq, std::int64_t tokens) {
+            return shared(c, [&](const auto& x) { return x.entries_after(seq, tokens); });
+          },
+          py::arg("seq"), py::arg("tokens"), "Entries an append of `tokens` more tokens completes (every stream).")
+      .def(
+          "entry_bytes",
+          [](const layer_cache& c, sequence_id seq, std::size_t stream, std::int64_t entry) {
+            std::vector<std::uint8_t> bytes;
+            shared(c, [&](const auto& x) {
+              const span<const std::byte> b = x.entry_bytes(seq, stream, entry);
+              bytes.resize(b.size());
+              std::memcpy(bytes.data(), b.data(), b.size());
+            });
+            const auto n = static_cast<py::ssize_t>(bytes.size());
+            return adopt(std::move(bytes), {n});
+          },
+          py::arg("seq"), py::arg("stream"), py::arg("entry"),
+          "The stored bytes of entry j of a stream (a copy, uint8): FP8 heads, FP4 blocks, 16-bit or fp32 values.")
+      .def(
           "fork", [](layer_cache& c, sequence_id seq) { return exclusive(c, [&](auto& x) { return x.fork(seq); }); },
           py::arg("seq"), "A new sequence sharing every page of seq.")
       .def(

@@ -243,6 +243,17 @@ class model_cache {
     return append<K>(id, 0, in, window_keys, window_values, options);
   }
 
+  // A decode step's appends to layer i of kind K for B model sequences (items[b].seq: model ids),
+  // as paged_cache::append_batch: all or nothing, bit-identical to B single appends.
+  template <std::size_t K>
+  void append_batch(std::size_t i, span<const typename kind<K>::append_item> items, executor& ex = default_executor(),
+                    const append_options& options = {}) {
+    const std::size_t l = layer_index<K>(i);
+    std::vector<typename kind<K>::append_item> local(items.begin(), items.end());
+    for (auto& item : local) item.seq = ids(item.seq, "append_batch")[l];
+    layer<K>(i).append_batch(span<const typename kind<K>::append_item>(local.data(), local.size()), ex, options);
+  }
+
   // ---- queries ---------------------------------------------------------------------------
 
   bool contains(sequence_id id) const {

@@ -55,8 +55,10 @@
 #include "phasekv/cache/storage.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/core/error.hpp"
+#include "phasekv/core/executor.hpp"
 #include "phasekv/core/limits.hpp"
 #include "phasekv/core/span.hpp"
+#include "phasekv/simd/finite.hpp"
 
 namespace phasekv {
 
@@ -292,20 +294,9 @@ class paged_cache {
     check_window_input(window_values, tokens, window_value_floats(), "window_values");
     layer_.check(s.states, in, options);  // a malformed chunk is an input_error, however full the pool
 
-    // Reserve every page this append needs in every stream before anything changes.
-    // The page tables grow here too (reserve), so adopting the plans below cannot fail; a grown
-    // table may have moved, so views of the sequence are stale from here, even if this fails.
+    // Every page this append needs in every stream, before anything changes.
     s.writes.bump();
-    std::array<page_plan, stream_count> plans;
-    try {
-      for (std::size_t k = 0; k < stream_count; ++k) {
-        plans[k] = plan_pages(s, k, tokens);
-        s.tables[k].reserve(s.tables[k].size() + plans[k].fresh.size());
-      }
-    } catch (...) {
-      for (std::size_t k = stream_count; k-- > 0;) drop_plan(k, plans[k]);
-      throw;
-    }
+    std::array<page_plan, stream_count> plans = reserve_pages(s, tokens);
     try {
       layer_.append(s.states, in, [&](std::size_t k, const entry_view& e) {
         if (options.check_finite) check_storable(k, e);
@@ -320,6 +311,165 @@ class paged_cache {
     write_window(s, window_keys, window_values, tokens);
     s.tokens += tokens;
     return layer_.geom().completed_entries(s.tokens) - layer_.geom().completed_entries(s.tokens - tokens);
+  }
+
+  // One sequence's part of a batched append: its chunks (one per stream, as append() takes them)
+  // and raw window rows.
+  struct append_item {
+    sequence_id seq = 0;
+    chunks in{};
+    span<const float> window_keys = {};
+    span<const float> window_values = {};
+  };
+
+  // An engine's decode step for this layer: appends to B distinct sequences in one call, the
+  // entries of each computed as a task on `ex`. All or nothing: every item is checked and every
+  // page reserved (in item order, as B single appends would take them) before any entry is
+  // computed; a bad item (input_error naming "items[3]"), a full pool (capacity_error) or a
+  // failing entry leaves every sequence and pool as it was. Bit-identical to B single appends in
+  // item order, on any executor.
+  void append_batch(span<const append_item> items, executor& ex = default_executor(), const append_options& options = {}) {
+    const std::size_t count = items.size();
+    std::vector<sequence*> seqs(count);
+    auto item_error = [&](std::size_t i, const std::exception& e) {
+      detail::fail<input_error>(config_.name + ".append_batch: items[" + std::to_string(i) + "]", items[i].seq, e.what());
+    };
+    for (std::size_t i = 0; i < count; ++i) {
+      const append_item& it = items[i];
+      try {
+        seqs[i] = &find(it.seq, "append_batch");
+        check_window_input(it.window_keys, it.in[0].tokens, window_key_floats(), "window_keys");
+        check_window_input(it.window_values, it.in[0].tokens, window_value_floats(), "window_values");
+        layer_.check(seqs[i]->states, it.in, options);
+      } catch (const input_error& e) {
+        item_error(i, e);
+      }
+      for (std::size_t j = 0; j < i; ++j)
+        if (seqs[j] == seqs[i])
+          detail::fail<input_error>(config_.name + ".append_batch: items[" + std::to_string(i) + "].seq", it.seq,
+                                    "repeats items[" + std::to_string(j) + "].seq: one item per sequence");
+    }
+    // Every page of every item, in item order; on failure all are given back in reverse order.
+    std::vector<std::array<page_plan, stream_count>> plans(count);
+    auto drop_all = [&](std::size_t through) noexcept {
+      for (std::size_t i = through; i-- > 0;)
+        for (std::size_t k = stream_count; k-- > 0;) drop_plan(k, plans[i][k]);
+    };
+    for (std::size_t i = 0; i < count; ++i) seqs[i]->writes.bump();
+    for (std::size_t i = 0; i < count; ++i) {
+      try {
+        plans[i] = reserve_pages(*seqs[i], items[i].in[0].tokens);
+      } catch (...) {
+        drop_all(i);
+        throw;
+      }
+    }
+    // The entries, one task per item: each writes only its own planned pages and its own state's
+    // scratch. States advance only after every task succeeded.
+    auto emit = [&](std::int64_t task) {
+      const auto i = static_cast<std::size_t>(task);
+      sequence& s = *seqs[i];
+      layer_.emit(s.states, items[i].in, [&](std::size_t k, const entry_view& e) {
+        if (options.check_finite) check_storable(k, e);
+        pools_[k]->write_entry(plans[i][k].page_for(s.tables[k], e.index, config_.page_size), e.index % config_.page_size,
+                               e.values);
+      }, options);
+    };
+    try {
+      ex.for_each(static_cast<std::int64_t>(count), emit);
+    } catch (...) {
+      drop_all(count);
+      throw;
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      sequence& s = *seqs[i];
+      const std::int64_t tokens = items[i].in[0].tokens;
+      for (std::size_t k = 0; k < stream_count; ++k) adopt_plan(s, k, plans[i][k]);
+      layer_.commit(s.states, items[i].in);
+      write_window(s, items[i].window_keys, items[i].window_values, tokens);
+      s.tokens += tokens;
+    }
+  }
+
+  // Entries the host pooled itself (its own compressor or kernels, on any device): `tokens` new
+  // tokens, and per stream the entries they complete — entries_after(id, tokens) of them,
+  // kv_heads × channels fp32 each, head-major — stored in the stream's storage exactly as the
+  // write path stores its own (rounded to bf16/f16, FP8/FP4 quantized); the raw window rows as
+  // append() takes them. The same checks (check_finite: non-finite entries and values the
+  // storage cannot hold) and the same guarantee: a failure leaves the sequence and the pools as
+  // they were. The streams' states advance without inputs (stream_compressor::skip), so a later
+  // append() continues only where no entry pools a skipped token (W = S, at an entry boundary);
+  // otherwise the sequence goes on with append_entries. Returns the entries stored per stream.
+  std::int64_t append_entries(sequence_id id, std::int64_t tokens, const std::array<span<const float>, stream_count>& entries,
+                              span<const float> window_keys = {}, span<const float> window_values = {},
+                              const append_options& options = {}) {
+    sequence& s = find(id, "append_entries");
+    layer_.check_skip(s.states, tokens);
+    check_window_input(window_keys, tokens, window_key_floats(), "window_keys");
+    check_window_input(window_values, tokens, window_value_floats(), "window_values");
+    const std::int64_t first = s.states[0].entries();
+    const std::int64_t count = layer_.geom().completed_entries(s.states[0].tokens() + tokens) - first;
+    for (std::size_t k = 0; k < stream_count; ++k) {
+      const auto [heads, channels] = stream_shape(k);
+      const std::int64_t floats = heads * channels;
+      const std::string field = config_.name + ".append_entries: entries[" + std::to_string(k) + "]";
+      if (entries[k].data() == nullptr && !entries[k].empty())
+        detail::fail<input_error>(field + ".data()", "null", "must not be null when the size is not 0");
+      std::int64_t want = 0;
+      if (!detail::product_within(count, floats, limits::max_bytes, want) || static_cast<std::int64_t>(entries[k].size()) != want)
+        detail::fail<input_error>(field + ".size()", entries[k].size(),
+                                  "must be the " + std::to_string(count) + " entries these tokens complete × kv_heads × channels = " +
+                                      std::to_string(count) + " × " + std::to_string(floats));
+      if (options.check_finite && !kernels::all_finite(entries[k].data(), static_cast<std::int64_t>(entries[k].size())))
+        for (std::size_t i = 0; i < entries[k].size(); ++i)
+          if (!std::isfinite(entries[k][i]))
+            detail::fail<input_error>(field + "[" + std::to_string(i) + "]", entries[k][i],
+                                      "must be finite (append_options.check_finite is on)");
+      for (std::int64_t j = 0; j < count && options.check_finite; ++j) {
+        entry_view e;
+        e.index = first + j;
+        e.kv_heads = heads;
+        e.channels = channels;
+        e.values = entries[k].data() + j * floats;
+        check_storable(k, e);
+      }
+    }
+    s.writes.bump();
+    std::array<page_plan, stream_count> plans = reserve_pages(s, tokens);
+    // Nothing below can fail: the pages are held, the entries checked.
+    for (std::size_t k = 0; k < stream_count; ++k) {
+      const auto [heads, channels] = stream_shape(k);
+      for (std::int64_t j = 0; j < count; ++j) {
+        const std::int64_t e = first + j;
+        pools_[k]->write_entry(plans[k].page_for(s.tables[k], e, config_.page_size), e % config_.page_size,
+                               entries[k].data() + j * heads * channels);
+      }
+    }
+    for (std::size_t k = 0; k < stream_count; ++k) adopt_plan(s, k, plans[k]);
+    layer_.skip(s.states, tokens);
+    write_window(s, window_keys, window_values, tokens);
+    s.tokens += tokens;
+    return count;
+  }
+
+  // Entries an append of `tokens` more tokens to sequence `id` completes (in every stream).
+  std::int64_t entries_after(sequence_id id, std::int64_t tokens) const {
+    const sequence& s = find(id, "entries_after");
+    return layer_.geom().completed_entries(s.states[0].tokens() + std::max<std::int64_t>(tokens, 0)) - s.states[0].entries();
+  }
+
+  // The stored bytes of entry j of a stream (page_layout::element_bytes of them, in the pool's
+  // storage: FP8 heads, FP4 blocks, 16-bit or fp32 values), valid until the sequence is written.
+  span<const std::byte> entry_bytes(sequence_id id, std::size_t stream, std::int64_t j) const {
+    const sequence& s = find(id, "entry_bytes");
+    const std::size_t k = check_stream(stream, "entry_bytes");
+    const std::int64_t n = s.states[k].entries();
+    if (j < 0 || j >= n)
+      detail::fail<input_error>(config_.name + ".entry_bytes(entry)", j, "must lie in [0, " + std::to_string(n) + ")");
+    const page_layout& l = pools_[k]->layout();
+    const std::byte* page = pools_[k]->data(s.tables[k][static_cast<std::size_t>(j / config_.page_size)]);
+    return span<const std::byte>(page + (j % config_.page_size) * l.entry_stride_bytes,
+                                 static_cast<std::size_t>(l.entry_stride_bytes));
   }
 
   // A new sequence equal to `parent`, sharing all of its pages.
@@ -664,6 +814,23 @@ class paged_cache {
     }
     plan.fresh = std::move(pages);
     return plan;
+  }
+
+  // Every page an append of `tokens` tokens to `s` needs, in every stream, with the page tables
+  // grown to hold them, so that adopting the plans cannot fail (a grown table may have moved:
+  // views of the sequence are stale from here, even if this fails). On failure nothing is held.
+  std::array<page_plan, stream_count> reserve_pages(sequence& s, std::int64_t tokens) {
+    std::array<page_plan, stream_count> plans;
+    try {
+      for (std::size_t k = 0; k < stream_count; ++k) {
+        plans[k] = plan_pages(s, k, tokens);
+        s.tables[k].reserve(s.tables[k].size() + plans[k].fresh.size());
+      }
+    } catch (...) {
+      for (std::size_t k = stream_count; k-- > 0;) drop_plan(k, plans[k]);
+      throw;
+    }
+    return plans;
   }
 
   // Gives a plan's pages back in the reverse of the order they were allocated (the copy came

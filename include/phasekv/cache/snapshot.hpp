@@ -94,7 +94,8 @@
 //       i64 history, i64 window.tokens, i64 window.kv_heads, i64 window.key_channels,
 //       i64 window.value_channels (the four window fields 0 when window.tokens = 0)
 //     per stream, S × 152 bytes:
-//       u32 pooling (1 mean, 2 vector gates, 3 scalar gates, 4 fixed weights),
+//       u32 pooling (1 mean, 2 vector gates, 3 scalar gates, 4 fixed weights; a policy of the
+//       host's: 0x80000000 | CRC-32C of its name, version and parameters, see pooling_identity),
 //       u32 rope (1 none, 2 after pooling, 3 before pooling), u32 norm (1 none, 2 RMSNorm),
 //       u32 role (stream_role + 1), i64 channels, i64 kv_heads, u32 inputs (input_layout + 1),
 //       u32 storage (storage_type + 1, as the entries are written: 1 f32, 2 bf16, 3 f16,
@@ -195,6 +196,11 @@ inline constexpr bool host_little_endian =
 template <class>
 inline constexpr bool always_false = false;
 
+template <class P, class = void>
+struct has_parameters : std::false_type {};
+template <class P>
+struct has_parameters<P, std::void_t<decltype(std::declval<const P&>().parameters())>> : std::true_type {};
+
 template <class Pooling>
 constexpr std::uint32_t pooling_code() noexcept {
   if constexpr (std::is_same_v<Pooling, mean_pool>) return 1;
@@ -217,7 +223,33 @@ constexpr std::uint32_t norm_code() noexcept {
   else static_assert(always_false<Norm>, "snapshot.hpp needs a code for this norm");
 }
 
+// A pooling policy of the host's (compress/policies.hpp) has no fixed code: its identity is the
+// CRC-32C of its name, version and learned parameters (when it exposes parameters()), with the
+// top bit set — so a snapshot restores only into a cache with the same policy, version and weights.
+template <class Pooling>
+std::uint32_t pooling_identity(const Pooling& pool) noexcept {
+  if constexpr (is_custom_pool_v<Pooling>) {
+    const std::string name = Pooling::name;
+    const std::uint32_t policy_version = Pooling::version;
+    std::uint32_t crc = phasekv::crc32c(name.data(), name.size() + 1);
+    crc = phasekv::crc32c(&policy_version, sizeof policy_version, crc);
+    if constexpr (has_parameters<Pooling>::value) {
+      const auto w = pool.parameters();
+      crc = phasekv::crc32c(w.data(), w.size() * sizeof(float), crc);
+    }
+    return 0x80000000u | crc;
+  } else {
+    (void)pool;
+    return pooling_code<Pooling>();
+  }
+}
+
 inline std::string pooling_name(std::uint32_t code) {
+  if (code & 0x80000000u) {
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", code);
+    return std::string("a policy of the host's (identity 0x") + hex + ")";
+  }
   switch (code) {
     case 1: return "mean";
     case 2: return "vector gates";
@@ -415,7 +447,7 @@ stream_fingerprint stream_fingerprint_of(const Compressor& c, storage_type stora
   using policy = typename Compressor::policy;
   stream_fingerprint f;
   const stream_config& config = c.config();
-  f.pooling = pooling_code<typename policy::pooling>();
+  f.pooling = pooling_identity(c.pool());
   f.rope = rope_code<typename policy::rope>();
   f.norm = norm_code<typename policy::norm>();
   f.role = static_cast<std::uint32_t>(config.role) + 1;
@@ -1013,14 +1045,14 @@ struct snapshot_access {
       if (f.ring_rows != source_ring_rows)
         fail<input_error>(where() + "ring_rows", f.ring_rows,
                           "must be window + history = " + std::to_string(source_ring_rows));
-      // The ring holds at most its rows' worth of tokens, and the next entry's inputs.
-      const std::int64_t needed_from = std::max<std::int64_t>(0, g.window_start(entries));
+      // The ring holds at most its rows' worth of tokens. A state whose entries the host
+      // computed (append_entries) may hold none of the inputs its next entry needs, up to
+      // intact_from = tokens: append() then refuses to continue it (stream_compressor::continues).
       const std::int64_t lowest = std::max<std::int64_t>(0, tokens - f.ring_rows);
-      const std::int64_t highest = needed_from >= tokens ? tokens : needed_from;
-      if (f.intact_from < lowest || f.intact_from > highest)
+      if (f.intact_from < lowest || f.intact_from > tokens)
         fail<input_error>(where() + "intact_from", f.intact_from,
-                          "must lie in [" + std::to_string(lowest) + ", " + std::to_string(highest) +
-                              "] (within the ring, and before the inputs the next entry needs)");
+                          "must lie in [" + std::to_string(lowest) + ", " + std::to_string(tokens) +
+                              "] (within the ring)");
     }
     std::int64_t source_window_first = 0;
     {

@@ -81,15 +81,35 @@ class layer_compressor {
     });
   }
 
+  // Every stream advanced by `tokens` tokens whose entries the host computed (stream_compressor::skip).
+  void check_skip(const states& s, std::int64_t tokens) const {
+    for_each([&](std::size_t k, const auto& c) { c.check_skip(s[k], tokens); });
+  }
+  void skip(states& s, std::int64_t tokens) const noexcept {
+    for_each([&](std::size_t k, const auto& c) { c.skip(s[k], tokens); });
+  }
+
   template <class Sink>
   std::int64_t append(states& s, const chunks& in, Sink&& sink, const append_options& options = {}) const {
     check(s, in, options);
+    const std::int64_t emitted = emit(s, in, sink, options);
+    commit(s, in);
+    return emitted;
+  }
+
+  // append() in two phases (stream_compressor::emit/commit), for callers that keep several
+  // sequences in step (a batched append): emit every stream's entries without advancing the
+  // states, then commit, which cannot fail. Call check() first.
+  template <class Sink>
+  std::int64_t emit(states& s, const chunks& in, Sink&& sink, const append_options& options = {}) const {
     std::int64_t emitted = 0;
     for_each([&](std::size_t k, const auto& c) {
       emitted = c.emit(s[k], in[k], [&](const entry_view& e) { sink(k, e); }, options);
     });
-    for_each([&](std::size_t k, const auto& c) { c.commit(s[k], in[k]); });
     return emitted;
+  }
+  void commit(states& s, const chunks& in) const noexcept {
+    for_each([&](std::size_t k, const auto& c) { c.commit(s[k], in[k]); });
   }
 
  private:

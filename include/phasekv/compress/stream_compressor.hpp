@@ -60,13 +60,20 @@ class stream_compressor {
   static constexpr bool vector_gates = std::is_same_v<pooling, vector_gated_pool>;
   static constexpr bool rope_before = std::is_same_v<typename Policy::rope, rope_before_pool>;
   static constexpr bool rope_after = std::is_same_v<typename Policy::rope, rope_after_pool>;
+  static constexpr bool custom = is_custom_pool_v<pooling>;  // a pooling policy of the host's (policies.hpp)
+  static_assert(!custom || !rope_before,
+                "a pooling policy of your own composes with no_rope or rope_after_pool: rotate before "
+                "appending, or rotate the pooled entry (rope_after_pool)");
 
  public:
   using policy = Policy;
   using arch = Arch;
 
-  stream_compressor(geometry geom, stream_config config, stream_params params = {})
-      : geom_(geom), config_(std::move(config)), params_(std::move(params)) {
+  // `pool`: the pooling policy's instance — a tag for the built-ins, a policy of your own with
+  // its weights (policies.hpp).
+  stream_compressor(geometry geom, stream_config config, stream_params params = {}, pooling pool = {})
+      : geom_(geom), config_(std::move(config)), params_(std::move(params)), pool_(std::move(pool)) {
+    if constexpr (custom) check_custom_pool();
     validate_stream<Policy>(geom_, config_, params_);
     views_ = views_per_token(config_.inputs, geom_);
     gates_ = phasekv::gate_channels<pooling>(config_.channels);
@@ -84,6 +91,7 @@ class stream_compressor {
   const geometry& geom() const noexcept { return geom_; }
   const stream_config& config() const noexcept { return config_; }
   const stream_params& params() const noexcept { return params_; }
+  const pooling& pool() const noexcept { return pool_; }
   std::int64_t views() const noexcept { return views_; }
   std::int64_t gate_channels() const noexcept { return gates_; }
   std::int64_t payload_floats_per_token() const noexcept { return payload_per_token_; }
@@ -169,6 +177,40 @@ class stream_compressor {
     }
     if constexpr (has_rope_v<Policy>)
       if (config_.rope.table) check_rope_positions(state, chunk);
+    // After host-computed entries (skip()), the inputs the next entry pools may not be kept.
+    if (chunk.tokens > 0 && !continues(state))
+      detail::fail<input_error>(n + ": state", describe(state),
+                                "does not hold the inputs of tokens [" + std::to_string(needed_from(state)) + ", " +
+                                    std::to_string(state.intact_from_) +
+                                    ") that its next entry pools: the entries so far were the host's "
+                                    "(skip), so continue with host-computed entries");
+  }
+
+  // Whether append() can continue the state: the inputs its next entry pools are kept (always,
+  // unless skip() advanced it past tokens whose entries the host computed).
+  bool continues(const stream_state& s) const noexcept {
+    const std::int64_t from = needed_from(s);
+    return from >= s.intact_from_ || from >= s.tokens_;
+  }
+
+  // Advances the state by `tokens` tokens whose entries the host computed itself (appended to the
+  // cache as they are, not pooled here): counts move on, no inputs are kept for them. append()
+  // then continues only where the next entry pools no token before the skipped ones' end (W = S
+  // at an entry boundary); otherwise the sequence goes on with host entries. Cannot fail once
+  // check_skip() accepted it.
+  void check_skip(const stream_state& state, std::int64_t tokens) const {
+    if (tokens < 0 || tokens > limits::max_tokens - state.tokens_)
+      detail::fail<input_error>(config_.name + ": tokens", tokens,
+                                "must lie in [0, 2^48 − " + std::to_string(state.tokens_) + " tokens already appended]");
+    if (!fits(state))
+      detail::fail<input_error>(config_.name + ": state", describe(state),
+                                "was not made for this compressor: make it with this compressor's make_state()");
+  }
+  void skip(stream_state& s, std::int64_t tokens) const noexcept {
+    if (tokens == 0) return;
+    s.tokens_ += tokens;
+    s.entries_ = geom_.completed_entries(s.tokens_);
+    s.intact_from_ = s.tokens_;
   }
 
   // Appends the chunk and calls sink(const entry_view&) for each entry it completes, in order.
@@ -229,6 +271,11 @@ class stream_compressor {
     s.tokens_ = t_end;
     s.entries_ = geom_.completed_entries(t_end);
     s.intact_from_ = std::max(s.intact_from_, t_end - s.ring_rows_);
+  }
+
+  // The first token whose inputs the state's next entry pools.
+  std::int64_t needed_from(const stream_state& s) const noexcept {
+    return std::max<std::int64_t>(0, geom_.window_start(s.entries_));
   }
 
   // Whether truncate(state, tokens) is possible: the pending inputs of the state rolled back to
@@ -427,10 +474,11 @@ class stream_compressor {
     // so that the kernel sees one row type. Either way the kernel pools the same fp32 values.
     bool all_in_chunk = true;
     for (std::int64_t k = 0; k < n; ++k) all_in_chunk = all_in_chunk && geom_.slot_token(j, first + k) >= s.tokens_;
-    const bool payload_in_place = chunk.payload_is_bf16() && all_in_chunk;
-    const bool payload_widen = chunk.payload_is_bf16() && !all_in_chunk;
-    const bool logits_in_place = gated && chunk.logits_are_bf16() && all_in_chunk;
-    const bool logits_widen = gated && chunk.logits_are_bf16() && !all_in_chunk;
+    // A pooling of the host's reads fp32 rows only: its bf16 chunk rows are always widened.
+    const bool payload_in_place = !custom && chunk.payload_is_bf16() && all_in_chunk;
+    const bool payload_widen = chunk.payload_is_bf16() && !payload_in_place;
+    const bool logits_in_place = !custom && gated && chunk.logits_are_bf16() && all_in_chunk;
+    const bool logits_widen = gated && chunk.logits_are_bf16() && !logits_in_place;
     float* widened_x = payload_widen || logits_widen ? s.widened_.data() : nullptr;  // [W][C]
     float* widened_logit = widened_x ? widened_x + W * C : nullptr;                   // [W][gates]
 
@@ -461,8 +509,9 @@ class stream_compressor {
           } else {
             logit[k] = logit_row(s, chunk, t) + view * gates_;
           }
-          bias[k] = params_.slot_bias.empty() ? zero_bias_.data()
-                                              : params_.slot_bias.data() + (h * W + slot) * gates_;
+          if constexpr (!custom)
+            bias[k] = params_.slot_bias.empty() ? zero_bias_.data()
+                                                : params_.slot_bias.data() + (h * W + slot) * gates_;
         }
       }
 
@@ -511,7 +560,19 @@ class stream_compressor {
           }
         }
       };
-      if constexpr (gated) {
+      if constexpr (custom) {
+        window_rows rows;
+        rows.entry = j;
+        rows.head = h;
+        rows.channels = C;
+        rows.window = W;
+        rows.first_slot = first;
+        rows.first_position = geom_.slot_token(j, first);
+        rows.payload = x;
+        rows.logits = gated ? logit : nullptr;
+        rows.slot_weights = want_weights ? slot_weights + h * W + first : nullptr;
+        pool_.pool(rows, out);
+      } else if constexpr (gated) {
         if (payload_in_place && logits_in_place) pool_head(x16, logit16);
         else if (payload_in_place) pool_head(x16, logit);
         else if (logits_in_place) pool_head(x, logit16);
@@ -606,9 +667,24 @@ class stream_compressor {
     }
   }
 
+  // A pooling policy of the host's: what the constructor can check of it.
+  void check_custom_pool() const {
+    static_assert(std::is_convertible_v<decltype(pooling::name), const char*>,
+                  "a pooling policy of your own needs `static constexpr const char* name` (its snapshot identity)");
+    static_assert(std::is_convertible_v<decltype(pooling::version), std::uint32_t>,
+                  "a pooling policy of your own needs `static constexpr std::uint32_t version`");
+    static_assert(std::is_convertible_v<decltype(pooling::gate_channels(std::int64_t{1})), std::int64_t>,
+                  "a pooling policy of your own needs `static constexpr std::int64_t gate_channels(std::int64_t)`");
+    const std::int64_t g = pooling::gate_channels(config_.channels);
+    detail::require(gated ? g > 0 : g == 0, config_.name + ": " + pooling::name + "::gate_channels(" +
+                                                std::to_string(config_.channels) + ")",
+                    g, "must be positive for every channel count, or 0 for every one");
+  }
+
   geometry geom_;
   stream_config config_;
   stream_params params_;
+  pooling pool_;
   std::int64_t views_ = 0, gates_ = 0, payload_per_token_ = 0, logits_per_token_ = 0;
   std::vector<float> zero_bias_;
   rope_rotation rope_entry_;  // on the entry's last R channels

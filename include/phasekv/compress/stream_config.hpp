@@ -103,7 +103,10 @@ void validate_stream(const geometry& geom, const stream_config& config, const st
   using pooling = typename Policy::pooling;
   const auto heads = static_cast<std::size_t>(config.kv_heads);
   const auto window = static_cast<std::size_t>(geom.window);
-  if constexpr (is_gated_v<pooling>) {
+  if constexpr (is_custom_pool_v<pooling>) {
+    require(params.slot_bias.empty(), n + ".slot_bias.size()", params.slot_bias.size(),
+            std::string("must be 0: the pooling policy '") + pooling::name + "' keeps its own parameters");
+  } else if constexpr (is_gated_v<pooling>) {
     if (!params.slot_bias.empty()) {
       const auto gates = static_cast<std::size_t>(gate_channels<pooling>(config.channels));
       detail::require_size(params.slot_bias, heads * window * gates, n + ".slot_bias",

@@ -84,7 +84,7 @@ inline std::int64_t check_selection_config(const layer_shape& shape, const selec
           "must name a stream of the cache when top_k > 0, or be no_stream (the host supplies the indices)");
   const stream_shape& ix = shape.streams[c.indexer_stream];
   require(ix.kv_heads == 1, n + ": indexer stream kv_heads", ix.kv_heads, "must be 1");
-  require(c.indexer_heads >= 1, n + ".indexer_heads", c.indexer_heads, "must be at least 1 with an indexer stream");
+  require(c.indexer_heads >= 1, n + ".indexer_heads", c.indexer_heads, "must be at least 1 when top_k > 0 with an indexer stream");
   require(c.indexer_heads <= limits::max_heads, n + ".indexer_heads", c.indexer_heads, "must be at most 2^16");
   if (c.precision == indexer_precision::bf16)
     require(ix.storage == storage_type::bf16, n + ".precision", "bf16",
