@@ -6,6 +6,8 @@
 //     reads of the two caches agree bit for bit;
 //   - the continuation rule: append() after host entries only where no entry pools a skipped
 //     token (W = S at an entry boundary), then equal to a cache fed through the compressor;
+//   - rollback: a host-fed sequence rolls back to any length its raw window allows (it had no
+//     compressor inputs to lose), equal to one fed only that far, and goes on either way;
 //   - snapshots of a host-fed sequence restore to the same bytes and the same rule;
 //   - bad entries and a full pool: errors naming the field, the cache unchanged.
 
@@ -56,9 +58,19 @@ std::vector<std::byte> bytes_of(const Cache& cache, sequence_id seq, std::size_t
   return std::vector<std::byte>(b.begin(), b.end());
 }
 
+// The same tokens, entries (byte for byte) and raw window rows; with `same_window_first` false a
+// sequence may hold older rows than the other (one rolled back), and the rows both hold must agree.
 template <class Cache>
-bool same_stored(const Cache& a, sequence_id sa, const Cache& b, sequence_id sb) {
-  if (a.tokens(sa) != b.tokens(sb) || a.window_first(sa) != b.window_first(sb)) return false;
+bool same_stored(const Cache& a, sequence_id sa, const Cache& b, sequence_id sb, bool same_window_first = true) {
+  if (a.tokens(sa) != b.tokens(sb)) return false;
+  if (same_window_first && a.window_first(sa) != b.window_first(sb)) return false;
+  const i64 keys = a.config().window.kv_heads * a.config().window.key_channels;
+  std::vector<float> ra(sz(keys)), rb(sz(keys));
+  for (i64 t = std::max(a.window_first(sa), b.window_first(sb)); t < a.tokens(sa); ++t) {
+    a.copy_window_key(sa, t, span<float>(ra));
+    b.copy_window_key(sb, t, span<float>(rb));
+    if (ra != rb) return false;
+  }
   for (std::size_t k = 0; k < Cache::stream_count; ++k) {
     if (a.entries(sa, k) != b.entries(sb, k)) return false;
     for (i64 j = 0; j < a.entries(sa, k); ++j)
@@ -153,9 +165,10 @@ TEST_CASE("append_entries: host entries are stored as the write path stores them
 // One mean-pooled tied K/V stream with S = W (no overlap): the compressor can take over.
 using mean_cache = paged_cache<mean_stream>;
 
-mean_cache make_mean(i64 stride, i64 window, i64 pages = 16) {
+mean_cache make_mean(i64 stride, i64 window, i64 pages = 16, i64 history = 0) {
   cache_config cc;
   cc.name = "mean";
+  cc.history = history;
   cc.page_size = 3;
   cc.pages = pages;
   cc.window = raw_window_config{4, 1, 8, 0};
@@ -202,6 +215,58 @@ TEST_CASE("append_entries: with W = S the compressor continues at an entry bound
   const std::vector<float> branches(2 * 2 * 8, 0.25f);  // W = 2S: two views per token
   CHECK_THROWS_WITH(overlap.append(so, {token_chunk{2, branches, {}}}, rows(4, 2)),
                     Contains("does not hold the inputs of tokens [2, 4)"));
+}
+
+TEST_CASE("append_entries: a host-fed sequence rolls back as far as its raw window allows", "[cache][host_entries]") {
+  std::mt19937 rng(23);
+  const auto x = uniform(rng, 40 * 8, -1.0f, 1.0f), w = uniform(rng, 40 * 8, -1.0f, 1.0f);
+  auto tokens = [&](i64 first, i64 n) { return span<const float>(x.data() + first * 8, sz(n * 8)); };
+  auto rows = [&](i64 first, i64 n) { return span<const float>(w.data() + first * 8, sz(n * 8)); };
+  mean_cache fed = make_mean(4, 4, 16, 8), host = make_mean(4, 4, 16, 8);
+  const sequence_id sf = fed.create(), sh = host.create();
+  fed.append(sf, {token_chunk{24, tokens(0, 24), {}}}, rows(0, 24));
+  const auto pooled = entries_of(fed, sf, 0, 6);
+  host.append_entries(sh, 24, {span<const float>(pooled[0])}, rows(0, 24));
+  // To an entry boundary: equal to the compressor-fed twin rolled back alike, and both go on with
+  // the compressor.
+  REQUIRE(host.can_remove_suffix(sh, 16));
+  host.remove_suffix(sh, 16);
+  fed.remove_suffix(sf, 16);
+  CHECK(same_stored(fed, sf, host, sh));
+  fed.append(sf, {token_chunk{10, tokens(16, 10), {}}}, rows(16, 10));
+  host.append(sh, {token_chunk{10, tokens(16, 10), {}}}, rows(16, 10));
+  CHECK(same_stored(fed, sf, host, sh));
+  // Fed by the compressor again, the sequence keeps W + history tokens of inputs, as any other.
+  CHECK_FALSE(host.can_remove_suffix(sh, 14));
+  CHECK_THROWS_WITH(host.remove_suffix(sh, 14), Contains("the compressor inputs needed to continue are gone"));
+  CHECK(host.tokens(sh) == 26);
+
+  // Inside an entry: equal to a host-fed twin that stopped there, and it goes on with host entries.
+  mean_cache a = make_mean(2, 4, 16, 8), b = make_mean(2, 4, 16, 8);
+  const sequence_id sa = a.create(), sb = b.create();
+  const auto e = uniform(rng, 16 * 8, -1.0f, 1.0f);
+  auto host_entries = [&](i64 first, i64 n) { return span<const float>(e.data() + first * 8, sz(n * 8)); };
+  REQUIRE(a.entries_after(sa, 20) == 10);  // S = 2, W = 4: entries 0 … 9 (the first with a pad)
+  REQUIRE(b.entries_after(sb, 13) == 6);
+  a.append_entries(sa, 20, {host_entries(0, 10)}, rows(0, 20));
+  b.append_entries(sb, 13, {host_entries(0, 6)}, rows(0, 13));
+  a.remove_suffix(sa, 13);
+  CHECK(same_stored(a, sa, b, sb, false));
+  CHECK(a.append_entries(sa, 5, {host_entries(6, 3)}, rows(13, 5)) == 3);
+  CHECK(b.append_entries(sb, 5, {host_entries(6, 3)}, rows(13, 5)) == 3);
+  CHECK(same_stored(a, sa, b, sb, false));
+
+  // Without history the raw window bounds it: the error says so, and nothing changes.
+  mean_cache c = make_mean(4, 4);
+  const sequence_id sc = c.create();
+  c.append_entries(sc, 24, {span<const float>(pooled[0])}, rows(0, 24));
+  CHECK_FALSE(c.can_remove_suffix(sc, 20));
+  CHECK_THROWS_WITH(c.remove_suffix(sc, 20),
+                    "mean.remove_suffix(p0) = 20: rolls back further than the kept history allows (tokens = 24, history "
+                    "= 0): the raw window rows of tokens from 16 are gone (the window keeps tokens from 20)");
+  CHECK(c.tokens(sc) == 24);
+  CHECK(c.entries(sc, 0) == 6);
+  c.remove_suffix(sc, 24);
 }
 
 TEST_CASE("append_entries: a host-fed sequence snapshots and restores as it is", "[cache][host_entries][snapshot]") {

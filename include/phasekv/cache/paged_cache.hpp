@@ -506,11 +506,18 @@ class paged_cache {
       detail::fail<input_error>(config_.name + ".remove_suffix(p0)", p0,
                                 "must lie in [0, tokens = " + std::to_string(s.tokens) + "]");
     if (p0 == s.tokens) return;
-    if (!can_roll_back(s, p0))
+    if (!can_roll_back(s, p0)) {
+      bool inputs = true;
+      for_each_stream([&](std::size_t k, const auto& c) { inputs = inputs && c.can_truncate(s.states[k], p0); });
       detail::fail<input_error>(
           config_.name + ".remove_suffix(p0)", p0,
           "rolls back further than the kept history allows (tokens = " + std::to_string(s.tokens) +
-              ", history = " + std::to_string(config_.history) + "): the inputs needed to continue are gone");
+              ", history = " + std::to_string(config_.history) + "): " +
+              (inputs ? "the raw window rows of tokens from " +
+                            std::to_string(std::max<std::int64_t>(0, p0 - config_.window.tokens)) +
+                            " are gone (the window keeps tokens from " + std::to_string(s.window_first) + ")"
+                      : std::string("the compressor inputs needed to continue are gone")));
+    }
     const std::int64_t kept_entries = layer_.geom().completed_entries(p0);
     const std::int64_t kept_pages = (kept_entries + config_.page_size - 1) / config_.page_size;
     s.writes.bump();

@@ -280,11 +280,15 @@ class stream_compressor {
 
   // Whether truncate(state, tokens) is possible: the pending inputs of the state rolled back to
   // `tokens` must still be in the ring (the state keeps the last W + history tokens).
+  // A host-fed state (its last tokens came through skip(): it keeps no token's inputs) rolls back
+  // to any length: it had no inputs to lose, and goes on as skip() left it — with host entries, or
+  // with append() where continues() allows.
   bool can_truncate(const stream_state& s, std::int64_t tokens) const noexcept {
     if (tokens < 0 || tokens > s.tokens_) return false;
     const std::int64_t needed_from = std::max<std::int64_t>(0, geom_.window_start(geom_.completed_entries(tokens)));
-    return needed_from >= s.intact_from_ || needed_from >= tokens;
+    return needed_from >= s.intact_from_ || needed_from >= tokens || host_fed(s);
   }
+  static bool host_fed(const stream_state& s) noexcept { return s.tokens_ > 0 && s.intact_from_ == s.tokens_; }
 
   // Rolls the state back to its first `tokens` tokens: later tokens and the entries they
   // completed are forgotten (the caller drops those entries from wherever it stored them).
