@@ -60,6 +60,20 @@
 //                                   reads into the same output slots, paired; overhead_of_4k_read =
 //                                   batch / singles − 1, the batch API's cost per sequence as a
 //                                   fraction of a 4K read.
+//   BM_decode_step                  an engine's decode step of one layer at DeepSeek-V4's precision
+//                                   (FP8 K/V entries and window, FP4 indexer): the batch's 32
+//                                   sequences (32K tokens, 16 forked as above) each get one new
+//                                   token (append_batch), then each is read at it (read_batch):
+//                                   of_roofline against the reads' floors plus the new tokens'
+//                                   inputs and stored bytes (step_setup::floor); append_ms and
+//                                   read_ms: each part alone (median of 9).
+//   BM_decode_step_threads/threads:2  the same step with the appends and the reads through one
+//                                   openmp_executor(2), wall time; speedup over one thread, paired
+//                                   in-run; of_two_core_roofline.
+//   BM_host_indices/ctx             a read of host-selected entries (read_request::indices, the
+//                                   reader's own selection) against the attention part of the
+//                                   reader's read (its time less entry_selector::select's), paired
+//                                   in-run: host_over_attention; bit-identical outputs checked.
 //   BM_selection/ctx/page           indexer scores + top-k alone (entry_selector::select);
 //                                   per_entry constant across contexts = selection linear in n;
 //                                   of_roofline against the indexer's own floor.
@@ -646,6 +660,7 @@ void BM_sparse_decode_v4_precision(benchmark::State& state) {
 // step() takes every sequence's view (as an engine does each step) and reads them in one batch.
 struct batch_setup {
   std::int64_t count, context;
+  bool v4;  // DeepSeek-V4's precision: FP8 K/V entries and window, FP4 indexer keys
   csa_cache cache;
   std::vector<sequence_id> seqs;
   std::vector<std::vector<float>> queries, indexer_queries, indexer_weights, sinks;
@@ -657,18 +672,23 @@ struct batch_setup {
   std::int64_t candidates = 0;
   std::string error;
 
-  static cache_config config(std::int64_t count, std::int64_t context, std::int64_t forked, std::int64_t prefix) {
-    const std::int64_t pages_per_sequence = context / 4 / 64 + 1;
-    cache_config c = decode_cache_config("bench_read_batch", context, 64);
+  // `spare` tokens more per sequence fit in the pool (the decode step appends them).
+  static cache_config config(std::int64_t count, std::int64_t context, std::int64_t forked, std::int64_t prefix, bool v4,
+                             std::int64_t spare) {
+    const std::int64_t pages_per_sequence = (context + spare) / 4 / 64 + 1;
+    cache_config c = decode_cache_config("bench_read_batch", context, 64, false,
+                                         v4 ? storage_type::fp8_e4m3_block : storage_type::f32, v4);
     c.pages = count * pages_per_sequence - forked * (prefix / 4 / 64) + prefix / 4 / 64 + forked + 1;
     return c;
   }
 
-  batch_setup(std::int64_t n, std::int64_t tokens, std::int64_t forked, std::int64_t prefix)
+  batch_setup(std::int64_t n, std::int64_t tokens, std::int64_t forked, std::int64_t prefix, bool v4_precision = false,
+              std::int64_t spare = 0)
       : count(n),
         context(tokens),
-        cache(csa_layer(), config(n, tokens, forked, prefix)),
-        reader(cache, decode_reader_config("bench_read_batch")) {
+        v4(v4_precision),
+        cache(csa_layer(), config(n, tokens, forked, prefix, v4_precision, spare)),
+        reader(cache, decode_reader_config("bench_read_batch", false, v4_precision)) {
     const double t0 = thread_seconds();
     if (forked > 0) {
       const sequence_id shared = cache.create();
@@ -711,9 +731,10 @@ struct batch_setup {
                  static_cast<long long>(prefix), static_cast<long long>(cache.pool(0).used_pages()), thread_seconds() - t0);
   }
 
+  // A read at the sequence's last token.
   read_request request(std::int64_t s) const {
     read_request r;
-    r.position = context - 1;
+    r.position = cache.tokens(seqs[static_cast<std::size_t>(s)]) - 1;
     r.queries = span<const float>(queries[static_cast<std::size_t>(s)]);
     r.indexer_queries = span<const float>(indexer_queries[static_cast<std::size_t>(s)]);
     r.indexer_weights = span<const float>(indexer_weights[static_cast<std::size_t>(s)]);
@@ -750,9 +771,11 @@ struct batch_setup {
   // The batch's floor: the sum of its sequences' (sparse_roofline): every sequence reads its own
   // candidates' indexer keys, shared prefix pages included, and its own selection and window.
   bench::roofline floor() const {
-    bench::roofline r = sparse_roofline(candidates);
+    bench::roofline r = sparse_roofline(candidates, false, v4, v4);
     r.bytes *= static_cast<double>(count);
     r.flops *= static_cast<double>(count);
+    r.bf16_flops *= static_cast<double>(count);
+    r.int8_ops *= static_cast<double>(count);
     return r;
   }
 };
@@ -828,6 +851,163 @@ void BM_batch_overhead(benchmark::State& state) {
   b.floor().report(state);
 }
 
+// ---- the decode step ---------------------------------------------------------------------------
+
+// An engine's decode step of one layer at DeepSeek-V4's precision: one new token appended to each
+// of the 32 sequences of the batch (paged_cache::append_batch: both streams' compressors, every
+// fourth token an entry, FP8 entries and window row, FP4 indexer key), then each sequence read at
+// its new last token (read_batch). Every sequence gets the same token's inputs (their values do
+// not change the timing). Each step grows the sequences by a token: the pool holds kSpareTokens
+// more per sequence, and a benchmark that used them up reports it instead of a time.
+constexpr std::int64_t kSpareTokens = 4096;
+
+struct step_setup {
+  batch_setup b{kBatch, kBatchContext, kBatch / 2, kBatchPrefix, true, kSpareTokens};
+  std::vector<float> kv, kv_gates, ix, ix_gates, window;
+  std::vector<csa_cache::append_item> appends;
+
+  step_setup() {
+    const csa_stream& kv_stream = b.cache.compressors().stream<0>();
+    const csa_stream& ix_stream = b.cache.compressors().stream<1>();
+    kv = random_vector(kv_stream.payload_floats_per_token(), 31);
+    kv_gates = random_vector(kv_stream.logit_floats_per_token(), 32);
+    ix = random_vector(ix_stream.payload_floats_per_token(), 33);
+    ix_gates = random_vector(ix_stream.logit_floats_per_token(), 34);
+    window = random_vector(kChannels, 35);
+    for (const sequence_id seq : b.seqs) {
+      csa_cache::append_item it;
+      it.seq = seq;
+      it.in = {token_chunk{1, span<const float>(kv), span<const float>(kv_gates)},
+               token_chunk{1, span<const float>(ix), span<const float>(ix_gates)}};
+      it.window_keys = span<const float>(window);
+      appends.push_back(it);
+    }
+  }
+
+  void append(executor& ex) { b.cache.append_batch(appends, ex); }
+  void read(sparse_reader& r) {
+    for (std::int64_t s = 0; s < b.count; ++s) b.items[static_cast<std::size_t>(s)].request.position = b.request(s).position;
+    b.step(r);
+  }
+  void step(sparse_reader& r, executor& ex) {
+    append(ex);
+    read(r);
+  }
+
+  // The step's floor: the batch's reads (batch_setup::floor) and, per sequence, the new token's
+  // inputs read and what it stores written — its window row, and a quarter of an entry of each
+  // stream (one every S = 4 tokens). Not counted: the W − 1 earlier tokens' inputs the compressor
+  // pools from its ring, and the pooling's arithmetic (a stricter floor).
+  bench::roofline floor() const {
+    bench::roofline r = b.floor();
+    const double inputs = 4.0 * static_cast<double>(kv.size() + kv_gates.size() + ix.size() + ix_gates.size() + window.size());
+    const double stored = static_cast<double>(fp8_head_layout::of(kChannels, 64).bytes) +
+                          static_cast<double>(b.cache.pool(0).layout().entry_stride_bytes +
+                                              b.cache.pool(1).layout().entry_stride_bytes) / 4.0;
+    r.bytes += static_cast<double>(b.count) * (inputs + stored);
+    return r;
+  }
+};
+
+step_setup& decode_steps() {
+  static step_setup s;
+  return s;
+}
+
+void BM_decode_step(benchmark::State& state) {
+  step_setup& s = decode_steps();
+  if (!s.b.error.empty()) return state.SkipWithError(s.b.error.c_str());
+  executor& serial = default_executor();
+  try {
+    // The append and the read apart: the median of 9 of each (warm).
+    std::vector<double> appends, reads;
+    for (int round = 0; round < 9; ++round) {
+      double t0 = thread_seconds();
+      s.append(serial);
+      appends.push_back(thread_seconds() - t0);
+      t0 = thread_seconds();
+      s.read(s.b.reader);
+      reads.push_back(thread_seconds() - t0);
+    }
+    run_steps(state, false, [&] { s.step(s.b.reader, serial); });
+    state.counters["append_ms"] = 1e3 * median(appends);
+    state.counters["read_ms"] = 1e3 * median(reads);
+  } catch (const capacity_error&) {
+    return state.SkipWithError("the decode step used up its spare pages: raise kSpareTokens");
+  }
+  benchmark::DoNotOptimize(s.b.out.data());
+  for (float v : s.b.out)
+    if (!std::isfinite(v)) return state.SkipWithError("the decode step's output is not finite");
+  state.counters["sequences"] = static_cast<double>(s.b.count);
+  state.counters["context"] = static_cast<double>(s.b.cache.tokens(s.b.seqs[0]));
+  s.floor().report(state);
+}
+
+// The same step on `threads` threads: the appends' per-sequence work and the reads' pieces through
+// one openmp_executor; speedup over one thread (wall time, paired in-run) and of_two_core_roofline.
+void BM_decode_step_threads(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  step_setup& s = decode_steps();
+  if (!s.b.error.empty()) return state.SkipWithError(s.b.error.c_str());
+  openmp_executor pool(threads);
+  if (pool.concurrency() < threads) return state.SkipWithError("built without OpenMP: the executor is serial");
+  sparse_reader parallel(s.b.cache, decode_reader_config("bench_read_batch", false, true));
+  parallel.set_executor(pool);
+  executor& serial = default_executor();
+  try {
+    const double speedup =
+        paired_speedup(wall_seconds, [&] { s.step(s.b.reader, serial); }, [&] { s.step(parallel, pool); });
+    for (auto _ : state) {
+      s.step(parallel, pool);
+      benchmark::ClobberMemory();
+    }
+    state.counters["speedup"] = speedup;
+  } catch (const capacity_error&) {
+    return state.SkipWithError("the decode step used up its spare pages: raise kSpareTokens");
+  }
+  state.counters["of_two_core_roofline"] =
+      benchmark::Counter(s.floor().floor_seconds() / threads, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// A read of the entries the host selected (read_request::indices: here the reader's own selection,
+// logical ids) against the attention part of the reader's own read — its time less the selection
+// stage's (entry_selector::select) — in 9 rounds, each timing the three back to back (each run
+// twice, the second timed): host_over_attention is the median of the rounds' ratios. Checks first
+// that the two reads agree bit for bit.
+void BM_host_indices(benchmark::State& state) {
+  sparse_setup& s = sparse(state.range(0), 64);
+  if (!s.error.empty()) return state.SkipWithError(s.error.c_str());
+  const std::int64_t n = s.select();
+  read_request host = s.request();
+  host.indexer_queries = {};
+  host.indexer_weights = {};
+  host.indices = span<const std::int32_t>(s.selected.data(), static_cast<std::size_t>(n));
+  std::vector<float> out(s.out.size());
+  auto host_read = [&] { s.reader.read(s.cache, s.seq, host, out.data()); };
+  host_read();
+  s.step();
+  if (std::memcmp(out.data(), s.out.data(), out.size() * sizeof(float)) != 0)
+    return state.SkipWithError("the read of the reader's own selection differs from its read");
+  auto timed = [&](auto&& f) {
+    f();
+    const double t0 = thread_seconds();
+    f();
+    return thread_seconds() - t0;
+  };
+  std::vector<double> ratios, attention;
+  for (int round = 0; round < 9; ++round) {
+    const double full = timed([&] { s.step(); });
+    const double select = timed([&] { benchmark::DoNotOptimize(s.select()); });
+    const double mine = timed(host_read);
+    ratios.push_back(mine / (full - select));
+    attention.push_back(full - select);
+  }
+  run_steps(state, false, host_read);
+  benchmark::DoNotOptimize(out.data());
+  state.counters["host_over_attention"] = median(ratios);
+  state.counters["attention_ms"] = 1e3 * median(attention);
+}
+
 void BM_selection(benchmark::State& state) {
   const std::int64_t tokens = state.range(0), page_size = state.range(1);
   sparse_setup& s = sparse(tokens, page_size);
@@ -882,6 +1062,9 @@ BENCHMARK(BM_batched_decode)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_batched_decode_threads)->ArgName("threads")->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_batch_of_one)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_batch_overhead)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_decode_step)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_decode_step_threads)->ArgName("threads")->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_host_indices)->ArgName("ctx")->Arg(131072)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_selection)
     ->ArgNames({"ctx", "page"})
     ->ArgsProduct({kContexts, {64, 256}})
