@@ -165,13 +165,13 @@ TEST_CASE("append_entries: host entries are stored as the write path stores them
 // One mean-pooled tied K/V stream with S = W (no overlap): the compressor can take over.
 using mean_cache = paged_cache<mean_stream>;
 
-mean_cache make_mean(i64 stride, i64 window, i64 pages = 16, i64 history = 0) {
+mean_cache make_mean(i64 stride, i64 window, i64 pages = 16, i64 history = 0, i64 window_tokens = 4) {
   cache_config cc;
   cc.name = "mean";
   cc.history = history;
   cc.page_size = 3;
   cc.pages = pages;
-  cc.window = raw_window_config{4, 1, 8, 0};
+  cc.window = raw_window_config{window_tokens, 1, 8, 0};
   return mean_cache(layer_compressor<mean_stream>(mean_stream(geometry{stride, window},
                                                               make_stream("kv", stream_role::key_value, 1, 8))),
                     cc);
@@ -267,6 +267,44 @@ TEST_CASE("append_entries: a host-fed sequence rolls back as far as its raw wind
   CHECK(c.tokens(sc) == 24);
   CHECK(c.entries(sc, 0) == 6);
   c.remove_suffix(sc, 24);
+}
+
+TEST_CASE("remove_suffix: a compressor-fed sequence rolled back to no inputs is not host-fed", "[cache][host_entries]") {
+  // S = W = 4, no raw window, no history: the state keeps 4 tokens' inputs. Rolled back to the
+  // boundary 20 it keeps none (its next entry needs none) — as a host-fed state — yet a further
+  // rollback stays refused, as it is straight from 40 tokens: the rule does not depend on the path,
+  // and it survives a snapshot.
+  std::mt19937 rng(29);
+  const auto x = uniform(rng, 40 * 8, -1.0f, 1.0f), e = uniform(rng, 10 * 8, -1.0f, 1.0f);
+  auto tokens = [&](i64 first, i64 n) { return span<const float>(x.data() + first * 8, sz(n * 8)); };
+  mean_cache fed = make_mean(4, 4, 16, 0, 0), host = make_mean(4, 4, 16, 0, 0);
+  const sequence_id sf = fed.create(), sh = host.create();
+  fed.append(sf, {token_chunk{40, tokens(0, 40), {}}}, {});
+  host.append_entries(sh, 40, {span<const float>(e)}, {});
+  CHECK_FALSE(fed.can_remove_suffix(sf, 18));
+  fed.remove_suffix(sf, 20);
+  CHECK_FALSE(fed.can_remove_suffix(sf, 18));
+  CHECK_THROWS_WITH(fed.remove_suffix(sf, 18), Contains("the compressor inputs needed to continue are gone"));
+  CHECK(fed.tokens(sf) == 20);
+  host.remove_suffix(sh, 20);
+  CHECK(host.can_remove_suffix(sh, 18));
+  // Through a snapshot: the restored sequences keep their rules.
+  mean_cache other = make_mean(4, 4, 16, 0, 0);
+  const sequence_id rf = restore(other, span<const std::byte>(snapshot(fed, sf)));
+  const sequence_id rh = restore(other, span<const std::byte>(snapshot(host, sh)));
+  CHECK_FALSE(other.can_remove_suffix(rf, 18));
+  CHECK(other.can_remove_suffix(rh, 18));
+  // Both go on with the compressor from the boundary, as a sequence fed only that far.
+  mean_cache twin = make_mean(4, 4, 16, 0, 0);
+  const sequence_id st = twin.create();
+  twin.append(st, {token_chunk{26, tokens(0, 26), {}}}, {});
+  fed.append(sf, {token_chunk{6, tokens(20, 6), {}}}, {});
+  CHECK(same_stored(fed, sf, twin, st));
+  // A rollback to 0 leaves a fresh sequence: it rolls back no further than one.
+  host.remove_suffix(sh, 0);
+  host.append(sh, {token_chunk{26, tokens(0, 26), {}}}, {});
+  CHECK(same_stored(host, sh, twin, st));
+  CHECK_FALSE(host.can_remove_suffix(sh, 18));
 }
 
 TEST_CASE("append_entries: a host-fed sequence snapshots and restores as it is", "[cache][host_entries][snapshot]") {

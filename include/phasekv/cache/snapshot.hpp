@@ -108,7 +108,9 @@
 //       floats' bytes, u32 reserved (0)
 //     section table: u64 count (2S + 1), then per section 24 bytes:
 //       u32 kind (1 entries, 2 compressor state, 3 raw window), u32 stream (0xFFFFFFFF for the
-//       window), u64 bytes, u32 CRC-32C of the section's bytes, u32 reserved (0)
+//       window), u64 bytes, u32 CRC-32C of the section's bytes, u32 flags (a compressor-state
+//       section's bit 0: host-fed — its last tokens' entries came from the host, so it rolls back to
+//       any length, and then intact_from = tokens > 0; every other bit, and the other sections', 0)
 //     u32 reserved (0), u32 header CRC-32C of bytes [0, header_bytes − 4)
 //   header_bytes = 160 + 200·S.
 //   sections, in this order:
@@ -640,7 +642,9 @@ struct section {
   std::uint32_t stream = 0;
   std::uint64_t bytes = 0;
   std::uint32_t crc = 0;
+  std::uint32_t flags = 0;  // a compressor-state section's: bit 0 host-fed; 0 for the others
 };
+inline constexpr std::uint32_t host_fed_flag = 1;
 
 inline std::string section_name(std::size_t index, std::uint32_t kind, std::uint32_t stream) {
   std::string what = kind == entries_section ? "stream " + std::to_string(stream) + " entries"
@@ -754,7 +758,8 @@ struct snapshot_access {
       at = w.position();
       crc = copy_floats(at, state.payload_ring_, crc);
       crc = copy_floats(at, state.logit_ring_, crc);
-      table[streams + k] = {format::state_section, static_cast<std::uint32_t>(k), bytes[streams + k], crc};
+      table[streams + k] = {format::state_section, static_cast<std::uint32_t>(k), bytes[streams + k], crc,
+                            state.host_fed_ ? format::host_fed_flag : 0u};
     }
     {  // raw window
       unsigned char* start = at;
@@ -801,7 +806,7 @@ struct snapshot_access {
       w.u32(t.stream);
       w.u64(t.bytes);
       w.u32(t.crc);
-      w.u32(0);
+      w.u32(t.flags);
     }
     w.u32(0);
     w.u32(crc32c(base, header - 4));
@@ -894,10 +899,13 @@ struct snapshot_access {
       t.stream = r.u32();
       t.bytes = r.u64();
       t.crc = r.u32();
-      r.reserved([i] { return "section " + std::to_string(i); });
+      t.flags = r.u32();
       const std::uint32_t kind = i < streams ? format::entries_section
                                  : i < 2 * streams ? format::state_section
                                                    : format::window_section;
+      if (t.flags != 0 && (kind != format::state_section || t.flags != format::host_fed_flag))
+        fail<input_error>("snapshot: section " + std::to_string(i) + " flags", t.flags,
+                          kind == format::state_section ? "must be 0 or 1 (host-fed)" : "must be 0 (reserved)");
       const std::uint32_t stream = i < 2 * streams ? static_cast<std::uint32_t>(i % streams) : format::no_stream_index;
       if (t.kind != kind || t.stream != stream)
         throw input_error("snapshot: section " + std::to_string(i) + " is kind " + std::to_string(t.kind) +
@@ -1053,6 +1061,10 @@ struct snapshot_access {
         fail<input_error>(where() + "intact_from", f.intact_from,
                           "must lie in [" + std::to_string(lowest) + ", " + std::to_string(tokens) +
                               "] (within the ring)");
+      // A host-fed state (skip()) keeps no inputs: intact_from = tokens > 0.
+      if (in_parts.table[streams + k].flags == format::host_fed_flag && (tokens == 0 || f.intact_from != tokens))
+        fail<input_error>(where() + "intact_from", f.intact_from,
+                          "must equal tokens = " + std::to_string(tokens) + " > 0 in a host-fed state");
     }
     std::int64_t source_window_first = 0;
     {
@@ -1083,6 +1095,7 @@ struct snapshot_access {
           payload + static_cast<std::size_t>(f.ring_rows * payload_floats[k]) * sizeof(float);
       state.tokens_ = tokens;
       state.entries_ = entries;
+      state.host_fed_ = in_parts.table[streams + k].flags == format::host_fed_flag;
       if (state.ring_rows_ == f.ring_rows) {  // equal histories: the rings verbatim
         state.intact_from_ = f.intact_from;
         if (!state.payload_ring_.empty())

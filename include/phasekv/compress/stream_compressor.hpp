@@ -211,6 +211,7 @@ class stream_compressor {
     s.tokens_ += tokens;
     s.entries_ = geom_.completed_entries(s.tokens_);
     s.intact_from_ = s.tokens_;
+    s.host_fed_ = true;
   }
 
   // Appends the chunk and calls sink(const entry_view&) for each entry it completes, in order.
@@ -271,6 +272,7 @@ class stream_compressor {
     s.tokens_ = t_end;
     s.entries_ = geom_.completed_entries(t_end);
     s.intact_from_ = std::max(s.intact_from_, t_end - s.ring_rows_);
+    if (chunk.tokens > 0) s.host_fed_ = false;
   }
 
   // The first token whose inputs the state's next entry pools.
@@ -288,7 +290,7 @@ class stream_compressor {
     const std::int64_t needed_from = std::max<std::int64_t>(0, geom_.window_start(geom_.completed_entries(tokens)));
     return needed_from >= s.intact_from_ || needed_from >= tokens || host_fed(s);
   }
-  static bool host_fed(const stream_state& s) noexcept { return s.tokens_ > 0 && s.intact_from_ == s.tokens_; }
+  static bool host_fed(const stream_state& s) noexcept { return s.host_fed_; }
 
   // Rolls the state back to its first `tokens` tokens: later tokens and the entries they
   // completed are forgotten (the caller drops those entries from wherever it stored them).
@@ -306,6 +308,7 @@ class stream_compressor {
     s.tokens_ = tokens;
     s.entries_ = geom_.completed_entries(tokens);
     s.intact_from_ = std::min(s.intact_from_, tokens);  // rows from `tokens` on are rewritten before they are read
+    s.host_fed_ = s.host_fed_ && tokens > 0;             // rolled back to 0 it is a fresh state
   }
 
  private:

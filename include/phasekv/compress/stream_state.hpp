@@ -41,7 +41,7 @@ class stream_state {
   // Equal when the observable state is equal: counts and pending inputs (not scratch space).
   friend bool operator==(const stream_state& a, const stream_state& b) noexcept {
     return a.tokens_ == b.tokens_ && a.entries_ == b.entries_ && a.ring_rows_ == b.ring_rows_ &&
-           a.intact_from_ == b.intact_from_ && a.payload_ring_ == b.payload_ring_ && a.logit_ring_ == b.logit_ring_;
+           a.intact_from_ == b.intact_from_ && a.host_fed_ == b.host_fed_ && a.payload_ring_ == b.payload_ring_ && a.logit_ring_ == b.logit_ring_;
   }
   friend bool operator!=(const stream_state& a, const stream_state& b) noexcept { return !(a == b); }
 
@@ -54,6 +54,10 @@ class stream_state {
   std::int64_t entries_ = 0;
   std::int64_t ring_rows_ = 0;
   std::int64_t intact_from_ = 0;  // tokens [intact_from_, tokens_) still have their inputs in the ring
+  // The last tokens came through skip() (host entries, no inputs kept): the state rolls back to
+  // any length. Kept apart from intact_from_ = tokens_, which a rollback of a compressor-fed
+  // state can also reach, and which must not make it rollable further.
+  bool host_fed_ = false;
   // The geometry and per-token shape of the compressor that made the state (checked on append).
   std::int64_t stride_ = 0, origin_ = 0, window_ = 0, payload_floats_ = 0, logit_floats_ = 0;
   std::vector<float> payload_ring_;  // [ring_rows][payload floats per token]
