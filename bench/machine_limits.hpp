@@ -37,8 +37,9 @@
 
 #include <xsimd/xsimd.hpp>
 
-#include "phasekv/read/indexer_bf16_kernel.hpp"  // PHASEKV_HAS_BF16_DOT
-#include "phasekv/read/indexer_fp4_kernel.hpp"   // PHASEKV_HAS_INT8_DOT
+#include "phasekv/read/indexer_bf16_kernel.hpp"
+#include "phasekv/read/indexer_fp4_kernel.hpp"
+#include "phasekv/simd/config.hpp"  // PHASEKV_HAS_BF16_DOT, PHASEKV_HAS_INT8_DOT
 
 namespace bench {
 

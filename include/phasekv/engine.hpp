@@ -21,6 +21,7 @@
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/core/text.hpp"
+#include "phasekv/core/types.hpp"
 
 // compress
 #include "phasekv/compress/deepseek_checkpoint.hpp"
@@ -40,6 +41,7 @@
 #include "phasekv/cache/fp8.hpp"
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/model_cache.hpp"
+#include "phasekv/cache/page_layout.hpp"
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
@@ -64,6 +66,7 @@
 // simd
 #include "phasekv/simd/batch.hpp"
 #include "phasekv/simd/bf16.hpp"
+#include "phasekv/simd/config.hpp"
 #include "phasekv/simd/exp.hpp"
 #include "phasekv/simd/finite.hpp"
 #include "phasekv/simd/intrinsics.hpp"

@@ -87,6 +87,7 @@
 #include "phasekv/cache/fp8.hpp"  // UE8M0 scale bytes
 #include "phasekv/cache/storage.hpp"
 
+#include "phasekv/simd/config.hpp"
 #include "phasekv/simd/intrinsics.hpp"
 
 namespace phasekv {
@@ -157,7 +158,7 @@ namespace detail {
 // changes no result); with AVX-512, 8 butterflies at a time.
 inline void hadamard_in_place(double* w, std::int64_t n) noexcept {
   std::int64_t h = 1;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   if (n >= 8) {
     // The same butterflies 8 lanes at a time (a + b is b + a bit for bit): passes 1, 2, 4 within
     // a register (the partner lane by a permutation, sums kept in the lower and differences in
@@ -304,7 +305,7 @@ namespace detail {
 // AVX-512 builds only: the same operations as the scalar quantizer — the same amax bits, the
 // same scale byte and 2^−k, fp32 products x · 2^−k, the same seven thresholds — 16 lanes at a
 // time, so every code is the scalar one (tests/test_cache_fp4.cpp compares them).
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
 inline bool fp4_quantize_block_twice(const float* x, std::int8_t* twice, std::uint8_t& scale_byte) noexcept {
   const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
   const __m512i abs_mask = _mm512_set1_epi32(static_cast<int>(f32_abs_mask));
@@ -347,7 +348,7 @@ inline void fp4_quantize_transformed_twice(const float* y, const fp4_head_layout
   for (std::int64_t b = 0; b < l.blocks; ++b) {
     const float* x = y + b * fp4_block_channels;
     std::int8_t* out = twice + b * fp4_block_channels;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
     if (detail::fp4_quantize_block_twice(x, out, scale_bytes[b])) continue;
 #endif
     std::byte codes[fp4_block_channels / 2], scale;

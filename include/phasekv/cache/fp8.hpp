@@ -65,6 +65,7 @@
 
 #include "phasekv/cache/storage.hpp"
 
+#include "phasekv/simd/config.hpp"
 #include "phasekv/simd/intrinsics.hpp"
 
 namespace phasekv {
@@ -184,7 +185,7 @@ inline float fp8_channel(const std::byte* head, const fp8_head_layout& l, std::i
   return e4m3_to_float(code) * ue8m0_to_float(scale);
 }
 
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
 // e4m3_to_float of the code in each 32-bit lane (its low byte), the same bits.
 inline __m512 e4m3_decode16(__m512i code) noexcept {
   const __m512i magnitude = _mm512_and_si512(code, _mm512_set1_epi32(0x7F));
@@ -198,7 +199,7 @@ inline __m512 e4m3_decode16(__m512i code) noexcept {
   return _mm512_castsi512_ps(_mm512_or_si512(value, sign));
 }
 
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#if PHASEKV_HAS_AVX512_BW_VL
 // The two parts of fp8_decode16's fp16 path (below): whether scale byte b may take it (b ∈
 // [1, 246]), and 16 codes (the bytes of `raw`) widened and multiplied by 2^(b − 119).
 inline bool fp16_path_takes(std::uint8_t scale_byte) noexcept { return scale_byte - 1u <= 245u; }
@@ -223,7 +224,7 @@ inline __m512 fp16_widen16(__m128i raw, std::uint8_t scale_byte) noexcept {
 // 246 (2^(b − 119) overflows; 0xFF is NaN) take the integer path.
 inline __m512 fp8_decode16(const std::byte* codes, std::uint8_t scale_byte) noexcept {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#if PHASEKV_HAS_AVX512_BW_VL
   const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(raw, _mm_set1_epi8(static_cast<char>(0x80))),
                                             _mm_set1_epi8(static_cast<char>(0xFF)));
   if (fp16_path_takes(scale_byte) && nan == 0) return fp16_widen16(raw, scale_byte);
@@ -236,7 +237,7 @@ inline __m512 fp8_decode16(const std::byte* codes, std::uint8_t scale_byte) noex
 // path does not apply. Sixteen codes at a time cost the kernels ~10% of their logit pass in
 // per-run scale lookups and tests.
 inline bool fp8_decode_block(const std::byte* codes, std::uint8_t scale_byte, float* out) noexcept {
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#if PHASEKV_HAS_AVX512_BW_VL
   const __m512i raw = _mm512_loadu_si512(codes);
   const __mmask64 nan = _mm512_cmpeq_epi8_mask(_mm512_or_si512(raw, _mm512_set1_epi8(static_cast<char>(0x80))),
                                                _mm512_set1_epi8(static_cast<char>(0xFF)));
@@ -290,7 +291,7 @@ inline __m512 bf16_decode16(const std::byte* values) noexcept {
 inline void fp8_decode_channels(const std::byte* head, const fp8_head_layout& l, std::int64_t first,
                                 std::int64_t count, float* out) noexcept {
   std::int64_t i = 0;  // out[i] is channel first + i
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   constexpr std::uint64_t block = fp8_head_layout::block_channels;
   // Whole blocks of codes from a block's start (the attention kernel's calls) …
   while (first % static_cast<std::int64_t>(block) == 0 && i + 64 <= count && first + i + 64 <= l.quantized &&
@@ -324,7 +325,7 @@ namespace detail {
 
 // The UE8M0 scale byte of the block values[first, last): ue8m0_nan when a value is NaN or ±Inf.
 inline std::uint8_t fp8_block_scale_byte(const float* values, std::int64_t first, std::int64_t last) noexcept {
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   // The largest magnitude's bits: for finite non-negative floats the integer order is the value
   // order, and a NaN or Inf has bits above the largest finite float's.
   __m512i largest = _mm512_setzero_si512();
@@ -359,7 +360,7 @@ inline void fp8_encode_block(const float* values, std::int64_t first, std::int64
                              std::byte* codes) noexcept {
   const float inverse = ue8m0_inverse(b);
   std::int64_t c = first;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   const __m512 low = _mm512_set1_ps(-e4m3_max), high = _mm512_set1_ps(e4m3_max);
   for (; c < last; c += 16) {
     const __mmask16 lanes = lanes_below(last - c);
@@ -412,7 +413,7 @@ inline void fp8_round_head(float* values, const fp8_head_layout& l) noexcept {
     }
     const float scale = ue8m0_to_float(scale_byte), inverse = detail::ue8m0_inverse(scale_byte);
     std::int64_t c = first;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
     const __m512 low = _mm512_set1_ps(-e4m3_max), high = _mm512_set1_ps(e4m3_max);
     for (; c < last; c += 16) {
       const __mmask16 lanes = detail::lanes_below(last - c);

@@ -58,11 +58,10 @@
 #include "phasekv/core/executor.hpp"
 #include "phasekv/core/limits.hpp"
 #include "phasekv/core/span.hpp"
+#include "phasekv/core/types.hpp"
 #include "phasekv/simd/finite.hpp"
 
 namespace phasekv {
-
-using sequence_id = std::int64_t;
 
 namespace detail {
 // Every owner of sequence ids (a paged_cache, a model_cache) takes a tag for the top bits of its

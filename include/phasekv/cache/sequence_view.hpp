@@ -61,9 +61,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "phasekv/cache/page_pool.hpp"
+#include "phasekv/cache/page_layout.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/span.hpp"
+#include "phasekv/core/types.hpp"
 
 namespace phasekv {
 

@@ -45,6 +45,7 @@
 
 #include "phasekv/core/error.hpp"
 
+#include "phasekv/simd/config.hpp"
 #include "phasekv/simd/intrinsics.hpp"
 
 namespace phasekv {
@@ -193,7 +194,7 @@ namespace detail {
 
 inline std::int64_t store_bf16_simd(const float* src, std::uint16_t* dst, std::int64_t n) noexcept {
   std::int64_t i = 0;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   // The scalar rule, 16 lanes at a time.
   const __m512i abs_mask = _mm512_set1_epi32(static_cast<int>(f32_abs_mask));
   const __m512i infinity = _mm512_set1_epi32(static_cast<int>(f32_infinity));
@@ -220,7 +221,7 @@ inline std::int64_t store_bf16_simd(const float* src, std::uint16_t* dst, std::i
 
 inline std::int64_t load_bf16_simd(const std::uint16_t* src, float* dst, std::int64_t n) noexcept {
   std::int64_t i = 0;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   for (const std::int64_t end = n - n % 16; i < end; i += 16) {
     const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
     _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
@@ -235,13 +236,13 @@ inline std::int64_t load_bf16_simd(const std::uint16_t* src, float* dst, std::in
 
 inline std::int64_t store_f16_simd(const float* src, std::uint16_t* dst, std::int64_t n) noexcept {
   std::int64_t i = 0;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   for (const std::int64_t end = n - n % 16; i < end; i += 16) {
     const __m256i halves = _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), halves);
   }
 #endif
-#if defined(__F16C__)
+#if PHASEKV_HAS_F16C
   for (const std::int64_t end = i + (n - i) / 8 * 8; i < end; i += 8) {
     const __m128i halves = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), halves);
@@ -255,12 +256,12 @@ inline std::int64_t store_f16_simd(const float* src, std::uint16_t* dst, std::in
 
 inline std::int64_t load_f16_simd(const std::uint16_t* src, float* dst, std::int64_t n) noexcept {
   std::int64_t i = 0;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   for (const std::int64_t end = n - n % 16; i < end; i += 16) {
     _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
   }
 #endif
-#if defined(__F16C__)
+#if PHASEKV_HAS_F16C
   for (const std::int64_t end = i + (n - i) / 8 * 8; i < end; i += 8) {
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
   }

@@ -20,11 +20,9 @@
 #include "phasekv/simd/batch.hpp"
 #include "phasekv/simd/unroll.hpp"
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include "phasekv/simd/config.hpp"
+#if PHASEKV_HAS_BF16_DOT
 #include "phasekv/simd/intrinsics.hpp"
-#define PHASEKV_HAS_BF16_DOT 1
-#else
-#define PHASEKV_HAS_BF16_DOT 0
 #endif
 
 namespace phasekv::kernels {

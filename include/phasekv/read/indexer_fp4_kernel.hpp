@@ -97,11 +97,9 @@
 #include "phasekv/simd/prefetch.hpp"
 #include "phasekv/simd/unroll.hpp"
 
-#if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#include "phasekv/simd/config.hpp"
+#if PHASEKV_HAS_INT8_DOT
 #include "phasekv/simd/intrinsics.hpp"
-#define PHASEKV_HAS_INT8_DOT 1
-#else
-#define PHASEKV_HAS_INT8_DOT 0
 #endif
 
 namespace phasekv::kernels {
@@ -322,7 +320,7 @@ struct indexer_fp4 {
       p.start[static_cast<std::size_t>(h)] = -key_offset * sum;
       // Slot s of a run holds channels slot_channel(s, 0 … 3): four bytes, one store per slot.
       const std::int64_t hb = h / block_heads, g = (h % block_heads) / lanes, lane = h % lanes;
-#if defined(__AVX512VBMI__)
+#if PHASEKV_HAS_AVX512_VBMI
       // The same stores a run at a time: its even channels' bytes are slots 0 … 15 in order, its
       // odd channels' slots 16 … 31, and consecutive slots of a head lie 4 · 16 · 4 bytes apart.
       alignas(64) static constexpr std::array<std::uint8_t, 64> even = [] {

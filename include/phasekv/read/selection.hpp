@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "phasekv/cache/layer_shape.hpp"
+#include "phasekv/cache/page_pool.hpp"  // load_entries
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/cache/storage.hpp"
 #include "phasekv/core/error.hpp"
@@ -40,6 +41,7 @@
 #include "phasekv/read/read_checks.hpp"
 #include "phasekv/read/read_types.hpp"
 #include "phasekv/read/top_k.hpp"
+#include "phasekv/simd/config.hpp"
 
 namespace phasekv {
 

@@ -94,6 +94,7 @@
 #include "phasekv/core/limits.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
+#include "phasekv/core/types.hpp"
 #include "phasekv/read/attention_kernel.hpp"
 #include "phasekv/read/read_checks.hpp"
 #include "phasekv/read/read_types.hpp"
@@ -106,8 +107,6 @@ namespace phasekv {
 namespace detail {
 struct layout_access;  // tests/layout: reads the sizes of the reader's private scratch types
 }  // namespace detail
-
-using sequence_id = std::int64_t;
 
 class sparse_reader {
   using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;

@@ -22,6 +22,7 @@
 
 #include "phasekv/core/span.hpp"
 
+#include "phasekv/simd/config.hpp"
 #include "phasekv/simd/intrinsics.hpp"
 
 namespace phasekv {
@@ -59,7 +60,7 @@ namespace detail {
 // for the previous key's compare-and-move.
 inline void low_high_orders(const std::uint64_t* keys, std::size_t n, std::uint32_t& lo, std::uint32_t& hi) noexcept {
   std::size_t i = 0;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   if (n >= 8) {
     __m512i low = _mm512_set1_epi64(0xFFFFFFFFLL), high = _mm512_setzero_si512();
     for (; i + 8 <= n; i += 8) {
@@ -93,7 +94,7 @@ inline void low_high_orders(const std::uint64_t* keys, std::size_t n, std::uint3
 // eight keys just loaded, so nothing unread is overwritten).
 inline std::size_t keep_at_least(std::uint64_t* keys, std::size_t n, std::uint64_t least) noexcept {
   std::size_t kept = 0, i = 0;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   const __m512i bound = _mm512_set1_epi64(static_cast<long long>(least));
   for (; i + 8 <= n; i += 8) {
     const __m512i v = _mm512_loadu_si512(keys + i);
@@ -199,7 +200,7 @@ inline std::size_t cut_sample_rank(std::size_t n, std::size_t keep) noexcept {
   return rank <= cut_samples / 4 ? rank : 0;
 }
 
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
 // score_order of sixteen scores.
 inline __m512i score_orders(__m512 scores) noexcept {
   const __m512 plus = _mm512_add_ps(scores, _mm512_setzero_ps());  // −0 → +0
@@ -212,7 +213,7 @@ inline __m512i score_orders(__m512 scores) noexcept {
 // How many of scores[0 … n) have an order of at least `least`.
 inline std::size_t count_at_least(const float* scores, std::size_t n, std::uint32_t least) noexcept {
   std::size_t count = 0, j = 0;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   const __m512i bound = _mm512_set1_epi32(static_cast<int>(least));
   for (; j + 16 <= n; j += 16)
     count += static_cast<std::size_t>(
@@ -229,7 +230,7 @@ inline std::size_t count_at_least(const float* scores, std::size_t n, std::uint3
 inline void keys_at_least(const float* scores, std::size_t n, std::int64_t first_index, std::uint32_t least,
                           std::uint64_t* keys) noexcept {
   std::size_t kept = 0, j = 0;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   const __m512i bound = _mm512_set1_epi32(static_cast<int>(least));
   // The keys' low halves, 2^32 − 1 − index, for the eight lanes of each half of a step.
   const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);

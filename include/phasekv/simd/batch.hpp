@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "phasekv/simd/config.hpp"
 #include "phasekv/simd/intrinsics.hpp"  // before xsimd, which includes the intrinsics too
 
 #include <xsimd/xsimd.hpp>
@@ -33,7 +34,7 @@ using float_batch = xsimd::batch<float, Arch>;
 template <class Arch>
 inline xsimd::batch<float, Arch> fma(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& y,
                                      const xsimd::batch<float, Arch>& z) noexcept {
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) return _mm512_fmadd_ps(x, y, z);
 #endif
   return xsimd::fma(x, y, z);

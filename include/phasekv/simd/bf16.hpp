@@ -13,6 +13,7 @@
 
 #include "phasekv/simd/batch.hpp"
 
+#include "phasekv/simd/config.hpp"
 #include "phasekv/simd/intrinsics.hpp"
 
 namespace phasekv::simd {
@@ -41,13 +42,13 @@ inline xsimd::batch<float, Arch> load(const float* p) noexcept {
 template <class Arch>
 inline xsimd::batch<float, Arch> load(const std::uint16_t* p) noexcept {
   using batch = xsimd::batch<float, Arch>;
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   if constexpr (batch::size == 16) {
     const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return batch(_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
   }
 #endif
-#if defined(__AVX2__)
+#if PHASEKV_HAS_AVX2
   if constexpr (batch::size == 8) {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return batch(_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "phasekv/simd/batch.hpp"
+#include "phasekv/simd/config.hpp"
 
 namespace phasekv::simd {
 
@@ -43,7 +44,7 @@ inline constexpr float c5 = 0.00836871687973f;
 inline constexpr float c6 = 0.00138145986467f;
 
 // AVX-512 scales by 2^n in one instruction (vscalefps); elsewhere the exponent bits are built.
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
 template <class Arch>
 inline constexpr bool has_scalef = std::is_base_of_v<xsimd::avx512f, Arch>;
 #else
@@ -76,7 +77,7 @@ inline xsimd::batch<float, Arch> exp(const xsimd::batch<float, Arch>& x) noexcep
   p = simd::fma(p, r, batch(1.0f));
   p = simd::fma(p, r, batch(1.0f));
   if constexpr (has_scalef<Arch>) {
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
     // p·2^n with one rounding, overflowing to ∞ and underflowing through subnormals to 0.
     return batch(_mm512_scalef_ps(p, n));
 #endif

@@ -14,12 +14,13 @@
 #include <type_traits>
 
 #include "phasekv/simd/batch.hpp"
+#include "phasekv/simd/config.hpp"
 
 namespace phasekv::simd {
 
 namespace detail {
 
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
 // The unmasked shuffles, spelled as their masked forms with every lane selected: GCC 12's
 // unmasked intrinsics pass _mm512_undefined_ps() as the unused source, which -Wuninitialized
 // reports at every use. Same instructions.
@@ -74,7 +75,7 @@ template <class Arch = default_arch>
 inline void transpose_scaled(const float* in, std::int64_t rows, std::int64_t cols, std::int64_t in_stride, float scale,
                              float* out, std::int64_t out_stride) noexcept {
   std::int64_t block_rows = 0, block_cols = 0;  // the part whole 16 × 16 blocks cover
-#if defined(__AVX512F__)
+#if PHASEKV_HAS_AVX512
   if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
     block_rows = rows / 16 * 16;
     block_cols = cols / 16 * 16;
