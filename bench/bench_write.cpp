@@ -26,6 +26,10 @@
 // prefill_warm and prefill_bf16_warm run the same prefill on kWarm tokens whose inputs stay in
 // the caches between iterations: the arithmetic alone, the floor under the prefill from memory
 // (their of_bandwidth_bound is for comparison only).
+//
+// point_* run the same poolings as pooling policies of the host's (examples/pools/builtin_twins.hpp,
+// on the built-ins' kernels, bit-identical entries): their time over the built-in's is what the
+// extension point costs (run_all: *_point_over_fused_time).
 
 #include <benchmark/benchmark.h>
 
@@ -39,6 +43,7 @@
 
 #include <phasekv/phasekv.hpp>
 
+#include "../examples/pools/builtin_twins.hpp"
 #include "machine_limits.hpp"
 
 namespace {
@@ -205,6 +210,22 @@ stream_compressor<presets::deepseek_v4_csa_policy> dsv4() {
                                                             presets::deepseek_v4_csa_kv());
 }
 
+// The same poolings through the extension point (examples/pools/builtin_twins.hpp): their
+// entries are the built-ins' bit for bit, so these time the point alone.
+stream_compressor<compressor_policy<phasekv_examples::mean_twin>> point_mean() {
+  return stream_compressor<compressor_policy<phasekv_examples::mean_twin>>(kGeom, config(false));
+}
+stream_compressor<compressor_policy<phasekv_examples::vector_gated_twin>> point_vector_gates() {
+  return stream_compressor<compressor_policy<phasekv_examples::vector_gated_twin>>(
+      kGeom, config(false), {}, phasekv_examples::vector_gated_twin(1, kGeom.window, kChannels));
+}
+using point_dsv4_policy = compressor_policy<phasekv_examples::vector_gated_twin, rope_after_pool, rms_norm>;
+stream_compressor<point_dsv4_policy> point_dsv4() {
+  const geometry g = presets::deepseek_v4_csa_geometry();
+  const stream_config c = presets::deepseek_v4_csa_kv();
+  return stream_compressor<point_dsv4_policy>(g, c, {}, phasekv_examples::vector_gated_twin(c.kv_heads, g.window, c.channels));
+}
+
 using mean = compressor_policy<mean_pool>;
 using fixed = compressor_policy<fixed_weight_pool>;
 using scalar_gates = compressor_policy<scalar_gated_pool>;
@@ -225,9 +246,15 @@ BENCHMARK_CAPTURE(prefill, deepseek_v4_csa, dsv4())->Unit(benchmark::kMicrosecon
 BENCHMARK_CAPTURE(prefill_bf16, deepseek_v4_csa, dsv4())->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(prefill_warm, deepseek_v4_csa, dsv4())->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(prefill_bf16_warm, deepseek_v4_csa, dsv4())->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(prefill, point_mean, point_mean())->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(prefill, point_vector_gates, point_vector_gates())->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(prefill, point_deepseek_v4_csa, point_dsv4())->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(prefill_bf16, point_deepseek_v4_csa, point_dsv4())->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(prefill_warm, point_deepseek_v4_csa, point_dsv4())->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(decode, mean, make<mean>())->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(decode, vector_gates, make<vector_gates>())->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(decode, deepseek_v4_csa, dsv4())->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(decode, point_deepseek_v4_csa, point_dsv4())->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
