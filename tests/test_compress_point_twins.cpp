@@ -6,7 +6,9 @@
 // their double-precision oracles (test_compress_oracle.cpp); this holds the point to them.
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -160,4 +162,86 @@ TEST_CASE("point twins: a twin used with another stream's shape is an error nami
   entry_buffer out;
   CHECK_THROWS_WITH(s.append(st, token_chunk{8, x, l}, out), Catch::Contains("gated_twin.window = 4"));
   CHECK(st == before);
+}
+
+namespace {
+
+// Records how each pool() call received its rows, and checks they are the right tokens' rows.
+template <bool ReadsBf16>
+struct row_probe {
+  static constexpr const char* name = "row_probe";
+  static constexpr std::uint32_t version = 1;
+  static constexpr bool reads_bf16_rows = ReadsBf16;
+  static constexpr i64 gate_channels(i64 channels) { return channels; }
+
+  struct call {
+    i64 entry;
+    bool payload_bf16, logits_bf16, exactly_one, rows_match;
+  };
+  std::shared_ptr<std::vector<call>> calls = std::make_shared<std::vector<call>>();
+  const std::vector<float>* x = nullptr;  // the inputs, [token][C] (one head, one view)
+
+  void pool(const window_rows& w, float* out) const {
+    bool match = true;
+    for (i64 k = 0; k < w.count(); ++k)
+      for (i64 c = 0; c < w.channels; ++c) {
+        const float got = w.payload_bf16 ? simd::bf16_to_float(w.payload_bf16[k][c]) : w.payload[k][c];
+        match = match && got == (*x)[sz(w.position(k) * w.channels + c)];
+      }
+    calls->push_back({w.entry, w.payload_bf16 != nullptr, w.logits_bf16 != nullptr,
+                      (w.payload == nullptr) != (w.payload_bf16 == nullptr) &&
+                          (w.logits == nullptr) != (w.logits_bf16 == nullptr),
+                      match});
+    std::fill(out, out + w.channels, 0.0f);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("point twins: a policy that reads bf16 rows gets them in place exactly when the entry's rows all lie in "
+          "the chunk", "[compress][custom_pool][twins][bf16]") {
+  const geometry g{4, 4};  // W = S: one branch, one view, token t's row is x[t]
+  const i64 C = 16, T = 29, first_chunk = 11;  // entry 2 (tokens 8…11) straddles the two chunks
+  stream_config c;
+  c.name = "kv";
+  c.kv_heads = 1;
+  c.channels = C;
+  c.inputs = input_layout::per_branch;
+  std::mt19937 rng(7);
+  std::vector<float> x = phasekv_test::random_uniform(rng, sz(T * C), -2.0f, 2.0f);
+  for (float& v : x) v = simd::bf16_to_float(float_to_bf16(v));  // exactly representable in bf16
+  std::vector<std::uint16_t> x16(x.size()), l16(x.size(), float_to_bf16(0.5f));
+  for (std::size_t i = 0; i < x.size(); ++i) x16[i] = float_to_bf16(x[i]);
+
+  const auto check = [&](auto probe, bool reads_bf16) {
+    probe.x = &x;
+    const stream_compressor<compressor_policy<decltype(probe)>> s(g, c, {}, probe);
+    REQUIRE(s.payload_floats_per_token() == C);
+    stream_state st = s.make_state();
+    entry_buffer out;
+    for (const auto& [begin, end] : {std::pair<i64, i64>{0, first_chunk}, std::pair<i64, i64>{first_chunk, T}}) {
+      token_chunk chunk;
+      chunk.tokens = end - begin;
+      chunk.payload_bf16 = span<const std::uint16_t>(x16.data() + begin * C, sz((end - begin) * C));
+      chunk.logits_bf16 = span<const std::uint16_t>(l16.data() + begin * C, sz((end - begin) * C));
+      s.append(st, chunk, out);
+    }
+    REQUIRE(probe.calls->size() == sz(g.completed_entries(T)));
+    for (const auto& k : *probe.calls) {
+      INFO("entry " << k.entry << ", reads_bf16_rows " << reads_bf16);
+      // Entry j's real rows are its tokens from max(0, first slot's token) to j·S + S − 1.
+      const i64 first_token = std::max<i64>(0, g.slot_token(k.entry, g.first_real_slot(k.entry)));
+      const i64 last_token = g.slot_token(k.entry, g.window - 1);
+      const bool in_chunk = last_token < first_chunk || first_token >= first_chunk;
+      CHECK(k.exactly_one);
+      CHECK(k.rows_match);
+      CHECK(k.payload_bf16 == (reads_bf16 && in_chunk));
+      CHECK(k.logits_bf16 == (reads_bf16 && in_chunk));
+    }
+    const auto in_place = std::count_if(probe.calls->begin(), probe.calls->end(), [](const auto& k) { return k.payload_bf16; });
+    if (reads_bf16) CHECK(in_place > 0);
+    if (reads_bf16) CHECK(in_place < static_cast<std::ptrdiff_t>(probe.calls->size()));  // one straddles
+  };
+  check(row_probe<true>{}, true);
+  check(row_probe<false>{}, false);
 }

@@ -11,9 +11,10 @@
 //   vector_gated_twin    per channel: α_i[c] = softmax_i(logit_i[c] + b_i[c])
 //
 // The learned bias b is the built-ins' stream_params::slot_bias layout, [kv_heads][W][gates], held
-// by the twin (a policy of the host's keeps its own parameters). What the point does not give a
-// twin: bf16 rows in place (its rows arrive widened to fp32) and the next entry's rows to
-// prefetch; RoPE before pooling is the built-ins' only.
+// by the twin (a policy of the host's keeps its own parameters). The twins declare
+// reads_bf16_rows, so bf16 inputs reach them in place as they reach the built-ins; what the point
+// does not give them is the next entry's rows to prefetch. RoPE before pooling is the built-ins'
+// only.
 
 #include <algorithm>
 #include <cmath>
@@ -26,16 +27,29 @@
 #include <phasekv/compress/pool_kernels.hpp>
 #include <phasekv/core/error.hpp>
 #include <phasekv/core/span.hpp>
+#include <phasekv/simd/bf16.hpp>
 
 namespace phasekv_examples {
 
 namespace twin_detail {
 using kernel = phasekv::kernels::pool<phasekv::simd::default_arch>;
 
+// f(payload rows, logit rows) with the row types the point handed over (fp32 or bf16 in place).
+template <class F>
+void with_rows(const phasekv::window_rows& w, F&& f) {
+  if (w.payload_bf16) {
+    if (w.logits_bf16) f(w.payload_bf16, w.logits_bf16);
+    else f(w.payload_bf16, w.logits);
+  } else {
+    if (w.logits_bf16) f(w.payload, w.logits_bf16);
+    else f(w.payload, w.logits);
+  }
+}
+
 // Σ_i w_i x_i over the window's real rows, as the built-ins' shared-weight path pools; w[i] is
 // also the slot weight of real slot i.
 inline void shared_weight_pool(const phasekv::window_rows& w, const float* weights, float* out) {
-  kernel::weighted_sum(w.payload, weights, w.count(), w.channels, out);
+  with_rows(w, [&](const auto* const* x, const auto*) { kernel::weighted_sum(x, weights, w.count(), w.channels, out); });
   if (w.slot_weights)
     for (std::int64_t k = 0; k < w.count(); ++k) w.slot_weights[k] += weights[k];
 }
@@ -45,6 +59,7 @@ inline void shared_weight_pool(const phasekv::window_rows& w, const float* weigh
 struct mean_twin {
   static constexpr const char* name = "mean_twin";
   static constexpr std::uint32_t version = 1;
+  static constexpr bool reads_bf16_rows = true;
   static constexpr std::int64_t gate_channels(std::int64_t) { return 0; }
 
   void pool(const phasekv::window_rows& w, float* out) const {
@@ -57,6 +72,7 @@ struct mean_twin {
 struct fixed_twin {
   static constexpr const char* name = "fixed_twin";
   static constexpr std::uint32_t version = 1;
+  static constexpr bool reads_bf16_rows = true;
   static constexpr std::int64_t gate_channels(std::int64_t) { return 0; }
 
   fixed_twin() = default;
@@ -87,6 +103,7 @@ class gated_twin {
  public:
   static constexpr const char* name = Width == phasekv::gate_width::vector ? "vector_gated_twin" : "scalar_gated_twin";
   static constexpr std::uint32_t version = 1;
+  static constexpr bool reads_bf16_rows = true;
   static constexpr std::int64_t gate_channels(std::int64_t channels) {
     return Width == phasekv::gate_width::vector ? channels : 1;
   }
@@ -117,16 +134,21 @@ class gated_twin {
     if constexpr (Width == phasekv::gate_width::vector) {
       thread_local std::vector<float> alpha;  // the kernel's scratch for slot weights beyond 8 slots
       alpha.resize(static_cast<std::size_t>(n * twin_detail::kernel::lanes));
-      twin_detail::kernel::vector_gated(w.payload, w.logits, b, n, w.channels, out, w.slot_weights, alpha.data());
+      twin_detail::with_rows(w, [&](const auto* const* x, const auto* const* logits) {
+        twin_detail::kernel::vector_gated(x, logits, b, n, w.channels, out, w.slot_weights, alpha.data());
+      });
       if (w.slot_weights)  // the kernel sums α over channels: their mean is the slot's weight
         for (std::int64_t k = 0; k < n; ++k) w.slot_weights[k] /= static_cast<float>(w.channels);
     } else {
       thread_local std::vector<float> weights;
       weights.resize(static_cast<std::size_t>(n));
-      float m = w.logits[0][0] + b[0][0];
-      for (std::int64_t k = 1; k < n; ++k) m = std::max(m, w.logits[k][0] + b[k][0]);
+      const auto s = [&](std::int64_t k) {  // s_k = logit_k + b_k, the logit widened if bf16
+        return (w.logits_bf16 ? phasekv::simd::bf16_to_float(w.logits_bf16[k][0]) : w.logits[k][0]) + b[k][0];
+      };
+      float m = s(0);
+      for (std::int64_t k = 1; k < n; ++k) m = std::max(m, s(k));
       float den = 0.0f;
-      for (std::int64_t k = 0; k < n; ++k) den += (weights[static_cast<std::size_t>(k)] = std::exp(w.logits[k][0] + b[k][0] - m));
+      for (std::int64_t k = 0; k < n; ++k) den += (weights[static_cast<std::size_t>(k)] = std::exp(s(k) - m));
       for (float& a : weights) a /= den;
       twin_detail::shared_weight_pool(w, weights.data(), out);
     }

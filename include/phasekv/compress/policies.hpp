@@ -53,6 +53,12 @@ struct fixed_weight_pool {};
 // prefill does, so the two agree bit for bit — the property the tests check for every policy.
 // Where a policy has a notion of per-slot weights it may write them to w.slot_weights (write
 // profiles, gate concentration and interventions read them).
+//
+// Rows arrive as fp32 (bf16 inputs widened first) unless P declares
+// `static constexpr bool reads_bf16_rows = true`: then an entry whose rows all lie in a bf16
+// chunk gets them in place, w.payload_bf16 (w.logits_bf16) set and w.payload (w.logits) null —
+// half the bytes and no widening pass, as the built-ins read them. Each bf16 value means its
+// exact fp32 widening (simd::bf16_to_float), so such a policy must pool the widened values.
 struct window_rows {
   std::int64_t entry = 0;           // j
   std::int64_t head = 0;            // KV head h
@@ -63,6 +69,8 @@ struct window_rows {
   const float* const* payload = nullptr;  // [count()] rows of C fp32 values, slot first_slot + k
   const float* const* logits = nullptr;   // [count()] rows of gate_channels(C) values, or null
   float* slot_weights = nullptr;          // [count()] zeros to write per-slot weights into, or null
+  const std::uint16_t* const* payload_bf16 = nullptr;  // the same rows in bf16, in place of payload
+  const std::uint16_t* const* logits_bf16 = nullptr;   // (reads_bf16_rows policies only, see above)
 
   std::int64_t count() const noexcept { return window - first_slot; }
   std::int64_t slot(std::int64_t k) const noexcept { return first_slot + k; }
@@ -77,6 +85,13 @@ struct is_custom_pool<P, std::void_t<decltype(std::declval<const P&>().pool(std:
     : std::true_type {};
 template <class P>
 inline constexpr bool is_custom_pool_v = is_custom_pool<P>::value;
+
+template <class P, class = void>
+struct pool_reads_bf16_rows : std::false_type {};
+template <class P>
+struct pool_reads_bf16_rows<P, std::enable_if_t<P::reads_bf16_rows>> : std::true_type {};
+template <class P>
+inline constexpr bool pool_reads_bf16_rows_v = pool_reads_bf16_rows<P>::value;
 
 #if defined(__cpp_concepts) && __cpp_concepts >= 201907L && __has_include(<concepts>)
 }  // namespace phasekv

@@ -481,10 +481,11 @@ class stream_compressor {
     // so that the kernel sees one row type. Either way the kernel pools the same fp32 values.
     bool all_in_chunk = true;
     for (std::int64_t k = 0; k < n; ++k) all_in_chunk = all_in_chunk && geom_.slot_token(j, first + k) >= s.tokens_;
-    // A pooling of the host's reads fp32 rows only: its bf16 chunk rows are always widened.
-    const bool payload_in_place = !custom && chunk.payload_is_bf16() && all_in_chunk;
+    // A pooling of the host's reads fp32 rows unless it declares reads_bf16_rows (policies.hpp).
+    constexpr bool reads_bf16 = !custom || pool_reads_bf16_rows_v<pooling>;
+    const bool payload_in_place = reads_bf16 && chunk.payload_is_bf16() && all_in_chunk;
     const bool payload_widen = chunk.payload_is_bf16() && !payload_in_place;
-    const bool logits_in_place = !custom && gated && chunk.logits_are_bf16() && all_in_chunk;
+    const bool logits_in_place = reads_bf16 && gated && chunk.logits_are_bf16() && all_in_chunk;
     const bool logits_widen = gated && chunk.logits_are_bf16() && !logits_in_place;
     float* widened_x = payload_widen || logits_widen ? s.widened_.data() : nullptr;  // [W][C]
     float* widened_logit = widened_x ? widened_x + W * C : nullptr;                   // [W][gates]
@@ -575,8 +576,10 @@ class stream_compressor {
         rows.window = W;
         rows.first_slot = first;
         rows.first_position = geom_.slot_token(j, first);
-        rows.payload = x;
-        rows.logits = gated ? logit : nullptr;
+        rows.payload = payload_in_place ? nullptr : x;
+        rows.payload_bf16 = payload_in_place ? x16 : nullptr;
+        rows.logits = gated && !logits_in_place ? logit : nullptr;
+        rows.logits_bf16 = logits_in_place ? logit16 : nullptr;
         rows.slot_weights = want_weights ? slot_weights + h * W + first : nullptr;
         pool_.pool(rows, out);
       } else if constexpr (gated) {
