@@ -340,7 +340,7 @@ def ue8m0_values():
 
 def e2m1_byte_values():
     """[256] complex64: the two e2m1 values of one byte of FP4 codes as (real, imaginary) —
-    channel 2i in the low nibble, channel 2i + 1 in the high one (cache/fp4.hpp, the order of
+    channel 2i in the low nibble, channel 2i + 1 in the high one (format/fp4.hpp, the order of
     torch.float4_e2m1fn_x2 in later torches). Codes 0–7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6 and codes
     8–15 their negatives. A complex element holds the pair so that one lookup per byte writes both
     channels, and view_as_real of the result is the channels in order: a row lookup in a [256, 2]
@@ -377,7 +377,7 @@ def fp4_simulate(y, block):
       q = e2m1(clamp(y / s, −6, 6)), round to nearest, ties to even."""
     b = y.reshape(*y.shape[:-1], y.shape[-1] // block, block)
     amax = b.abs().amax(dim=-1, keepdim=True).clamp_(min=6.0 * 2.0 ** -126)
-    # k from frexp: amax / 6 (in fp32, as cache/fp4.hpp says DeepSeek evaluates it) = f·2^e with f in [0.5, 1), so
+    # k from frexp: amax / 6 (in fp32, as format/fp4.hpp says DeepSeek evaluates it) = f·2^e with f in [0.5, 1), so
     # ceil(log2) is e, or e − 1 when f = 0.5 (a power of two). torch.log2 would round a quotient a
     # few ulps above 2^k down to k; frexp reads k off exactly. s comes from the UE8M0 table,
     # the stored byte k + 127, exactly.
@@ -404,7 +404,7 @@ class SparseDecodeV4(SparseDecode):
     bytes): e2m1 codes of the Hadamard-transformed key with a UE8M0 scale per 32, dequantized per
     step. Indexer queries: y = 128^−1/2 · H_128 · q (a GEMM by ±1 in float64 — its sums of these
     fp32 inputs are exact — times the float64 nearest 128^−1/2, rounded to fp32: the value
-    phasekv's float64 butterflies give, cache/fp4.hpp), then fp4_simulate. Then the scores as in fp32:
+    phasekv's float64 butterflies give, format/fp4.hpp), then fp4_simulate. Then the scores as in fp32:
     I_j = Σ_h w_h ReLU(q̂_h · k̂_j), one fp32 GEMM of the dequantized values, in which every
     product and partial sum is exact (integers times powers of two), so each q̂_h · k̂_j is
     exact and only the head sum's fp32 order differs from phasekv's."""

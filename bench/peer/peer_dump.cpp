@@ -333,7 +333,7 @@ void dump_sparse(dump_writer& w, std::int64_t tokens, sparse_variant variant = s
   rope_params_json(w, kv_config.rope);
   w.param("indexer_precision", std::string(v4 ? "fp4" : bf16_indexer ? "bf16" : "f32"));
   if (v4) {
-    // The two block layouts (cache/fp8.hpp, cache/fp4.hpp), so the peer slices the bytes by what
+    // The two block layouts (format/fp8.hpp, format/fp4.hpp), so the peer slices the bytes by what
     // the format says rather than by numbers of its own.
     const fp8_head_layout kv = cache.pool(0).layout().fp8();
     const fp4_head_layout ix = cache.pool(1).layout().fp4();

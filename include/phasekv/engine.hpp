@@ -1,8 +1,8 @@
 #pragma once
 // The engine: what an inference engine embeds to compress its KV cache in chunks and read it
-// back — geometry and errors (core), the compressors (compress), the paged caches (cache), the
-// sparse reader (read) and the SIMD helpers they share (simd). Nothing here depends on the
-// diagnostics (diagnostics.hpp). Each header also stands alone.
+// back — geometry and errors (core), the number formats (format), the compressors (compress),
+// the paged caches (cache), the sparse reader (read) and the SIMD helpers they share (simd).
+// Nothing here depends on the diagnostics (diagnostics.hpp). Each header also stands alone.
 //
 // Keep this list complete (scripts/test checks it): every include/phasekv/<part>/*.hpp of these
 // parts, sorted, one block per part. Namespaces phasekv::kernels and phasekv::detail hold
@@ -23,6 +23,11 @@
 #include "phasekv/core/text.hpp"
 #include "phasekv/core/types.hpp"
 
+// format
+#include "phasekv/format/fp4.hpp"
+#include "phasekv/format/fp8.hpp"
+#include "phasekv/format/storage.hpp"
+
 // compress
 #include "phasekv/compress/deepseek_checkpoint.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
@@ -37,8 +42,6 @@
 #include "phasekv/compress/stream_state.hpp"
 
 // cache
-#include "phasekv/cache/fp4.hpp"
-#include "phasekv/cache/fp8.hpp"
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/model_cache.hpp"
 #include "phasekv/cache/page_layout.hpp"
@@ -48,7 +51,6 @@
 #include "phasekv/cache/presets.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/cache/snapshot.hpp"
-#include "phasekv/cache/storage.hpp"
 
 // read
 #include "phasekv/read/attention_kernel.hpp"

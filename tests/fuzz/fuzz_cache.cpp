@@ -65,8 +65,8 @@
 
 #include "oracle/scalar_attention.hpp"
 #include "phasekv/cache/paged_cache.hpp"
-#include "phasekv/cache/fp8.hpp"
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/fp8.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/policies.hpp"
 #include "phasekv/compress/stream_compressor.hpp"

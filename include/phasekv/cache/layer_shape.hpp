@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/compress/stream_config.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/rope.hpp"
@@ -27,7 +27,7 @@ namespace phasekv {
 // The raw local window a sequence keeps next to its compressed entries.
 //
 // precision: f32 keeps the rows as the host hands them over. fp8_e4m3_block keeps each head of
-// each row as the values DeepSeek-V4's FP8 format holds (cache/fp8.hpp: e4m3 codes with a UE8M0
+// each row as the values DeepSeek-V4's FP8 format holds (format/fp8.hpp: e4m3 codes with a UE8M0
 // scale per 64 channels, the last rope_channels of a key head in bf16; value heads of an untied
 // window have no RoPE channels) — the model quantizes its raw window as its entries. The ring
 // stays fp32 rows of those values (exact in fp32), so reads and views need no second path; the
@@ -44,7 +44,7 @@ struct raw_window_config {
 // One stream's entries: kv_heads × channels elements of `storage`, and whether the policy that
 // wrote them rotated them by RoPE (only then does `rope` mean anything). fp8_e4m3_block entries
 // keep the last stored_rope_channels() channels of each head in bf16; fp4_e2m1_hadamard entries
-// (an indexer stream's only) hold every channel transformed and quantized (cache/fp4.hpp).
+// (an indexer stream's only) hold every channel transformed and quantized (format/fp4.hpp).
 struct stream_shape {
   std::string name = "stream";
   stream_role role = stream_role::key_value;
@@ -55,7 +55,7 @@ struct stream_shape {
   rope_config rope;
 };
 
-// The RoPE channels an fp8_e4m3_block stream keeps in bf16 (cache/fp8.hpp): its rope channels
+// The RoPE channels an fp8_e4m3_block stream keeps in bf16 (format/fp8.hpp): its rope channels
 // when its policy applies RoPE, else 0; 0 for every other storage type. paged_cache gives its
 // pools the same (page_pool_config::rope_channels).
 inline std::int64_t stored_rope_channels(const stream_shape& s) noexcept {

@@ -9,9 +9,9 @@
 #include <string>
 #include <utility>
 
-#include "phasekv/cache/fp4.hpp"
-#include "phasekv/cache/fp8.hpp"
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/fp4.hpp"
+#include "phasekv/format/fp8.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/limits.hpp"
 #include "phasekv/core/types.hpp"

@@ -14,7 +14,7 @@
 // the page stride is rounded up to 64 bytes (no padding in realistic configs, where a page is
 // already a multiple of 64 bytes).
 //
-// fp8_e4m3_block (cache/fp8.hpp) keeps the entry-major order, but a head is a block layout of
+// fp8_e4m3_block (format/fp8.hpp) keeps the entry-major order, but a head is a block layout of
 // fp8_head_layout::of(channels, rope_channels).bytes bytes — codes, bf16 RoPE channels, scales,
 // padding to 8 bytes — not channels equal elements: 584 bytes for DeepSeek-V4's 512 channels with
 // 64 RoPE channels. Its element is the byte, so the strides in elements equal the strides in bytes:
@@ -26,7 +26,7 @@
 // rope_channels). page_pool_config::rope_channels says how many trailing channels are RoPE
 // channels; it must be 0 for the other storage types, whose channels are all alike.
 //
-// fp4_e2m1_hadamard (cache/fp4.hpp) is laid out the same way with a head of
+// fp4_e2m1_hadamard (format/fp4.hpp) is laid out the same way with a head of
 // fp4_head_layout::of(channels).bytes bytes — channels / 2 bytes of e2m1 codes, then one scale
 // byte per 32 channels, no padding: 68 bytes for DeepSeek-V4's 128-channel indexer keys. Its
 // channel count must be a power of two from 32 to 1024 (the Hadamard transform, the blocks).
@@ -75,11 +75,11 @@
 #include <utility>
 #include <vector>
 
-#include "phasekv/cache/fp4.hpp"
-#include "phasekv/cache/fp8.hpp"
+#include "phasekv/format/fp4.hpp"
+#include "phasekv/format/fp8.hpp"
 #include "phasekv/cache/page_layout.hpp"
 #include "phasekv/cache/page_memory.hpp"
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/limits.hpp"
 #include "phasekv/core/types.hpp"
@@ -89,7 +89,7 @@ namespace phasekv {
 // Converts `count` entries of fp32 values (values_per_entry() each, head-major) into the layout's
 // storage at dst, entry after entry entry_stride_bytes apart (fp8: quantized; fp4: transformed
 // and quantized); load_entries converts back — exactly, every stored value being an fp32 value;
-// for fp4_e2m1_hadamard the stored values are those of the transformed keys (cache/fp4.hpp).
+// for fp4_e2m1_hadamard the stored values are those of the transformed keys (format/fp4.hpp).
 // dst and src need the alignment of the storage's element (2 bytes for bf16/f16, 4 for f32;
 // none for the block types).
 inline void store_entries(const page_layout& layout, const float* values, std::int64_t count, std::byte* dst) {
@@ -258,8 +258,8 @@ class page_pool {
   }
 
   // Stores one entry (kv_heads × channels fp32, head-major) at `slot`, converted to the storage
-  // type (fp8_e4m3_block: quantized, cache/fp8.hpp; fp4_e2m1_hadamard: transformed and
-  // quantized, cache/fp4.hpp).
+  // type (fp8_e4m3_block: quantized, format/fp8.hpp; fp4_e2m1_hadamard: transformed and
+  // quantized, format/fp4.hpp).
   void write_entry(page_id id, std::int64_t slot, const float* values) {
     require_allocated(id, "write_entry");
     require_slot(slot, "write_entry");

@@ -48,11 +48,11 @@
 #include <utility>
 #include <vector>
 
-#include "phasekv/cache/fp8.hpp"
+#include "phasekv/format/fp8.hpp"
 #include "phasekv/cache/layer_shape.hpp"  // raw_window_config
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/sequence_view.hpp"
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
@@ -81,8 +81,8 @@ struct cache_config {
   // Per stream, overriding `storage` (empty: every stream uses `storage`) — e.g. bf16 indexer
   // keys next to fp32 KV entries, for reader_config::indexer_precision = bf16. An
   // fp8_e4m3_block stream keeps its rope config's channels in bf16 when its policy applies RoPE
-  // (DeepSeek-V4: 448 e4m3 channels + 64 bf16, 584 bytes an entry; cache/fp8.hpp). An indexer
-  // stream may be stored as fp4_e2m1_hadamard (DeepSeek-V4: 68 bytes an entry, cache/fp4.hpp), for
+  // (DeepSeek-V4: 448 e4m3 channels + 64 bf16, 584 bytes an entry; format/fp8.hpp). An indexer
+  // stream may be stored as fp4_e2m1_hadamard (DeepSeek-V4: 68 bytes an entry, format/fp4.hpp), for
   // reader_config::precision = indexer_precision::fp4; no other role may.
   std::vector<storage_type> stream_storage;
   std::int64_t history = 0;          // tokens remove_suffix may roll back beyond the minimum
@@ -157,8 +157,8 @@ struct sequence_memory {
 //   address = base + page · layout.page_stride_bytes + slot · layout.entry_stride_bytes
 //             + head · layout.head_stride_bytes + channel · layout.element_bytes
 // (fp8_e4m3_block: the head's block layout starts at the address without the channel term —
-// 584 bytes per entry for DeepSeek-V4, FlashMLA's layout; cache/fp8.hpp; fp4_e2m1_hadamard
-// likewise, 68 bytes per DeepSeek-V4 indexer key, cache/fp4.hpp).
+// 584 bytes per entry for DeepSeek-V4, FlashMLA's layout; format/fp8.hpp; fp4_e2m1_hadamard
+// likewise, 68 bytes per DeepSeek-V4 indexer key, format/fp4.hpp).
 // It is the batch of the rows' stream views (sequence_view.hpp, what the reader reads) with the
 // CSR arrays derived from them. The view does not own anything; it is valid until the next call
 // that writes the cache.

@@ -5,7 +5,7 @@
 // Two kinds per DeepSeek layer: the default keeps every stream in fp32 (what phasekv checks
 // against its double-precision oracles); the *_precision_cache variants store entries the way
 // DeepSeek-V4's reference code does — the K/V stream as FP8 (storage_type::fp8_e4m3_block:
-// e4m3fn codes with UE8M0 scales, the 64 RoPE channels in bf16; cache/fp8.hpp) and the indexer
+// e4m3fn codes with UE8M0 scales, the 64 RoPE channels in bf16; format/fp8.hpp) and the indexer
 // keys as FP4 (deepseek_v4_indexer_storage()), read by the *_precision_reader presets of
 // read/presets.hpp — and the raw window's rows rounded to the same FP8 values as the entries
 // (raw_window_config::precision; DeepSeek-V4 quantizes its window tokens like its entries).
@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "phasekv/cache/paged_cache.hpp"
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/storage.hpp"
 
 namespace phasekv::presets {
 
@@ -55,7 +55,7 @@ inline cache_config deepseek_v4_1_csa_cache(std::int64_t pages, std::int64_t his
 
 // How the lightning indexer's compressed keys are stored in the precision caches: as DeepSeek-V4
 // runs its indexer (fp4_act_quant after a Hadamard transform), storage_type::fp4_e2m1_hadamard —
-// 64 bytes of e2m1 codes and 4 UE8M0 scales per 128-channel key (cache/fp4.hpp), 68 bytes
+// 64 bytes of e2m1 codes and 4 UE8M0 scales per 128-channel key (format/fp4.hpp), 68 bytes
 // instead of 512. Keys stored so are read only by indexer_precision::fp4, which the matching
 // reader presets set (read/presets.hpp: deepseek_v4_csa_precision_reader and its V4.1 twin).
 inline storage_type deepseek_v4_indexer_storage() { return storage_type::fp4_e2m1_hadamard; }

@@ -19,9 +19,9 @@
 // (the reader's kernels stream whole entries). page_layout::for_config() makes such a layout.
 // FP8 entries (fp8_e4m3_block) are packed the same way with a head of fp8_head_layout bytes —
 // head_stride = 584 bytes for DeepSeek-V4 — and layout.rope_channels = the stream's RoPE
-// channels (cache/fp8.hpp; stored_rope_channels in layer_shape.hpp). FP4 indexer keys
+// channels (format/fp8.hpp; stored_rope_channels in layer_shape.hpp). FP4 indexer keys
 // (fp4_e2m1_hadamard) too, with a head of fp4_head_layout bytes — 68 for DeepSeek-V4's 128
-// channels — and no RoPE channels apart (cache/fp4.hpp).
+// channels — and no RoPE channels apart (format/fp4.hpp).
 // `capacity` is the number of pages from `base` the host's arena holds: the reader checks every
 // page id it will touch against it, so a bad page table is an input_error, never a stray read.
 //

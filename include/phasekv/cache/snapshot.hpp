@@ -28,7 +28,7 @@
 //     Everything else is rejected as lossy: f32 into bf16/f16/fp8, bf16 ↔ f16, and any type into
 //     fp8 but fp8 (re-quantizing rounds again). fp4_e2m1_hadamard entries restore only as
 //     fp4_e2m1_hadamard, byte for byte: their values are the indexer keys in the transformed
-//     basis (cache/fp4.hpp), which no other storage type means;
+//     basis (format/fp4.hpp), which no other storage type means;
 //   - cache_config::history. The rings are re-laid: the compressor ring (W + history rows) and the
 //     window ring (window.tokens + history rows) keep token t in row t mod rows, so restore copies
 //     each kept token's row to its row in the destination's ring. A destination with a smaller
@@ -117,9 +117,9 @@
 //     0 … S−1     stream k entries: completed_entries(tokens) entries × kv_heads × channels
 //                 elements of the stream's storage type, entry after entry (no page padding);
 //                 for fp8_e4m3_block, entries × kv_heads heads of fp8_head_layout::of(channels,
-//                 rope.channels).bytes bytes each (cache/fp8.hpp; rope.channels as in the
+//                 rope.channels).bytes bytes each (format/fp8.hpp; rope.channels as in the
 //                 stream's fingerprint, 0 without RoPE); for fp4_e2m1_hadamard, entries ×
-//                 kv_heads heads of fp4_head_layout::of(channels).bytes bytes each (cache/fp4.hpp)
+//                 kv_heads heads of fp4_head_layout::of(channels).bytes bytes each (format/fp4.hpp)
 //     S … 2S−1    stream k compressor state: i64 tokens, i64 entries, i64 ring_rows (= window +
 //                 history), i64 intact_from (tokens [intact_from, tokens) have their inputs in
 //                 the ring), then f32 payload ring [ring_rows][kv_heads·views·channels] and f32
@@ -152,7 +152,7 @@
 #include <vector>
 
 #include "phasekv/cache/paged_cache.hpp"
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/compress/policies.hpp"
 #include "phasekv/compress/stream_config.hpp"
 #include "phasekv/core/crc32c.hpp"

@@ -17,7 +17,7 @@
 // GFLOP/s on a 64-head, 512-channel, 256-key piece whose rows are in the L2. Sums run over keys in ascending order from zero, so a piece gives
 // the same state wherever it runs.
 //
-// FP8 entries (fp8_e4m3_block, cache/fp8.hpp) are dequantized inside both passes, never a page
+// FP8 entries (fp8_e4m3_block, format/fp8.hpp) are dequantized inside both passes, never a page
 // ahead of them: 16 codes at a time are widened in registers and multiplied by their block's
 // scale (bf16 RoPE channels: shifted), one 64-channel block per key at a time. The logit tile
 // widens its keys' next block into a line in L1 and broadcasts from it as it would from an fp32
@@ -28,7 +28,7 @@
 // each block is widened once per read, not twice (the V4-precision step ~1% faster).
 // Dequantized values are exact in fp32 and every sum runs in the same order, so a read over fp8
 // entries is bit-identical to the fp32 read of the dequantized entries (tests/test_read_fp8.cpp).
-// Widening a block of 64 channels takes ~20 instructions by way of fp16 (cache/fp8.hpp,
+// Widening a block of 64 channels takes ~20 instructions by way of fp16 (format/fp8.hpp,
 // fp8_decode_block; ~14 per 16 channels in integer arithmetic without AVX-512 BW/VL), next to
 // the 256 FMAs and 64 broadcasts that 64 query heads spend on them in the logit pass: with its
 // entries in cache the fp8 attention runs ~6% slower than the fp32 one (attention_fp32_over_fp8
@@ -42,7 +42,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "phasekv/cache/fp8.hpp"
+#include "phasekv/format/fp8.hpp"
 #include "phasekv/simd/batch.hpp"
 #include "phasekv/simd/exp.hpp"
 #include "phasekv/simd/prefetch.hpp"

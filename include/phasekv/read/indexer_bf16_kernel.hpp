@@ -16,7 +16,7 @@
 #include <cstring>
 #include <vector>
 
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/simd/batch.hpp"
 #include "phasekv/simd/unroll.hpp"
 

@@ -5,7 +5,7 @@
 //   I_j = Σ_h w_h · ReLU(q̂_h · k̂_j)
 //
 // with w_h the weights as the host hands them over (DeepSeek-V4: weights_proj(x) · 128^−0.5 ·
-// 64^−0.5); k̂_j the indexer key of entry j as stored in fp4_e2m1_hadamard (cache/fp4.hpp) —
+// 64^−0.5); k̂_j the indexer key of entry j as stored in fp4_e2m1_hadamard (format/fp4.hpp) —
 // transformed by C^−1/2·H_C, quantized to e2m1 codes with one power-of-two scale per 32
 // channels; q̂_h query head h transformed and quantized the same way here, once per read
 // (prepare). The transform is orthogonal, so q̂·k̂ approximates q·k; the approximation is the
@@ -28,7 +28,7 @@
 //   d_hj = fp32(q̂_h · k̂_j)        the exact dot product rounded once to fp32 (nearest even)
 //
 // equal to a double-precision evaluation of the same dequantized values (tests/test_read_fp4.cpp).
-// A NaN block (scale byte 0xFF, cache/fp4.hpp) makes d NaN. Then, per key, in fp32:
+// A NaN block (scale byte 0xFF, format/fp4.hpp) makes d NaN. Then, per key, in fp32:
 //
 //   r_h = d_h if d_h > 0, else 0              (NaN → 0, as the fp32 kernel's max(d, 0) does)
 //   heads in blocks of 64, each of 16 lanes × 4 groups: lane l of block B accumulates
@@ -92,7 +92,7 @@
 #include <limits>
 #include <vector>
 
-#include "phasekv/cache/fp4.hpp"
+#include "phasekv/format/fp4.hpp"
 #include "phasekv/simd/batch.hpp"
 #include "phasekv/simd/prefetch.hpp"
 #include "phasekv/simd/unroll.hpp"
@@ -179,7 +179,7 @@ struct indexer_fp4 {
     return has_int8_dot && channels % 128 == 0 && channels <= fp4_max_channels;
   }
 
-  // Transforms and quantizes queries [heads][channels] (cache/fp4.hpp: fp4_quantize_head) and
+  // Transforms and quantizes queries [heads][channels] (format/fp4.hpp: fp4_quantize_head) and
   // lays them out for both paths. `channels` must pass is_fp4_channel_count.
   static void prepare(const float* queries, const float* weights, std::int64_t heads, std::int64_t channels,
                       prepared& p) {

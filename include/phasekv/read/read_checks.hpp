@@ -16,7 +16,7 @@
 
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/sequence_view.hpp"
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/limits.hpp"
 #include "phasekv/core/span.hpp"
@@ -128,7 +128,7 @@ inline read_dims check_reader_config(const layer_shape& shape, const reader_conf
   if (config.top_k > 0) d.indexer_channels = check_selection_config(shape, selection_of(config));
   const stream_shape& keys = shape.streams[config.key_stream];
   const stream_shape& values = shape.streams[config.value_stream];
-  // FP4 entries are indexer keys in the transformed basis (cache/fp4.hpp): nothing to attend to.
+  // FP4 entries are indexer keys in the transformed basis (format/fp4.hpp): nothing to attend to.
   for (const auto& [field, stream] : {std::pair<const char*, const stream_shape*>{".key_stream", &keys}, {".value_stream", &values}})
     require(stream->storage != storage_type::fp4_e2m1_hadamard, n + field, "'" + stream->name + "'",
             "is stored as fp4_e2m1_hadamard, which only the FP4 indexer reads (attention needs another storage type)");

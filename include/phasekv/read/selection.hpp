@@ -31,7 +31,7 @@
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/page_pool.hpp"  // load_entries
 #include "phasekv/cache/sequence_view.hpp"
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
 #include "phasekv/core/span.hpp"

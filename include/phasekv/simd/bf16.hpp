@@ -5,7 +5,7 @@
 // functions therefore computes exactly what it computes on the widened fp32 rows, bit for bit,
 // while reading half the bytes.
 //
-// (cache/storage.hpp has the same conversion for the cache's stored formats; the write path
+// (format/storage.hpp has the same conversion for the cache's stored formats; the write path
 // keeps its own copy so that compress/ does not depend on cache/.)
 
 #include <cstdint>
