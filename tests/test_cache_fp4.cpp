@@ -1,4 +1,4 @@
-// FP4 indexer keys (include/phasekv/cache/fp4.hpp): DeepSeek-V4's Hadamard + e2m1/UE8M0 format.
+// FP4 indexer keys (include/phasekv/format/fp4.hpp): DeepSeek-V4's Hadamard + e2m1/UE8M0 format.
 //
 // Held to oracle/fp4_format.hpp, a double-precision twin written from the format's description:
 //   - every e2m1 code decodes to its value and encodes back; e2m1 rounding equals the scanning
@@ -35,15 +35,16 @@
 #include <string>
 #include <vector>
 
+#include "support/common.hpp"
 #include "oracle/fp4_format.hpp"
 #include "oracle/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
-#include "phasekv/cache/fp4.hpp"
+#include "phasekv/format/fp4.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
@@ -56,13 +57,9 @@ using phasekv_test::message_of;
 namespace oracle = phasekv_test::fp4;
 using i64 = std::int64_t;
 
-std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
+using phasekv_test::sz;
 
-std::uint32_t bits_of(float x) {
-  std::uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
+using phasekv_test::bits_of;
 
 std::vector<std::uint8_t> as_bytes(const std::vector<std::byte>& b) {
   std::vector<std::uint8_t> out(b.size());

@@ -1,4 +1,4 @@
-// FP8 entries (include/phasekv/cache/fp8.hpp): DeepSeek-V4's e4m3fn/UE8M0 block format.
+// FP8 entries (include/phasekv/format/fp8.hpp): DeepSeek-V4's e4m3fn/UE8M0 block format.
 //
 // Held to oracle/fp8_format.hpp, a double-precision twin written from the format's description:
 //   - every one of the 256 e4m3 codes decodes to its value and encodes back;
@@ -33,15 +33,16 @@
 #include <string>
 #include <vector>
 
+#include "support/common.hpp"
 #include "oracle/fp8_format.hpp"
 #include "oracle/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
-#include "phasekv/cache/fp8.hpp"
+#include "phasekv/format/fp8.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
@@ -54,13 +55,9 @@ using phasekv_test::message_of;
 namespace oracle = phasekv_test::fp8;
 using i64 = std::int64_t;
 
-std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
+using phasekv_test::sz;
 
-std::uint32_t bits_of(float x) {
-  std::uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
+using phasekv_test::bits_of;
 float float_of(std::uint32_t b) {
   float x;
   std::memcpy(&x, &b, sizeof x);

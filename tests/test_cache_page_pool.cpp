@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/common.hpp"
 #include "phasekv/cache/page_pool.hpp"
 
 namespace {
@@ -52,11 +53,7 @@ float stored_value(float value, storage_type storage) {
   return value;
 }
 
-std::uint32_t bits_of(float value) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
+using phasekv_test::bits_of;
 
 // An entry whose every element is a pseudo-random function of where it belongs — page, slot,
 // head, channel — so a wrong stride or overlapping pages show up as wrong values even after

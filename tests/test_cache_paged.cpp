@@ -35,7 +35,7 @@
 
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/stream_compressor.hpp"

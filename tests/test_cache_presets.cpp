@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/common.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/presets.hpp"
@@ -28,7 +29,7 @@ using kv_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
 using csa_cache = paged_cache<kv_stream, kv_stream>;
 using hca_cache = paged_cache<kv_stream>;
 
-std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
+using phasekv_test::sz;
 
 void check_window(const cache_config& c, i64 pages, i64 history) {
   CHECK(c.page_size == 64);

@@ -1,4 +1,4 @@
-// Storage types and their conversions (include/phasekv/cache/storage.hpp).
+// Storage types and their conversions (include/phasekv/format/storage.hpp).
 //
 // The oracles here are written from the IEEE definitions, not from the implementation:
 //   - a 16-bit pattern is decoded to double by the textbook formula (sign, biased exponent,
@@ -21,17 +21,14 @@
 #include <utility>
 #include <vector>
 
-#include "phasekv/cache/storage.hpp"
+#include "support/common.hpp"
+#include "phasekv/format/storage.hpp"
 
 namespace {
 
 using phasekv::storage_type;
 
-std::uint32_t bits_of(float value) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
+using phasekv_test::bits_of;
 
 float float_of(std::uint32_t bits) {
   float value;

@@ -18,12 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "support/common.hpp"
 #include "../examples/pools/max_pool.hpp"
 #include "../examples/pools/nsa_mlp_pool.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
-#include "phasekv/cache/storage.hpp"
+#include "phasekv/format/storage.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
@@ -43,7 +44,7 @@ static_assert(pooling_policy<max_pool> && pooling_policy<nsa_mlp_pool>, "the exa
 static_assert(!pooling_policy<mean_pool>, "a built-in tag is not a policy of the host's");
 #endif
 
-std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
+using phasekv_test::sz;
 
 stream_config config(i64 heads, i64 channels) {
   stream_config c;

@@ -12,9 +12,10 @@
 #include <random>
 #include <vector>
 
+#include "support/common.hpp"
 #include "../examples/pools/builtin_twins.hpp"
 #include "oracle/random_inputs.hpp"
-#include "phasekv/cache/storage.hpp"  // float_to_bf16
+#include "phasekv/format/storage.hpp"  // float_to_bf16
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 
@@ -24,7 +25,7 @@ using namespace phasekv;
 using namespace phasekv_examples;
 using i64 = std::int64_t;
 
-std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
+using phasekv_test::sz;
 
 struct case_shape {
   geometry g;

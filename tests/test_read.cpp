@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/read_result.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/scalar_attention.hpp"
@@ -1090,9 +1091,7 @@ struct csa_world {
   }
 };
 
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using phasekv_test::bit_equal;
 
 // Decodes token by token (append one token, read at t), checking each read against the oracle.
 std::vector<std::vector<float>> decode_all(const csa_world& w, csa_cache& cache, sparse_reader& reader,
@@ -1402,11 +1401,7 @@ namespace {
 
 using phasekv_test::thread_executor;
 
-bool same_trace(const read_trace& a, const read_trace& b) {
-  return a.candidates == b.candidates && a.selected == b.selected && a.scores == b.scores &&
-         a.entry_mass == b.entry_mass && a.window_first == b.window_first &&
-         a.window_token_mass == b.window_token_mass && a.window_mass == b.window_mass && a.sink_mass == b.sink_mass;
-}
+using phasekv_test::same_trace;
 
 }  // namespace
 

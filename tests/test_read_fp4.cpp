@@ -1,5 +1,5 @@
 // Reading with the FP4 indexer (indexer_precision::fp4; read/indexer_fp4_kernel.hpp over
-// fp4_e2m1_hadamard keys, cache/fp4.hpp).
+// fp4_e2m1_hadamard keys, format/fp4.hpp).
 //
 // The claim tested is equality, not closeness:
 //   - the kernel: its SIMD path (AVX-512 VNNI, when this build has it) and its portable path give
@@ -33,6 +33,9 @@
 #include <utility>
 #include <vector>
 
+#include "support/read_result.hpp"
+#include "support/read_world.hpp"
+#include "support/common.hpp"
 #include "oracle/fp4_format.hpp"
 #include "oracle/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
@@ -60,20 +63,11 @@ using kernel = kernels::indexer_fp4;
 
 constexpr storage_type fp4 = storage_type::fp4_e2m1_hadamard;
 
-std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
-i64 pick(std::mt19937& rng, i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); }
-template <class T>
-T pick_of(std::mt19937& rng, std::initializer_list<T> values) {
-  return *(values.begin() + pick(rng, 0, static_cast<i64>(values.size()) - 1));
-}
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-std::uint32_t bits_of(float x) {
-  std::uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
+using phasekv_test::sz;
+using phasekv_test::pick;
+using phasekv_test::pick_of;
+using phasekv_test::bit_equal;
+using phasekv_test::bits_of;
 
 // Query values whose transform is exact in double (so the oracle's dense transform and the
 // library's fast one agree bit for bit): integers of up to 20 bits times 2^scale.
@@ -315,15 +309,7 @@ struct world_spec {
   }
 };
 
-stream_config make_stream(const std::string& name, stream_role role, i64 kv_heads, i64 channels) {
-  stream_config c;
-  c.name = name;
-  c.role = role;
-  c.kv_heads = kv_heads;
-  c.channels = channels;
-  c.inputs = input_layout::per_branch;
-  return c;
-}
+using phasekv_test::read_support::make_stream;
 
 world_cache make_world(const world_spec& s) {
   const geometry g{s.stride, s.window};
@@ -420,28 +406,8 @@ std::vector<std::pair<i64, float>> oracle_selection(const sequence_view& v, std:
   return all;
 }
 
-struct read_result {
-  std::vector<float> out, lse;
-  std::vector<std::int32_t> logical;
-  read_trace trace;
-};
-
-read_result read_one(sparse_reader& reader, const sequence_view& view, const read_request& request) {
-  const reader_config& rc = reader.config();
-  read_result r;
-  r.out.assign(sz(reader.output_floats()), 7.0f);
-  r.lse.assign(sz(rc.query_heads), 7.0f);
-  r.logical.assign(sz(rc.top_k), 99);
-  read_item it;
-  it.view = &view;
-  it.request = request;
-  it.out = r.out.data();
-  it.lse = r.lse.data();
-  it.trace = &r.trace;
-  it.selected_logical = r.logical.data();
-  reader.read_batch(span<const read_item>(&it, 1));
-  return r;
-}
+using phasekv_test::read_one;
+using phasekv_test::read_result;
 
 bool same(const read_result& a, const read_result& b) {
   return bit_equal(a.out, b.out) && bit_equal(a.lse, b.lse) && a.logical == b.logical &&

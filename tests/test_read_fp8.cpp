@@ -1,4 +1,4 @@
-// Reading FP8 entries (fp8_e4m3_block; cache/fp8.hpp, read/attention_kernel.hpp).
+// Reading FP8 entries (fp8_e4m3_block; format/fp8.hpp, read/attention_kernel.hpp).
 //
 // The reader dequantizes FP8 entries inside its attention kernel. Dequantized values are exact
 // in fp32 and the kernel sums in the fp32 kernel's order, so the claim tested here is equality,
@@ -26,6 +26,9 @@
 #include <thread>
 #include <vector>
 
+#include "support/read_result.hpp"
+#include "support/read_world.hpp"
+#include "support/common.hpp"
 #include "oracle/fp8_format.hpp"
 #include "oracle/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
@@ -50,20 +53,11 @@ using i64 = std::int64_t;
 
 constexpr storage_type fp8 = storage_type::fp8_e4m3_block;
 
-std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
-i64 pick(std::mt19937& rng, i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); }
-template <class T>
-T pick_of(std::mt19937& rng, std::initializer_list<T> values) {
-  return *(values.begin() + pick(rng, 0, static_cast<i64>(values.size()) - 1));
-}
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-bool same_trace(const read_trace& a, const read_trace& b) {
-  return a.candidates == b.candidates && a.selected == b.selected && a.scores == b.scores &&
-         a.entry_mass == b.entry_mass && a.window_first == b.window_first &&
-         a.window_token_mass == b.window_token_mass && a.window_mass == b.window_mass && a.sink_mass == b.sink_mass;
-}
+using phasekv_test::sz;
+using phasekv_test::pick;
+using phasekv_test::pick_of;
+using phasekv_test::bit_equal;
+using phasekv_test::same_trace;
 
 using phasekv_test::thread_executor;
 
@@ -204,15 +198,7 @@ world_spec random_spec(std::mt19937& rng) {
   return s;
 }
 
-stream_config make_stream(const std::string& name, stream_role role, i64 kv_heads, i64 channels) {
-  stream_config c;
-  c.name = name;
-  c.role = role;
-  c.kv_heads = kv_heads;
-  c.channels = channels;
-  c.inputs = input_layout::per_branch;
-  return c;
-}
+using phasekv_test::read_support::make_stream;
 
 cache_config cache_config_for(const world_spec& s) {
   cache_config cc;
@@ -297,32 +283,8 @@ request_inputs random_request(const reader_config& rc, i64 key_channels, i64 ind
   return r;
 }
 
-struct read_result {
-  std::vector<float> out, lse;
-  std::vector<std::int32_t> logical, physical;
-  read_trace trace;
-};
-
-read_result read_one(sparse_reader& reader, const sequence_view& view, const read_request& request) {
-  const reader_config& rc = reader.config();
-  read_result r;
-  r.out.assign(sz(reader.output_floats()), 7.0f);
-  r.lse.assign(sz(rc.query_heads), 7.0f);
-  read_item it;
-  it.view = &view;
-  it.request = request;
-  it.out = r.out.data();
-  it.lse = r.lse.data();
-  it.trace = &r.trace;
-  if (rc.top_k > 0) {
-    r.logical.assign(sz(rc.top_k), 99);
-    r.physical.assign(sz(rc.top_k), 99);
-    it.selected_logical = r.logical.data();
-    it.selected_physical = r.physical.data();
-  }
-  reader.read_batch(span<const read_item>(&it, 1));
-  return r;
-}
+using phasekv_test::read_one;
+using phasekv_test::read_result;
 
 // "" when the FP8 read and the read of the dequantized twin agree in every bit.
 std::string compare(const read_result& a, const read_result& b) {

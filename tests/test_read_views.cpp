@@ -32,6 +32,9 @@
 #include <thread>
 #include <vector>
 
+#include "support/read_result.hpp"
+#include "support/read_world.hpp"
+#include "support/common.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/scalar_attention.hpp"
@@ -57,37 +60,22 @@ using rope_stream = stream_compressor<compressor_policy<mean_pool, rope_after_po
 using untied_cache = paged_cache<mean_stream, mean_stream, mean_stream>;  // keys, values, indexer
 using tied_cache = paged_cache<rope_stream, mean_stream>;                 // K/V with RoPE, indexer
 
-std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
+using phasekv_test::sz;
 
 std::vector<float> uniform(std::mt19937& rng, i64 count, float lo = -1.0f, float hi = 1.0f) {
   return phasekv_test::random_uniform(rng, sz(count), lo, hi);
 }
-i64 pick(std::mt19937& rng, i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); }
-template <class T>
-T pick_of(std::mt19937& rng, std::initializer_list<T> values) {
-  return *(values.begin() + pick(rng, 0, static_cast<i64>(values.size()) - 1));
-}
+using phasekv_test::pick;
+using phasekv_test::pick_of;
 
 bool bit_equal(const float* a, const float* b, i64 n) { return std::memcmp(a, b, sz(n) * sizeof(float)) == 0; }
-bool same_trace(const read_trace& a, const read_trace& b) {
-  return a.candidates == b.candidates && a.selected == b.selected && a.scores == b.scores &&
-         a.entry_mass == b.entry_mass && a.window_first == b.window_first &&
-         a.window_token_mass == b.window_token_mass && a.window_mass == b.window_mass && a.sink_mass == b.sink_mass;
-}
+using phasekv_test::same_trace;
 
 using phasekv_test::message_of;
 
 using phasekv_test::thread_executor;
 
-stream_config make_stream(const std::string& name, stream_role role, i64 kv_heads, i64 channels) {
-  stream_config c;
-  c.name = name;
-  c.role = role;
-  c.kv_heads = kv_heads;
-  c.channels = channels;
-  c.inputs = input_layout::per_branch;
-  return c;
-}
+using phasekv_test::read_support::make_stream;
 
 template <class Layer, class F, std::size_t... K>
 void each_stream(const Layer& layer, F&& f, std::index_sequence<K...>) {

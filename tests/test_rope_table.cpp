@@ -21,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "support/common.hpp"
 #include "oracle/deepseek_compressor.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
@@ -42,11 +43,9 @@ using csa_policy = presets::deepseek_v4_csa_policy;
 using plain_policy = compressor_policy<vector_gated_pool, no_rope, rms_norm>;   // the same, unrotated
 using before_policy = compressor_policy<vector_gated_pool, rope_before_pool, rms_norm>;
 
-std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
+using phasekv_test::sz;
 
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using phasekv_test::bit_equal;
 
 // DeepSeek's fp32 freqs_cis for a stream's rope config, as a phasekv table.
 std::shared_ptr<const rope_table> deepseek_table(const rope_config& rope, i64 positions) {

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <phasekv/core/random.hpp>
+
 namespace lab {
 
 struct task_config {
@@ -21,16 +23,11 @@ struct task_config {
   std::int64_t context() const { return tokens - 3 * queries + 1; }  // records live in [0, context)
 };
 
-// SplitMix64, the generator of lab/task.py (and of phasekv::diag::detail::splitmix64).
+// SplitMix64 draws (phasekv/core/random.hpp), the generator lab/task.py reimplements.
 class splitmix64 {
  public:
   explicit splitmix64(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  std::uint64_t next() { return phasekv::detail::splitmix64(state_); }
   std::int64_t uniform(std::int64_t n) { return static_cast<std::int64_t>(next() % static_cast<std::uint64_t>(n)); }
 
  private:

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "oracle/random_inputs.hpp"
+#include "support/common.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
@@ -30,7 +31,7 @@ constexpr double kTolerance = 1e-5;
 using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
 using gated_stream = stream_compressor<compressor_policy<vector_gated_pool>>;
 
-inline std::size_t sz(i64 n) { return static_cast<std::size_t>(n); }
+using phasekv_test::sz;
 
 
 inline stream_config make_stream(const std::string& name, stream_role role, i64 kv_heads, i64 channels) {

@@ -1,0 +1,48 @@
+#pragma once
+// One read through the batch API, everything it returns kept (output, lse, selected ids, trace),
+// and the comparison of two traces: what the read tests that compare two reads bit for bit share.
+
+#include <cstdint>
+#include <vector>
+
+#include "phasekv/read/sparse_reader.hpp"
+#include "support/common.hpp"
+
+namespace phasekv_test {
+
+struct read_result {
+  std::vector<float> out, lse;
+  std::vector<std::int32_t> logical, physical;  // empty when the reader selects nothing (top_k = 0)
+  phasekv::read_trace trace;
+};
+
+// Outputs start at sentinels (7, and 99 for ids) so that an element the read never writes shows.
+inline read_result read_one(phasekv::sparse_reader& reader, const phasekv::sequence_view& view,
+                            const phasekv::read_request& request) {
+  const phasekv::reader_config& rc = reader.config();
+  read_result r;
+  r.out.assign(sz(reader.output_floats()), 7.0f);
+  r.lse.assign(sz(rc.query_heads), 7.0f);
+  phasekv::read_item it;
+  it.view = &view;
+  it.request = request;
+  it.out = r.out.data();
+  it.lse = r.lse.data();
+  it.trace = &r.trace;
+  if (rc.top_k > 0) {
+    r.logical.assign(sz(rc.top_k), 99);
+    r.physical.assign(sz(rc.top_k), 99);
+    it.selected_logical = r.logical.data();
+    it.selected_physical = r.physical.data();
+  }
+  reader.read_batch(phasekv::span<const phasekv::read_item>(&it, 1));
+  return r;
+}
+
+inline bool same_trace(const phasekv::read_trace& a, const phasekv::read_trace& b) {
+  return a.candidates == b.candidates && a.selected == b.selected && a.scores == b.scores &&
+         a.entry_mass == b.entry_mass && a.window_first == b.window_first &&
+         a.window_token_mass == b.window_token_mass && a.window_mass == b.window_mass && a.sink_mass == b.sink_mass;
+}
+
+}  // namespace phasekv_test
