@@ -34,7 +34,7 @@
 
 #include <phasekv/cache/paged_cache.hpp>
 #include <phasekv/cache/snapshot.hpp>
-#include <phasekv/compress/presets.hpp>
+#include <phasekv/models/deepseek_v4.hpp>
 
 #include "decode_workload.hpp"
 #include "machine_limits.hpp"

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include <phasekv/cache/paged_cache.hpp>
-#include <phasekv/compress/presets.hpp>
 #include <phasekv/compress/stream_compressor.hpp>
+#include <phasekv/models/deepseek_v4.hpp>
 #include <phasekv/read/sparse_reader.hpp>
 
 namespace bench {

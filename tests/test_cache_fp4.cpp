@@ -40,14 +40,14 @@
 #include "oracle/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
-#include "phasekv/format/fp4.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
-#include "phasekv/format/storage.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
-#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/format/fp4.hpp"
+#include "phasekv/format/storage.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
 
 namespace {
 

@@ -24,9 +24,8 @@
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
-#include "phasekv/cache/presets.hpp"
 #include "phasekv/cache/snapshot.hpp"
-#include "phasekv/read/presets.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 #include "support/read_world.hpp"
 

@@ -20,7 +20,7 @@
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
-#include "phasekv/compress/presets.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
 
 namespace {
 

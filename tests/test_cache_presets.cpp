@@ -1,4 +1,4 @@
-// The cache and reader presets of DeepSeek's layers (cache/presets.hpp, read/presets.hpp): their
+// The cache and reader presets of DeepSeek's layers (models/deepseek_v4.hpp): their
 // documented numbers, and each layer built from its compressor, cache and reader presets —
 // default fp32 and DeepSeek-V4 precision (FP8 K/V entries, FP4 indexer keys) — appends and reads.
 
@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <iterator>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -15,10 +16,8 @@
 #include "support/common.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
-#include "phasekv/cache/presets.hpp"
-#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
-#include "phasekv/read/presets.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
 namespace {
@@ -188,4 +187,98 @@ TEST_CASE("presets: DeepSeek layers built from their presets append and read, fp
       CHECK(shared.size() < 64);  // and FP4 is not fp32
     }
   }
+}
+
+namespace {
+
+// Every field a preset sets, compared: the bundle and the named presets are the same configs.
+bool same_stream(const stream_config& a, const stream_config& b) {
+  return a.name == b.name && a.role == b.role && a.channels == b.channels && a.kv_heads == b.kv_heads &&
+         a.inputs == b.inputs && a.rope.channels == b.rope.channels && a.rope.base == b.rope.base &&
+         a.rope.layout == b.rope.layout && a.rope.yarn.enabled == b.rope.yarn.enabled &&
+         a.rope.yarn.factor == b.rope.yarn.factor && a.rope.yarn.original_context == b.rope.yarn.original_context &&
+         a.rope.yarn.beta_fast == b.rope.yarn.beta_fast && a.rope.yarn.beta_slow == b.rope.yarn.beta_slow &&
+         a.norm_eps == b.norm_eps;
+}
+bool same_cache(const cache_config& a, const cache_config& b) {
+  return a.name == b.name && a.page_size == b.page_size && a.pages == b.pages && a.history == b.history &&
+         a.storage == b.storage && a.stream_storage == b.stream_storage && a.window.tokens == b.window.tokens &&
+         a.window.kv_heads == b.window.kv_heads && a.window.key_channels == b.window.key_channels &&
+         a.window.value_channels == b.window.value_channels && a.window.precision == b.window.precision &&
+         a.window.rope_channels == b.window.rope_channels;
+}
+bool same_reader(const reader_config& a, const reader_config& b) {
+  return a.name == b.name && a.query_heads == b.query_heads && a.key_stream == b.key_stream &&
+         a.value_stream == b.value_stream && a.indexer_stream == b.indexer_stream && a.top_k == b.top_k &&
+         a.indexer_heads == b.indexer_heads && a.sink == b.sink && a.derotate_output == b.derotate_output &&
+         a.precision == b.precision && a.scale == b.scale;
+}
+
+}  // namespace
+
+TEST_CASE("presets: one description per DeepSeek layer gives its compressor, cache and reader, named as before",
+          "[cache][read][presets][models]") {
+  struct named {
+    presets::deepseek_layer layer;
+    const char *kv, *indexer, *cache, *precision_cache, *reader, *precision_reader;
+    stream_config named_kv;
+    std::optional<stream_config> named_indexer;
+    cache_config named_cache, named_precision_cache;
+    reader_config named_reader, named_precision_reader;
+  };
+  // The names are part of every snapshot's identity: pinned here as literals.
+  const std::vector<named> layers = {
+      {presets::deepseek_v4_csa_layer, "csa.kv", "csa.indexer", "dsv4.csa", "dsv4.csa.precision", "csa.reader",
+       "csa.precision.reader", presets::deepseek_v4_csa_kv(), presets::deepseek_v4_csa_indexer(),
+       presets::deepseek_v4_csa_cache(6, 2), presets::deepseek_v4_csa_precision_cache(6, 2),
+       presets::deepseek_v4_csa_reader(), presets::deepseek_v4_csa_precision_reader()},
+      {presets::deepseek_v4_hca_layer, "hca.kv", nullptr, "dsv4.hca", "dsv4.hca.precision", "hca.reader",
+       "hca.precision.reader", presets::deepseek_v4_hca_kv(), std::nullopt, presets::deepseek_v4_hca_cache(6, 2),
+       presets::deepseek_v4_hca_precision_cache(6, 2), presets::deepseek_v4_hca_reader(),
+       presets::deepseek_v4_hca_precision_reader()},
+      {presets::deepseek_v4_1_csa_layer, "v4.1.csa.kv", "v4.1.csa.indexer", "dsv4.1.csa", "dsv4.1.csa.precision",
+       "v4.1.csa.reader", "v4.1.csa.precision.reader", presets::deepseek_v4_1_csa_kv(),
+       presets::deepseek_v4_1_csa_indexer(), presets::deepseek_v4_1_csa_cache(6, 2),
+       presets::deepseek_v4_1_csa_precision_cache(6, 2), presets::deepseek_v4_1_csa_reader(),
+       presets::deepseek_v4_1_csa_precision_reader()},
+  };
+  CHECK(presets::deepseek_v4_cache(6).name == "dsv4");
+  CHECK(presets::deepseek_v4_csa_geometry() == geometry{4, 8});
+  CHECK(presets::deepseek_v4_hca_geometry() == geometry{128, 128});
+  CHECK(presets::deepseek_v4_1_csa_geometry() == geometry{2, 4});
+  for (const named& n : layers) {
+    INFO(n.kv);
+    CHECK(n.named_kv.name == n.kv);
+    CHECK(n.named_indexer.has_value() == (n.indexer != nullptr));
+    if (n.indexer) CHECK(n.named_indexer->name == n.indexer);
+    CHECK(n.named_cache.name == n.cache);
+    CHECK(n.named_precision_cache.name == n.precision_cache);
+    CHECK(n.named_reader.name == n.reader);
+    CHECK(n.named_precision_reader.name == n.precision_reader);
+    for (const bool precision : {false, true}) {
+      INFO("precision " << precision);
+      const presets::deepseek_layer_preset p = presets::deepseek_preset(n.layer, 6, 2, precision);
+      CHECK(p.geom == n.layer.geom);
+      CHECK(same_stream(p.kv, n.named_kv));
+      REQUIRE(p.indexer.has_value() == n.named_indexer.has_value());
+      if (p.indexer) CHECK(same_stream(*p.indexer, *n.named_indexer));
+      CHECK(same_cache(p.cache, precision ? n.named_precision_cache : n.named_cache));
+      CHECK(same_reader(p.reader, precision ? n.named_precision_reader : n.named_reader));
+      // Consistent by construction: the window holds the K/V stream's rows, one storage per
+      // stream at DeepSeek-V4's precision, the reader's indexer exactly when there is one.
+      CHECK(p.cache.window.key_channels == p.kv.channels);
+      CHECK(p.cache.window.kv_heads == p.kv.kv_heads);
+      CHECK(p.cache.stream_storage.size() == (precision ? (p.indexer ? 2u : 1u) : 0u));
+      CHECK((p.reader.indexer_stream == 1) == p.indexer.has_value());
+      CHECK((p.reader.top_k > 0) == p.indexer.has_value());
+    }
+  }
+  // A whole layer from one call: a V4.1 CSA layer at DeepSeek-V4's precision appends and reads.
+  const presets::deepseek_layer_preset p = presets::deepseek_preset(presets::deepseek_v4_1_csa_layer, 8, 0, true);
+  const csa_cache::layer layer{kv_stream(p.geom, p.kv), kv_stream(p.geom, *p.indexer)};
+  csa_cache cache(layer, p.cache);
+  read_trace trace;
+  const std::vector<float> out = append_and_read(cache, p.reader, 40, 4141, trace);
+  CHECK(trace.selected.size() == sz(p.geom.completed_entries(40)));
+  CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }));
 }

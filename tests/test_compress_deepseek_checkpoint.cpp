@@ -16,8 +16,8 @@
 #include "oracle/random_inputs.hpp"
 #include "phasekv/compress/deepseek_checkpoint.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
-#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
 
 namespace {
 

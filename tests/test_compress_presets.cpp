@@ -16,8 +16,9 @@
 #include "oracle/scalar_compressor.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
-#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
+#include "phasekv/models/nsa.hpp"
 
 namespace {
 

@@ -15,8 +15,8 @@
 #include "oracle/random_inputs.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/pool_kernels.hpp"
-#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
 #include "../examples/pools/max_pool.hpp"
 #include "../examples/pools/nsa_mlp_pool.hpp"
 

@@ -45,11 +45,10 @@
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
-#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/core/executor.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/indexer_fp4_kernel.hpp"
-#include "phasekv/read/presets.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
 namespace {

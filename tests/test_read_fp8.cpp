@@ -38,10 +38,9 @@
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
-#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/core/executor.hpp"
-#include "phasekv/read/presets.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
 namespace {

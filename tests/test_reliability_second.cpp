@@ -26,10 +26,10 @@
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/deepseek_checkpoint.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
-#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/diag/read_attribution.hpp"
 #include "phasekv/diag/write_profile.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
 namespace {

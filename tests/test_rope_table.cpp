@@ -26,12 +26,10 @@
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
-#include "phasekv/cache/presets.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
-#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/core/rope.hpp"
-#include "phasekv/read/presets.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
 namespace {

@@ -46,9 +46,9 @@
 
 // Only the parts it uses: the preset, the write path, the cache and the reader.
 #include <phasekv/cache/paged_cache.hpp>
-#include <phasekv/compress/presets.hpp>
 #include <phasekv/compress/stream_compressor.hpp>
 #include <phasekv/core/rope.hpp>
+#include <phasekv/models/deepseek_v4.hpp>
 #include <phasekv/read/indexer_fp4_kernel.hpp>
 #include <phasekv/read/sparse_reader.hpp>
 

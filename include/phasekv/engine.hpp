@@ -1,8 +1,9 @@
 #pragma once
 // The engine: what an inference engine embeds to compress its KV cache in chunks and read it
 // back — geometry and errors (core), the number formats (format), the compressors (compress),
-// the paged caches (cache), the sparse reader (read) and the SIMD helpers they share (simd).
-// Nothing here depends on the diagnostics (diagnostics.hpp). Each header also stands alone.
+// the paged caches (cache), the sparse reader (read), the published models' presets (models) and
+// the SIMD helpers they share (simd). Nothing here depends on the diagnostics (diagnostics.hpp).
+// Each header also stands alone.
 //
 // Keep this list complete (scripts/test checks it): every include/phasekv/<part>/*.hpp of these
 // parts, sorted, one block per part. Namespaces phasekv::kernels and phasekv::detail hold
@@ -35,7 +36,6 @@
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/policies.hpp"
 #include "phasekv/compress/pool_kernels.hpp"
-#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/projection.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/compress/stream_config.hpp"
@@ -48,7 +48,6 @@
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
-#include "phasekv/cache/presets.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/cache/snapshot.hpp"
 
@@ -57,13 +56,16 @@
 #include "phasekv/read/indexer_bf16_kernel.hpp"
 #include "phasekv/read/indexer_fp4_kernel.hpp"
 #include "phasekv/read/indexer_kernel.hpp"
-#include "phasekv/read/presets.hpp"
 #include "phasekv/read/read_checks.hpp"
 #include "phasekv/read/read_types.hpp"
 #include "phasekv/read/selection.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 #include "phasekv/read/top_k.hpp"
+
+// models
+#include "phasekv/models/deepseek_v4.hpp"
+#include "phasekv/models/nsa.hpp"
 
 // simd
 #include "phasekv/simd/batch.hpp"

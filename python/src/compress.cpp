@@ -349,7 +349,7 @@ void init_compress(const modules& m) {
           "bf16 bits as uint16 (or int16, torch's bf16 .view(torch.int16)): a bf16 input gives exactly the "
           "entries of its float32 widening, bit for bit, reading half the bytes. The GIL is released.");
 
-  // ---- presets (compress/presets.hpp) ----
+  // ---- presets (models/deepseek_v4.hpp, models/nsa.hpp) ----
   py::module_ presets = m.presets;
   presets.attr("deepseek_v4_csa_policy") = py::cast(policy_kind::deepseek_v4);
   presets.attr("deepseek_v4_hca_policy") = py::cast(policy_kind::deepseek_v4);

@@ -13,10 +13,9 @@
 #include <memory>
 #include <mutex>
 #include <phasekv/cache/paged_cache.hpp>
-#include <phasekv/cache/presets.hpp>
-#include <phasekv/compress/presets.hpp>
 #include <phasekv/compress/stream_compressor.hpp>
-#include <phasekv/read/presets.hpp>
+#include <phasekv/models/deepseek_v4.hpp>
+#include <phasekv/models/nsa.hpp>
 #include <phasekv/read/sparse_reader.hpp>
 #include <shared_mutex>
 #include <utility>

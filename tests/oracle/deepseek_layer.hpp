@@ -13,8 +13,8 @@
 
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
-#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
 
 namespace phasekv_test {
 

@@ -114,7 +114,6 @@
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/policies.hpp"
-#include "phasekv/compress/presets.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
@@ -123,6 +122,7 @@
 #include "phasekv/core/span.hpp"
 #include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/diag/read_attribution.hpp"
+#include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
 namespace phasekv::diag::probe {
