@@ -29,8 +29,7 @@ using float_batch = xsimd::batch<float, Arch>;
 // x · y + z rounded once. xsimd 8.1 has no AVX-512 fma: its generic fallback computes x * y + z,
 // which GCC contracts into vfmadd231ps but Clang evaluates as a multiply and an add — two
 // roundings (other bits than the GCC build, and than the kernels' documented sums) and about
-// half the speed of every FMA loop (the attention logit pass: ~95 against ~205 GFLOP/s). Every
-// kernel calls this instead of xsimd::fma.
+// half the speed of every FMA loop. Every kernel calls this instead of xsimd::fma.
 template <class Arch>
 inline xsimd::batch<float, Arch> fma(const xsimd::batch<float, Arch>& x, const xsimd::batch<float, Arch>& y,
                                      const xsimd::batch<float, Arch>& z) noexcept {
@@ -42,9 +41,8 @@ inline xsimd::batch<float, Arch> fma(const xsimd::batch<float, Arch>& x, const x
 
 // Keeps a loaded batch in a register. GCC folds a load into each FMA that uses it when it can,
 // even in a tile that reuses the batch four times: one load of 64 bytes becomes four, and the
-// tile waits on the load ports (the fp32 indexer's 4-entry tile ran ~20% slower per FMA than the
-// 6-entry one). An empty asm that claims to change the value leaves the compiler no copy in
-// memory to fold. No effect on the value, or outside GCC/Clang on x86.
+// tile waits on the load ports. An empty asm that claims to change the value leaves the compiler
+// no copy in memory to fold. No effect on the value, or outside GCC/Clang on x86.
 template <class Arch>
 inline void keep_in_register(xsimd::batch<float, Arch>& x) noexcept {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))

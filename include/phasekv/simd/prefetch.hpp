@@ -9,9 +9,8 @@ namespace phasekv::simd {
 
 // One prefetch of the line holding `p` into all cache levels. Not __builtin_prefetch: GCC 12
 // counts it as free of side effects, so a lambda that only prefetches is judged to do nothing
-// and its call is deleted — inside simd::unroll, the attention logit tile kept
-// one of its six row prefetches (the fp8 tile two of six), and over rows in memory the logit
-// pass ran at ~150 GFLOP/s instead of ~180 on one Zen 5 core. An asm volatile is never deleted.
+// and its call is deleted (inside simd::unroll, most of a tile's row prefetches vanish). An asm
+// volatile is never deleted.
 // The address goes in as a register, not as a memory operand: a prefetch may name any address
 // (past an array's end, an unmapped page), and nothing here should read as a dereference.
 inline void prefetch_line(const void* p) noexcept {
@@ -30,8 +29,8 @@ inline void prefetch_line(const void* p) noexcept {
 // skips prefetches).
 inline constexpr std::int64_t line_floats = 16;
 
-// Asks for the cache lines of floats [p, p + n) to be loaded into all cache levels.
-// (For the write path, the L2 and non-temporal hints measured the same within noise.)
+// Asks for the cache lines of floats [p, p + n) to be loaded into all cache levels (the write
+// path gains nothing from L2-only or non-temporal hints: bench/RESULTS.md).
 inline void prefetch(const float* p, std::int64_t n) noexcept {
   for (std::int64_t k = 0; k < n; k += line_floats) prefetch_line(p + k);
 }
@@ -54,8 +53,8 @@ struct prefetch_row {
 
 // Prefetches channels [c, c + N) of a row, N fixed at compile time: one prefetch per 64-byte
 // step, unrolled for each element size. (A loop over the runtime byte count — the generic
-// prefetch_bytes — ran ~10 scalar instructions a row inside the pooling kernels' channel loop,
-// which made the vector-gated prefill 15–35% slower.)
+// prefetch_bytes — costs ~10 scalar instructions a row inside the pooling kernels' channel loop,
+// a cost the vector-gated prefill feels: bench/RESULTS.md.)
 template <std::int64_t N>
 inline void prefetch(const prefetch_row& row, std::int64_t c) noexcept {
   const unsigned char* p = row.data + c * row.bytes;

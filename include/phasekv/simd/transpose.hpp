@@ -5,10 +5,10 @@
 //   out[c · out_stride + r] = scale · in[r · in_stride + c]      r < rows, c < cols
 //
 // With AVX-512, 16 × 16 blocks go through registers: 16 row loads, three rounds of shuffles
-// (pairs of floats, pairs of pairs, then 128-bit quarters) and 16 column stores. Element by
-// element the transpose was a load, a multiply and a store whose addresses stepped 2 KB at a
-// time — ~20 µs for DeepSeek-V4's 64 × 512 attention queries, 1.5% of a 32K-context read.
-// Every element is the single product scale · x either way, so both paths give the same bits.
+// (pairs of floats, pairs of pairs, then 128-bit quarters) and 16 column stores, where element
+// by element each store's address would step 2 KB (a new line for every float of DeepSeek-V4's
+// 64 × 512 attention queries). Every element is the single product scale · x either way, so
+// both paths give the same bits.
 
 #include <cstdint>
 #include <type_traits>

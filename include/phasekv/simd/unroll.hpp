@@ -6,7 +6,7 @@
 
 // On a kernel that unrolls nested lambdas: inline everything it calls, so the batches those
 // lambdas touch stay in registers. GCC 12 otherwise keeps a 4 × 6 tile of accumulators in
-// memory and the attention kernel ran at a third of its speed (69 vs 204 GFLOP/s).
+// memory, a load and a store around every FMA.
 #if defined(__GNUC__)
 #define PHASEKV_FLATTEN __attribute__((flatten))
 #else
@@ -14,21 +14,19 @@
 #endif
 
 // On a kernel tile that must keep its own register allocation: inlined into a large caller (the
-// reader's task lambda), GCC 12 ran out of registers for the fp32 indexer's 24 accumulators and
-// 4 query batches, folded the query loads into every FMA (24 loads a channel instead of 4) and
-// spilled the row pointers — the 128K step ran ~25% slower. A call per tile costs nothing next to
-// its thousands of FMAs.
+// reader's task lambda), GCC 12 runs out of registers for the fp32 indexer's 24 accumulators and
+// 4 query batches, folds the query loads into every FMA (24 loads a channel instead of 4) and
+// spills the row pointers. A call per tile costs nothing next to its thousands of FMAs.
 #if defined(__GNUC__)
 #define PHASEKV_NOINLINE __attribute__((noinline))
 #else
 #define PHASEKV_NOINLINE
 #endif
 
-// On simd::unroll itself, for Clang only: inside a `flatten` tile Clang 14 still left one
-// unroll<5> call (the tile's final stores) out of line, so the accumulator array's address
-// escaped and it stayed in memory — a store after every FMA, the attention logit pass at ~75
-// against ~225 GFLOP/s (GCC). GCC needs no help, and forced inlining there cost it dearly: the
-// DeepSeek-V4-precision 128K step went 1.4 → 2.7 ms.
+// On simd::unroll itself, for Clang only: inside a `flatten` tile Clang 14 leaves one unroll<5>
+// call (the tile's final stores) out of line, so the accumulator array's address escapes and it
+// stays in memory — a store after every FMA. GCC needs no help, and forced inlining there makes
+// its large kernels (the DeepSeek-V4-precision read) far slower.
 #if defined(__clang__)
 #define PHASEKV_ALWAYS_INLINE __attribute__((always_inline)) inline
 #else
