@@ -18,9 +18,8 @@
 //   - AVX-512 with VPCLMULQDQ (when the compiler enables it, for 256 bytes or more): folding
 //     with carry-less multiplies, 256 bytes per step (below), faster than memory can deliver.
 //   - portable: a table-driven loop over 8 bytes per step (8 tables of 256 entries, "slicing by
-//     8"), about 1 GB/s. A build for the x86-64 baseline (no -msse4.2 or -march) gets this one.
-// Measured on the 2.1 GHz AMD EPYC of bench/RESULTS.md, over 128 KiB in the L2: table loop
-// ~1 GB/s, three crc32 chains ~17 GB/s, folding ~57 GB/s.
+//     8"). A build for the x86-64 baseline (no -msse4.2 or -march) gets this one.
+// Their speeds, and what they mean for snapshots: bench/RESULTS.md ("Sequence snapshots").
 //
 // The algebra of the merge. Read a 32-bit register r as a polynomial over GF(2), bit i the
 // coefficient of x^(31−i) ("reflected"), and a message m of n bytes likewise (its first byte's

@@ -267,7 +267,7 @@ inline void fp4_quantize_block(const float* x, std::byte* codes, std::byte& scal
   }
   // Two codes a byte, the even channel's in the low nibble: read as a little-endian pair p = c[2i]
   // + 256 · c[2i + 1] (codes < 16), the byte is the low 8 bits of p | p >> 4 — a form compilers
-  // vectorize (byte by byte it became scalar inserts and extracts, ~40% of quantizing a head).
+  // vectorize (byte by byte, they emit scalar inserts and extracts).
   for (std::int64_t i = 0; i < fp4_block_channels / 2; ++i) {
     const auto pair = static_cast<std::uint16_t>(c[2 * i] | (c[2 * i + 1] << 8));
     codes[i] = std::byte{static_cast<std::uint8_t>(pair | pair >> 4)};

@@ -234,8 +234,8 @@ inline __m512 fp8_decode16(const std::byte* codes, std::uint8_t scale_byte) noex
 
 // A whole block of 64 codes at scale byte b into out[0 … 64) by the fp16 path of fp8_decode16,
 // one test of the 64 codes for NaN and one scale check for all: false (nothing written) where that
-// path does not apply. Sixteen codes at a time cost the kernels ~10% of their logit pass in
-// per-run scale lookups and tests.
+// path does not apply. Sixteen codes at a time would repeat the scale lookup and the tests four
+// times per block inside the kernels' logit pass.
 inline bool fp8_decode_block(const std::byte* codes, std::uint8_t scale_byte, float* out) noexcept {
 #if PHASEKV_HAS_AVX512_BW_VL
   const __m512i raw = _mm512_loadu_si512(codes);
