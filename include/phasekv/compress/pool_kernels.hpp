@@ -13,10 +13,10 @@
 // A prefill reads every input row once, a few KB at a time from 2·W rows per entry: streams too
 // short for the hardware prefetchers to run far ahead when the rows come from memory. So the
 // kernels can also take the rows of the *next* entry (`ahead`, may be empty) and prefetch them
-// one cache line per channel step, about an entry's compute time (~1 µs) before they are needed.
-// Measured on Zen 5: 10–20% faster (medians) for mean and gated pooling when the input comes from
-// memory, but 20–33% slower for gated pooling when it is still in the L3, where the hardware
-// keeps up and the prefetches only cost issue slots. The caller decides (prefetch_min_bytes).
+// one cache line per channel step, about an entry's compute time before they are needed. That
+// pays when the input comes from memory, and costs when it is still in the L3, where the
+// hardware keeps up and the prefetches only take issue slots (bench/RESULTS.md, "Prefill
+// compression"). The caller decides (prefetch_min_bytes).
 //
 // Payload and logit rows are fp32 or bf16 bits (std::uint16_t), each kernel a template on the
 // row types. A bf16 row is loaded by widening (simd/bf16.hpp: exact), and everything after the
@@ -39,7 +39,7 @@ using simd::unroll;
 
 // Chunks with at least this many input bytes are prefetched as above. Smaller ones were most
 // likely written by the host just before the append and still sit in its last-level cache
-// (32 MiB on the Zen 5 we measured; 16 MiB leaves room for everything else there).
+// (32 MiB on the machine of bench/RESULTS.md; 16 MiB leaves room for everything else there).
 inline constexpr std::int64_t prefetch_min_bytes = std::int64_t{16} << 20;
 
 using simd::line_floats;
@@ -95,10 +95,10 @@ struct pool {
   //
   // Up to 8 slots the slot count is a template parameter, and each channel batch loads every
   // slot's logit, bias and payload once and keeps the W logits in registers through the max, the
-  // exps and the sums. (Variants tiled over 2–8 channel batches, slots outermost, measured no
-  // faster.) Larger windows take two passes per channel batch — max, then exp-and-accumulate —
-  // reloading the logits from L1. Both run the sums in ascending slot order from 0 with the same
-  // exp, so either gives the same entry, bit for bit.
+  // exps and the sums (tiling over 2–8 channel batches, slots outermost, gains nothing). Larger
+  // windows take two passes per channel batch — max, then exp-and-accumulate — reloading the
+  // logits from L1. Both run the sums in ascending slot order from 0 with the same exp, so either
+  // gives the same entry, bit for bit.
 
   template <class X, class L>
   static void vector_gated(const X* const* x, const L* const* logit, const float* const* bias,
@@ -152,7 +152,7 @@ struct pool {
       // den = 0 + e_0 + e_1 + …, num = fma(e_i, x_i, …) from 0, as in the two-pass path. The
       // first term is an fma from 0 too, not a product: GCC contracts a product into whatever
       // it meets after inlining, and inlining differs between instantiations (fp32 or bf16
-      // rows), which made bf16 rows pool differently from their widenings (measured: W = 6).
+      // rows), which made bf16 rows pool differently from their widenings (seen at W = 6).
       batch den = s[0];
       batch num = simd::fma(s[0], load(x[0] + c), batch(0.0f));
       unroll<N - 1>([&](auto i) {
@@ -197,7 +197,7 @@ struct pool {
   }
 
   // Σ x[c]² over a vector. Four accumulators: with one, the FMA latency chain (C/lanes steps of
-  // 4 cycles) made the RMSNorm of a 512-channel entry cost ~5% of a gated entry.
+  // 4 cycles) would make the RMSNorm a visible part of a gated entry.
   static float sum_of_squares(const float* x, std::int64_t channels) noexcept {
     batch a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
     std::int64_t c = 0;
