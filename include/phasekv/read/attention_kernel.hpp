@@ -13,9 +13,8 @@
 // read), and a tile of 6 keys broadcasts their channels against 4 batches of heads, 24
 // accumulators (AVX-512). The max, exp and sum then run down the keys with heads in lanes. The
 // output keeps channels in lanes instead: a tile of 6 heads × 4 channel batches broadcasts
-// p[k][h] against the value rows. On one core of Zen 5 the two passes run at ~200 and ~175
-// GFLOP/s on a 64-head, 512-channel, 256-key piece whose rows are in the L2. Sums run over keys in ascending order from zero, so a piece gives
-// the same state wherever it runs.
+// p[k][h] against the value rows (both passes near the FMA peak: bench/RESULTS.md). Sums run
+// over keys in ascending order from zero, so a piece gives the same state wherever it runs.
 //
 // FP8 entries (fp8_e4m3_block, format/fp8.hpp) are dequantized inside both passes, never a page
 // ahead of them: 16 codes at a time are widened in registers and multiplied by their block's
@@ -25,15 +24,14 @@
 // head tiles then read — widening per head tile would repeat the work query_heads / 6 times.
 // Where the values are the keys (tied K/V, DeepSeek-V4's entries and window) the logit tiles
 // widen into the caller's rows instead of a line, and the output pass reads those as fp32 rows:
-// each block is widened once per read, not twice (the V4-precision step ~1% faster).
+// each block is widened once per read, not twice.
 // Dequantized values are exact in fp32 and every sum runs in the same order, so a read over fp8
 // entries is bit-identical to the fp32 read of the dequantized entries (tests/test_read_fp8.cpp).
 // Widening a block of 64 channels takes ~20 instructions by way of fp16 (format/fp8.hpp,
 // fp8_decode_block; ~14 per 16 channels in integer arithmetic without AVX-512 BW/VL), next to
-// the 256 FMAs and 64 broadcasts that 64 query heads spend on them in the logit pass: with its
-// entries in cache the fp8 attention runs ~6% slower than the fp32 one (attention_fp32_over_fp8
-// 0.93–0.95; 0.79–0.89 with the integer widening), while the entries it reads from memory are
-// 3.5× fewer bytes (bench/bench_read.cpp, BM_sparse_decode_fp8).
+// the 256 FMAs and 64 broadcasts that 64 query heads spend on them in the logit pass, while the
+// entries it reads from memory are 3.5× fewer bytes (bench_read's BM_sparse_decode_fp8 compares
+// the two: bench/RESULTS.md).
 
 #include <algorithm>
 #include <cmath>

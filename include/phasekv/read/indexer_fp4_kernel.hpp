@@ -110,8 +110,8 @@ inline constexpr bool has_int8_dot = PHASEKV_HAS_INT8_DOT != 0;
 #if PHASEKV_HAS_INT8_DOT
 // acc + the four-byte dot products of u (unsigned) and v (signed) per int32 lane: vpdpbusd. In
 // inline assembly because GCC 12 allocates the intrinsic's accumulator badly: it copies every
-// accumulator to another register and back around each instruction, which cost about half the
-// kernel's speed here (Clang's intrinsic was no better; with this, both compilers run alike).
+// accumulator to another register and back around each instruction, about half the kernel's
+// speed (Clang's intrinsic does no better; with this, both compilers run alike).
 // bench/machine_limits.hpp times the int8 peak with it too.
 inline __m512i dpbusd(__m512i acc, __m512i u, __m512i v) noexcept {
   __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(v));
@@ -482,8 +482,8 @@ struct indexer_fp4 {
       const std::int64_t n = std::min(run, count - first);
       const std::byte* base = keys + first * stride;
       for (std::int64_t j = 0; j < n; j += 16) fast[j / 16] = plan16(p, base + j * stride, stride, n - j, layout, least + j, patterns + j);
-      // Every key of the run unpacked before any is scored (interleaving the two gains nothing:
-      // measured, bench/RESULTS.md).
+      // Every key of the run unpacked before any is scored (interleaving the two gains nothing,
+      // bench/RESULTS.md).
       unpack(base, stride, n, runs, patterns, unpacked);
       // The next keys' lines, a few per tile of the first head block: those of the caller's next
       // page during the last run, those of this call's next run before it.
@@ -529,8 +529,8 @@ struct indexer_fp4 {
   }
 
   // One slot of two keys: a[g] += bytes 4s … 4s + 3 of key a against query group g, the same for b
-  // — eight vpdpbusd in one statement. Per instruction (kernels::dpbusd) GCC still moved one or two
-  // accumulators through spare registers every slot, ~10% of the tile's time.
+  // — eight vpdpbusd in one statement. Per instruction (kernels::dpbusd) GCC still moves one or two
+  // accumulators through spare registers every slot.
   static void slot_pair(__m512i (&a)[4], __m512i (&b)[4], const std::uint8_t* key_a, const std::uint8_t* key_b,
                         __m512i q0, __m512i q1, __m512i q2, __m512i q3) noexcept {
     __m512i k;

@@ -73,7 +73,7 @@ struct indexer {
   }
 
  private:
-  static constexpr std::int64_t ahead = 16;  // entries; about 1.5 µs of work at 128 channels
+  static constexpr std::int64_t ahead = 16;  // entries: enough scoring to cover a miss to DRAM
 
   // The six rows starting at entry `from` of keys[0, count) ++ next[0, next_count), prefetched a
   // few lines at a time while a tile runs (step() every 8 channels): issued all at once, their

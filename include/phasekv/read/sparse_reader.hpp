@@ -51,16 +51,13 @@
 // operations in the same order, so a batched read is bit-identical to B single reads, on any
 // executor.
 //
-// Indexer scores come from a fused xsimd kernel over whole pages (indexer_kernel.hpp; in bf16,
-// indexer_bf16_kernel.hpp, when reader_config::precision asks for it; on FP4 keys and queries,
-// indexer_fp4_kernel.hpp: the queries Hadamard-transformed and quantized once per read, exact
-// integer dot products, DeepSeek-V4's indexer); attention runs a kernel
-// with the query heads in SIMD lanes (attention_kernel.hpp) over row pointers: the selected
-// entries and the window tokens are read where they lie (fp32 storage), never gathered; FP8
-// entries (fp8_e4m3_block) and an FP8 raw window's rows are dequantized inside the kernel's
-// passes, and the read is bit-identical to the fp32 read of the dequantized entries and rows. bf16/f16 entries are widened into
-// scratch rows first, and indexer keys of any storage but fp32 (or bf16 with the bf16 kernel)
-// page by page.
+// Kernels: the indexer's scores per page in fp32, bf16 or FP4 (indexer_kernel.hpp,
+// indexer_bf16_kernel.hpp, indexer_fp4_kernel.hpp, as reader_config::precision says); attention
+// with the query heads in SIMD lanes (attention_kernel.hpp) over row pointers, so the selected
+// entries and window tokens are read where they lie, never gathered. FP8 entries and an FP8 raw
+// window's rows are dequantized inside the kernel's passes (bit-identical to the fp32 read of the
+// dequantized values); bf16/f16 entries are widened into scratch rows first, and indexer keys of
+// any storage the chosen kernel does not read in place, page by page.
 //
 // Parallelism (optional): with an executor (core/executor.hpp), scoring runs as chunks of pages
 // (one selection over all their scores after) and attention as pieces of keys per KV head, merged
@@ -286,7 +283,7 @@ class sparse_reader {
   // sequences per thread the executor runs (one on a serial executor, which needs no slack to
   // balance): each wave's scratch (prepared queries, scores, selections) is still in the caches
   // when its later phases use it, where phases over the whole batch would have evicted it
-  // (measured: 9% per sequence at 4K). Waves change which sequences share a phase, never the
+  // (bench/RESULTS.md, "Batched decode"). Waves change which sequences share a phase, never the
   // arithmetic of one sequence.
   void run(span<const read_item> items, bool single) {
     const std::size_t count = items.size();

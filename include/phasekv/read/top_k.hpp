@@ -179,8 +179,8 @@ inline void sort_descending(std::vector<std::uint64_t>& keys, std::vector<std::u
 // every score instead — with the top k at 1/64 of the scores (a sample rank of 24, expected
 // 8), about one input in 10^6 of independent scores. Any input is safe: at least k scores at or
 // above the cut means the k-th best is too, so every one of the top k is kept, ties included.
-// Keying only the scores above the cut is what makes the selection cheap: most of the work was
-// making keys of all scores and narrowing them (bench_read's BM_top_k, bench/RESULTS.md).
+// Keying only the scores above the cut is what makes the selection cheap: making keys of all
+// scores and narrowing them would be most of its work (bench_read's BM_top_k, bench/RESULTS.md).
 inline constexpr std::size_t cut_samples = 512;
 
 // Sample i of n scores: one in each stretch of n / cut_samples, at an offset scrambled by
