@@ -46,10 +46,10 @@ using deepseek_v4_csa_policy = compressor_policy<vector_gated_pool, rope_after_p
 using deepseek_v4_hca_policy = deepseek_v4_csa_policy;
 using deepseek_v4_1_csa_policy = deepseek_v4_csa_policy;
 
-// One layer kind. Its configs' names derive from `model` and `kind` exactly as they always
-// have — "csa.kv", "dsv4.csa", "v4.1.csa.reader" — because a cache's name is part of its
-// snapshots' identity: streams and readers are named "<kind>…" for V4 and "<model>.<kind>…"
-// otherwise, caches "ds<model>.<kind>".
+// One layer kind. Its configs' names derive from `model` and `kind` by a fixed scheme —
+// "csa.kv", "dsv4.csa", "v4.1.csa.reader" — because a cache's name is part of its snapshots'
+// identity: streams and readers are named "<kind>…" for V4 and "<model>.<kind>…" otherwise,
+// caches "ds<model>.<kind>".
 struct deepseek_layer {
   const char* model;  // "v4", "v4.1"
   const char* kind;   // "csa": an indexer selects top_k entries; "hca": every complete entry is read
