@@ -92,6 +92,41 @@ TEST_CASE("phase sweep plan: counts, residues, range, fixed query, paired anchor
   CHECK(highest - lowest > config.span - 3 * m);
 }
 
+TEST_CASE("phase sweep plan: a jittered query keeps the pairing and frees the distance from the residue",
+          "[diag][sweep]") {
+  auto config = make_config(8, 16, 64);
+  const auto fixed = plan_sweep(config);
+  config.query_jitter = 8;
+  const auto plan = plan_sweep(config);
+  REQUIRE(plan.size() == fixed.size());
+  std::map<std::int64_t, std::set<std::int64_t>> query_of_trial;
+  std::map<std::int64_t, std::set<std::int64_t>> distance_phases;  // residue → distances mod S seen
+  std::set<std::int64_t> offsets;
+  for (const auto& p : plan) {
+    const std::int64_t offset = config.query_position - p.query_position;
+    CHECK(offset == config.query_offset(p.trial));
+    offsets.insert(offset);
+    REQUIRE(offset >= 0);
+    REQUIRE(offset < 8);
+    CHECK(p.distance() >= config.min_distance);  // from its own query
+    CHECK(p.target_position >= config.first_target());
+    query_of_trial[p.trial].insert(p.query_position);
+    distance_phases[p.residue].insert(p.distance() % 8);
+  }
+  CHECK(offsets.size() == 8);
+  for (const auto& [trial, queries] : query_of_trial) CHECK(queries.size() == 1);  // every residue, one query
+  for (const auto& [residue, phases] : distance_phases) CHECK(phases.size() >= 6);  // with a fixed query: 1
+  // Targets: the same anchors, moved down by the jitter's reach at most.
+  CHECK(config.last_target() == make_config(8, 16, 64).last_target() - 7);
+  // Jitter 1 is the fixed query, placement for placement.
+  config.query_jitter = 1;
+  const auto again = plan_sweep(config);
+  for (std::size_t i = 0; i < fixed.size(); ++i) {
+    CHECK(again[i].target_position == fixed[i].target_position);
+    CHECK(again[i].query_position == fixed[i].query_position);
+  }
+}
+
 TEST_CASE("phase sweep plan: deterministic; the seed changes the order only", "[diag][sweep]") {
   auto config = make_config(4, 8, 20);
   const auto a = plan_sweep(config), b = plan_sweep(config);
@@ -241,6 +276,12 @@ TEST_CASE("phase sweep config: errors name the field and its value", "[diag][swe
   expect_error(c, "query_position = 1000");
   c = make_config(4, -8, 32);
   expect_error(c, "modulus = -8");
+  c = make_config(4, 8, 32);
+  c.query_jitter = 0;
+  expect_error(c, "query_jitter = 0");
+  c = make_config(4, 8, 32);
+  c.query_jitter = 8192 - 64 - 4096 + 2;  // the earliest query leaves no room for the span
+  expect_error(c, "query_position = 8192", "query_jitter − 1");
 
   // run_sweep rejects it before running any trial.
   std::int64_t calls = 0;

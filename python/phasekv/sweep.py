@@ -28,7 +28,7 @@ Trial line (a JSON object, format ``phasekv.sweep.trial/1``)::
     layout                          token positions: context_tokens (= query_position + 1), needle
                                     [start, end) (end = start + needle_tokens), query, and
                                     haystack_needles (every needle of this haystack, in plan order)
-    sweep                           stride, modulus, trials_per_residue, query_position, span,
+    sweep                           stride, modulus, trials_per_residue, query_position, query_jitter, span,
                                     min_distance, seed, needle_tokens (the plan is a function of these)
     configuration                   the host's own description of what it runs (model, preset, ...)
 
@@ -78,7 +78,7 @@ class ProtocolError(_pk.InputError):
 
 # ---- plan ----------------------------------------------------------------------------------------
 
-_SWEEP_FIELDS = ("stride", "modulus", "trials_per_residue", "query_position", "span", "min_distance", "seed",
+_SWEEP_FIELDS = ("stride", "modulus", "trials_per_residue", "query_position", "query_jitter", "span", "min_distance", "seed",
                  "window", "origin", "permutations")
 _RECORD_FIELDS = ("key_tokens", "gap", "value_tokens")
 _FAILURES = {c.name: c for c in (_pk.FailureCause.selection_miss, _pk.FailureCause.read_dilution,

@@ -121,7 +121,9 @@ void init_sweep(const modules& m) {
       .field("stride", &sweep_config::stride, "S")
       .field("modulus", &sweep_config::modulus, "M, a multiple of S; 0 means 2S")
       .field("trials_per_residue", &sweep_config::trials_per_residue, ">= 10")
-      .field("query_position", &sweep_config::query_position, "fixed for every trial")
+      .field("query_position", &sweep_config::query_position, "the latest query (see query_jitter)")
+      .field("query_jitter", &sweep_config::query_jitter,
+             "J: trial i queries at query_position - o_i, o_i in [0, J) the same for every residue")
       .field("span", &sweep_config::span, "width of the target range, >= 3M")
       .field("min_distance", &sweep_config::min_distance, "targets at least this far before the query")
       .field("seed", &sweep_config::seed, "run order and the permutation draws")
@@ -136,6 +138,8 @@ void init_sweep(const modules& m) {
       .def("planned_residues", &sweep_config::planned_residues)
       .def_readonly_static("minimum_trials", &sweep_config::minimum_trials)
       .def("resolved_modulus", &sweep_config::resolved_modulus)
+      .def("earliest_query", &sweep_config::earliest_query)
+      .def("query_offset", &sweep_config::query_offset, py::arg("trial"))
       .def("first_target", &sweep_config::first_target)
       .def("last_target", &sweep_config::last_target)
       .def("validate", &sweep_config::validate);

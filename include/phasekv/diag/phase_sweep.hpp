@@ -32,7 +32,14 @@
 //     same anchor sum. Variances differ by at most M²/2 + 2M·span/trials_per_residue tokens²
 //     (tested over many configs) — a relative 10⁻⁴ of the positions' variance (~span²/12) at the
 //     study's sizes.
-// The query position is the same for every trial. The run order of the trials is a Fisher–Yates
+// The query. With query_jitter = 1 every trial queries at query_position, so a target's residue
+// and its distance to the query modulo S move together: a phase effect and a distance effect
+// cannot be told apart. With query_jitter = J > 1, trial index i queries at
+//     query_position − o_i,   o_i = mix64(seed ⊕ a constant, i) mod J (core/random.hpp),
+// the same o_i for every residue (the pairing holds); targets then lie at least min_distance
+// before the earliest query, query_position − (J − 1). A J that is a multiple of S makes the
+// query's phase, and with it the distance modulo S, independent of the target's residue.
+// The run order of the trials is a Fisher–Yates
 // shuffle seeded by `seed` (SplitMix64), so drift in a long run (warm caches, thermal state)
 // cannot line up with residue; the plan is a deterministic function of the config.
 //
@@ -46,8 +53,9 @@
 // a debiased gap and the period-S amplitude with its permutation test (resampling.hpp); "the
 // period" of the top-level summary is always the all-trials profile's.
 //
-// Target range: targets lie in [query_position − min_distance − span, query_position − min_distance],
-// i.e. at least min_distance tokens before the query and at most min_distance + span.
+// Target range: targets lie in [q₀ − min_distance − span, q₀ − min_distance] with
+// q₀ = query_position − (query_jitter − 1) the earliest query: at least min_distance tokens
+// before every trial's query.
 //
 // Outcomes. `trial(const placement&)` returns bool (success), an attributed_outcome (success, or
 // the cause of a failure: read_attribution.hpp's classify_failure), or a floating-point
@@ -114,7 +122,8 @@ struct sweep_config {
   std::int64_t stride = 0;                // S
   std::int64_t modulus = 0;               // M, a multiple of S; 0 → 2·S
   std::int64_t trials_per_residue = 32;   // ≥ minimum_trials
-  std::int64_t query_position = 0;        // fixed for every trial
+  std::int64_t query_position = 0;        // the latest query (see query_jitter)
+  std::int64_t query_jitter = 1;          // J: trial i queries at query_position − o_i, o_i ∈ [0, J)
   std::int64_t span = 0;                  // width of the target range, ≥ 3·M
   std::int64_t min_distance = 1;          // targets at least this far before the query, ≥ 1
   std::uint64_t seed = 0;                 // run order (and the resampling statistics' draws)
@@ -137,8 +146,15 @@ struct sweep_config {
     const bool contained = class_of_residue(r) == layout_class::contained;
     return layout == layout_mode::any || (layout == layout_mode::contained) == contained;
   }
-  std::int64_t first_target() const { return query_position - min_distance - span; }
-  std::int64_t last_target() const { return query_position - min_distance; }
+  std::int64_t earliest_query() const { return query_position - (query_jitter - 1); }
+  std::int64_t first_target() const { return earliest_query() - min_distance - span; }
+  std::int64_t last_target() const { return earliest_query() - min_distance; }
+  // o_i of trial index i (see the top): the same for every residue.
+  std::int64_t query_offset(std::int64_t trial) const {
+    if (query_jitter <= 1) return 0;
+    const std::uint64_t draw = phasekv::detail::mix64(seed ^ 0x71e5c0ffee0ddba1ull, static_cast<std::uint64_t>(trial));
+    return static_cast<std::int64_t>(draw % static_cast<std::uint64_t>(query_jitter));
+  }
 
   void validate() const {
     using phasekv::detail::require;
@@ -155,9 +171,11 @@ struct sweep_config {
             "must be at least 3·modulus = " + std::to_string(3 * m) + " (room for one rotation round)");
     require(span <= (std::int64_t{1} << 40) && query_position <= (std::int64_t{1} << 40), "query_position",
             query_position, "must be at most 2^40 (and span too)");
-    require(query_position - min_distance - span >= 0, "query_position", query_position,
-            "must be at least min_distance + span = " + std::to_string(min_distance + span) +
-                " so every target position is non-negative");
+    require(query_jitter >= 1 && query_jitter <= (std::int64_t{1} << 20), "query_jitter", query_jitter,
+            "must lie in [1, 2^20] (1: every trial queries at query_position)");
+    require(query_position - (query_jitter - 1) - min_distance - span >= 0, "query_position", query_position,
+            "must be at least (query_jitter − 1) + min_distance + span = " +
+                std::to_string(query_jitter - 1 + min_distance + span) + " so every target position is non-negative");
     require(window == 0 || (window >= stride && window <= (std::int64_t{1} << 20)), "window", window,
             "must be 0 (meaning stride) or lie in [stride = " + std::to_string(stride) + ", 2^20]");
     require(origin >= 0 && origin < stride, "origin", origin, "must lie in [0, stride = " + std::to_string(stride) + ")");
@@ -233,7 +251,8 @@ inline std::vector<placement> plan_sweep(const sweep_config& config) {
       if (q % 2 == 1) rank = round_size - 1 - rank;
       const std::int64_t anchor = sorted[static_cast<std::size_t>(q * m + rank)];
       const std::int64_t position = anchor * m - j + (r + j) % m;
-      plan.push_back({r, i, position, config.query_position, classify_record(stream, position, config.record.length())});
+      plan.push_back({r, i, position, config.query_position - config.query_offset(i),
+                      classify_record(stream, position, config.record.length())});
     }
   }
   std::uint64_t state = config.seed;
@@ -438,7 +457,9 @@ struct sweep_result {
     if (!valid) out << "INVALID SWEEP: " << invalid_reason << "\n";
     out << "phase sweep: stride " << config.stride << ", window " << config.resolved_window() << ", origin "
         << config.origin << ", modulus " << config.modulus << ", " << config.trials_per_residue
-        << " trials/residue, query at " << config.query_position << ", targets in [" << config.first_target() << ", "
+        << " trials/residue, query at " << config.query_position;
+    if (config.query_jitter > 1) out << " − [0, " << config.query_jitter << ")";
+    out << ", targets in [" << config.first_target() << ", "
         << config.last_target() << "]\n"
         << "record: key " << config.record.key_tokens << ", then " << config.record.gap << " between, value "
         << config.record.value_tokens << " tokens; layout " << to_string(config.layout) << "\n";
@@ -551,6 +572,7 @@ struct sweep_result {
         << "modulus," << config.modulus << '\n'
         << "trials_per_residue," << config.trials_per_residue << '\n'
         << "query_position," << config.query_position << '\n'
+        << "query_jitter," << config.query_jitter << '\n'
         << "record_length," << config.record.length() << '\n'
         << "layout_mode," << to_string(config.layout) << '\n'
         << "mean," << format_number(mean) << '\n'
@@ -612,6 +634,7 @@ struct sweep_result {
         << ",\"record\":{\"key_tokens\":" << config.record.key_tokens << ",\"gap\":" << config.record.gap
         << ",\"value_tokens\":" << config.record.value_tokens << "},\"layout_mode\":" << json_string(to_string(config.layout))
         << ",\"trials_per_residue\":" << config.trials_per_residue << ",\"query_position\":" << config.query_position
+        << ",\"query_jitter\":" << config.query_jitter
         << ",\"first_target\":" << config.first_target() << ",\"last_target\":" << config.last_target()
         << ",\"mean\":" << json_number(mean) << ",\"gap_points\":" << json_number(gap_points)
         << ",\"best_residue\":" << best_residue << ",\"worst_residue\":" << worst_residue
