@@ -13,6 +13,7 @@
 
 // diag
 #include "phasekv/diag/interventions.hpp"
+#include "phasekv/diag/logistic.hpp"
 #include "phasekv/diag/needle_probe.hpp"
 #include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/diag/read_attribution.hpp"

@@ -3,6 +3,7 @@
 //
 //   head_knockout_map    accuracy change by residue when each head is knocked out in turn
 //                        (the phase specialisation map)
+//   knockout_phase_test  whether a knockout's cost depends on the phase (a head × phase test)
 //   cycle_slot_profile   cycle offset-specific gate parameters by δ (W = S)
 //   predicted_shift      the accuracy profile cycling predicts: A_δ(r) ≈ A_0((r − δ) mod S)
 //   staggered_origins    per-head geometries whose chunk origins are spread over the stride
@@ -18,6 +19,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/span.hpp"
+#include "phasekv/diag/logistic.hpp"
 #include "phasekv/diag/phase_sweep.hpp"
 
 namespace phasekv::diag {
@@ -64,6 +66,44 @@ knockout_map head_knockout_map(const sweep_config& config, std::int64_t heads, T
           k.residues[static_cast<std::size_t>(r)].estimate - out.baseline.residues[static_cast<std::size_t>(r)].estimate;
   }
   return out;
+}
+
+// Whether knocking a head out costs more at some phases than at others (a head that serves some
+// phases only): a logistic fit (logistic.hpp) of success on the phase (S levels, φ = the
+// residue's in-block offset of the sweep's stream), the knockout (0/1) and their interaction, over
+// the baseline's and the knocked sweep's binary trials (a residue's successes and failures; the
+// two sweeps share their placements, which this test treats as independent — conservative for a
+// paired design), and the likelihood ratio of the S − 1 interaction columns held at 0. Firth's
+// penalty keeps a phase at which every trial fails finite. Throws input_error for a head outside
+// the map or a sweep that is not binary.
+inline stats::likelihood_ratio knockout_phase_test(const knockout_map& map, std::int64_t head) {
+  using phasekv::detail::require;
+  require<input_error>(head >= 0 && head < map.heads, "knockout_phase_test: head", head,
+                       "must lie in [0, heads = " + std::to_string(map.heads) + ")");
+  require<input_error>(map.baseline.kind == outcome_kind::binary, "knockout_phase_test: baseline.kind", "probability",
+                       "must be binary (success counts per residue)");
+  const std::int64_t S = map.baseline.config.stride;
+  const std::size_t k = static_cast<std::size_t>(2 * S);  // 1, knocked, S − 1 phases, S − 1 interactions
+  std::vector<double> x, y;
+  for (int knocked = 0; knocked < 2; ++knocked) {
+    const sweep_result& sweep = knocked ? map.knocked[static_cast<std::size_t>(head)] : map.baseline;
+    for (const residue_outcome& r : sweep.residues)
+      for (std::int64_t i = 0; i < r.valid; ++i) {
+        std::vector<double> row(k, 0.0);
+        row[0] = 1.0;
+        row[1] = knocked;
+        if (r.phase > 0) {
+          row[static_cast<std::size_t>(1 + r.phase)] = 1.0;
+          row[static_cast<std::size_t>(S + r.phase)] = knocked;
+        }
+        x.insert(x.end(), row.begin(), row.end());
+        y.push_back(i < r.successes ? 1.0 : 0.0);
+      }
+  }
+  std::vector<std::size_t> interaction;
+  for (std::int64_t phase = 1; phase < S; ++phase) interaction.push_back(static_cast<std::size_t>(S + phase));
+  if (interaction.empty()) return {};
+  return stats::test_columns(x, y, k, interaction);
 }
 
 // --- cycling offset-specific parameters ---------------------------------------------------------
