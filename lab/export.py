@@ -3,7 +3,7 @@
 
   /usr/bin/python3 lab/export.py --model DIR/model.pt --out DIR/export
 
-DIR/export/model.txt is a line-based manifest: the magic line "phasekv-lab-model 1", then
+DIR/export/model.txt is a line-based manifest: the magic line "phasekv-lab-model 2", then
 "key value" lines for the model and task configuration, then one "tensor NAME DIM…" line per
 tensor, then "end". DIR/export/weights.bin holds the tensors in the order of their lines,
 float32 little-endian, row-major in the listed shape, nothing between them.
@@ -19,10 +19,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import LabModel, ModelConfig  # noqa: E402
 
-MAGIC = "phasekv-lab-model 1"
+MAGIC = "phasekv-lab-model 2"
 CONFIG_KEYS = ("kind", "vocab", "dim", "layers", "q_heads", "kv_heads", "head_dim", "ffn", "stride", "window",
-               "win_tokens", "rope_base", "norm_eps")
-TASK_KEYS = ("filler", "keys", "values", "tokens", "records", "queries")
+               "win_tokens", "rope_base", "norm_eps", "origin", "layer_stagger", "head_stagger", "token_shift")
+TASK_KEYS = ("filler", "keys", "values", "tokens", "records", "queries", "decoys", "trail", "gap", "placement",
+             "block_stride", "block_origin", "isolation")
 
 
 def load(path):
@@ -45,9 +46,13 @@ def tensors(model):
         if cfg.kind != "full":
             out += [(p + "wk", a.wk.weight), (p + "wv", a.wv.weight)]
         out += [(p + "ck", a.ck.weight), (p + "cv", a.cv.weight)]
+        if cfg.token_shift:
+            out += [(p + "ck_prev", a.ck_prev.weight), (p + "cv_prev", a.cv_prev.weight)]
         if cfg.gated:
-            out += [(p + "zk", a.zk.weight), (p + "zv", a.zv.weight), (p + "bias_k", a.bias_k),
-                    (p + "bias_v", a.bias_v)]
+            out += [(p + "zk", a.zk.weight), (p + "zv", a.zv.weight)]
+            if cfg.token_shift:
+                out += [(p + "zk_prev", a.zk_prev.weight), (p + "zv_prev", a.zv_prev.weight)]
+            out += [(p + "bias_k", a.bias_k), (p + "bias_v", a.bias_v)]
         out += [(p + "wo", a.wo.weight), (p + "ffn_norm", b.ffn_norm), (p + "w_gate", b.w_gate.weight),
                 (p + "w_up", b.w_up.weight), (p + "w_down", b.w_down.weight)]
     out.append(("final_norm", model.final_norm))
@@ -60,7 +65,7 @@ def export(model, task, out_dir):
     lines = [MAGIC]
     for k in CONFIG_KEYS:
         v = cfg[k]
-        lines.append(f"{k} {v!r}" if isinstance(v, float) else f"{k} {v}")
+        lines.append(f"{k} {int(v)}" if isinstance(v, bool) else f"{k} {v!r}" if isinstance(v, float) else f"{k} {v}")
     for k in TASK_KEYS:
         lines.append(f"task_{k} {task[k]}")
     with open(os.path.join(out_dir, "weights.bin"), "wb") as f:

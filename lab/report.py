@@ -4,11 +4,12 @@
   /usr/bin/python3 lab/report.py --runs OUT --out lab/RESULTS.md [--plots lab/results] [--title T]
                                  [--notes FILE]
 
-Reads OUT/runs.json (the variant list lab/run ran, with its budget) and, per variant,
-OUT/NAME/train.json, OUT/NAME/verify.json and OUT/NAME/measure/measure.json. Copies each
-variant's plots to --plots (as NAME_sweep.svg, NAME_knockout.svg) and links them. Numbers are
-printed as measured; nothing is adjusted. --notes appends a hand-written section (what was
-tried, what it means) after the generated tables.
+Reads OUT/runs.json (the variants, seeds and budget lab/run ran) and, per variant and seed,
+OUT/NAME/seedK/{train.json, verify.json, measure/measure.json, measure_originO/measure.json}.
+Across seeds a figure is its mean with a 95% Student-t interval (n − 1 degrees of freedom; none
+with one seed); p-values are listed per seed. Numbers are printed as measured; nothing is
+adjusted. Copies seed 1's plots to --plots (NAME_sweep.svg, NAME_knockout.svg). --notes appends a
+hand-written section (the reading of the tables) after them.
 """
 
 import argparse
@@ -16,205 +17,294 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 
-# The study's controlled table (gap = best − worst residue, in points), as quoted in issue 15.
-STUDY = {
-    ("gated", 8, 8, 1): "≈75 (learned gates, W=8/S=8, 1 KV head)",
-    ("mean", 8, 8, 1): "≈19 (uniform averaging)",
-    ("norope", 8, 8, 1): "≈41 (no RoPE)",
-    ("full", 1, 1, 1): "3–4 (full attention)",
-}
-
-
-def fmt(x, nd=1, pct=False):
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "—"
-    return f"{100 * x:.{nd}f}" if pct else f"{x:.{nd}f}"
-
-
-def fmt_p(p):
-    if p is None or not math.isfinite(p):
-        return "—"
-    return f"{p:.2g}"
+# Student t quantiles t_{0.975, dof} for the across-seed intervals.
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 def load(path):
     try:
         with open(path) as f:
             return json.load(f)
-    except FileNotFoundError:
+    except (FileNotFoundError, json.JSONDecodeError):
         return None
 
 
-def period_text(sweep):
-    per = sweep.get("dominant_period", {})
-    if sweep["homogeneity"]["p_value"] is None or sweep["homogeneity"]["p_value"] >= 0.05:
-        return "none (p ≥ 0.05)"
-    if per.get("flat"):
-        return "flat"
-    return fmt(per.get("period"), 0)
+def finite(x):
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def concentration_text(measure, kind):
-    """Static / per-window concentration of every layer's key (K) and value (V) gates, KV head 0."""
-    if kind in ("full", "mean"):
-        return "uniform (W)" if kind == "mean" else "—"
-    parts = []
-    for p in measure.get("write_profiles", []):
-        h = p["heads"][0]
-        parts.append(f"L{p['layer']}{p['stream'][0].upper()} {h['static_concentration']:.2f}/{h['window_concentration']:.2f}")
-    return ", ".join(parts)
-
-
-def logits_text(ve):
-    if ve is None:
+def across(values, scale=1.0, nd=1):
+    """'mean [low, high]' over seeds (a t interval), or the single value, or —."""
+    v = [scale * x for x in values if finite(x)]
+    if not v:
         return "—"
-    t = f"{ve['max_abs_diff']:.1e}"
-    if "relative_diff" in ve:
-        t += f" ({ve['relative_diff']:.0e} rel.)"
-    return t
+    m = statistics.fmean(v)
+    if len(v) == 1:
+        return f"{m:.{nd}f}"
+    h = T975.get(len(v) - 1, 1.96) * statistics.stdev(v) / math.sqrt(len(v))
+    return f"{m:.{nd}f} [{m - h:.{nd}f}, {m + h:.{nd}f}]"
+
+
+def mean(values, scale=1.0, nd=1):
+    v = [scale * x for x in values if finite(x)]
+    return f"{statistics.fmean(v):.{nd}f}" if v else "—"
+
+
+def ps(values):
+    """Per-seed p-values, e.g. '0.003 / 0.2 / 0.04'."""
+    return " / ".join(f"{p:.2g}" if finite(p) else "—" for p in values) or "—"
+
+
+def profile(sweep, name):
+    for p in sweep.get("profiles", []):
+        if p["name"] == name:
+            return p
+    return None
+
+
+def layout_accuracy(sweep, straddle):
+    """Accuracy over the trials whose record straddles a boundary (or not)."""
+    ok = n = 0
+    for l in sweep.get("layouts", []):
+        if (l["layout"] != "contained") == straddle and l["valid"]:
+            ok += l["successes"]
+            n += l["valid"]
+    return ok / n if n else None
+
+
+class Run:
+    def __init__(self, d):
+        self.train = load(os.path.join(d, "train.json")) or {}
+        self.verify = load(os.path.join(d, "verify.json")) or {}
+        self.measure = load(os.path.join(d, "measure", "measure.json")) or {}
+        self.shifted = {}
+        for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+            if name.startswith("measure_origin"):
+                m = load(os.path.join(d, name, "measure.json"))
+                if m:
+                    self.shifted[int(name[len("measure_origin"):])] = m
+
+    def sweep(self, name="uniform"):
+        return ((self.measure.get("sweeps") or {}).get(name) or {}).get("sweep")
+
+    def logistic(self, name="uniform"):
+        return ((self.measure.get("sweeps") or {}).get(name) or {}).get("logistic") or {}
+
+    def ok(self):
+        return bool(self.train) and bool(self.measure)
+
+
+def gap_of(sweep, prof, field="debiased_gap"):
+    p = profile(sweep, prof) if sweep else None
+    return p[field]["points"] if p and p.get(field) else None
+
+
+def phase_p(sweep, prof):
+    p = profile(sweep, prof) if sweep else None
+    return p["phase_test"]["p_value"] if p else None
 
 
 def main():
-    ap = argparse.ArgumentParser(description="lab report")
+    ap = argparse.ArgumentParser(description="the lab's report")
     ap.add_argument("--runs", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--plots")
-    ap.add_argument("--title", default="phasekv lab: learned models, measured by phase")
+    ap.add_argument("--title", default="phasekv lab: trained models measured by phase")
     ap.add_argument("--notes")
     a = ap.parse_args()
-    runs = load(os.path.join(a.runs, "runs.json"))
-    if runs is None:
-        ap.print_usage(sys.stderr)
+    meta = load(os.path.join(a.runs, "runs.json"))
+    if meta is None:
         print(f"report.py: --runs: no runs.json in {a.runs}", file=sys.stderr)
         sys.exit(2)
-    plots_rel = None
+    variants = meta["variants"]
+    runs = {}
+    for v in variants:
+        seeds = v.get("seeds", meta["seeds"])
+        got = [(s, Run(os.path.join(a.runs, v["name"], f"seed{s}"))) for s in seeds]
+        got = [(s, r) for s, r in got if r.ok()]
+        if got:
+            runs[v["name"]] = got
+    common = meta["common"]
+    L = []
+    w = L.append
+    w(f"# {a.title}\n")
+    w("Generated by `lab/report.py` from the runs of `" + meta["command"] + "`; every figure below is as measured, "
+      "nothing is tuned toward the study's. Each variant is trained and measured once per seed "
+      f"(seeds {', '.join(map(str, meta['seeds']))} unless the row says otherwise; the seed also draws the "
+      "sweep's content). Across seeds: mean [95% Student-t interval]; p-values per seed.\n")
+    w(f"Budget: width {common['dim']}, {common['layers']} layers, {common['q_heads']} query heads over "
+      f"{common['kv_heads']} KV heads of {common['head_dim']} channels, raw window {common['win_tokens']}, "
+      f"RoPE base {common['rope_base']:g}; {common['steps']} steps of batch {common['batch']} "
+      f"({common['short_steps']} of them at {common['short_tokens']} tokens), lr {common['lr']}; task: "
+      f"{common['tokens']} tokens, {common['records']} records, {common['queries']} questions, "
+      f"{common['decoys']} decoys, 0–{common['trail']} trailing filler tokens. Machine: {meta['machine']}. "
+      f"Wall time: {meta.get('seconds')} s{'' if meta.get('finished') else ' (unfinished)'}.\n")
+
+    w("## Retrieval and the phase profile\n")
+    w("Floors: the last question's answer by guessing among the records' values (record) and among every "
+      "value in the context (any). *Within* = trials whose record lies inside one block of the analysis "
+      "stride (the within-window test); *straddle* = trials whose record crosses a boundary. Debiased gap: "
+      "the best and worst residue chosen on half the trials and measured on the other half (points); "
+      "within-window p: the permutation test of the phase fold over within-window residues; logistic p: the "
+      "likelihood-ratio test of the within-window phase terms in a Firth logistic fit with straddle, crowding "
+      "and distance as covariates.\n")
+    w("| variant | seeds | floor % (record / any) | held-out % | sweep % | within % | straddle % | within-window gap | "
+      "within-window p | logistic phase p | all-residue gap | period | isolated within-window gap | isolated p | study gap |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for v in variants:
+        if v["name"] not in runs:
+            w(f"| {v['name']} | — | not run | | | | | | | | | | | | |")
+            continue
+        rs = [r for _, r in runs[v["name"]]]
+        sw = [r.sweep() for r in rs]
+        iso = [r.sweep("isolated") for r in rs]
+        periods = sorted({str(s["dominant_period"]["period"]) for s in sw if s and s["dominant_period"]["period"]})
+        floors = f"{mean([r.train.get('floor_record') for r in rs], 100)} / {mean([r.train.get('floor_any') for r in rs], 100)}"
+        w(f"| {v['name']} | {len(rs)} | {floors} | {across([r.train.get('final_heldout_last') for r in rs], 100)} | "
+          f"{across([s and s['mean'] for s in sw], 100)} | {mean([layout_accuracy(s, False) for s in sw], 100)} | "
+          f"{mean([layout_accuracy(s, True) for s in sw], 100)} | {across([gap_of(s, 'contained') for s in sw])} | "
+          f"{ps([phase_p(s, 'contained') for s in sw])} | "
+          f"{ps([(r.logistic().get('phase_test') or {}).get('p') for r in rs])} | "
+          f"{across([gap_of(s, 'all') for s in sw])} | {', '.join(periods) or 'none'} | "
+          f"{across([gap_of(s, 'contained') for s in iso])} | {ps([phase_p(s, 'contained') for s in iso])} | "
+          f"{v.get('study', '—')} |")
+    w("")
+
+    w("## What else explains a failure: the logistic fit\n")
+    w("Coefficients (log-odds; mean over seeds, with the seeds whose Wald p < 0.05) of a Firth logistic fit of "
+      "each main-sweep trial's success on: straddle (the record crosses a block boundary), crowding (other "
+      "records and decoys among the tokens the target's entries pool), distance to the query (per 100 tokens) "
+      "and the within-window phases (phase 0 the reference).\n")
+    w("| variant | straddle | crowding | distance / 100 | phase terms (LR p per seed) |")
+    w("|---|---|---|---|---|")
+    for v in variants:
+        if v["name"] not in runs:
+            continue
+        rs = [r for _, r in runs[v["name"]]]
+
+        def coef(name):
+            vals = [((r.logistic().get("coefficients") or {}).get(name) or {}) for r in rs]
+            sig = sum(1 for c in vals if finite(c.get("p")) and c["p"] < 0.05)
+            return f"{mean([c.get('estimate') for c in vals], 1, 2)} ({sig}/{len(vals)})"
+        w(f"| {v['name']} | {coef('straddle')} | {coef('crowding')} | {coef('distance_per_100')} | "
+          f"{ps([(r.logistic().get('phase_test') or {}).get('p') for r in rs])} |")
+    w("")
+
+    shifted = [(v, runs[v["name"]]) for v in variants if v["name"] in runs and len(v.get("origin_shifts", (0,))) > 1]
+    if shifted:
+        w("## Measured at other origins\n")
+        w("The same trained model measured with every compressor origin moved by the shift (the analysis grid "
+          "moves with it). Worst residue: the residue mod the analysis stride where accuracy is lowest, in "
+          "absolute positions; a dip that is the block boundary follows the shift.\n")
+        w("| variant | origin shift | sweep % | within % | straddle % | all-residue gap | worst residue mod S (per seed) |")
+        w("|---|---|---|---|---|---|---|")
+        for v, rr in shifted:
+            for shift in v["origin_shifts"]:
+                ms = [r.measure if shift == 0 else r.shifted.get(shift) for _, r in rr]
+                sw = [((m or {}).get("sweeps") or {}).get("uniform", {}).get("sweep") for m in ms]
+                S = (ms[0] or {}).get("analysis_stride", 1)
+                worst = " / ".join(str(s["worst_residue"] % S) if s and s["worst_residue"] >= 0 else "—" for s in sw)
+                w(f"| {v['name']} | {shift} | {across([s and s['mean'] for s in sw], 100)} | "
+                  f"{mean([s and layout_accuracy(s, False) for s in sw], 100)} | "
+                  f"{mean([s and layout_accuracy(s, True) for s in sw], 100)} | "
+                  f"{across([gap_of(s, 'all') for s in sw])} | {worst} |")
+        w("")
+
+    w("## Heads: knockouts and the head × phase test\n")
+    w("Each query head, and each KV head's query group, replaced by its mean output over calibration sequences; "
+      "the knockout's cost in points (largest over units, mean over seeds) and the head × phase interaction test "
+      "(likelihood ratio of phase × knockout terms in a logistic fit): the units with p below 0.05 / units "
+      "(Bonferroni), per seed.\n")
+    w("| variant | largest cost (points) | unit | phase-specialised units (per seed) |")
+    w("|---|---|---|---|")
+    for v in variants:
+        if v["name"] not in runs:
+            continue
+        rs = [r for _, r in runs[v["name"]]]
+        worst_cost, worst_unit, special = [], "—", []
+        for r in rs:
+            units = (r.measure.get("knockout") or {}).get("units") or []
+            if not units:
+                continue
+            u = min(units, key=lambda x: x["delta_points"] if finite(x["delta_points"]) else 0)
+            worst_cost.append(u["delta_points"])
+            worst_unit = u["name"]
+            alpha = 0.05 / len(units)
+            special.append(str(sum(1 for x in units if finite(x["phase_interaction"]["p"]) and x["phase_interaction"]["p"] < alpha)))
+        w(f"| {v['name']} | {across(worst_cost)} | {worst_unit} (seed {runs[v['name']][-1][0]}) | {' / '.join(special) or '—'} |")
+    w("")
+
+    gated = [v for v in variants if v["name"] in runs and v.get("train", {}).get("kind") in ("gated", "norope")]
+    if gated:
+        w("## Gates during training\n")
+        w("Static concentration exp(H(E[α])) (of W; W = uniform) and the slot-bias norm ‖b − mean over slots‖ (the "
+          "bias's preference for some slots), layer 0's value gates, mean over KV heads and seeds: at the first "
+          "evaluation and at the end.\n")
+        w("| variant | W | static concentration, first → last | slot-bias norm, first → last |")
+        w("|---|---|---|---|")
+        for v in gated:
+            rs = [r for _, r in runs[v["name"]]]
+
+            def at(index, field):
+                vals = []
+                for r in rs:
+                    log = r.train.get("log") or []
+                    if not log:
+                        continue
+                    for g in log[index].get("gates", []):
+                        if g["layer"] == 0 and g["stream"] == "values":
+                            x = g[field]
+                            vals.append(statistics.fmean(x) if isinstance(x, list) else x)
+                return mean(vals, 1, 2)
+            w(f"| {v['name']} | {rs[0].train['model']['window']} | {at(0, 'static_concentration')} → "
+              f"{at(-1, 'static_concentration')} | {at(0, 'bias_slot_norm')} → {at(-1, 'bias_slot_norm')} |")
+        w("")
+
+    w("## Parity of the measured path\n")
+    worst_seq = worst_plan = 0.0
+    n_plan = 0
+    bad = []
+    for name, rr in runs.items():
+        for s, r in rr:
+            if not r.verify:
+                bad.append(f"{name} seed {s}: not verified")
+                continue
+            worst_seq = max(worst_seq, r.verify["relative_diff"])
+            for p in r.verify.get("planned_queries", []):
+                worst_plan = max(worst_plan, p["max_abs_diff"] / max(1.0, p["max_abs_logit"]))
+                n_plan += p["placements"]
+            if not r.verify.get("ok"):
+                bad.append(f"{name} seed {s}")
+    w(f"Every run's logits through phasekv against PyTorch, relative to max(1, max |logit|): held-out sequences at "
+      f"every position, worst {worst_seq:.1e}; the sweeps' own query path on {n_plan} planned placements "
+      f"(forced targets, jittered queries, every origin measured), worst {worst_plan:.1e}; criterion 1e-4. "
+      + (f"Failed: {', '.join(bad)}." if bad else "All passed.") + "\n")
+
     if a.plots:
         os.makedirs(a.plots, exist_ok=True)
-        plots_rel = os.path.relpath(a.plots, os.path.dirname(os.path.abspath(a.out)))
-
-    L = [f"# {a.title}", ""]
-    L.append(f"Generated by `{runs['command']}` ({runs['machine']}). "
-             f"Budget: {runs['budget']}." + (f" Wall time: {runs['seconds']} s." if runs.get("finished") else
-                                             " Per-variant training times are in the training table."))
-    if not runs.get("finished", True):
-        L.append("")
-        L.append("**This run has not finished**: the variants marked 'not run' below were not trained yet "
-                 "when this report was written.")
-    L.append("")
-    L.append("Every number below was measured by running the trained model through phasekv "
-             "(lab/host/lab_host: compressors → paged_cache → sparse_reader for every attention layer), "
-             "after checking that its logits equal PyTorch's on held-out sequences. Accuracy is the argmax "
-             "answer to the last question, with the target record's key placed at every residue "
-             "t mod M (phasekv::diag::plan_sweep: matched mean target position per residue); 95% Wilson "
-             "intervals are in the per-variant tables.")
-    L.append("")
-    L.append("| variant | kind | S | W | trained held-out acc. % | sweep mean acc. % | gap (points) | χ² p | period | "
-             "gate concentration, static/per-window (of W) | logits max abs diff vs torch | study's gap |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    details = []
-    for v in runs["variants"]:
-        name = v["name"]
-        d = os.path.join(a.runs, name)
-        tr, ve, me = load(os.path.join(d, "train.json")), load(os.path.join(d, "verify.json")), \
-            load(os.path.join(d, "measure", "measure.json"))
-        if tr is None or me is None:
-            study = STUDY.get((v["kind"], v["stride"], v["window"], 1), "")
-            L.append(f"| {name} | {v['kind']} | {v['stride']} | {v['window']} | not run | | | | | | | {study} |")
-            continue
-        sw = me["sweep"]
-        m = tr["model"]
-        study = STUDY.get((m["kind"], m["stride"], m["window"], m["kv_heads"]), "")
-        L.append(f"| {name} | {m['kind']} | {m['stride']} | {m['window']} | {fmt(tr['final_heldout_last'], 1, True)} | "
-                 f"{fmt(sw['mean'], 1, True)} | {fmt(sw['gap_points'])} | {fmt_p(sw['homogeneity']['p_value'])} | "
-                 f"{period_text(sw)} | {concentration_text(me, m['kind'])} | {logits_text(ve)} | {study} |")
-        details.append((name, v, tr, ve, me, d))
-
-    L.append("")
-    L.append("Gate concentration: per layer (L0, L1) and stream (K keys, V values), KV head 0, "
-             "`exp(H(E[α]))` (static) / `E[exp(H(α))]` (per window), from 1 (one slot) to W (uniform); "
-             "phasekv::diag::write_profile over the calibration sequences, α being the channel-mean slot weight. "
-             "Logits: max |torch − phasekv| over 4 held-out sequences at every position; the check passes at "
-             "≤ 1e-4 · max(1, max |logit|). Period: phasekv's dominant period of the residue profile, "
-             "reported only when the χ² homogeneity test rejects a flat profile (p < 0.05).")
-    L.append("")
-    L.append("## Training runs (seeds and budgets)")
-    L.append("")
-    L.append("| variant | seed | params | steps | batch | lr | tokens (curriculum) | records | width × layers | "
-             "heads q/kv × dim | N_win | s/step at final length | train time (s) |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, v, tr, ve, me, d in details:
-        o, m = tr["options"], tr["model"]
-        sps = tr["seconds_per_step"].get(str(o["tokens"]), float("nan"))
-        L.append(f"| {name} | {tr['seed']} | {tr['parameters']} | {o['steps']} | {o['batch']} | {o['lr']} | "
-                 f"{'→'.join(str(x) for x in tr['curriculum'])} | {o['records']} | {m['dim']} × {m['layers']} | "
-                 f"{m['q_heads']}/{m['kv_heads']} × {m['head_dim']} | {m['win_tokens']} | {sps:.3f} | {tr['seconds']} |")
-    L.append("")
-    L.append("Training curves (held-out accuracy of the last question, at the final context length):")
-    L.append("")
-    for name, v, tr, ve, me, d in details:
-        curve = ", ".join(f"{r['step']}: {100 * r['heldout_last']:.0f}%" for r in tr["log"])
-        L.append(f"- {name}: {curve}")
-    L.append("")
-
-    for name, v, tr, ve, me, d in details:
-        sw = me["sweep"]
-        L.append(f"## {name}")
-        L.append("")
-        L.append(f"Sweep: stride {sw['stride']}, modulus {sw['modulus']}, {sw['trials_per_residue']} trials per residue, "
-                 f"query at {sw['query_position']}, targets in [{sw['first_target']}, {sw['last_target']}], "
-                 f"sweep seed {me['seed']}; {fmt(me['sequence_ms'], 1)} ms of wall time per sequence through phasekv "
-                 f"(on the shared machine).")
-        L.append("")
-        L.append("| residue | " + " | ".join(str(r["residue"]) for r in sw["residues"]) + " |")
-        L.append("|---|" + "---|" * len(sw["residues"]))
-        L.append("| accuracy % | " + " | ".join(fmt(r["estimate"], 0, True) for r in sw["residues"]) + " |")
-        L.append("| 95% CI | " + " | ".join(f"{fmt(r['ci_low'], 0, True)}–{fmt(r['ci_high'], 0, True)}"
-                                          for r in sw["residues"]) + " |")
-        L.append("")
-        if ve and "torch_fp32_vs_fp64" in ve:
-            L.append(f"Logits: max |torch − phasekv| = {ve['max_abs_diff']:.1e} (max |logit| {ve['max_abs_logit']:.1f}); "
-                     f"against the same model in float64, torch fp32 is off by {ve['torch_fp32_vs_fp64']:.1e} and "
-                     f"phasekv by {ve['phasekv_fp32_vs_fp64']:.1e}.")
-            L.append("")
-        if plots_rel:
+        w("## Plots (seed 1)\n")
+        for v in variants:
+            rr = runs.get(v["name"])
+            if not rr:
+                continue
+            s, r = rr[0]
+            src = os.path.join(a.runs, v["name"], f"seed{s}", "measure")
+            links = []
             for kind in ("sweep", "knockout"):
-                src = os.path.join(d, "measure", f"{kind}.svg")
-                if os.path.exists(src):
-                    shutil.copy(src, os.path.join(a.plots, f"{name}_{kind}.svg"))
-                    L.append(f"![{name} {kind}]({plots_rel}/{name}_{kind}.svg)")
-            L.append("")
-        for p in me.get("write_profiles", []):
-            for h in p["heads"]:
-                phases = ", ".join(f"{x['mean_weight']:.2f}" for x in h["by_phase"])
-                L.append(f"- write profile, layer {p['layer']} {p['stream']}, KV head {h['head']}: static "
-                         f"{fmt(h['static_concentration'], 2)}, per-window {fmt(h['window_concentration'], 2)} "
-                         f"(of W = {me['window']}); weight received by phase 0…S−1: {phases}")
-        ko = me.get("knockout")
-        if ko:
-            L.append("")
-            L.append(f"Head knockout (mean ablation, {ko['trials_per_residue']} trials per residue; baseline mean "
-                     f"{fmt(ko['baseline_mean'], 1, True)}% — its own plan, whose fewer rounds put the targets at fewer "
-                     f"distinct distances than the main sweep's, so its baseline differs from the sweep's mean): "
-                     f"change in accuracy, points, by residue")
-            L.append("")
-            L.append("| head | " + " | ".join(str(r) for r in range(len(ko['rows'][0]['delta']))) + " | mean |")
-            L.append("|---|" + "---|" * (len(ko['rows'][0]['delta']) + 1))
-            for r in ko["rows"]:
-                L.append(f"| L{r['layer']}H{r['head']} | " + " | ".join(fmt(x, 0, True) for x in r["delta"]) +
-                         f" | {fmt(r['mean'] - ko['baseline_mean'], 0, True)} |")
-        cy = me.get("cycling")
-        if cy:
-            L.append("")
-            L.append(f"Gate cycling (every slot bias cycled by δ = {cy['delta']}): cycled mean "
-                     f"{fmt(cy['cycled']['mean'], 1, True)}%, gap {fmt(cy['cycled']['gap_points'])}; mean |cycled − predicted| = "
-                     f"{fmt(cy['mean_abs_error_predicted'], 1, True)} points, mean |cycled − unshifted baseline| = "
-                     f"{fmt(cy['mean_abs_error_unshifted'], 1, True)} points (the prediction holds when the first is "
-                     f"clearly the smaller).")
-        L.append("")
+                f = os.path.join(src, f"{kind}.svg")
+                if os.path.exists(f):
+                    dst = os.path.join(a.plots, f"{v['name']}_{kind}.svg")
+                    shutil.copyfile(f, dst)
+                    links.append(f"[{kind}]({os.path.relpath(dst, os.path.dirname(os.path.abspath(a.out)))})")
+            w(f"- {v['name']}: {', '.join(links)}")
+        w("")
+
     if a.notes and os.path.exists(a.notes):
-        L.append(open(a.notes).read())
+        with open(a.notes) as f:
+            w(f.read())
     with open(a.out, "w") as f:
         f.write("\n".join(L) + "\n")
 

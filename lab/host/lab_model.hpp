@@ -1,9 +1,11 @@
 #pragma once
-// The lab model's forward pass in C++: every attention layer runs through phasekv — the
-// layer's key and value compressors (stream_compressor via layer_compressor), its paged_cache
-// (with the raw local window) and a sparse_reader with top_k = 0 — and Eigen does the rest
-// (RMSNorm, projections, RoPE of queries and window keys through phasekv::rope_rotation,
-// SwiGLU, the tied output head). The maths is lab/model.py's; its docstring states it.
+// The lab model's forward pass in C++: every attention layer runs through phasekv — per KV head
+// a key and a value compressor (stream_compressor via layer_compressor) with that head's origin,
+// a paged_cache (with the raw local window) and a sparse_reader with top_k = 0 for the head's
+// query group — and Eigen does the rest (RMSNorm, projections, the token shift, RoPE of queries
+// and window keys through phasekv::rope_rotation, SwiGLU, the tied output head). The maths is
+// lab/model.py's; its docstring states it. One cache per KV head is what lets every head have an
+// origin of its own (a geometry is per stream).
 //
 //   kind     key stream policy                          value stream policy      geometry  window
 //   full     mean_pool, rope_after_pool (S=W=1: the     mean_pool, no_rope       S=W=1     none
@@ -15,6 +17,7 @@
 // The weights come from the export format of lab/export.py (lab/README.md): model.txt names
 // the configuration and the tensors, weights.bin holds them as float32, row-major.
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -40,17 +43,24 @@ struct model_config {
   std::string kind;
   std::int64_t vocab = 0, dim = 0, layers = 0, q_heads = 0, kv_heads = 0, head_dim = 0, ffn = 0;
   std::int64_t stride = 1, window = 1, win_tokens = 0;
+  std::int64_t origin = 0, layer_stagger = 0, head_stagger = 0, token_shift = 0;
   double rope_base = 10000.0, norm_eps = 1e-6;
   task_config task;
 
   bool gated() const { return kind == "gated" || kind == "norope"; }
   bool rope() const { return kind != "norope"; }
   std::int64_t branches() const { return (window + stride - 1) / stride; }
+  // The compressor origin of (layer, KV head), lab/model.py's ModelConfig.origin_of, plus a
+  // shift every head takes (a measurement at another origin).
+  std::int64_t origin_of(std::int64_t layer, std::int64_t head, std::int64_t shift = 0) const {
+    return (origin + layer * layer_stagger + head * head_stagger + shift) % stride;
+  }
 };
 
 struct layer_weights {
   vector attn_norm, ffn_norm;
   matrix wq, wk, wv, wo, ck, cv, zk, zv, w_gate, w_up, w_down;  // [out][in], as torch.nn.Linear
+  matrix ck_prev, cv_prev, zk_prev, zv_prev;                      // the token shift's (previous token)
   std::vector<float> bias_k, bias_v;                              // [kv_heads][window][head_dim]
 };
 
@@ -70,8 +80,8 @@ inline model_weights load_model(const std::string& dir) {
   if (!blob) throw std::runtime_error("cannot open " + dir + "/weights.bin");
   std::string line;
   std::getline(manifest, line);
-  if (line != "phasekv-lab-model 1")
-    throw std::runtime_error(dir + "/model.txt: first line is '" + line + "', expected 'phasekv-lab-model 1'");
+  if (line != "phasekv-lab-model 2")
+    throw std::runtime_error(dir + "/model.txt: first line is '" + line + "', expected 'phasekv-lab-model 2'");
   model_weights m;
   model_config& c = m.config;
   std::map<std::string, std::int64_t*> ints = {
@@ -82,7 +92,12 @@ inline model_weights load_model(const std::string& dir) {
       {"window", &c.window},         {"win_tokens", &c.win_tokens},
       {"task_filler", &c.task.filler}, {"task_keys", &c.task.keys},
       {"task_values", &c.task.values}, {"task_tokens", &c.task.tokens},
-      {"task_records", &c.task.records}, {"task_queries", &c.task.queries}};
+      {"task_records", &c.task.records}, {"task_queries", &c.task.queries},
+      {"task_decoys", &c.task.decoys},   {"task_trail", &c.task.trail},
+      {"task_gap", &c.task.gap},         {"task_block_stride", &c.task.block_stride},
+      {"task_block_origin", &c.task.block_origin}, {"task_isolation", &c.task.isolation},
+      {"origin", &c.origin},             {"layer_stagger", &c.layer_stagger},
+      {"head_stagger", &c.head_stagger}, {"token_shift", &c.token_shift}};
   std::map<std::string, std::vector<std::int64_t>> shapes;
   std::vector<std::string> order;
   bool ended = false;
@@ -105,6 +120,8 @@ inline model_weights load_model(const std::string& dir) {
       order.push_back(name);
     } else if (key == "kind") {
       in >> c.kind;
+    } else if (key == "task_placement") {
+      in >> c.task.placement;
     } else if (key == "rope_base") {
       in >> c.rope_base;
     } else if (key == "norm_eps") {
@@ -165,9 +182,17 @@ inline model_weights load_model(const std::string& dir) {
     }
     w.ck = mat(p + "ck", cd, D);
     w.cv = mat(p + "cv", cd, D);
+    if (c.token_shift) {
+      w.ck_prev = mat(p + "ck_prev", cd, D);
+      w.cv_prev = mat(p + "cv_prev", cd, D);
+    }
     if (c.gated()) {
       w.zk = mat(p + "zk", cd, D);
       w.zv = mat(p + "zv", cd, D);
+      if (c.token_shift) {
+        w.zk_prev = mat(p + "zk_prev", cd, D);
+        w.zv_prev = mat(p + "zv_prev", cd, D);
+      }
       w.bias_k = take(p + "bias_k", {c.kv_heads, c.window, c.head_dim});
       w.bias_v = take(p + "bias_v", {c.kv_heads, c.window, c.head_dim});
     }
@@ -189,14 +214,16 @@ inline model_weights load_model(const std::string& dir) {
 
 // What a forward pass may do besides computing logits.
 struct forward_options {
-  // Knock out query head `knock_head` of layer `knock_layer`: its attention output (before Wo)
-  // is replaced by head_means[layer][head] at every position (a mean ablation).
-  std::int64_t knock_layer = -1, knock_head = -1;
+  // Knock out query heads [knock_head, knock_head + knock_count) of layer `knock_layer` (a KV
+  // head's whole group when knock_count = q_heads / kv_heads): their attention outputs (before Wo)
+  // are replaced by head_means[layer][head] at every position (a mean ablation).
+  std::int64_t knock_layer = -1, knock_head = -1, knock_count = 1;
   const std::vector<std::vector<vector>>* head_means = nullptr;
   // Accumulate every layer's per-head attention output over every position read (calibration).
   std::vector<std::vector<vector>>* head_sums = nullptr;  // [layer][head]
   std::vector<std::int64_t>* head_counts = nullptr;      // [layer]: positions summed
-  // Write profiles: one per layer and stream (key, value), fed the entries of this sequence
+  // Write profiles: one per layer, stream (key, value) and KV head — index (2·layer + stream)·kv_heads
+  // + head, each of kv_heads = 1 with that head's geometry — fed the entries of this sequence
   // with their slot weights (run through a fresh compressor state, so the cache is untouched).
   std::vector<phasekv::diag::write_profile>* profiles = nullptr;
 };
@@ -230,48 +257,57 @@ class policy_engine final : public engine {
   using reader_type = phasekv::sparse_reader;
 
  public:
-  policy_engine(model_weights weights, std::int64_t max_tokens) : w_(std::move(weights)), max_tokens_(max_tokens) {
+  // origin_shift: added to every head's origin (a measurement at another origin).
+  policy_engine(model_weights weights, std::int64_t max_tokens, std::int64_t origin_shift)
+      : w_(std::move(weights)), max_tokens_(max_tokens) {
     const model_config& c = w_.config;
-    geom_ = phasekv::geometry{c.stride, c.window, 0, phasekv::anchor_mode::block_start};
     rope_.channels = c.head_dim;
     rope_.base = c.rope_base;
     rope_.layout = phasekv::rope_layout::half_split;
     rotation_ = phasekv::rope_rotation(rope_, c.head_dim);
+    const std::int64_t W = c.window, dh = c.head_dim;
     for (std::int64_t l = 0; l < c.layers; ++l) {
       const layer_weights& lw = w_.layers[static_cast<std::size_t>(l)];
-      phasekv::stream_config ks, vs;
-      ks.name = "layer" + std::to_string(l) + ".keys";
-      ks.role = phasekv::stream_role::key;
-      ks.channels = c.head_dim;
-      ks.kv_heads = c.kv_heads;
-      ks.inputs = phasekv::input_layout::per_branch;
-      if (phasekv::has_rope_v<KeyPolicy>) ks.rope = rope_;
-      vs = ks;
-      vs.name = "layer" + std::to_string(l) + ".values";
-      vs.role = phasekv::stream_role::value;
-      vs.rope = phasekv::rope_config{};
-      phasekv::stream_params kp, vp;
-      if constexpr (phasekv::is_gated_v<typename KeyPolicy::pooling>) kp.slot_bias = lw.bias_k;
-      if constexpr (phasekv::is_gated_v<typename ValuePolicy::pooling>) vp.slot_bias = lw.bias_v;
-      phasekv::cache_config cc;
-      cc.name = "layer" + std::to_string(l) + ".cache";
-      cc.page_size = 64;
-      cc.pages = (max_tokens_ / c.stride + cc.page_size - 1) / cc.page_size + 1;
-      cc.history = max_tokens_;  // keep every window row: reads at any position after one prefill
-      cc.window.tokens = c.win_tokens;
-      cc.window.kv_heads = c.kv_heads;
-      cc.window.key_channels = c.head_dim;
-      cc.window.value_channels = c.head_dim;
-      caches_.push_back(std::make_unique<cache_type>(
-          phasekv::layer_compressor<key_stream, value_stream>(key_stream(geom_, ks, kp), value_stream(geom_, vs, vp)),
-          cc));
-      phasekv::reader_config rc;
-      rc.name = "layer" + std::to_string(l) + ".reader";
-      rc.query_heads = c.q_heads;
-      rc.key_stream = 0;
-      rc.value_stream = 1;
-      rc.top_k = 0;  // every complete entry, plus the raw window, one softmax
-      readers_.push_back(std::make_unique<reader_type>(*caches_.back(), rc));
+      for (std::int64_t h = 0; h < c.kv_heads; ++h) {
+        const std::string name = "layer" + std::to_string(l) + ".head" + std::to_string(h);
+        const phasekv::geometry geom{c.stride, W, c.origin_of(l, h, origin_shift), phasekv::anchor_mode::block_start};
+        phasekv::stream_config ks, vs;
+        ks.name = name + ".keys";
+        ks.role = phasekv::stream_role::key;
+        ks.channels = dh;
+        ks.kv_heads = 1;
+        ks.inputs = phasekv::input_layout::per_branch;
+        if (phasekv::has_rope_v<KeyPolicy>) ks.rope = rope_;
+        vs = ks;
+        vs.name = name + ".values";
+        vs.role = phasekv::stream_role::value;
+        vs.rope = phasekv::rope_config{};
+        phasekv::stream_params kp, vp;
+        const auto head_bias = [&](const std::vector<float>& b) {
+          return std::vector<float>(b.begin() + h * W * dh, b.begin() + (h + 1) * W * dh);
+        };
+        if constexpr (phasekv::is_gated_v<typename KeyPolicy::pooling>) kp.slot_bias = head_bias(lw.bias_k);
+        if constexpr (phasekv::is_gated_v<typename ValuePolicy::pooling>) vp.slot_bias = head_bias(lw.bias_v);
+        phasekv::cache_config cc;
+        cc.name = name + ".cache";
+        cc.page_size = 64;
+        cc.pages = (max_tokens_ / c.stride + cc.page_size - 1) / cc.page_size + 2;
+        cc.history = max_tokens_;  // keep every window row: reads at any position after one prefill
+        cc.window.tokens = c.win_tokens;
+        cc.window.kv_heads = 1;
+        cc.window.key_channels = dh;
+        cc.window.value_channels = dh;
+        caches_.push_back(std::make_unique<cache_type>(
+            phasekv::layer_compressor<key_stream, value_stream>(key_stream(geom, ks, kp), value_stream(geom, vs, vp)),
+            cc));
+        phasekv::reader_config rc;
+        rc.name = name + ".reader";
+        rc.query_heads = c.q_heads / c.kv_heads;
+        rc.key_stream = 0;
+        rc.value_stream = 1;
+        rc.top_k = 0;  // every complete entry, plus the raw window, one softmax
+        readers_.push_back(std::make_unique<reader_type>(*caches_.back(), rc));
+      }
     }
   }
 
@@ -286,14 +322,18 @@ class policy_engine final : public engine {
                                   std::to_string(max_tokens_));
     for (std::int64_t p : positions)
       if (p < 0 || p >= T) throw std::invalid_argument("position " + std::to_string(p) + " outside the sequence");
-    const std::int64_t dh = c.head_dim, hq = c.q_heads, hkv = c.kv_heads;
+    const std::int64_t dh = c.head_dim, hq = c.q_heads, hkv = c.kv_heads, g = hq / hkv;
+    const std::int64_t nb = c.branches(), row = nb * dh;  // one token's compressor inputs, one head
     matrix x(T, c.dim);
     for (std::int64_t t = 0; t < T; ++t) {
       if (tokens[t] < 0 || tokens[t] >= c.vocab) throw std::invalid_argument("token id outside the vocabulary");
       x.row(t) = w_.embed.row(tokens[t]);
     }
     std::vector<float> cs(static_cast<std::size_t>(dh));  // cos | sin of one position
-    matrix n, q, kw, vw, pk, pv, lk, lv, a;
+    matrix n, q, kw, vw, a;
+    std::array<matrix, 4> proj;                          // ck, cv, zk, zv outputs [T][hkv·nb·dh]
+    std::array<matrix, 4> head_in;                       // one head's slice, [T][nb·dh]
+    matrix win_k(T, dh), win_v(T, dh);
     for (std::int64_t l = 0; l < c.layers; ++l) {
       const layer_weights& lw = w_.layers[static_cast<std::size_t>(l)];
       const bool last = l + 1 == c.layers;
@@ -313,49 +353,61 @@ class policy_engine final : public engine {
         if (c.rope())
           for (std::int64_t t = 0; t < T; ++t) rotate_heads(kw.row(t).data(), hkv, t, cs);
       }
-      // Compressor inputs, laid out [token][kv_heads][branches][head_dim] as phasekv reads them.
-      pk.noalias() = n * lw.ck.transpose();
-      pv.noalias() = n * lw.cv.transpose();
-      phasekv::token_chunk kc, vc;
-      kc.tokens = vc.tokens = T;
-      kc.payload = {pk.data(), static_cast<std::size_t>(pk.size())};
-      vc.payload = {pv.data(), static_cast<std::size_t>(pv.size())};
-      if (c.gated()) {
-        lk.noalias() = n * lw.zk.transpose();
-        lv.noalias() = n * lw.zv.transpose();
-        kc.logits = {lk.data(), static_cast<std::size_t>(lk.size())};
-        vc.logits = {lv.data(), static_cast<std::size_t>(lv.size())};
+      // Compressor inputs [token][kv_heads][branches][head_dim]; with the token shift each row
+      // adds the previous token's projection (lab/model.py: x(t) = C·n_t + C'·n_{t−1}).
+      const matrix* maps[4] = {&lw.ck, &lw.cv, &lw.zk, &lw.zv};
+      const matrix* prev[4] = {&lw.ck_prev, &lw.cv_prev, &lw.zk_prev, &lw.zv_prev};
+      const int used = c.gated() ? 4 : 2;
+      for (int k = 0; k < used; ++k) {
+        proj[k].noalias() = n * maps[k]->transpose();
+        if (c.token_shift && T > 1) proj[k].bottomRows(T - 1).noalias() += n.topRows(T - 1) * prev[k]->transpose();
       }
-      cache_type& cache = *caches_[static_cast<std::size_t>(l)];
-      const phasekv::sequence_id seq = cache.create();
-      try {
-        phasekv::span<const float> wk_span, wv_span;
-        if (c.win_tokens > 0) {
-          wk_span = {kw.data(), static_cast<std::size_t>(kw.size())};
-          wv_span = {vw.data(), static_cast<std::size_t>(vw.size())};
+      a.resize(R, hq * dh);
+      for (std::int64_t h = 0; h < hkv; ++h) {
+        phasekv::token_chunk kc, vc;
+        kc.tokens = vc.tokens = T;
+        for (int k = 0; k < used; ++k) head_in[k] = proj[k].middleCols(h * row, row);
+        kc.payload = {head_in[0].data(), static_cast<std::size_t>(head_in[0].size())};
+        vc.payload = {head_in[1].data(), static_cast<std::size_t>(head_in[1].size())};
+        if (c.gated()) {
+          kc.logits = {head_in[2].data(), static_cast<std::size_t>(head_in[2].size())};
+          vc.logits = {head_in[3].data(), static_cast<std::size_t>(head_in[3].size())};
         }
-        cache.append(seq, {kc, vc}, wk_span, wv_span);
-        a.resize(R, hq * dh);
-        reader_type& reader = *readers_[static_cast<std::size_t>(l)];
-        for (std::int64_t i = 0; i < R; ++i) {
-          phasekv::read_request req;
-          req.position = reads[i];
-          req.queries = {q.row(i).data(), static_cast<std::size_t>(hq * dh)};
-          reader.read(cache, seq, req, a.row(i).data());
+        const auto k = static_cast<std::size_t>(l * hkv + h);
+        cache_type& cache = *caches_[k];
+        const phasekv::sequence_id seq = cache.create();
+        try {
+          phasekv::span<const float> wk_span, wv_span;
+          if (c.win_tokens > 0) {
+            win_k = kw.middleCols(h * dh, dh);
+            win_v = vw.middleCols(h * dh, dh);
+            wk_span = {win_k.data(), static_cast<std::size_t>(win_k.size())};
+            wv_span = {win_v.data(), static_cast<std::size_t>(win_v.size())};
+          }
+          cache.append(seq, {kc, vc}, wk_span, wv_span);
+          reader_type& reader = *readers_[k];
+          for (std::int64_t i = 0; i < R; ++i) {
+            phasekv::read_request req;
+            req.position = reads[i];
+            req.queries = {q.row(i).data() + h * g * dh, static_cast<std::size_t>(g * dh)};
+            reader.read(cache, seq, req, a.row(i).data() + h * g * dh);
+          }
+        } catch (...) {
+          cache.free(seq);
+          throw;
         }
-      } catch (...) {
         cache.free(seq);
-        throw;
+        if (o.profiles) profile(l, h, kc, vc, *o.profiles);
       }
-      cache.free(seq);
-      if (o.profiles) profile(l, kc, vc, *o.profiles);
       if (o.head_sums) {
         for (std::int64_t i = 0; i < R; ++i)
           for (std::int64_t h = 0; h < hq; ++h)
             (*o.head_sums)[l][h] += a.row(i).segment(h * dh, dh).transpose();
         if (o.head_counts) (*o.head_counts)[l] += R;
       }
-      if (o.knock_layer == l) a.middleCols(o.knock_head * dh, dh).rowwise() = (*o.head_means)[l][o.knock_head].transpose();
+      if (o.knock_layer == l)
+        for (std::int64_t h = o.knock_head; h < o.knock_head + o.knock_count; ++h)
+          a.middleCols(h * dh, dh).rowwise() = (*o.head_means)[l][h].transpose();
       if (last) {
         matrix kept(R, c.dim);
         for (std::int64_t i = 0; i < R; ++i) kept.row(i) = x.row(reads[i]);
@@ -379,40 +431,42 @@ class policy_engine final : public engine {
     for (std::int64_t h = 0; h < heads; ++h) rotation_.apply(row + h * w_.config.head_dim, cs.data(), cs.data() + half);
   }
 
-  // Entries of this sequence with their slot weights, into profiles[2·layer + stream].
-  void profile(std::int64_t l, const phasekv::token_chunk& kc, const phasekv::token_chunk& vc,
+  // Entries of this sequence with their slot weights, into profiles[(2·layer + stream)·kv_heads + head].
+  void profile(std::int64_t l, std::int64_t h, const phasekv::token_chunk& kc, const phasekv::token_chunk& vc,
                std::vector<phasekv::diag::write_profile>& profiles) const {
-    const auto& layer = caches_[static_cast<std::size_t>(l)]->compressors();
+    const std::int64_t hkv = w_.config.kv_heads;
+    const auto& layer = caches_[static_cast<std::size_t>(l * hkv + h)]->compressors();
     phasekv::append_options opt;
     opt.slot_weights = true;
     auto ks = layer.template stream<0>().make_state();
-    layer.template stream<0>().append(ks, kc, [&](const phasekv::entry_view& e) { profiles[2 * l](e); }, opt);
+    layer.template stream<0>().append(ks, kc, [&](const phasekv::entry_view& e) { profiles[(2 * l) * hkv + h](e); }, opt);
     auto vs = layer.template stream<1>().make_state();
-    layer.template stream<1>().append(vs, vc, [&](const phasekv::entry_view& e) { profiles[2 * l + 1](e); }, opt);
+    layer.template stream<1>().append(vs, vc, [&](const phasekv::entry_view& e) { profiles[(2 * l + 1) * hkv + h](e); }, opt);
   }
 
   model_weights w_;
   std::int64_t max_tokens_;
-  phasekv::geometry geom_;
   phasekv::rope_config rope_;
   phasekv::rope_rotation rotation_;
-  std::vector<std::unique_ptr<cache_type>> caches_;
+  std::vector<std::unique_ptr<cache_type>> caches_;    // [layer][kv head]
   std::vector<std::unique_ptr<reader_type>> readers_;
 };
 
 }  // namespace detail
 
-// The engine for a model's kind (see the table at the top).
-inline std::unique_ptr<engine> make_engine(model_weights w, std::int64_t max_tokens) {
+// The engine for a model's kind (see the table at the top); origin_shift moves every head's origin.
+inline std::unique_ptr<engine> make_engine(model_weights w, std::int64_t max_tokens, std::int64_t origin_shift = 0) {
   using namespace phasekv;
   using mean_keys = compressor_policy<mean_pool, rope_after_pool>;
   using mean_values = compressor_policy<mean_pool>;
   using gated_keys = compressor_policy<vector_gated_pool, rope_after_pool>;
   using gated_values = compressor_policy<vector_gated_pool>;
   const std::string kind = w.config.kind;
-  if (kind == "full" || kind == "mean") return std::make_unique<detail::policy_engine<mean_keys, mean_values>>(std::move(w), max_tokens);
-  if (kind == "gated") return std::make_unique<detail::policy_engine<gated_keys, gated_values>>(std::move(w), max_tokens);
-  return std::make_unique<detail::policy_engine<gated_values, gated_values>>(std::move(w), max_tokens);
+  if (kind == "full" || kind == "mean")
+    return std::make_unique<detail::policy_engine<mean_keys, mean_values>>(std::move(w), max_tokens, origin_shift);
+  if (kind == "gated")
+    return std::make_unique<detail::policy_engine<gated_keys, gated_values>>(std::move(w), max_tokens, origin_shift);
+  return std::make_unique<detail::policy_engine<gated_values, gated_values>>(std::move(w), max_tokens, origin_shift);
 }
 
 }  // namespace lab
