@@ -754,7 +754,7 @@ TEST_CASE("fp8: an FP8 raw window holds 584-byte FP8 heads; views, forks, memory
   CHECK_THROWS_AS(quantized.copy_window_key(a, 21, span<float>(short_row.data(), 511)), input_error);
 
   // A snapshot of the FP8 window restores the same values, into an FP8 window (the bytes too, but
-  // for a block whose amax had rounded down to 224 · s: snapshot.hpp) or an fp32 one; an fp32
+  // for a block whose amax had rounded down to 224 · s: docs/SNAPSHOT.md) or an fp32 one; an fp32
   // window's snapshot restored into an FP8 window is quantized like an append, byte for byte.
   const std::vector<std::byte> image = snapshot(quantized, a);
   const sequence_id back = restore(quantized, image);

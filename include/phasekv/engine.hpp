@@ -12,6 +12,7 @@
 #include "phasekv/version.hpp"
 
 // core
+#include "phasekv/core/byte_io.hpp"
 #include "phasekv/core/crc32c.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
@@ -50,6 +51,7 @@
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/cache/snapshot.hpp"
+#include "phasekv/cache/snapshot_fingerprint.hpp"
 
 // read
 #include "phasekv/read/attention_kernel.hpp"
