@@ -49,6 +49,7 @@
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/cache/raw_window.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/cache/snapshot.hpp"
 #include "phasekv/cache/snapshot_fingerprint.hpp"

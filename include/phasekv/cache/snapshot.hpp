@@ -56,7 +56,6 @@ inline constexpr std::uint32_t version = 1;
 inline constexpr std::size_t preamble_bytes = 32;
 inline constexpr std::size_t section_entry_bytes = 24;
 inline constexpr std::size_t state_fields_bytes = 4 * 8;
-inline constexpr std::size_t window_fields_bytes = 2 * 8;
 inline constexpr std::uint32_t no_stream_index = 0xFFFFFFFFu;
 // More streams than any layer has; bounds the header a corrupt count could describe.
 inline constexpr std::uint64_t max_streams = 1024;
@@ -113,9 +112,7 @@ struct snapshot_access {
     for (std::size_t k = 0; k < streams; ++k)
       bytes.push_back(snapshot_format::state_fields_bytes +
                       (s.states[k].payload_ring_.size() + s.states[k].logit_ring_.size()) * sizeof(float));
-    bytes.push_back(snapshot_format::window_fields_bytes +
-                    static_cast<std::uint64_t>(cache.window_rows()) *
-                        static_cast<std::uint64_t>(cache.window_key_floats() + cache.window_value_floats()) * sizeof(float));
+    bytes.push_back(s.window.saved_bytes());
     return bytes;
   }
 
@@ -172,26 +169,7 @@ struct snapshot_access {
     }
     {  // raw window
       w.restart_checksum();
-      w.i64(s.window_first);
-      w.i64(cache.window_rows());
-      if (cache.fp8_window()) {  // the values the FP8 rows hold, as fp32 rows
-        std::vector<float> row(static_cast<std::size_t>(std::max(cache.window_key_floats(), cache.window_value_floats())));
-        const raw_window_config& wc = cache.config().window;
-        const auto put = [&](const std::byte* from, const fp8_head_layout& head, std::int64_t channels, std::int64_t floats) {
-          cache.decode_window_row(from, head, channels, row.data());
-          w.floats(row.data(), static_cast<std::size_t>(floats));
-        };
-        for (std::int64_t r = 0; r < cache.window_rows(); ++r)
-          put(s.window_key_bytes.data() + r * cache.window_key_row_bytes(), cache.window_key_head(), wc.key_channels,
-              cache.window_key_floats());
-        if (!cache.tied_window())
-          for (std::int64_t r = 0; r < cache.window_rows(); ++r)
-            put(s.window_value_bytes.data() + r * cache.window_value_row_bytes(), cache.window_value_head(),
-                wc.value_channels, cache.window_value_floats());
-      } else {
-        w.floats(s.window_keys.data(), s.window_keys.size());
-        w.floats(s.window_values.data(), s.window_values.size());
-      }
+      s.window.state_write(w);
       table[2 * streams] = {format::window_section, format::no_stream_index, bytes[2 * streams], w.checksum()};
     }
 
@@ -413,18 +391,15 @@ struct snapshot_access {
                std::to_string(payload_floats[k] + logit_floats[k]) + " floats";
       });
     }
-    const std::int64_t window_key_floats = print.window_tokens > 0 ? print.window_kv_heads * print.window_key_channels : 0;
-    const std::int64_t window_value_floats =
-        print.window_tokens > 0 ? print.window_kv_heads * print.window_value_channels : 0;
+    // The window's shape is the destination's (compatible); its rows follow the source's history.
+    const std::int64_t window_floats = window_key_floats(config.window) + window_value_floats(config.window);
     const std::int64_t source_window_rows = print.window_tokens > 0 ? print.window_tokens + print.history : 0;
     {
       std::uint64_t rows_bytes = 0;
       const bool fits = format::multiply(static_cast<std::uint64_t>(source_window_rows),
-                                         static_cast<std::uint64_t>(window_key_floats + window_value_floats) * 4,
-                                         rows_bytes);
-      expect_bytes(in_parts, 2 * streams, format::window_fields_bytes + rows_bytes, fits, [&] {
-        return std::to_string(source_window_rows) + " window rows of " +
-               std::to_string(window_key_floats + window_value_floats) + " floats";
+                                         static_cast<std::uint64_t>(window_floats) * 4, rows_bytes);
+      expect_bytes(in_parts, 2 * streams, raw_window::saved_fields_bytes + rows_bytes, fits, [&] {
+        return std::to_string(source_window_rows) + " window rows of " + std::to_string(window_floats) + " floats";
       });
     }
 
@@ -464,21 +439,12 @@ struct snapshot_access {
         fail<input_error>(where() + "intact_from", f.intact_from,
                           "must equal tokens = " + std::to_string(tokens) + " > 0 in a host-fed state");
     }
-    std::int64_t source_window_first = 0;
+    raw_window::saved_fields window_fields;
     {
-      const unsigned char* start = in_parts.starts[2 * streams];
-      byte_reader r(start, start + format::window_fields_bytes, "snapshot");
-      source_window_first = r.i64();
-      const std::int64_t rows = r.i64();
-      if (rows != source_window_rows)
-        fail<input_error>("snapshot: raw window rows", rows,
-                          "must be window.tokens + history = " + std::to_string(source_window_rows));
-      const std::int64_t lowest = print.window_tokens > 0 ? std::max<std::int64_t>(0, tokens - rows) : 0;
-      const std::int64_t highest = print.window_tokens > 0 ? std::max<std::int64_t>(0, tokens - print.window_tokens) : 0;
-      if (source_window_first < lowest || source_window_first > highest)
-        fail<input_error>("snapshot: raw window window_first", source_window_first,
-                          "must lie in [" + std::to_string(lowest) + ", " + std::to_string(highest) +
-                              "] (within the ring, and early enough for a read at the last token)");
+      byte_reader r(in_parts.starts[2 * streams], in_parts.starts[2 * streams] + raw_window::saved_fields_bytes,
+                    "snapshot");
+      window_fields = raw_window::read_fields(r);
+      raw_window::check_saved(config.window, window_fields, source_window_rows, tokens);
     }
 
     // Build the new record (allocations only: nothing visible changes yet).
@@ -509,38 +475,10 @@ struct snapshot_access {
       }
     }
     {
-      const std::int64_t rows = cache.window_rows();
-      record->window_keys.assign(static_cast<std::size_t>(rows * window_key_floats), 0.0f);
-      record->window_values.assign(static_cast<std::size_t>(rows * window_value_floats), 0.0f);
-      const unsigned char* keys = in_parts.starts[2 * streams] + format::window_fields_bytes;
-      const unsigned char* values =
-          keys + static_cast<std::size_t>(source_window_rows * window_key_floats) * sizeof(float);
-      if (rows == 0) {
-        record->window_first = source_window_first;  // 0: a cache without a window never moves it
-      } else if (rows == source_window_rows) {
-        record->window_first = source_window_first;
-        if (!record->window_keys.empty())
-          std::memcpy(record->window_keys.data(), keys, record->window_keys.size() * sizeof(float));
-        if (!record->window_values.empty())
-          std::memcpy(record->window_values.data(), values, record->window_values.size() * sizeof(float));
-      } else {
-        record->window_first = std::max(source_window_first, tokens - rows);
-        re_ring(keys, source_window_rows, record->window_keys.data(), rows, window_key_floats, record->window_first,
-                tokens);
-        re_ring(values, source_window_rows, record->window_values.data(), rows, window_value_floats,
-                record->window_first, tokens);
-      }
-      // An FP8 window quantizes the rows as append does, whatever the snapshot came from: rows an
-      // FP8 window wrote come back as the same values (bytes too, but for a block whose amax had
-      // rounded down to 224 · s: its scale halves and its codes double, the same values).
-      if (cache.fp8_window()) {
-        cache.allocate_window(*record, rows);
-        for (std::int64_t row = 0; row < rows; ++row)
-          cache.write_window_row(*record, row, record->window_keys.data() + row * window_key_floats,
-                                 cache.tied_window() ? nullptr : record->window_values.data() + row * window_value_floats);
-        std::vector<float>().swap(record->window_keys);
-        std::vector<float>().swap(record->window_values);
-      }
+      const unsigned char* start = in_parts.starts[2 * streams];
+      byte_reader r(start + raw_window::saved_fields_bytes, start + in_parts.table[2 * streams].bytes, "snapshot");
+      record->window = raw_window(config.window, config.history);
+      record->window.state_read(r, window_fields, tokens);
     }
 
     // Page ids, reserved so that nothing below allocates memory until the sequence table does.

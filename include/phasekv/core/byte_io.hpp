@@ -123,4 +123,21 @@ class byte_reader {
   const char* context_;
 };
 
+// Reads a ring of `from_rows` rows of `per_row` floats (token t in row t mod rows) into a ring of
+// `to_rows` rows at `to`: verbatim when the row counts are equal, else only the rows of tokens
+// [first, tokens), each to its own row of the destination (which keeps the rest as it was). The
+// reader moves past the whole source ring.
+inline void read_ring_rows(byte_reader& r, std::int64_t from_rows, float* to, std::int64_t to_rows, std::int64_t per_row,
+                           std::int64_t first, std::int64_t tokens) {
+  const auto row_bytes = static_cast<std::size_t>(per_row) * sizeof(float);
+  const unsigned char* from = r.bytes(static_cast<std::size_t>(from_rows) * row_bytes);
+  if (row_bytes == 0) return;
+  if (from_rows == to_rows) {
+    std::memcpy(to, from, static_cast<std::size_t>(to_rows) * row_bytes);
+    return;
+  }
+  for (std::int64_t t = first; t < tokens; ++t)
+    std::memcpy(to + (t % to_rows) * per_row, from + static_cast<std::size_t>(t % from_rows) * row_bytes, row_bytes);
+}
+
 }  // namespace phasekv
