@@ -1513,4 +1513,93 @@ TEST_CASE("snapshot: each field of the fingerprint, changed, is rejected by name
   }
 }
 
+// ==================================================================================================
+// The parts a snapshot is made of: paged_cache::parts lends a sequence's record, adopt makes one.
+
+// A copy of `source`'s sequence made through parts() and adopt() alone: states and window copied,
+// the entries' bytes copied page by page (both caches share a layout).
+template <class Cache>
+sequence_id adopt_copy(const Cache& from, sequence_id id, Cache& to) {
+  const typename Cache::sequence_parts p = from.parts(id);
+  typename Cache::layer::states states;
+  for (std::size_t k = 0; k < Cache::stream_count; ++k) states[k] = *p.states[k];
+  return to.adopt(p.tokens, std::move(states), raw_window(*p.window),
+                  [&](std::size_t k, page_pool& pool, const std::vector<page_id>& pages) {
+                    REQUIRE(pages.size() == p.tables[k]->size());
+                    for (std::size_t i = 0; i < pages.size(); ++i)
+                      std::memcpy(pool.data(pages[i]), from.pool(k).data((*p.tables[k])[i]),
+                                  static_cast<std::size_t>(pool.layout().page_stride_bytes));
+                  });
+}
+
+TEST_CASE("snapshot parts: a sequence adopted from another's parts is that sequence", "[snapshot][parts]") {
+  rejection_world_of<precise_spec> w(9, true);  // a fork: its last page shared, then copied
+  const sequence_id source = w.source.live_sequences().back();
+  const sequence_id copy = adopt_copy(w.source, source, w.destination);
+  REQUIRE(same_sequence(w.source, source, w.destination, copy) == "");
+  REQUIRE(snapshot(w.destination, copy) == w.bytes);
+  // Both go on alike: appends and a rollback into the history.
+  std::mt19937 rng(4);
+  for (std::int64_t n : {1, 3, 2}) {
+    const token_inputs<2> more = w.shape.random(rng, n);
+    w.shape.append(w.source, source, more);
+    w.shape.append(w.destination, copy, more);
+    REQUIRE(same_sequence(w.source, source, w.destination, copy) == "");
+  }
+  w.source.remove_suffix(source, w.source.tokens(source) - 1);
+  w.destination.remove_suffix(copy, w.destination.tokens(copy) - 1);
+  REQUIRE(same_sequence(w.source, source, w.destination, copy) == "");
+}
+
+TEST_CASE("snapshot parts: adopt refuses parts of another cache, and a failing writer, with nothing changed",
+          "[snapshot][parts]") {
+  rejection_world_of<precise_spec> w(9);
+  const sequence_id source = w.source.live_sequences().back();
+  const precise_cache::sequence_parts p = w.source.parts(source);
+  const auto states = [&] {
+    precise_cache::layer::states s;
+    for (std::size_t k = 0; k < 2; ++k) s[k] = *p.states[k];
+    return s;
+  };
+  const auto no_entries = [](std::size_t, page_pool&, const std::vector<page_id>&) {};
+  const auto refused = [&](auto&& call, const std::string& expected) -> std::string {
+    const phasekv_test::cache_dump before = w.dump();
+    try {
+      call();
+      return "accepted";
+    } catch (const input_error& e) {
+      if (std::string(e.what()).find(expected) == std::string::npos) return std::string("message: ") + e.what();
+    }
+    const phasekv_test::cache_dump after = w.dump();
+    return after == before ? "" : "changed: " + phasekv_test::first_difference(before, after);
+  };
+  // States for other tokens, or from another compressor (another geometry).
+  REQUIRE(refused([&] { w.destination.adopt(p.tokens + 1, states(), raw_window(*p.window), no_entries); },
+                  "destination.adopt: states[0].tokens") == "");
+  const geometry other{3, 3};
+  stream_config kv = w.source.compressors().config(0), ix = w.source.compressors().config(1);
+  const precise_cache::layer foreign(precise_kv(other, kv), precise_kv(other, ix));
+  REQUIRE(refused([&] { w.destination.adopt(0, foreign.make_state(1), raw_window(*p.window), no_entries); },
+                  "was not made for this compressor") == "");
+  // A window for another history, or another precision.
+  raw_window_config window = w.source.config().window;
+  REQUIRE(refused([&] { w.destination.adopt(p.tokens, states(), raw_window(window, 3), no_entries); },
+                  "destination.adopt: window.rows()") == "");
+  window.precision = storage_type::f32;
+  window.rope_channels = 0;
+  REQUIRE(refused([&] { w.destination.adopt(p.tokens, states(), raw_window(window, 1), no_entries); },
+                  "window.rows()") == "");
+  // A writer that throws once every page is allocated: they go back, last first (the twin check).
+  const phasekv_test::cache_dump before = w.dump();
+  std::size_t writes = 0;
+  REQUIRE_THROWS_WITH(w.destination.adopt(p.tokens, states(), raw_window(*p.window),
+                                          [&](std::size_t k, page_pool&, const std::vector<page_id>& pages) {
+                                            REQUIRE(!pages.empty());
+                                            if (++writes == 2) throw input_error("writer of stream " + std::to_string(k));
+                                          }),
+                      "writer of stream 1");
+  REQUIRE(phasekv_test::first_difference(before, w.dump()) == "");
+  w.check_twin();
+}
+
 }  // namespace

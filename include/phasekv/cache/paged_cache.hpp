@@ -702,8 +702,76 @@ class paged_cache {
   // of the sequence table. Valid until the next call that writes this sequence.
   sequence_view view_of(sequence_id id) const { return view_of(id, "view_of"); }
 
-  // cache/snapshot.hpp saves a sequence's record and restores one as a new sequence.
-  friend struct detail::snapshot_access;
+  // ---- a sequence in parts (snapshots: cache/snapshot.hpp, docs/SNAPSHOT.md) --------------------
+
+  // Sequence id's record, read-only, under one lookup: its tokens, per stream its compressor state
+  // and page table, and its raw window. `operation` names the caller in the message for an unknown
+  // id. Valid until the next call that writes the sequence.
+  struct sequence_parts {
+    std::int64_t tokens = 0;
+    std::array<const stream_state*, stream_count> states{};
+    std::array<const std::vector<page_id>*, stream_count> tables{};
+    const raw_window* window = nullptr;
+  };
+  sequence_parts parts(sequence_id id, const char* operation = "parts") const {
+    const sequence& s = find(id, operation);
+    sequence_parts p;
+    p.tokens = s.tokens;
+    for (std::size_t k = 0; k < stream_count; ++k) {
+      p.states[k] = &s.states[k];
+      p.tables[k] = &s.tables[k];
+    }
+    p.window = &s.window;
+    return p;
+  }
+
+  // A new sequence from parts made elsewhere — what restore() does with a snapshot's sections:
+  // `tokens` tokens; the streams' states, made by this cache's compressors (make_state) and read;
+  // the raw window, made for this cache's window and history and read; and the entries, which
+  // write_entries(k, pool, pages) puts into stream k's pages — completed_entries(tokens) of them,
+  // in pages freshly allocated from `pool` that no sequence holds yet. All or nothing: every
+  // stream's pages are allocated before any is written (capacity_error, "<what>: restoring …
+  // needs … pages", when a pool lacks them), and if write_entries throws (a checksum mismatch) or
+  // the sequence cannot be added, every page is given back, last allocated first — each pool's
+  // free list is as it was — and the cache is unchanged. Parts that do not belong to this cache
+  // are an input_error. Nothing here allocates but the page id arrays and the sequence table.
+  template <class WriteEntries>
+  sequence_id adopt(std::int64_t tokens, typename layer::states&& states, raw_window&& window,
+                    WriteEntries&& write_entries, const std::string& what = "adopt") {
+    check_parts(tokens, states, window, what);
+    const std::int64_t entries = layer_.geom().completed_entries(tokens);
+    auto record = std::make_unique<sequence>();
+    record->states = std::move(states);
+    record->window = std::move(window);
+    record->tokens = tokens;
+    // Page ids, reserved so that nothing below allocates memory until the sequence table does.
+    std::array<std::vector<page_id>, stream_count> pages;
+    for (std::size_t k = 0; k < stream_count; ++k) {
+      pages[k].resize(static_cast<std::size_t>((entries + config_.page_size - 1) / config_.page_size));
+      record->tables[k].reserve(pages[k].size());
+    }
+    std::size_t allocated = 0;
+    try {
+      for (; allocated < stream_count; ++allocated) {
+        page_pool& pool = *pools_[allocated];
+        try {
+          pool.allocate(static_cast<std::int64_t>(pages[allocated].size()), pages[allocated].data());
+        } catch (const capacity_error& e) {
+          throw capacity_error(what + ": restoring " + std::to_string(entries) + " entries of stream " +
+                               std::to_string(allocated) + " needs " + std::to_string(pages[allocated].size()) +
+                               " pages: " + e.what());
+        }
+      }
+      for (std::size_t k = 0; k < stream_count; ++k) {
+        write_entries(k, *pools_[k], static_cast<const std::vector<page_id>&>(pages[k]));
+        record->tables[k].assign(pages[k].begin(), pages[k].end());  // within the reserved capacity
+      }
+      return insert(std::move(record));  // leaves the record with us if it throws
+    } catch (...) {
+      release_reversed(pages, allocated);
+      throw;
+    }
+  }
 
  private:
   static_assert(stream_count <= sequence_view::max_streams, "a sequence_view holds at most max_streams streams");
@@ -866,6 +934,40 @@ class paged_cache {
     slot->second = std::move(record);
     ++next_id_;
     return id;
+  }
+
+  // adopt()'s parts must be this cache's: the states made by its compressors for `tokens` tokens,
+  // the window made for its window and history.
+  void check_parts(std::int64_t tokens, const typename layer::states& states, const raw_window& window,
+                   const std::string& what) const {
+    const std::string where = config_.name + "." + what;
+    if (tokens < 0 || tokens > limits::max_tokens)
+      detail::fail<input_error>(where + ": tokens", tokens, "must lie in [0, 2^48]");
+    layer_.check_skip(states, 0);  // made by these compressors
+    for (std::size_t k = 0; k < stream_count; ++k)
+      if (states[k].tokens() != tokens || states[k].entries() != layer_.geom().completed_entries(tokens))
+        detail::fail<input_error>(where + ": states[" + std::to_string(k) + "].tokens", states[k].tokens(),
+                                  "must be the sequence's " + std::to_string(tokens) + " tokens, with their entries");
+    const raw_window_config& a = window.config();
+    const raw_window_config& b = config_.window;
+    const bool same = a.tokens == b.tokens && (b.tokens == 0 || (a.kv_heads == b.kv_heads && a.key_channels == b.key_channels &&
+                                                                  a.value_channels == b.value_channels &&
+                                                                  a.precision == b.precision && a.rope_channels == b.rope_channels));
+    if (!same || window.rows() != window_rows() || window.first() > tokens)
+      detail::fail<input_error>(where + ": window.rows()", window.rows(),
+                                "must be a raw window made for this cache's window and history (" +
+                                    std::to_string(window_rows()) + " rows), holding at most its tokens");
+  }
+
+  // Gives back the pages of the first `streams` streams, last allocated first, so each pool's free
+  // list is exactly as it was before they were allocated.
+  void release_reversed(const std::array<std::vector<page_id>, stream_count>& pages, std::size_t streams) noexcept {
+    for (std::size_t k = streams; k-- > 0;) {
+      try {
+        for (std::size_t i = pages[k].size(); i-- > 0;) pools_[k]->release(pages[k][i]);
+      } catch (...) {  // the pages were just allocated to nobody else: release cannot fail
+      }
+    }
   }
 
   void release_pages(sequence& s) {

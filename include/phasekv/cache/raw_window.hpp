@@ -231,6 +231,11 @@ class raw_window {
   // as write() does: rows an FP8 window wrote come back as the same values (bytes too, but for a
   // block whose amax had rounded down to 224 · s: its scale halves and its codes double).
   void state_read(byte_reader& r, const saved_fields& f, std::int64_t tokens) {
+    const bool sized = fp8() ? key_bytes_.size() == static_cast<std::size_t>(rows_ * key_row_bytes()) &&
+                                   value_bytes_.size() == static_cast<std::size_t>(rows_ * value_row_bytes())
+                             : keys_.size() == static_cast<std::size_t>(rows_ * key_floats()) &&
+                                   values_.size() == static_cast<std::size_t>(rows_ * value_floats());
+    if (!sized) throw input_error("raw_window::state_read: the window must be made for its configuration");
     first_ = rows_ == 0 || rows_ == f.rows ? f.first : std::max(f.first, tokens - rows_);
     if (!fp8()) {
       read_ring_rows(r, f.rows, keys_.data(), rows_, key_floats(), first_, tokens);

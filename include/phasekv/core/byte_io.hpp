@@ -131,7 +131,7 @@ inline void read_ring_rows(byte_reader& r, std::int64_t from_rows, float* to, st
                            std::int64_t first, std::int64_t tokens) {
   const auto row_bytes = static_cast<std::size_t>(per_row) * sizeof(float);
   const unsigned char* from = r.bytes(static_cast<std::size_t>(from_rows) * row_bytes);
-  if (row_bytes == 0) return;
+  if (row_bytes == 0 || to_rows <= 0) return;
   if (from_rows == to_rows) {
     std::memcpy(to, from, static_cast<std::size_t>(to_rows) * row_bytes);
     return;
