@@ -255,11 +255,7 @@ parsed parse(const Cache& cache, span<const std::byte> in) {
   const unsigned char* at = p + header;
   for (std::size_t i = 0; i < out.table.size(); ++i) {
     section& t = out.table[i];
-    t.kind = r.u32();
-    t.stream = r.u32();
-    t.bytes = r.u64();
-    t.crc = r.u32();
-    t.flags = r.u32();
+    t = section{r.u32(), r.u32(), r.u64(), r.u32(), r.u32()};  // a braced list reads left to right
     const std::uint32_t kind = i < streams ? entries_section
                                : i < 2 * streams ? state_section
                                                  : window_section;

@@ -34,35 +34,40 @@ inline constexpr std::size_t stream_bytes = 152;
 
 // ---- policy codes --------------------------------------------------------------------------------
 
-template <class>
-inline constexpr bool always_false = false;
-
 template <class P, class = void>
 struct has_parameters : std::false_type {};
 template <class P>
 struct has_parameters<P, std::void_t<decltype(std::declval<const P&>().parameters())>> : std::true_type {};
 
+// The code of T among the types of a table: its position + 1, or 0 when it is not there.
+template <class T, class... Table>
+constexpr std::uint32_t code_in() noexcept {
+  std::uint32_t code = 0, position = 0;
+  ((++position, code = code == 0 && std::is_same_v<T, Table> ? position : code), ...);
+  return code;
+}
+
 template <class Pooling>
 constexpr std::uint32_t pooling_code() noexcept {
-  if constexpr (std::is_same_v<Pooling, mean_pool>) return 1;
-  else if constexpr (std::is_same_v<Pooling, vector_gated_pool>) return 2;
-  else if constexpr (std::is_same_v<Pooling, scalar_gated_pool>) return 3;
-  else if constexpr (std::is_same_v<Pooling, fixed_weight_pool>) return 4;
-  else static_assert(always_false<Pooling>, "snapshot.hpp needs a code for this pooling policy");
+  constexpr std::uint32_t code = code_in<Pooling, mean_pool, vector_gated_pool, scalar_gated_pool, fixed_weight_pool>();
+  static_assert(code != 0, "snapshot_fingerprint.hpp needs a code for this pooling policy");
+  return code;
 }
 template <class Rope>
 constexpr std::uint32_t rope_code() noexcept {
-  if constexpr (std::is_same_v<Rope, no_rope>) return 1;
-  else if constexpr (std::is_same_v<Rope, rope_after_pool>) return 2;
-  else if constexpr (std::is_same_v<Rope, rope_before_pool>) return 3;
-  else static_assert(always_false<Rope>, "snapshot.hpp needs a code for this RoPE placement");
+  constexpr std::uint32_t code = code_in<Rope, no_rope, rope_after_pool, rope_before_pool>();
+  static_assert(code != 0, "snapshot_fingerprint.hpp needs a code for this RoPE placement");
+  return code;
 }
 template <class Norm>
 constexpr std::uint32_t norm_code() noexcept {
-  if constexpr (std::is_same_v<Norm, no_norm>) return 1;
-  else if constexpr (std::is_same_v<Norm, rms_norm>) return 2;
-  else static_assert(always_false<Norm>, "snapshot.hpp needs a code for this norm");
+  constexpr std::uint32_t code = code_in<Norm, no_norm, rms_norm>();
+  static_assert(code != 0, "snapshot_fingerprint.hpp needs a code for this norm");
+  return code;
 }
+static_assert(code_in<rope_before_pool, no_rope, rope_after_pool, rope_before_pool>() == 3 &&
+                  code_in<rms_norm, no_rope>() == 0,
+              "a type's code is its position in the table, from 1");
 
 // A pooling policy of the host's (compress/policies.hpp) has no fixed code: its identity is the
 // CRC-32C of its name, version and learned parameters (when it exposes parameters()), with the
@@ -85,70 +90,49 @@ std::uint32_t pooling_identity(const Pooling& pool) noexcept {
   }
 }
 
+// The name of `code` in a table whose entry i names code i + 1, for messages.
+template <class Code, std::size_t N>
+std::string name_in(Code code, const char* const (&names)[N]) {
+  if (code >= 1 && code <= N) return names[code - 1];
+  return "unknown (" + std::to_string(code) + ")";
+}
+
 inline std::string pooling_name(std::uint32_t code) {
   if (code & 0x80000000u) {
     char hex[16];
     std::snprintf(hex, sizeof hex, "%08x", code);
     return std::string("a policy of the host's (identity 0x") + hex + ")";
   }
-  switch (code) {
-    case 1: return "mean";
-    case 2: return "vector gates";
-    case 3: return "scalar gates";
-    case 4: return "fixed weights";
-  }
-  return "unknown (" + std::to_string(code) + ")";
+  static constexpr const char* names[] = {"mean", "vector gates", "scalar gates", "fixed weights"};
+  return name_in(code, names);
 }
 inline std::string rope_name(std::uint32_t code) {
-  switch (code) {
-    case 1: return "none";
-    case 2: return "after pooling";
-    case 3: return "before pooling";
-  }
-  return "unknown (" + std::to_string(code) + ")";
+  static constexpr const char* names[] = {"none", "after pooling", "before pooling"};
+  return name_in(code, names);
 }
 inline std::string norm_name(std::uint32_t code) {
-  switch (code) {
-    case 1: return "none";
-    case 2: return "RMSNorm";
-  }
-  return "unknown (" + std::to_string(code) + ")";
+  static constexpr const char* names[] = {"none", "RMSNorm"};
+  return name_in(code, names);
 }
 inline std::string role_name(std::uint32_t code) {
-  switch (code) {
-    case 1: return "key";
-    case 2: return "value";
-    case 3: return "key_value";
-    case 4: return "indexer";
-  }
-  return "unknown (" + std::to_string(code) + ")";
+  static constexpr const char* names[] = {"key", "value", "key_value", "indexer"};
+  return name_in(code, names);
 }
 inline std::string inputs_name(std::uint32_t code) {
-  switch (code) {
-    case 1: return "per_branch";
-    case 2: return "per_slot";
-  }
-  return "unknown (" + std::to_string(code) + ")";
+  static constexpr const char* names[] = {"per_branch", "per_slot"};
+  return name_in(code, names);
 }
 inline std::string storage_name(std::uint32_t code) {
-  switch (code) {
-    case 1: return "f32";
-    case 2: return "bf16";
-    case 3: return "f16";
-    case 4: return "fp8_e4m3_block";
-    case 5: return "fp4_e2m1_hadamard";
-  }
-  return "unknown (" + std::to_string(code) + ")";
+  static constexpr const char* names[] = {"f32", "bf16", "f16", "fp8_e4m3_block", "fp4_e2m1_hadamard"};
+  return name_in(code, names);
 }
+// anchor_mode's codes start at 0 (the enum's values).
 inline std::string anchor_name(std::uint64_t code) {
   return code <= 2 ? to_string(static_cast<anchor_mode>(code)) : "unknown (" + std::to_string(code) + ")";
 }
 inline std::string rope_layout_name(std::uint32_t code) {
-  switch (code) {
-    case 1: return "interleaved";
-    case 2: return "half_split";
-  }
-  return "unknown (" + std::to_string(code) + ")";
+  static constexpr const char* names[] = {"interleaved", "half_split"};
+  return name_in(code, names);
 }
 inline storage_type storage_of(std::uint32_t code) noexcept { return static_cast<storage_type>(code - 1); }
 inline std::uint32_t code_of(storage_type type) noexcept { return static_cast<std::uint32_t>(type) + 1; }
@@ -354,7 +338,7 @@ inline void check_compatible(const fingerprint& s, const fingerprint& c) {
     if (theirs != ours) mismatch(name(k, field), show(theirs), show(ours));
   };
   const auto same_real = [&](std::size_t k, const char* field, double theirs, double ours) {
-    if (f64_bits(theirs) != f64_bits(ours)) mismatch(name(k, field), number(theirs), number(ours));
+    if (bits_as<std::uint64_t>(theirs) != bits_as<std::uint64_t>(ours)) mismatch(name(k, field), number(theirs), number(ours));
   };
   const auto integer = [](auto v) { return std::to_string(v); };
   const auto parameter = [](const parameter_digest& d) {

@@ -32,15 +32,13 @@ inline constexpr bool host_little_endian =
     true;  // MSVC's targets are all little-endian
 #endif
 
-inline std::uint64_t f64_bits(double v) noexcept {
-  std::uint64_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  return bits;
-}
-inline double f64_from_bits(std::uint64_t bits) noexcept {
-  double v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
+// The bits of a value as another type of the same size (an f64 as its u64 and back).
+template <class To, class From>
+To bits_as(const From& from) noexcept {
+  static_assert(sizeof(To) == sizeof(From), "bits_as keeps every bit");
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
 }
 
 class byte_writer {
@@ -50,7 +48,7 @@ class byte_writer {
   void u32(std::uint32_t v) { field(v, 4); }
   void u64(std::uint64_t v) { field(v, 8); }
   void i64(std::int64_t v) { u64(static_cast<std::uint64_t>(v)); }
-  void f64(double v) { u64(f64_bits(v)); }
+  void f64(double v) { u64(bits_as<std::uint64_t>(v)); }
   // n bytes from p, checksummed as they are copied.
   void bytes(const void* p, std::size_t n) {
     need(n);
@@ -92,7 +90,7 @@ class byte_reader {
   std::uint32_t u32() { return static_cast<std::uint32_t>(field(4)); }
   std::uint64_t u64() { return field(8); }
   std::int64_t i64() { return static_cast<std::int64_t>(u64()); }
-  double f64() { return f64_from_bits(u64()); }
+  double f64() { return bits_as<double>(u64()); }
   // The next n bytes, in place (the reader moves past them).
   const unsigned char* bytes(std::size_t n) {
     need(n);
