@@ -37,7 +37,7 @@
 
 #include "support/common.hpp"
 #include "oracle/fp4_format.hpp"
-#include "oracle/deepseek_layer.hpp"
+#include "support/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/page_pool.hpp"

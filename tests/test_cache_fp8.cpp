@@ -35,7 +35,7 @@
 
 #include "support/common.hpp"
 #include "oracle/fp8_format.hpp"
-#include "oracle/deepseek_layer.hpp"
+#include "support/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/page_pool.hpp"
@@ -58,12 +58,7 @@ using i64 = std::int64_t;
 using phasekv_test::sz;
 
 using phasekv_test::bits_of;
-float float_of(std::uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
-
+using phasekv_test::float_of;
 // The library's bytes of one head.
 std::vector<std::uint8_t> quantize(const std::vector<float>& x, i64 channels, i64 rope) {
   const fp8_head_layout l = fp8_head_layout::of(channels, rope);

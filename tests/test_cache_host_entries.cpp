@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "oracle/deepseek_layer.hpp"
+#include "support/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"

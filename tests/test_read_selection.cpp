@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "oracle/deepseek_layer.hpp"
+#include "support/deepseek_layer.hpp"
 #include "oracle/message_of.hpp"
 #include "oracle/scalar_attention.hpp"
 #include "oracle/thread_executor.hpp"
