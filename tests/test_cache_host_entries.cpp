@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "support/deepseek_layer.hpp"
-#include "oracle/message_of.hpp"
+#include "support/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"

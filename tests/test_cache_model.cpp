@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
-#include "oracle/message_of.hpp"
+#include "support/message_of.hpp"
 #include "support/tokens.hpp"
 #include "phasekv/cache/model_cache.hpp"
 #include "phasekv/compress/stream_compressor.hpp"

@@ -31,7 +31,7 @@
 #include "support/common.hpp"
 #include "oracle/fp8_format.hpp"
 #include "support/deepseek_layer.hpp"
-#include "oracle/message_of.hpp"
+#include "support/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/thread_executor.hpp"
 #include "phasekv/cache/layer_shape.hpp"

@@ -36,7 +36,7 @@
 #include "support/read_world.hpp"
 #include "support/tokens.hpp"
 #include "support/common.hpp"
-#include "oracle/message_of.hpp"
+#include "support/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/scalar_attention.hpp"
 #include "oracle/thread_executor.hpp"

@@ -24,6 +24,16 @@ inline phasekv::stream_config stream_of(const std::string& name, phasekv::stream
   return c;
 }
 
+// A key_value stream whose last rope_channels channels are rotated (base 10^4, when the policy
+// applies RoPE).
+inline phasekv::stream_config rotated_stream_of(const std::string& name, std::int64_t channels, std::int64_t kv_heads,
+                                                phasekv::input_layout inputs, std::int64_t rope_channels) {
+  phasekv::stream_config c = stream_of(name, phasekv::stream_role::key_value, channels, kv_heads, inputs);
+  c.rope.channels = rope_channels;
+  c.rope.base = 10000.0;
+  return c;
+}
+
 // `pages` pages of `page_size` entries per stream, `history` tokens of rollback, and a raw window.
 inline phasekv::cache_config cache_of(const std::string& name, std::int64_t page_size, std::int64_t pages,
                                       std::int64_t history = 0, phasekv::raw_window_config window = {}) {
