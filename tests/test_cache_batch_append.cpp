@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "oracle/message_of.hpp"
+#include "support/message_of.hpp"
 #include "oracle/thread_executor.hpp"
 #include "phasekv/cache/model_cache.hpp"
 #include "phasekv/cache/paged_cache.hpp"

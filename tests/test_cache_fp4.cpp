@@ -37,8 +37,8 @@
 
 #include "support/common.hpp"
 #include "oracle/fp4_format.hpp"
-#include "oracle/deepseek_layer.hpp"
-#include "oracle/message_of.hpp"
+#include "support/deepseek_layer.hpp"
+#include "support/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"

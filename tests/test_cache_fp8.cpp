@@ -35,8 +35,8 @@
 
 #include "support/common.hpp"
 #include "oracle/fp8_format.hpp"
-#include "oracle/deepseek_layer.hpp"
-#include "oracle/message_of.hpp"
+#include "support/deepseek_layer.hpp"
+#include "support/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
@@ -58,12 +58,7 @@ using i64 = std::int64_t;
 using phasekv_test::sz;
 
 using phasekv_test::bits_of;
-float float_of(std::uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
-
+using phasekv_test::float_of;
 // The library's bytes of one head.
 std::vector<std::uint8_t> quantize(const std::vector<float>& x, i64 channels, i64 rope) {
   const fp8_head_layout l = fp8_head_layout::of(channels, rope);
@@ -754,7 +749,7 @@ TEST_CASE("fp8: an FP8 raw window holds 584-byte FP8 heads; views, forks, memory
   CHECK_THROWS_AS(quantized.copy_window_key(a, 21, span<float>(short_row.data(), 511)), input_error);
 
   // A snapshot of the FP8 window restores the same values, into an FP8 window (the bytes too, but
-  // for a block whose amax had rounded down to 224 · s: snapshot.hpp) or an fp32 one; an fp32
+  // for a block whose amax had rounded down to 224 · s: docs/SNAPSHOT.md) or an fp32 one; an fp32
   // window's snapshot restored into an FP8 window is quantized like an append, byte for byte.
   const std::vector<std::byte> image = snapshot(quantized, a);
   const sequence_id back = restore(quantized, image);

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "oracle/deepseek_layer.hpp"
-#include "oracle/message_of.hpp"
+#include "support/deepseek_layer.hpp"
+#include "support/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"

@@ -12,7 +12,8 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
-#include "oracle/message_of.hpp"
+#include "support/message_of.hpp"
+#include "support/tokens.hpp"
 #include "phasekv/cache/model_cache.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 
@@ -57,20 +58,10 @@ model make_model(i64 second_pages = 64) {
 // One forward pass over n tokens: both layers append (values fixed by the seed).
 void append(model& m, sequence_id s, i64 n, unsigned seed) {
   std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  auto values = [&](i64 count) {
-    std::vector<float> v(static_cast<std::size_t>(count));
-    for (float& x : v) x = u(rng);
-    return v;
-  };
-  const auto& kv = m.layer<0>().compressors().stream<0>();
-  const auto& ix = m.layer<0>().compressors().stream<1>();
-  const auto& hkv = m.layer<1>().compressors().stream<0>();
-  m.append<0>(s,
-              {token_chunk{n, values(n * kv.payload_floats_per_token()), values(n * kv.logit_floats_per_token())},
-               token_chunk{n, values(n * ix.payload_floats_per_token()), {}}},
-              values(n * 4));
-  m.append<1>(s, {token_chunk{n, values(n * hkv.payload_floats_per_token()), {}}});
+  const auto first = phasekv_test::random_tokens(m.layer<0>(), n, rng);
+  const auto second = phasekv_test::random_tokens(m.layer<1>(), n, rng);
+  m.append<0>(s, first.chunks(), first.window_keys);
+  m.append<1>(s, second.chunks());
 }
 
 struct model_dump {
@@ -240,24 +231,11 @@ std::unique_ptr<many_layers> make_many(i64 shared_pages) {
 // One forward pass over n tokens: every layer appends, each with its own values.
 void append_all(model_cache<first_cache, wide_cache>& m, sequence_id s, i64 n, unsigned seed) {
   std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  auto values = [&](i64 count) {
-    std::vector<float> v(static_cast<std::size_t>(count));
-    for (float& x : v) x = u(rng);
-    return v;
-  };
   for (std::size_t i = 0; i < m.layers_of<0>(); ++i) {
-    const auto& kv = m.layer<0>(i).compressors().stream<0>();
-    const auto& ix = m.layer<0>(i).compressors().stream<1>();
-    m.append<0>(s, i,
-                {token_chunk{n, values(n * kv.payload_floats_per_token()), values(n * kv.logit_floats_per_token())},
-                 token_chunk{n, values(n * ix.payload_floats_per_token()), {}}},
-                values(n * 4));
+    const auto in = phasekv_test::random_tokens(m.layer<0>(i), n, rng);
+    m.append<0>(s, i, in.chunks(), in.window_keys);
   }
-  for (std::size_t i = 0; i < m.layers_of<1>(); ++i) {
-    const auto& hkv = m.layer<1>(i).compressors().stream<0>();
-    m.append<1>(s, i, {token_chunk{n, values(n * hkv.payload_floats_per_token()), {}}});
-  }
+  for (std::size_t i = 0; i < m.layers_of<1>(); ++i) m.append<1>(s, i, phasekv_test::random_tokens(m.layer<1>(i), n, rng).chunks());
 }
 
 // Every entry of every stream of every layer of every live sequence, in model order: what the

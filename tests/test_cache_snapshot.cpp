@@ -42,6 +42,10 @@
 #include "oracle/random_inputs.hpp"
 #include "oracle/scalar_compressor.hpp"
 #include "oracle/snapshot_format.hpp"
+#include "support/configs.hpp"
+#include "support/deepseek_layer.hpp"
+#include "support/small_layers.hpp"
+#include "support/tokens.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
@@ -180,76 +184,19 @@ TEST_CASE("crc32c: the merge algebra shifts a register over zero bytes", "[snaps
 // ==================================================================================================
 // Shared machinery: inputs, appends, comparisons, dumps.
 
-template <class Layer, std::size_t... K>
-std::array<std::pair<std::int64_t, std::int64_t>, sizeof...(K)> floats_per_token(const Layer& layer,
-                                                                               std::index_sequence<K...>) {
-  return {{{layer.template stream<K>().payload_floats_per_token(),
-            layer.template stream<K>().logit_floats_per_token()}...}};
-}
+using phasekv_test::append;
+using phasekv_test::cache_of;
+using phasekv_test::stream_of;
+using phasekv_test::token_inputs;
 
-// Every token's inputs, token-major, for each stream and the raw window.
-template <std::size_t N>
-struct token_inputs {
-  std::int64_t tokens = 0;
-  std::array<std::vector<float>, N> payload, logits;
-  std::vector<float> window_keys, window_values;
-};
-
+// Random tokens for caches of one shape: payloads and window rows in [−1, 1), gate logits in
+// [−3, 3) (tests/support/tokens.hpp).
 template <class Cache>
 struct shape_of {
-  static constexpr std::size_t N = Cache::stream_count;
-  std::array<std::pair<std::int64_t, std::int64_t>, N> per_token;
-  std::int64_t window_keys = 0, window_values = 0;
-
-  explicit shape_of(const Cache& c) : per_token(floats_per_token(c.compressors(), std::make_index_sequence<N>{})) {
-    const raw_window_config& w = c.config().window;
-    window_keys = w.tokens > 0 ? w.kv_heads * w.key_channels : 0;
-    window_values = w.tokens > 0 ? w.kv_heads * w.value_channels : 0;
-  }
-
-  token_inputs<N> random(std::mt19937& rng, std::int64_t n) const {
-    const auto count = [n](std::int64_t per) { return static_cast<std::size_t>(n * per); };
-    token_inputs<N> in;
-    in.tokens = n;
-    for (std::size_t k = 0; k < N; ++k) {
-      in.payload[k] = phasekv_test::random_payload(rng, count(per_token[k].first));
-      in.logits[k] = phasekv_test::random_logits(rng, count(per_token[k].second));
-    }
-    in.window_keys = phasekv_test::random_payload(rng, count(window_keys));
-    in.window_values = phasekv_test::random_payload(rng, count(window_values));
-    return in;
-  }
-
-  token_inputs<N> slice(const token_inputs<N>& in, std::int64_t first, std::int64_t n) const {
-    const auto part = [&](const std::vector<float>& v, std::int64_t per) {
-      return std::vector<float>(v.begin() + first * per, v.begin() + (first + n) * per);
-    };
-    token_inputs<N> out;
-    out.tokens = n;
-    for (std::size_t k = 0; k < N; ++k) {
-      out.payload[k] = part(in.payload[k], per_token[k].first);
-      out.logits[k] = part(in.logits[k], per_token[k].second);
-    }
-    out.window_keys = part(in.window_keys, window_keys);
-    out.window_values = part(in.window_values, window_values);
-    return out;
-  }
-
-  static void concatenate(token_inputs<N>& to, const token_inputs<N>& from) {
-    const auto cat = [](std::vector<float>& a, const std::vector<float>& b) { a.insert(a.end(), b.begin(), b.end()); };
-    for (std::size_t k = 0; k < N; ++k) {
-      cat(to.payload[k], from.payload[k]);
-      cat(to.logits[k], from.logits[k]);
-    }
-    cat(to.window_keys, from.window_keys);
-    cat(to.window_values, from.window_values);
-    to.tokens += from.tokens;
-  }
-
-  static void append(Cache& cache, sequence_id id, const token_inputs<N>& in) {
-    typename Cache::chunks chunks;
-    for (std::size_t k = 0; k < N; ++k) chunks[k] = token_chunk{in.tokens, in.payload[k], in.logits[k]};
-    cache.append(id, chunks, in.window_keys, in.window_values);
+  const Cache& cache;
+  explicit shape_of(const Cache& c) : cache(c) {}
+  token_inputs<Cache::stream_count> random(std::mt19937& rng, std::int64_t n) const {
+    return phasekv_test::random_tokens(cache, n, rng, phasekv_test::token_draw{-1.0f, 1.0f, -3.0f, 3.0f});
   }
 };
 
@@ -421,35 +368,14 @@ std::string equals_oracle(const Cache& cache, sequence_id id, const token_inputs
 
 // 1. The DeepSeek-V4 CSA preset: tied K/V (512 channels) and the indexer (128), vector gates with
 //    learned biases, RMSNorm with learned weights, YaRN RoPE after pooling; a tied raw window.
-using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
-using csa_cache = paged_cache<csa_stream, csa_stream>;
-
-csa_stream make_csa_stream(stream_config c, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  stream_params p;
-  p.slot_bias = phasekv_test::random_bias(rng, static_cast<std::size_t>(c.kv_heads * g.window * c.channels));
-  p.norm_weight = phasekv_test::random_norm_weight(rng, static_cast<std::size_t>(c.channels));
-  return csa_stream(g, std::move(c), std::move(p));
-}
-
-csa_cache::layer csa_layer() {
-  return csa_cache::layer(make_csa_stream(presets::deepseek_v4_csa_kv(), 1),
-                          make_csa_stream(presets::deepseek_v4_csa_indexer(), 2));
-}
+using phasekv_test::csa_cache;
+using csa_stream = phasekv_test::csa_stream;
+csa_cache::layer csa_layer() { return phasekv_test::make_csa_layer(); }
 
 cache_config csa_config(const std::string& name, std::int64_t page_size, std::int64_t pages, std::int64_t history,
                         std::vector<storage_type> storage = {}) {
-  cache_config c;
-  c.name = name;
-  c.page_size = page_size;
-  c.pages = pages;
-  c.history = history;
+  cache_config c = cache_of(name, page_size, pages, history, raw_window_config{16, 1, 512, 0});  // tied window
   c.stream_storage = std::move(storage);
-  c.window.tokens = 16;
-  c.window.kv_heads = 1;
-  c.window.key_channels = 512;
-  c.window.value_channels = 0;  // tied
   return c;
 }
 
@@ -477,12 +403,7 @@ using kv_cache = paged_cache<gated_keys, mean_values>;
 kv_cache::layer kv_layer() {
   const geometry g{3, 7, 2, anchor_mode::window_centre};
   std::mt19937 rng(3);
-  stream_config k;
-  k.name = "keys";
-  k.role = stream_role::key;
-  k.channels = 6;
-  k.kv_heads = 2;
-  k.inputs = input_layout::per_slot;
+  stream_config k = stream_of("keys", stream_role::key, 6, 2, input_layout::per_slot);
   k.rope.channels = 4;
   k.rope.base = 1000.0;
   k.rope.layout = rope_layout::half_split;
@@ -490,26 +411,11 @@ kv_cache::layer kv_layer() {
   stream_params kp;
   kp.slot_bias = phasekv_test::random_bias(rng, static_cast<std::size_t>(2 * 7 * 6));
   kp.norm_weight = phasekv_test::random_norm_weight(rng, 6);
-  stream_config v;
-  v.name = "values";
-  v.role = stream_role::value;
-  v.channels = 5;
-  v.kv_heads = 2;
-  v.inputs = input_layout::per_branch;
-  return kv_cache::layer(gated_keys(g, k, kp), mean_values(g, v));
+  return kv_cache::layer(gated_keys(g, k, kp), mean_values(g, stream_of("values", stream_role::value, 5, 2)));
 }
 
 cache_config kv_config(const std::string& name, std::int64_t page_size, std::int64_t pages, std::int64_t history) {
-  cache_config c;
-  c.name = name;
-  c.page_size = page_size;
-  c.pages = pages;
-  c.history = history;
-  c.window.tokens = 5;
-  c.window.kv_heads = 2;
-  c.window.key_channels = 6;
-  c.window.value_channels = 5;
-  return c;
+  return cache_of(name, page_size, pages, history, raw_window_config{5, 2, 6, 5});
 }
 
 reader_config kv_reader() {
@@ -531,17 +437,10 @@ using mixed_cache = paged_cache<scalar_stream, fixed_stream, mean_rope_stream>;
 mixed_cache::layer mixed_layer() {
   const geometry g{2, 5, 0, anchor_mode::block_end};
   std::mt19937 rng(4);
-  stream_config a;
-  a.name = "scalar";
-  a.channels = 3;
-  a.kv_heads = 2;
+  const stream_config a = stream_of("scalar", stream_role::key_value, 3, 2);
   stream_params ap;
   ap.slot_bias = phasekv_test::random_bias(rng, static_cast<std::size_t>(2 * 5 * 1));
-  stream_config b;
-  b.name = "fixed";
-  b.channels = 8;
-  b.kv_heads = 1;
-  b.inputs = input_layout::per_slot;
+  stream_config b = stream_of("fixed", stream_role::key_value, 8, 1, input_layout::per_slot);
   b.rope.channels = 4;
   b.rope.base = 50000.0;
   b.rope.yarn.enabled = true;
@@ -552,26 +451,30 @@ mixed_cache::layer mixed_layer() {
   stream_params bp;
   bp.slot_profile = phasekv_test::random_profile(rng, 5);
   bp.norm_weight = phasekv_test::random_norm_weight(rng, 8);
-  stream_config c;
-  c.name = "mean_rope";
-  c.channels = 4;
-  c.kv_heads = 1;
+  stream_config c = stream_of("mean_rope", stream_role::key_value, 4);
   c.rope.channels = 2;
   return mixed_cache::layer(scalar_stream(g, a, ap), fixed_stream(g, b, bp), mean_rope_stream(g, c));
 }
 
 cache_config mixed_config(const std::string& name, std::int64_t page_size, std::int64_t pages, storage_type storage) {
-  cache_config c;
-  c.name = name;
-  c.page_size = page_size;
-  c.pages = pages;
+  cache_config c = cache_of(name, page_size, pages, 2);
   c.storage = storage;
-  c.history = 2;
   return c;
 }
 
 // ==================================================================================================
 // Round trips.
+
+// remove_suffix(id, p0) went through (false: refused as input_error).
+template <class Cache>
+bool rolls_back(Cache& cache, sequence_id id, std::int64_t p0) {
+  try {
+    cache.remove_suffix(id, p0);
+    return true;
+  } catch (const input_error&) {
+    return false;
+  }
+}
 
 // A snapshot of A's sequence after `before` tokens restored into B; then both get the same
 // chunks, and everything is compared after each. Returns the ids.
@@ -591,8 +494,8 @@ struct round_trip {
     ia = a.create();
     for (std::int64_t done = 0; done < tokens; done += chunk) {
       const token_inputs<Cache::stream_count> in = s.random(rng, std::min(chunk, tokens - done));
-      shape::append(a, ia, in);
-      shape::concatenate(all, in);
+      append(a, ia, in);
+      all.extend(in);
     }
   }
   void move() {
@@ -600,11 +503,31 @@ struct round_trip {
     REQUIRE(bytes.size() == snapshot_size(a, ia));
     ib = restore(b, bytes);
   }
+  // build(), move(), and the two sequences are the same.
+  void build_and_move(std::int64_t tokens, std::int64_t chunk) {
+    build(tokens, chunk);
+    move();
+    REQUIRE(same_sequence(a, ia, b, ib) == "");
+  }
   void append_both(std::int64_t n) {
     const token_inputs<Cache::stream_count> in = s.random(rng, n);
-    shape::append(a, ia, in);
-    shape::append(b, ib, in);
-    shape::concatenate(all, in);
+    append(a, ia, in);
+    append(b, ib, in);
+    all.extend(in);
+  }
+  // remove_suffix to p0 on forks of both: both go through or both refuse; the forks are then the
+  // same sequence, and then(fa, fb) may look further. The forks are freed.
+  template <class Then>
+  void roll_back_both(std::int64_t p0, Then&& then) {
+    const sequence_id fa = a.fork(ia), fb = b.fork(ib);
+    const bool ok = rolls_back(a, fa, p0);
+    REQUIRE(rolls_back(b, fb, p0) == ok);
+    if (ok) {
+      REQUIRE(same_sequence(a, fa, b, fb) == "");
+      then(fa, fb);
+    }
+    a.free(fa);
+    b.free(fb);
   }
 };
 
@@ -640,29 +563,13 @@ TEST_CASE("snapshot: DeepSeek-V4 CSA streams move mid-block and continue bit-ide
     const std::int64_t t = a.tokens(rt.ia);
     for (std::int64_t p0 = t; p0 >= t - 14; --p0) {
       INFO("remove_suffix to " << p0 << " of " << t);
-      const sequence_id fa = a.fork(rt.ia), fb = b.fork(rt.ib);
-      bool ok_a = true, ok_b = true;
-      try {
-        a.remove_suffix(fa, p0);
-      } catch (const input_error&) {
-        ok_a = false;
-      }
-      try {
-        b.remove_suffix(fb, p0);
-      } catch (const input_error&) {
-        ok_b = false;
-      }
-      REQUIRE(ok_a == ok_b);
-      if (ok_a) {
-        REQUIRE(same_sequence(a, fa, b, fb) == "");
+      rt.roll_back_both(p0, [&](sequence_id fa, sequence_id fb) {
         const token_inputs<2> more = rt.s.random(rt.rng, 6);
-        shape_of<csa_cache>::append(a, fa, more);
-        shape_of<csa_cache>::append(b, fb, more);
+        append(a, fa, more);
+        append(b, fb, more);
         REQUIRE(same_sequence(a, fa, b, fb) == "");
         REQUIRE(same_reads(a, fa, b, fb, csa_reader(), {p0 + 5}, 9) == "");
-      }
-      a.free(fa);
-      b.free(fb);
+      });
     }
   }
 }
@@ -675,15 +582,13 @@ TEST_CASE("snapshot: gated keys with mean values, a separate-value window and an
   shape_of<kv_cache> shape(b);
   std::mt19937 rng(8);
   const sequence_id other = b.create();
-  shape.append(b, other, shape.random(rng, 20));
+  append(b, other, shape.random(rng, 20));
 
   for (std::int64_t tokens : {0, 1, 2, 3, 4, 8, 31, 47}) {
     INFO("snapshot after " << tokens << " tokens (origin 2, S=3: " << layer.geom().completed_entries(tokens)
                            << " entries)");
     round_trip<kv_cache> rt(a, b, 100 + static_cast<std::uint32_t>(tokens));
-    rt.build(tokens, 5);
-    rt.move();
-    REQUIRE(same_sequence(a, rt.ia, b, rt.ib) == "");
+    rt.build_and_move(tokens, 5);
     for (std::int64_t n : {1, 1, 4, 2, 9, 1}) {
       rt.append_both(n);
       REQUIRE(same_sequence(a, rt.ia, b, rt.ib) == "");
@@ -694,24 +599,7 @@ TEST_CASE("snapshot: gated keys with mean values, a separate-value window and an
     REQUIRE(equals_oracle(b, rt.ib, rt.all, std::make_index_sequence<2>{}) == "");
     // remove_suffix into the history, then continue.
     const std::int64_t t = a.tokens(rt.ia);
-    for (std::int64_t p0 : {t - 1, t - 3, t - 6, t - 9}) {
-      bool ok_a = true, ok_b = true;
-      const sequence_id fa = a.fork(rt.ia), fb = b.fork(rt.ib);
-      try {
-        a.remove_suffix(fa, p0);
-      } catch (const input_error&) {
-        ok_a = false;
-      }
-      try {
-        b.remove_suffix(fb, p0);
-      } catch (const input_error&) {
-        ok_b = false;
-      }
-      REQUIRE(ok_a == ok_b);
-      if (ok_a) REQUIRE(same_sequence(a, fa, b, fb) == "");
-      a.free(fa);
-      b.free(fb);
-    }
+    for (std::int64_t p0 : {t - 1, t - 3, t - 6, t - 9}) rt.roll_back_both(p0, [](sequence_id, sequence_id) {});
     a.free(rt.ia);
     b.free(rt.ib);
   }
@@ -723,9 +611,7 @@ TEST_CASE("snapshot: scalar gates, fixed weights with YaRN and mean with RoPE be
   mixed_cache a(layer, mixed_config("a", 5, 30, storage_type::f16));
   mixed_cache b(layer, mixed_config("b", 1, 200, storage_type::f16));
   round_trip<mixed_cache> rt(a, b, 21);
-  rt.build(37, 6);
-  rt.move();
-  REQUIRE(same_sequence(a, rt.ia, b, rt.ib) == "");
+  rt.build_and_move(37, 6);
   for (std::int64_t n : {1, 3, 8, 1}) {
     rt.append_both(n);
     REQUIRE(same_sequence(a, rt.ia, b, rt.ib) == "");
@@ -754,7 +640,7 @@ TEST_CASE("snapshot: bytes written to a file restore into a fresh cache of the s
     std::mt19937 rng(31);
     const sequence_id id = prefill.create();
     all = s.random(rng, 97);
-    s.append(prefill, id, all);
+    append(prefill, id, all);
     const std::vector<std::byte> bytes = snapshot(prefill, id);
     std::ofstream out(path, std::ios::binary);
     out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
@@ -774,8 +660,8 @@ TEST_CASE("snapshot: bytes written to a file restore into a fresh cache of the s
   shape_of<csa_cache> s(decode);
   std::mt19937 rng(32);
   const token_inputs<2> more = s.random(rng, 11);
-  s.append(decode, id, more);
-  s.concatenate(all, more);
+  append(decode, id, more);
+  all.extend(more);
   REQUIRE(equals_prefill(decode, id, all, std::make_index_sequence<2>{}) == "");
 }
 
@@ -808,7 +694,7 @@ TEST_CASE("snapshot: a destination with another history re-lays the rings", "[sn
   std::mt19937 rng(44);
   const sequence_id ia = a.create();
   token_inputs<2> all = s.random(rng, 41);
-  s.append(a, ia, all);
+  append(a, ia, all);
   const std::vector<std::byte> bytes = snapshot(a, ia);
 
   for (std::int64_t history : {0, 1, 2, 4, 9}) {
@@ -818,7 +704,7 @@ TEST_CASE("snapshot: a destination with another history re-lays the rings", "[sn
     // A cache of the destination's history that received the same tokens directly.
     kv_cache direct(layer, kv_config("direct", 4, 60, history));
     const sequence_id id = direct.create();
-    s.append(direct, id, all);
+    append(direct, id, all);
     // The same history keeps the rings verbatim; a smaller one keeps their last rows, exactly as
     // a cache of that history would have them.
     if (history <= source_history) REQUIRE(same_sequence(direct, id, b, ib) == "");
@@ -827,25 +713,14 @@ TEST_CASE("snapshot: a destination with another history re-lays the rings", "[sn
     for (std::int64_t p0 = t; p0 >= t - 16; --p0) {
       INFO("remove_suffix to " << p0);
       const sequence_id fb = b.fork(ib), fd = direct.fork(id), fa = a.fork(ia);
-      bool ok_b = true, ok_reference = true;
-      try {
-        b.remove_suffix(fb, p0);
-      } catch (const input_error&) {
-        ok_b = false;
-      }
+      const bool ok_b = rolls_back(b, fb, p0);
       // the reference: the cache with the smaller history
-      try {
-        if (history <= source_history) direct.remove_suffix(fd, p0);
-        else a.remove_suffix(fa, p0);
-      } catch (const input_error&) {
-        ok_reference = false;
-      }
-      REQUIRE(ok_b == ok_reference);
+      REQUIRE(ok_b == (history <= source_history ? rolls_back(direct, fd, p0) : rolls_back(a, fa, p0)));
       if (ok_b) {
         const token_inputs<2> more = s.random(rng, 5);
-        s.append(b, fb, more);
-        token_inputs<2> expected = s.slice(all, 0, p0);
-        s.concatenate(expected, more);
+        append(b, fb, more);
+        token_inputs<2> expected = all.slice(0, p0);
+        expected.extend(more);
         REQUIRE(equals_prefill(b, fb, expected, std::make_index_sequence<2>{}) == "");
       }
       b.free(fb);
@@ -854,8 +729,8 @@ TEST_CASE("snapshot: a destination with another history re-lays the rings", "[sn
     }
     // After `window + history` more tokens the destination holds what a direct cache holds.
     const token_inputs<2> more = s.random(rng, 7 + history + 5);
-    s.append(b, ib, more);
-    s.append(direct, id, more);
+    append(b, ib, more);
+    append(direct, id, more);
     REQUIRE(same_sequence(direct, id, b, ib) == "");
   }
 }
@@ -869,10 +744,8 @@ TEST_CASE("snapshot: bf16 and f16 entries widen losslessly into f32; narrowing i
     csa_cache a(layer, csa_config("a", 8, 30, 2, {storage_type::f16, storage_type::bf16}));
     csa_cache b(layer, csa_config("b", 5, 40, 2));
     round_trip<csa_cache> rt(a, b, 61);
-    rt.build(90, 90);
-    rt.move();
     // The restored entries are the bf16/f16-rounded values, exactly; states and window too.
-    REQUIRE(same_sequence(a, rt.ia, b, rt.ib) == "");
+    rt.build_and_move(90, 90);
     REQUIRE(same_reads(a, rt.ia, b, rt.ib, csa_reader(), {89, 87}, 3) == "");
   }
   SECTION("same type into same type") {
@@ -931,9 +804,7 @@ TEST_CASE("snapshot: fp8 entries move byte for byte, widen exactly into f32, and
     csa_cache a(layer, csa_config("a", 8, 30, 2, {fp8, fp8}));
     csa_cache b(layer, csa_config("b", 5, 40, 2));
     round_trip<csa_cache> rt(a, b, 65);
-    rt.build(90, 90);
-    rt.move();
-    REQUIRE(same_sequence(a, rt.ia, b, rt.ib) == "");
+    rt.build_and_move(90, 90);
     REQUIRE(same_reads(a, rt.ia, b, rt.ib, csa_reader(), {89, 87}, 6) == "");
   }
   SECTION("into fp8 from another type, and fp8 into bf16 or f16, are lossy") {
@@ -960,77 +831,22 @@ TEST_CASE("snapshot: fp8 entries move byte for byte, widen exactly into f32, and
 // ==================================================================================================
 // Rejection, with the destination unchanged.
 
-// A small layer, so every bit of its snapshot can be flipped.
-using tiny_keys = stream_compressor<compressor_policy<mean_pool>>;
-using tiny_values = stream_compressor<compressor_policy<vector_gated_pool>>;
-using tiny_cache = paged_cache<tiny_keys, tiny_values>;
-
-tiny_cache::layer tiny_layer() {
-  const geometry g{2, 3};
-  stream_config k;
-  k.name = "keys";
-  k.role = stream_role::key;
-  k.channels = 2;
-  stream_config v;
-  v.name = "values";
-  v.role = stream_role::value;
-  v.channels = 2;
-  return tiny_cache::layer(tiny_keys(g, k), tiny_values(g, v));
-}
-
-cache_config tiny_config(const std::string& name, std::int64_t pages) {
-  cache_config c;
-  c.name = name;
-  c.page_size = 2;
-  c.pages = pages;
-  c.history = 1;
-  c.window.tokens = 2;
-  c.window.kv_heads = 1;
-  c.window.key_channels = 2;
-  c.window.value_channels = 1;
-  return c;
-}
-
-// FP8 keys and values, FP4 indexer keys and an FP8 raw window: DeepSeek-V4's precision at the
-// smallest channel counts the formats take (64 for an FP8 head with 8 RoPE channels in bf16, 32
-// for a Hadamard FP4 key), so every bit of the snapshot can still be flipped.
-using precise_kv = stream_compressor<compressor_policy<mean_pool>>;
-using precise_cache = paged_cache<precise_kv, precise_kv>;
+// Two small layers, so every bit of their snapshots can be flipped (tests/support/small_layers.hpp):
+// f32 keys and gated values; FP8 K/V, FP4 indexer keys and an FP8 raw window, DeepSeek-V4's
+// precision at the smallest channel counts the formats take.
+using precise_kv = phasekv_test::small_mean;
+using phasekv_test::precise_cache;
 
 struct precise_spec {
   using cache = precise_cache;
-  static cache::layer layer() {
-    const geometry g{2, 2};
-    stream_config kv;
-    kv.name = "kv";
-    kv.role = stream_role::key_value;
-    kv.channels = 64;
-    stream_config ix;
-    ix.name = "indexer";
-    ix.role = stream_role::indexer;
-    ix.channels = 32;
-    return cache::layer(precise_kv(g, kv), precise_kv(g, ix));
-  }
-  static cache_config config(const std::string& name, std::int64_t pages) {
-    cache_config c;
-    c.name = name;
-    c.page_size = 2;
-    c.pages = pages;
-    c.history = 1;
-    c.stream_storage = {storage_type::fp8_e4m3_block, storage_type::fp4_e2m1_hadamard};
-    c.window.tokens = 2;
-    c.window.kv_heads = 1;
-    c.window.key_channels = 64;
-    c.window.precision = storage_type::fp8_e4m3_block;
-    c.window.rope_channels = 8;
-    return c;
-  }
+  static cache::layer layer() { return phasekv_test::precise_layer(); }
+  static cache_config config(const std::string& name, std::int64_t pages) { return phasekv_test::precise_config(name, pages); }
 };
 
-struct tiny_spec {
-  using cache = tiny_cache;
-  static cache::layer layer() { return tiny_layer(); }
-  static cache_config config(const std::string& name, std::int64_t pages) { return tiny_config(name, pages); }
+struct gated_spec {
+  using cache = phasekv_test::gated_cache;
+  static cache::layer layer() { return phasekv_test::gated_layer(); }
+  static cache_config config(const std::string& name, std::int64_t pages) { return phasekv_test::gated_config(name, pages); }
 };
 
 // A destination holding a few sequences (one a fork, sharing pages), its twin, and a snapshot of
@@ -1050,22 +866,13 @@ struct rejection_world_of {
   std::mt19937 rng{77};
 
   explicit rejection_world_of(std::int64_t tokens = 5, bool forked = false) {
-    for (cache* c : {&destination, &twin}) {
-      std::mt19937 same(9);
-      const sequence_id x = c->create();
-      shape.append(*c, x, shape.random(same, 7));
-      const sequence_id y = c->fork(x);
-      shape.append(*c, y, shape.random(same, 1));  // copy on write of the shared last page
-      const sequence_id z = c->create();
-      shape.append(*c, z, shape.random(same, 3));
-      c->free(z);  // a hole in the free list
-      (c == &destination ? ids : twin_ids) = {x, y};
-    }
+    ids = phasekv_test::populate(destination);
+    twin_ids = phasekv_test::populate(twin);
     sequence_id s = source.create();
-    shape.append(source, s, shape.random(rng, tokens));
+    append(source, s, shape.random(rng, tokens));
     if (forked) {
       const sequence_id f = source.fork(s);
-      shape.append(source, f, shape.random(rng, 1));
+      append(source, f, shape.random(rng, 1));
       s = f;
     }
     bytes = snapshot(source, s);
@@ -1083,12 +890,12 @@ struct rejection_world_of {
     const token_inputs<streams> more = shape.random(same, 9);
     const sequence_id c = destination.create(), d = twin.create();
     REQUIRE(c - ids[0] == d - twin_ids[0]);
-    shape.append(destination, c, more);
-    shape.append(twin, d, more);
+    append(destination, c, more);
+    append(twin, d, more);
     REQUIRE(phasekv_test::first_difference(phasekv_test::dump(destination), phasekv_test::dump(twin)) == "");
   }
 };
-using rejection_world = rejection_world_of<tiny_spec>;
+using rejection_world = rejection_world_of<gated_spec>;
 
 // restore() must throw Error with a message containing `expected`, and change nothing.
 template <class Error = input_error, class World>
@@ -1223,7 +1030,7 @@ TEST_CASE("snapshot: consistent checksums around inconsistent contents are rejec
       {"stream count", kLayer + 8, 3, false, "does not fit the 3 streams"},
       {"history negative", kLayer + 48, static_cast<std::uint64_t>(-1), false, "snapshot: history = -1"},
       {"history huge", kLayer + 48, std::uint64_t{1} << 50, false, "snapshot: history = 1125899906842624"},
-      {"tokens", kLayer, 6, false, "section 0 (stream 0 entries) has 16 bytes, expected 24"},
+      {"tokens", kLayer, 6, false, "section 0 (stream 0 entries) has 24 bytes, expected 36"},
       {"tokens absurd", kLayer, std::uint64_t{1} << 62, false, "tokens = 4611686018427387904: must be at most 2^48"},
       {"pooling code", kStreams, 9, true, "stream 0 (keys) pooling unknown (9) does not match the cache's mean"},
       {"storage code", kStreams + 36, 7, true, "stream 0 (keys) storage = 7: is not a storage type"},
@@ -1287,9 +1094,9 @@ void full_pool_refuses(World& w) {
   while (w.destination.pool(0).free_pages() >= 7) {
     const token_inputs<World::streams> in = w.shape.random(rng, 4);
     added.push_back(w.destination.create());
-    w.shape.append(w.destination, added.back(), in);
+    append(w.destination, added.back(), in);
     twin_added.push_back(w.twin.create());
-    w.shape.append(w.twin, twin_added.back(), in);
+    append(w.twin, twin_added.back(), in);
   }
   REQUIRE(expect_rejected<capacity_error>(w, w.bytes, "snapshot: restoring 14 entries of stream 0 needs 7 pages") ==
           "");
@@ -1414,7 +1221,7 @@ std::string rejects(Source& source, Destination& destination, const std::string&
   shape_of<Source> s(source);
   std::mt19937 rng(12);
   const sequence_id id = source.create();
-  s.append(source, id, s.random(rng, 12));
+  append(source, id, s.random(rng, 12));
   const std::vector<std::byte> bytes = snapshot(source, id);
   const std::int64_t sequences = destination.sequences();
   std::vector<std::int64_t> used;
@@ -1511,6 +1318,95 @@ TEST_CASE("snapshot: each field of the fingerprint, changed, is rejected by name
     auto mixed = base.make<rich_policy, compressor_policy<vector_gated_pool, rope_after_pool, no_norm>>();
     REQUIRE(rejects(pair, mixed, "stream 1 (rich) norm RMSNorm does not match the cache's none") == "");
   }
+}
+
+// ==================================================================================================
+// The parts a snapshot is made of: paged_cache::parts lends a sequence's record, adopt makes one.
+
+// A copy of `source`'s sequence made through parts() and adopt() alone: states and window copied,
+// the entries' bytes copied page by page (both caches share a layout).
+template <class Cache>
+sequence_id adopt_copy(const Cache& from, sequence_id id, Cache& to) {
+  const typename Cache::sequence_parts p = from.parts(id);
+  typename Cache::layer::states states;
+  for (std::size_t k = 0; k < Cache::stream_count; ++k) states[k] = *p.states[k];
+  return to.adopt(p.tokens, std::move(states), raw_window(*p.window),
+                  [&](std::size_t k, page_pool& pool, const std::vector<page_id>& pages) {
+                    REQUIRE(pages.size() == p.tables[k]->size());
+                    for (std::size_t i = 0; i < pages.size(); ++i)
+                      std::memcpy(pool.data(pages[i]), from.pool(k).data((*p.tables[k])[i]),
+                                  static_cast<std::size_t>(pool.layout().page_stride_bytes));
+                  });
+}
+
+TEST_CASE("snapshot parts: a sequence adopted from another's parts is that sequence", "[snapshot][parts]") {
+  rejection_world_of<precise_spec> w(9, true);  // a fork: its last page shared, then copied
+  const sequence_id source = w.source.live_sequences().back();
+  const sequence_id copy = adopt_copy(w.source, source, w.destination);
+  REQUIRE(same_sequence(w.source, source, w.destination, copy) == "");
+  REQUIRE(snapshot(w.destination, copy) == w.bytes);
+  // Both go on alike: appends and a rollback into the history.
+  std::mt19937 rng(4);
+  for (std::int64_t n : {1, 3, 2}) {
+    const token_inputs<2> more = w.shape.random(rng, n);
+    append(w.source, source, more);
+    append(w.destination, copy, more);
+    REQUIRE(same_sequence(w.source, source, w.destination, copy) == "");
+  }
+  w.source.remove_suffix(source, w.source.tokens(source) - 1);
+  w.destination.remove_suffix(copy, w.destination.tokens(copy) - 1);
+  REQUIRE(same_sequence(w.source, source, w.destination, copy) == "");
+}
+
+TEST_CASE("snapshot parts: adopt refuses parts of another cache, and a failing writer, with nothing changed",
+          "[snapshot][parts]") {
+  rejection_world_of<precise_spec> w(9);
+  const sequence_id source = w.source.live_sequences().back();
+  const precise_cache::sequence_parts p = w.source.parts(source);
+  const auto states = [&] {
+    precise_cache::layer::states s;
+    for (std::size_t k = 0; k < 2; ++k) s[k] = *p.states[k];
+    return s;
+  };
+  const auto no_entries = [](std::size_t, page_pool&, const std::vector<page_id>&) {};
+  const auto refused = [&](auto&& call, const std::string& expected) -> std::string {
+    const phasekv_test::cache_dump before = w.dump();
+    try {
+      call();
+      return "accepted";
+    } catch (const input_error& e) {
+      if (std::string(e.what()).find(expected) == std::string::npos) return std::string("message: ") + e.what();
+    }
+    const phasekv_test::cache_dump after = w.dump();
+    return after == before ? "" : "changed: " + phasekv_test::first_difference(before, after);
+  };
+  // States for other tokens, or from another compressor (another geometry).
+  REQUIRE(refused([&] { w.destination.adopt(p.tokens + 1, states(), raw_window(*p.window), no_entries); },
+                  "destination.adopt: states[0].tokens") == "");
+  const geometry other{3, 3};
+  stream_config kv = w.source.compressors().config(0), ix = w.source.compressors().config(1);
+  const precise_cache::layer foreign(precise_kv(other, kv), precise_kv(other, ix));
+  REQUIRE(refused([&] { w.destination.adopt(0, foreign.make_state(1), raw_window(*p.window), no_entries); },
+                  "was not made for this compressor") == "");
+  // A window for another history, or another precision.
+  raw_window_config window = w.source.config().window;
+  REQUIRE(refused([&] { w.destination.adopt(p.tokens, states(), raw_window(window, 3), no_entries); },
+                  "destination.adopt: window.rows()") == "");
+  window.precision = storage_type::f32;
+  window.rope_channels = 0;
+  REQUIRE(refused([&] { w.destination.adopt(p.tokens, states(), raw_window(window, 1), no_entries); },
+                  "window.rows()") == "");
+  // A writer that throws once every page is allocated: they go back, last first (the twin check).
+  const phasekv_test::cache_dump before = w.dump();
+  std::size_t writes = 0;
+  REQUIRE_THROWS_WITH(w.destination.adopt(p.tokens, states(), raw_window(*p.window),
+                                          [&](std::size_t k, page_pool&, const std::vector<page_id>& pages) {
+                                            REQUIRE(!pages.empty());
+                                            if (++writes == 2) throw input_error("writer of stream " + std::to_string(k));
+                                          }),
+                      "writer of stream 1");
+  REQUIRE(phasekv_test::first_difference(before, w.dump()) == "");
+  w.check_twin();
 }
 
 }  // namespace

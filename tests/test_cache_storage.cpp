@@ -29,12 +29,7 @@ namespace {
 using phasekv::storage_type;
 
 using phasekv_test::bits_of;
-
-float float_of(std::uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
+using phasekv_test::float_of;
 
 // ---- decoding by the IEEE formula ----------------------------------------------------------
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "support/configs.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
@@ -32,14 +33,7 @@ using namespace phasekv_test;
 using Catch::Matchers::Contains;
 
 stream_config make_config(std::int64_t channels, std::int64_t heads, input_layout inputs, std::int64_t rope_channels) {
-  stream_config c;
-  c.name = "bf16";
-  c.channels = channels;
-  c.kv_heads = heads;
-  c.inputs = inputs;
-  c.rope.channels = rope_channels;
-  c.rope.base = 10000.0;
-  return c;
+  return rotated_stream_of("bf16", channels, heads, inputs, rope_channels);
 }
 
 // Inputs in both forms: bf16 bits (the fp32 draws rounded to bf16) and their exact widenings.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "oracle/random_inputs.hpp"
+#include "support/message_of.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
@@ -20,6 +21,7 @@
 namespace {
 
 using namespace phasekv;
+using phasekv_test::message_of;
 using namespace phasekv_test;
 using Catch::Matchers::Contains;
 using Catch::Matchers::Equals;
@@ -43,22 +45,9 @@ stream_config make_config(std::int64_t channels = 8, std::int64_t heads = 2) {
   return c;
 }
 
-// The what() of an exception of type E thrown by f, or a note saying what happened instead.
-template <class E, class F>
-std::string thrown(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<wrong exception type: ") + e.what() + ">";
-  }
-  return "<no exception>";
-}
-
 template <class Policy>
 std::string config_message(const geometry& g, const stream_config& c, const stream_params& p = {}) {
-  return thrown<config_error>([&] { stream_compressor<Policy> compressor(g, c, p); });
+  return message_of<config_error>([&] { stream_compressor<Policy> compressor(g, c, p); });
 }
 
 }  // namespace
@@ -199,13 +188,13 @@ struct input_fixture {
   std::string refused(const token_chunk& c, const append_options& options = {}) {
     const stream_state before = state;
     std::int64_t entries = 0;
-    const std::string message = thrown<input_error>([&] {
+    const std::string message = message_of<input_error>([&] {
       compressor.append(state, c, [&](const entry_view&) { ++entries; }, options);
     });
     CHECK(entries == 0);
     CHECK(state == before);
     CHECK(state.tokens() == before.tokens());
-    CHECK(thrown<input_error>([&] { compressor.check(state, c, options); }) == message);
+    CHECK(message_of<input_error>([&] { compressor.check(state, c, options); }) == message);
     return message;
   }
 };
@@ -273,7 +262,7 @@ TEST_CASE("compressor input errors name what was wrong and change nothing", "[co
     stream_state foreign = other.make_state();
     const stream_state before = foreign;
     const std::string message =
-        thrown<input_error>([&] { f.compressor.append(foreign, f.chunk(), [](const entry_view&) {}); });
+        message_of<input_error>([&] { f.compressor.append(foreign, f.chunk(), [](const entry_view&) {}); });
     CHECK_THAT(message, Contains("state"));
     CHECK(foreign == before);
   }
@@ -284,7 +273,7 @@ TEST_CASE("a sink that throws leaves the state as it was", "[compress][errors]")
   const stream_state before = f.state;
   REQUIRE(f.compressor.entries_after(f.state, 12) == 3);
   int calls = 0;
-  const std::string message = thrown<std::runtime_error>([&] {
+  const std::string message = message_of<std::runtime_error>([&] {
     f.compressor.append(f.state, f.chunk(), [&](const entry_view&) {
       if (++calls == 2) throw std::runtime_error("sink full");
     });
@@ -327,18 +316,18 @@ TEST_CASE("layer: a refused chunk or a throwing sink leaves every stream as it w
   const auto before = states;
   int calls = 0;
   auto count = [&](std::size_t, const entry_view&) { ++calls; };
-  CHECK_THAT(thrown<input_error>([&] { layer.append(states, chunks_of(9, 8), count); }),
+  CHECK_THAT(message_of<input_error>([&] { layer.append(states, chunks_of(9, 8), count); }),
              Contains("chunks[1].tokens = 8"));
   append_options strict;
   strict.check_finite = true;
   v_in.logits[3] = nan_value;  // only the second stream's chunk is bad
-  CHECK_THAT(thrown<input_error>([&] { layer.append(states, chunks_of(9, 9), count, strict); }),
+  CHECK_THAT(message_of<input_error>([&] { layer.append(states, chunks_of(9, 9), count, strict); }),
              Contains("values") && Contains("logits") && Contains("nan"));
   v_in.logits[3] = 0.0f;
   CHECK(calls == 0);
   CHECK(states == before);
   // The second stream's sink call throws after the first stream emitted: nothing advances.
-  CHECK(thrown<std::runtime_error>([&] {
+  CHECK(message_of<std::runtime_error>([&] {
           layer.append(states, chunks_of(9, 9), [&](std::size_t stream, const entry_view&) {
             ++calls;
             if (stream == 1) throw std::runtime_error("value store full");
@@ -355,7 +344,7 @@ TEST_CASE("layer: streams must share one geometry", "[compress][errors]") {
   using policy = compressor_policy<mean_pool>;
   const stream_config c = make_config(4, 1);
   using layer_t = layer_compressor<stream_compressor<policy>, stream_compressor<policy>>;
-  CHECK_THAT(thrown<config_error>([&] {
+  CHECK_THAT(message_of<config_error>([&] {
                layer_t layer(stream_compressor<policy>(geometry{4, 8}, c),
                              stream_compressor<policy>(geometry{4, 8, 1}, c));
              }),

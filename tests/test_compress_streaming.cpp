@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "support/configs.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/pool_kernels.hpp"
@@ -26,14 +27,7 @@ using namespace phasekv;
 using namespace phasekv_test;
 
 stream_config make_config(std::int64_t channels, std::int64_t heads, input_layout inputs, std::int64_t rope_channels) {
-  stream_config c;
-  c.name = "streaming";
-  c.channels = channels;
-  c.kv_heads = heads;
-  c.inputs = inputs;
-  c.rope.channels = rope_channels;
-  c.rope.base = 10000.0;
-  return c;
+  return rotated_stream_of("streaming", channels, heads, inputs, rope_channels);
 }
 
 // Chunk sizes summing to `tokens`: 0 = one prefill, 1 = token by token, 2 = random sizes in

@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "support/message_of.hpp"
 #include "oracle/probe_sweeps.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/diag/interventions.hpp"
@@ -222,12 +223,7 @@ TEST_CASE("needle probe: intervention knobs are validated", "[needle][interventi
   auto bad = [](auto mutate, const char* message) {
     needle_config c = small_config(needle_policy::concentrated_gates, 4, 4);
     mutate(c);
-    try {
-      needle_probe p(c);
-      FAIL("no config_error for " << message);
-    } catch (const config_error& e) {
-      CHECK_THAT(e.what(), Catch::Contains(message));
-    }
+    CHECK_THAT(phasekv_test::message_of<config_error>([&] { needle_probe p(c); }), Catch::Contains(message));
   };
   bad([](needle_config& c) { c.origin = 4; }, "needle_config.origin = 4");
   bad([](needle_config& c) { c.origin = -1; }, "needle_config.origin = -1");

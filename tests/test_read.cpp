@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "support/read_result.hpp"
-#include "oracle/message_of.hpp"
+#include "support/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/scalar_attention.hpp"
 #include "oracle/thread_executor.hpp"

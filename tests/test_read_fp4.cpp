@@ -37,8 +37,8 @@
 #include "support/read_world.hpp"
 #include "support/common.hpp"
 #include "oracle/fp4_format.hpp"
-#include "oracle/deepseek_layer.hpp"
-#include "oracle/message_of.hpp"
+#include "support/deepseek_layer.hpp"
+#include "support/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/thread_executor.hpp"
 #include "phasekv/cache/layer_shape.hpp"
@@ -67,6 +67,7 @@ using phasekv_test::pick;
 using phasekv_test::pick_of;
 using phasekv_test::bit_equal;
 using phasekv_test::bits_of;
+using phasekv_test::append_tokens;
 
 // Query values whose transform is exact in double (so the oracle's dense transform and the
 // library's fast one agree bit for bit): integers of up to 20 bits times 2^scale.
@@ -342,29 +343,6 @@ reader_config reader_for(const world_spec& s) {
   return rc;
 }
 
-template <class Layer, class F, std::size_t... K>
-void each_stream(const Layer& layer, F&& f, std::index_sequence<K...>) {
-  (f(K, layer.template stream<K>()), ...);
-}
-
-template <class Cache>
-void append_random(Cache& cache, sequence_id seq, i64 n, std::mt19937& rng) {
-  typename Cache::chunks chunks;
-  std::vector<std::vector<float>> payload(Cache::stream_count);
-  each_stream(
-      cache.compressors(),
-      [&](std::size_t k, const auto& c) {
-        payload[k] = phasekv_test::random_uniform(rng, sz(n * c.payload_floats_per_token()), -1.0f, 1.0f);
-        chunks[k] = token_chunk{n, payload[k], {}};
-      },
-      std::make_index_sequence<Cache::stream_count>{});
-  const raw_window_config& w = cache.config().window;
-  const i64 heads = w.tokens > 0 ? w.kv_heads : 0;
-  const auto keys = phasekv_test::random_uniform(rng, sz(n * heads * w.key_channels), -1.0f, 1.0f);
-  const auto values = phasekv_test::random_uniform(rng, sz(n * heads * w.value_channels), -1.0f, 1.0f);
-  cache.append(seq, chunks, keys, values);
-}
-
 struct request_inputs {
   std::vector<float> queries, indexer_queries, indexer_weights;
   read_request request;
@@ -441,7 +419,7 @@ TEST_CASE("fp4 read: the selection and its scores are the oracle's top-k, on eve
     const sequence_id seq = cache.create();
     for (i64 done = 0; done < s.tokens;) {
       const i64 n = std::min(s.tokens - done, pick(rng, 1, 2000));
-      append_random(cache, seq, n, rng);
+      append_tokens(cache, seq, n, rng);
       done += n;
     }
     const sequence_view view = cache.view_of(seq);
@@ -481,7 +459,7 @@ TEST_CASE("fp4 read: a restored snapshot reads bit-identically", "[read][fp4][sn
   s.kv_storage = storage_type::fp8_e4m3_block;
   world_cache source = make_world(s), destination = make_world(s);
   const sequence_id seq = source.create();
-  append_random(source, seq, 777, rng);
+  append_tokens(source, seq, 777, rng);
   const sequence_id moved = restore(destination, snapshot(source, seq));
   const reader_config rc = reader_for(s);
   sparse_reader a(source, rc), b(destination, rc);
@@ -496,14 +474,7 @@ namespace {
 
 using phasekv_test::csa_cache;
 using phasekv_test::make_csa_layer;
-
-// The CSA reader preset with the FP4 indexer, selecting top_k, named "dsv4" in errors.
-reader_config dsv4_reader(i64 top_k) {
-  reader_config rc = presets::deepseek_v4_csa_precision_reader();
-  rc.name = "dsv4";
-  rc.top_k = top_k;
-  return rc;
-}
+using phasekv_test::csa_draw;
 
 cache_config dsv4_cache(i64 page_size, storage_type kv, storage_type indexer) {
   cache_config cc;
@@ -514,16 +485,6 @@ cache_config dsv4_cache(i64 page_size, storage_type kv, storage_type indexer) {
   cc.history = 8;
   cc.window = raw_window_config{128, 1, 512, 0};
   return cc;
-}
-
-void append_csa(csa_cache& cache, sequence_id seq, i64 n, std::mt19937& rng) {
-  const i64 views = presets::deepseek_v4_csa_geometry().branches();
-  const auto kv = phasekv_test::random_uniform(rng, sz(n * views * 512), -1.0f, 1.0f);
-  const auto kv_logits = phasekv_test::random_uniform(rng, sz(n * views * 512), -2.0f, 2.0f);
-  const auto ix = phasekv_test::random_uniform(rng, sz(n * views * 128), -1.0f, 1.0f);
-  const auto ix_logits = phasekv_test::random_uniform(rng, sz(n * views * 128), -2.0f, 2.0f);
-  const auto window = phasekv_test::random_uniform(rng, sz(n * 512), -1.0f, 1.0f);
-  cache.append(seq, {token_chunk{n, kv, kv_logits}, token_chunk{n, ix, ix_logits}}, window);
 }
 
 }  // namespace
@@ -537,10 +498,10 @@ TEST_CASE("fp4 read: DeepSeek-V4 CSA with FP8 entries and the FP4 indexer select
     csa_cache cache(layer, dsv4_cache(page_size, storage_type::fp8_e4m3_block, fp4));
     REQUIRE(cache.pool(1).layout().entry_stride_bytes == 68);
     const sequence_id seq = cache.create();
-    for (i64 n : {700, 301, 1}) append_csa(cache, seq, n, rng);  // 250 entries
+    for (i64 n : {700, 301, 1}) append_tokens(cache, seq, n, rng, csa_draw);  // 250 entries
     const sequence_view view = cache.view_of(seq);
     for (const i64 top_k : {64, 240}) {
-      const reader_config rc = dsv4_reader(top_k);
+      const reader_config rc = phasekv_test::dsv4_reader(top_k, true);
       sparse_reader reader(cache, rc);
       const i64 t = cache.tokens(seq) - 1;
       request_inputs in = random_request(rc, 512, 128, rng, t);
@@ -565,9 +526,9 @@ TEST_CASE("fp4 read: configurations and views that do not fit are errors naming 
   csa_cache cache(layer, dsv4_cache(8, storage_type::f32, fp4));
   csa_cache plain(layer, dsv4_cache(8, storage_type::f32, storage_type::f32));
   // fp4 precision needs FP4 keys; FP4 keys need fp4 precision.
-  CHECK_THAT(message_of<config_error>([&] { sparse_reader(plain, dsv4_reader(4)); }),
+  CHECK_THAT(message_of<config_error>([&] { sparse_reader(plain, phasekv_test::dsv4_reader(4, true)); }),
              Contains("dsv4.precision = fp4: needs the indexer stream stored in fp4_e2m1_hadamard"));
-  reader_config f32 = dsv4_reader(4), bf16 = dsv4_reader(4);
+  reader_config f32 = phasekv_test::dsv4_reader(4, true), bf16 = phasekv_test::dsv4_reader(4, true);
   f32.precision = indexer_precision::f32;
   bf16.precision = indexer_precision::bf16;
   CHECK_THAT(message_of<config_error>([&] { sparse_reader(cache, f32); }),
@@ -577,21 +538,21 @@ TEST_CASE("fp4 read: configurations and views that do not fit are errors naming 
                       "not fp4_e2m1_hadamard"));
   // FP4 streams are not attended to; their channel counts are powers of two in [32, 1024].
   layer_shape shape = cache.shape();
-  reader_config rc = dsv4_reader(4);
+  reader_config rc = phasekv_test::dsv4_reader(4, true);
   rc.key_stream = rc.value_stream = 1;
   rc.derotate_output = false;
   CHECK_THAT(message_of<config_error>([&] { sparse_reader(shape, rc); }),
              Contains("dsv4.key_stream = 'csa.indexer': is stored as fp4_e2m1_hadamard"));
   shape.streams[1].channels = 100;
-  CHECK_THAT(message_of<config_error>([&] { sparse_reader(shape, dsv4_reader(4)); }),
+  CHECK_THAT(message_of<config_error>([&] { sparse_reader(shape, phasekv_test::dsv4_reader(4, true)); }),
              Contains("dsv4: shape.streams[1].channels = 100: must be a power of two in [32, 1024]"));
 
   // Views.
   const sequence_id seq = cache.create();
   std::mt19937 rng(1606);
-  append_csa(cache, seq, 40, rng);
-  sparse_reader reader(cache, dsv4_reader(4));
-  request_inputs in = random_request(dsv4_reader(4), 512, 128, rng, 39);
+  append_tokens(cache, seq, 40, rng, csa_draw);
+  sparse_reader reader(cache, phasekv_test::dsv4_reader(4, true));
+  request_inputs in = random_request(phasekv_test::dsv4_reader(4, true), 512, 128, rng, 39);
   std::vector<float> sinks(64, 0.0f);
   in.request.sinks = sinks;
   std::vector<float> out(sz(reader.output_floats()));

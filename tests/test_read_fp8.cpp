@@ -30,8 +30,8 @@
 #include "support/read_world.hpp"
 #include "support/common.hpp"
 #include "oracle/fp8_format.hpp"
-#include "oracle/deepseek_layer.hpp"
-#include "oracle/message_of.hpp"
+#include "support/deepseek_layer.hpp"
+#include "support/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/thread_executor.hpp"
 #include "phasekv/cache/layer_shape.hpp"
@@ -57,6 +57,9 @@ using phasekv_test::pick;
 using phasekv_test::pick_of;
 using phasekv_test::bit_equal;
 using phasekv_test::same_trace;
+using phasekv_test::append_tokens;
+// Payloads of a random magnitude per token (1e-3 … 1e3), so entries' blocks get many scales.
+const phasekv_test::token_draw scaled{-1.0f, 1.0f, -1.0f, 1.0f, 3.0f};
 
 using phasekv_test::thread_executor;
 
@@ -198,6 +201,7 @@ world_spec random_spec(std::mt19937& rng) {
 }
 
 using phasekv_test::read_support::make_stream;
+using phasekv_test::read_support::reader_for;
 
 cache_config cache_config_for(const world_spec& s) {
   cache_config cc;
@@ -212,51 +216,6 @@ cache_config cache_config_for(const world_spec& s) {
     cc.window.rope_channels = s.window_rope_channels;
   }
   return cc;
-}
-
-reader_config reader_for(const world_spec& s) {
-  reader_config rc;
-  rc.name = "fp8.reader";
-  rc.query_heads = s.query_heads();
-  rc.key_stream = 0;
-  rc.value_stream = s.tied ? 0 : 1;
-  rc.indexer_stream = s.top_k > 0 ? (s.tied ? 1 : 2) : no_stream;
-  rc.top_k = s.top_k;
-  rc.indexer_heads = s.top_k > 0 ? s.indexer_heads : 0;
-  rc.sink = s.sink;
-  rc.derotate_output = s.tied;
-  return rc;
-}
-
-template <class Layer, class F, std::size_t... K>
-void each_stream(const Layer& layer, F&& f, std::index_sequence<K...>) {
-  (f(K, layer.template stream<K>()), ...);
-}
-
-// Appends n tokens whose payloads have a random magnitude per token (1e-3 … 1e3), so entries'
-// blocks get many different scales.
-template <class Cache>
-void append_random(Cache& cache, sequence_id seq, i64 n, std::mt19937& rng) {
-  typename Cache::chunks chunks;
-  std::vector<std::vector<float>> payload(Cache::stream_count);
-  std::uniform_real_distribution<float> decade(-3.0f, 3.0f);
-  each_stream(
-      cache.compressors(),
-      [&](std::size_t k, const auto& c) {
-        const i64 per = c.payload_floats_per_token();
-        payload[k] = phasekv_test::random_uniform(rng, sz(n * per), -1.0f, 1.0f);
-        for (i64 t = 0; t < n; ++t) {
-          const float m = std::pow(10.0f, decade(rng));
-          for (i64 i = 0; i < per; ++i) payload[k][sz(t * per + i)] *= m;
-        }
-        chunks[k] = token_chunk{n, payload[k], {}};
-      },
-      std::make_index_sequence<Cache::stream_count>{});
-  const raw_window_config& w = cache.config().window;
-  const i64 heads = w.tokens > 0 ? w.kv_heads : 0;
-  const auto keys = phasekv_test::random_uniform(rng, sz(n * heads * w.key_channels), -1.0f, 1.0f);
-  const auto values = phasekv_test::random_uniform(rng, sz(n * heads * w.value_channels), -1.0f, 1.0f);
-  cache.append(seq, chunks, keys, values);
 }
 
 struct request_inputs {
@@ -299,7 +258,7 @@ std::string compare(const read_result& a, const read_result& b) {
 
 template <class Cache>
 void check_world(Cache& cache, const world_spec& s, std::mt19937& rng) {
-  const reader_config rc = reader_for(s);
+  const reader_config rc = reader_for(s, "fp8.reader");
   sparse_reader reader(cache, rc), twin_reader(dequantized_shape(cache.shape()), rc);
   sparse_reader threaded(cache, rc);
   thread_executor pool(3);
@@ -308,11 +267,11 @@ void check_world(Cache& cache, const world_spec& s, std::mt19937& rng) {
   const sequence_id seq = cache.create();
   for (i64 done = 0; done < s.tokens;) {
     const i64 n = std::min(s.tokens - done, pick(rng, 1, 300));
-    append_random(cache, seq, n, rng);
+    append_tokens(cache, seq, n, rng, scaled);
     done += n;
   }
   const sequence_id fork = cache.fork(seq);
-  append_random(cache, fork, pick(rng, 1, 9), rng);
+  append_tokens(cache, fork, pick(rng, 1, 9), rng, scaled);
 
   for (sequence_id id : {seq, fork}) {
     const sequence_view view = cache.view_of(id);
@@ -400,14 +359,6 @@ namespace {
 using phasekv_test::csa_cache;
 using phasekv_test::make_csa_layer;
 
-// The CSA reader preset, selecting top_k, named "dsv4" in errors.
-reader_config dsv4_reader(i64 top_k) {
-  reader_config rc = presets::deepseek_v4_csa_reader();
-  rc.name = "dsv4";
-  rc.top_k = top_k;
-  return rc;
-}
-
 }  // namespace
 
 TEST_CASE("fp8 read: DeepSeek-V4 CSA with 584-byte entries reads like its dequantized twin", "[read][fp8][csa]") {
@@ -426,19 +377,11 @@ TEST_CASE("fp8 read: DeepSeek-V4 CSA with 584-byte entries reads like its dequan
     csa_cache cache(layer, cc);
     REQUIRE(cache.pool(0).layout().entry_stride_bytes == 584);
     const sequence_id seq = cache.create();
-    const i64 views = presets::deepseek_v4_csa_geometry().branches();
-    for (i64 n : {700, 301, 1}) {  // 250 entries
-      const auto kv = phasekv_test::random_uniform(rng, sz(n * views * 512), -1.0f, 1.0f);
-      const auto kv_logits = phasekv_test::random_uniform(rng, sz(n * views * 512), -2.0f, 2.0f);
-      const auto ix = phasekv_test::random_uniform(rng, sz(n * views * 128), -1.0f, 1.0f);
-      const auto ix_logits = phasekv_test::random_uniform(rng, sz(n * views * 128), -2.0f, 2.0f);
-      const auto window = phasekv_test::random_uniform(rng, sz(n * 512), -1.0f, 1.0f);
-      cache.append(seq, {token_chunk{n, kv, kv_logits}, token_chunk{n, ix, ix_logits}}, window);
-    }
+    for (i64 n : {700, 301, 1}) append_tokens(cache, seq, n, rng, phasekv_test::csa_draw);  // 250 entries
     const sequence_view view = cache.view_of(seq);
     const auto dq = dequantized_twin(view);
     for (i64 top_k : {0, 64, 240}) {  // every candidate; a selection; a selection over two pieces
-      reader_config rc = dsv4_reader(top_k);
+      reader_config rc = phasekv_test::dsv4_reader(top_k, false);
       rc.indexer_stream = top_k > 0 ? 1 : no_stream;
       rc.indexer_heads = top_k > 0 ? 64 : 0;
       sparse_reader reader(cache, rc), twin_reader(dequantized_shape(cache.shape()), rc);
@@ -469,12 +412,9 @@ TEST_CASE("fp8 read: a view or shape that does not match the FP8 layout is an er
   csa_cache cache(layer, cc);
   const sequence_id seq = cache.create();
   std::mt19937 rng(1403);
-  const i64 n = 40, views = 2;
-  const auto kv = phasekv_test::random_uniform(rng, sz(n * views * 512), -1.0f, 1.0f);
-  const auto ix = phasekv_test::random_uniform(rng, sz(n * views * 128), -1.0f, 1.0f);
-  const auto window = phasekv_test::random_uniform(rng, sz(n * 512), -1.0f, 1.0f);
-  cache.append(seq, {token_chunk{n, kv, kv}, token_chunk{n, ix, ix}}, window);
-  const reader_config rc = dsv4_reader(4);
+  const i64 n = 40;
+  append_tokens(cache, seq, n, rng);
+  const reader_config rc = phasekv_test::dsv4_reader(4, false);
   sparse_reader reader(cache, rc);
   const request_inputs in = random_request(rc, 512, 128, rng, n - 1);
   std::vector<float> out(sz(reader.output_floats()));

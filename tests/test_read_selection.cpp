@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "oracle/deepseek_layer.hpp"
-#include "oracle/message_of.hpp"
+#include "support/deepseek_layer.hpp"
+#include "support/message_of.hpp"
 #include "oracle/scalar_attention.hpp"
 #include "oracle/thread_executor.hpp"
 #include "phasekv/models/deepseek_v4.hpp"

@@ -34,8 +34,9 @@
 
 #include "support/read_result.hpp"
 #include "support/read_world.hpp"
+#include "support/tokens.hpp"
 #include "support/common.hpp"
-#include "oracle/message_of.hpp"
+#include "support/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "oracle/scalar_attention.hpp"
 #include "oracle/thread_executor.hpp"
@@ -65,6 +66,7 @@ using phasekv_test::sz;
 std::vector<float> uniform(std::mt19937& rng, i64 count, float lo = -1.0f, float hi = 1.0f) {
   return phasekv_test::random_uniform(rng, sz(count), lo, hi);
 }
+using phasekv_test::append_tokens;
 using phasekv_test::pick;
 using phasekv_test::pick_of;
 
@@ -76,11 +78,7 @@ using phasekv_test::message_of;
 using phasekv_test::thread_executor;
 
 using phasekv_test::read_support::make_stream;
-
-template <class Layer, class F, std::size_t... K>
-void each_stream(const Layer& layer, F&& f, std::index_sequence<K...>) {
-  (f(K, layer.template stream<K>()), ...);
-}
+using phasekv_test::read_support::reader_for;
 
 // ---- random worlds ---------------------------------------------------------------------------
 
@@ -122,20 +120,6 @@ world_spec random_spec(std::mt19937& rng) {
   return s;
 }
 
-reader_config reader_for(const world_spec& s, const std::string& name) {
-  reader_config rc;
-  rc.name = name;
-  rc.query_heads = s.query_heads();
-  rc.key_stream = 0;
-  rc.value_stream = s.tied ? 0 : 1;
-  rc.indexer_stream = s.top_k > 0 ? (s.tied ? 1 : 2) : no_stream;
-  rc.top_k = s.top_k;
-  rc.indexer_heads = s.top_k > 0 ? s.indexer_heads : 0;
-  rc.sink = s.sink;
-  rc.derotate_output = s.tied;
-  return rc;
-}
-
 cache_config cache_config_for(const world_spec& s) {
   cache_config cc;
   cc.name = "views";
@@ -164,25 +148,6 @@ tied_cache make_tied(const world_spec& s) {
   return tied_cache(layer_compressor<rope_stream, mean_stream>(
                         rope_stream(g, kv), mean_stream(g, make_stream("indexer", stream_role::indexer, 1, s.indexer_channels))),
                     cache_config_for(s));
-}
-
-// Appends n random tokens to every stream and the window.
-template <class Cache>
-void append_random(Cache& cache, sequence_id seq, i64 n, std::mt19937& rng) {
-  typename Cache::chunks chunks;
-  std::vector<std::vector<float>> payload(Cache::stream_count);
-  each_stream(
-      cache.compressors(),
-      [&](std::size_t k, const auto& c) {
-        payload[k] = uniform(rng, n * c.payload_floats_per_token());
-        chunks[k] = token_chunk{n, payload[k], {}};
-      },
-      std::make_index_sequence<Cache::stream_count>{});
-  const raw_window_config& w = cache.config().window;
-  const i64 heads = w.tokens > 0 ? w.kv_heads : 0;
-  const auto keys = uniform(rng, n * heads * w.key_channels);
-  const auto values = uniform(rng, n * heads * w.value_channels);
-  cache.append(seq, chunks, keys, values);
 }
 
 // One read's inputs for a world (owned, so items can point at them).
@@ -424,16 +389,16 @@ void check_world(Cache& cache, const world_spec& s, std::mt19937& rng) {
   // A shared prefix, forks of it that go on on their own, and one independent sequence.
   std::vector<sequence_id> seqs;
   const sequence_id base = cache.create();
-  append_random(cache, base, pick(rng, 1, 200), rng);
+  append_tokens(cache, base, pick(rng, 1, 200), rng);
   for (int f = 0; f < 3; ++f) {
     const sequence_id fork = cache.fork(base);
-    append_random(cache, fork, pick(rng, 1, 60), rng);
+    append_tokens(cache, fork, pick(rng, 1, 60), rng);
     seqs.push_back(fork);
   }
-  append_random(cache, base, pick(rng, 0, 30) + 1, rng);
+  append_tokens(cache, base, pick(rng, 0, 30) + 1, rng);
   seqs.push_back(base);
   const sequence_id other = cache.create();
-  append_random(cache, other, pick(rng, 1, 150), rng);
+  append_tokens(cache, other, pick(rng, 1, 150), rng);
   seqs.push_back(other);
 
   const i64 B = static_cast<i64>(seqs.size()), H = s.query_heads(), out_floats = H * s.values();
@@ -1040,7 +1005,7 @@ TEST_CASE("views: the CSR export is the batch of the sequences' stream views", "
   std::vector<sequence_id> ids;
   for (int i = 0; i < 4; ++i) {
     ids.push_back(cache.create());
-    append_random(cache, ids.back(), pick(rng, 0, 40), rng);
+    append_tokens(cache, ids.back(), pick(rng, 0, 40), rng);
   }
   for (std::size_t k = 0; k < untied_cache::stream_count; ++k) {
     const paged_view csr = cache.view(ids, k);
@@ -1085,11 +1050,11 @@ TEST_CASE("views: batched reads of different sequences while another thread appe
   untied_cache cache = make_untied(s);
   const reader_config rc = reader_for(s, "threads");
   const sequence_id prefix = cache.create();
-  append_random(cache, prefix, 301, rng);
+  append_tokens(cache, prefix, 301, rng);
   std::vector<sequence_id> readers_seqs;
   for (int i = 0; i < 4; ++i) {
     readers_seqs.push_back(cache.fork(prefix));
-    append_random(cache, readers_seqs.back(), 10 + i, rng);
+    append_tokens(cache, readers_seqs.back(), 10 + i, rng);
   }
   const sequence_id writer_seq = cache.fork(prefix);  // shares the prefix's pages with the readers' sequences
   std::vector<request_inputs> inputs;
@@ -1109,7 +1074,7 @@ TEST_CASE("views: batched reads of different sequences while another thread appe
   std::atomic<bool> mismatch_seen{false};
   std::thread writer([&] {
     std::mt19937 wrng(9);
-    for (int step = 0; step < 60; ++step) append_random(cache, writer_seq, 1 + step % 5, wrng);
+    for (int step = 0; step < 60; ++step) append_tokens(cache, writer_seq, 1 + step % 5, wrng);
   });
   auto read_pairs = [&](std::size_t first) {
     sparse_reader reader(cache.shape(), rc);

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
-#include "oracle/message_of.hpp"
+#include "support/message_of.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"

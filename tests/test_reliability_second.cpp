@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
-#include "oracle/message_of.hpp"
+#include "support/message_of.hpp"
 #include "phasekv/cache/model_cache.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/deepseek_checkpoint.hpp"

@@ -23,7 +23,7 @@
 
 #include "support/common.hpp"
 #include "oracle/deepseek_compressor.hpp"
-#include "oracle/message_of.hpp"
+#include "support/message_of.hpp"
 #include "oracle/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/entry_buffer.hpp"

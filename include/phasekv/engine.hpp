@@ -12,6 +12,7 @@
 #include "phasekv/version.hpp"
 
 // core
+#include "phasekv/core/byte_io.hpp"
 #include "phasekv/core/crc32c.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
@@ -48,8 +49,10 @@
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/cache/raw_window.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/cache/snapshot.hpp"
+#include "phasekv/cache/snapshot_fingerprint.hpp"
 
 // read
 #include "phasekv/read/attention_kernel.hpp"

@@ -26,7 +26,10 @@
 #include <string>
 #include <vector>
 
+#include "fault/injector.hpp"
 #include "oracle/cache_dump.hpp"
+#include "support/configs.hpp"
+#include "support/tokens.hpp"
 #include "phasekv/cache/model_cache.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
@@ -69,10 +72,8 @@ void arm(long n, bool keep_failing) {
   largest = 0;
   countdown = n;
 }
-// Counts without failing: largest_since() then says how big the largest allocation was.
 void arm_tracking() { arm(0, false); }
 std::size_t largest_since() { return largest.load(); }
-// True when an allocation failed since arm().
 bool disarm() {
   countdown = 0;
   return fired.load();
@@ -129,6 +130,7 @@ namespace {
 
 using namespace phasekv;
 using i64 = std::int64_t;
+using phasekv_test::append_tokens;
 
 // Gated, normalised, rotated K/V entries (DeepSeek-V4's policy) and mean-pooled indexer keys.
 using kv_stream = stream_compressor<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>>;
@@ -140,39 +142,11 @@ constexpr i64 kStride = 2, kWindow = 4, kKvChannels = 8, kIxChannels = 4, kQuery
 
 world_cache make_cache() {
   const geometry g{kStride, kWindow};
-  stream_config kv;
-  kv.name = "kv";
-  kv.channels = kKvChannels;
+  stream_config kv = phasekv_test::stream_of("kv", stream_role::key_value, kKvChannels);
   kv.rope.channels = 4;
-  stream_config ix;
-  ix.name = "ix";
-  ix.role = stream_role::indexer;
-  ix.channels = kIxChannels;
-  cache_config cc;
-  cc.page_size = 2;
-  cc.pages = 24;
-  cc.history = 3;
-  cc.window.tokens = 3;
-  cc.window.key_channels = kKvChannels;  // tied window
+  const stream_config ix = phasekv_test::stream_of("ix", stream_role::indexer, kIxChannels);
+  const cache_config cc = phasekv_test::cache_of("cache", 2, 24, 3, raw_window_config{3, 1, kKvChannels, 0});  // tied
   return world_cache(layer_compressor<kv_stream, ix_stream>(kv_stream(g, kv), ix_stream(g, ix)), cc);
-}
-
-// A sequence's next tokens: the same values in every world (seeded by sequence and position).
-void append_tokens(world_cache& cache, sequence_id id, i64 tokens, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  auto values = [&](i64 n) {
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (float& x : v) x = u(rng);
-    return v;
-  };
-  const auto& kv = cache.compressors().stream<0>();
-  const auto& ix = cache.compressors().stream<1>();
-  const auto payload = values(tokens * kv.payload_floats_per_token());
-  const auto logits = values(tokens * kv.logit_floats_per_token());
-  const auto index = values(tokens * ix.payload_floats_per_token());
-  const auto window = values(tokens * kKvChannels);
-  cache.append(id, {token_chunk{tokens, payload, logits}, token_chunk{tokens, index, {}}}, window);
 }
 
 // Sequences a (11 tokens), b = fork(a) (shares a's pages, the last one partially filled) and
@@ -183,11 +157,12 @@ struct world {
 
   world() {
     a = cache.create();
-    append_tokens(cache, a, 11, 1);
+    append_tokens(cache, a, 11, 1u);
     b = cache.fork(a);
     c = cache.create();
-    append_tokens(cache, c, 5, 2);
+    append_tokens(cache, c, 5, 2u);
   }
+  phasekv_test::cache_dump dump() const { return phasekv_test::dump(cache); }
 };
 
 struct read_result {
@@ -215,53 +190,11 @@ reader_config world_reader_config() {
 
 using operation = std::function<void(world&)>;
 
-// Runs `op` with the n-th allocation failing (and, when `keep_failing`, every later one), for
-// n = 1, 2, … until op completes without a failure. Checks the strong guarantee at every n.
-void check_strong_guarantee(const std::string& name, const operation& op, bool keep_failing) {
-  // What the call gives in a world that never saw a fault.
-  world reference;
-  op(reference);
-  const phasekv_test::cache_dump expected = phasekv_test::dump(reference.cache);
-
-  for (long n = 1;; ++n) {
-    world w;
-    const phasekv_test::cache_dump before = phasekv_test::dump(w.cache);
-    bool threw = false;
-    std::string what;
-    fault::arm(n, keep_failing);
-    try {
-      op(w);
-    } catch (const std::bad_alloc&) {
-      threw = true;
-      what = "std::bad_alloc";
-    } catch (const capacity_error& e) {
-      threw = true;
-      what = e.what();
-    }
-    const bool fired = fault::disarm();
-    INFO(name << ": allocation " << n << (keep_failing ? " and every later one" : "") << " failed; threw " << what);
-    if (!fired) {
-      REQUIRE_FALSE(threw);
-      REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), expected) == "");
-      break;
-    }
-    if (!threw) {
-      // The call absorbed the failure (none of phasekv's calls does today): it must then have
-      // done its whole job.
-      REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), expected) == "");
-      continue;
-    }
-    REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), before) == "");
-    op(w);  // the same call with memory back
-    REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), expected) == "");
-  }
-}
-
 const std::vector<std::pair<std::string, operation>>& operations() {
   static const std::vector<std::pair<std::string, operation>> ops = {
-      {"append (copy on write, fresh pages, window)", [](world& w) { append_tokens(w.cache, w.b, 3, 3); }},
-      {"append (fresh pages)", [](world& w) { append_tokens(w.cache, w.c, 6, 4); }},
-      {"append (no entry)", [](world& w) { append_tokens(w.cache, w.a, 1, 5); }},
+      {"append (copy on write, fresh pages, window)", [](world& w) { append_tokens(w.cache, w.b, 3, 3u); }},
+      {"append (fresh pages)", [](world& w) { append_tokens(w.cache, w.c, 6, 4u); }},
+      {"append (no entry)", [](world& w) { append_tokens(w.cache, w.a, 1, 5u); }},
       {"fork", [](world& w) { w.cache.fork(w.a); }},
       {"copy", [](world& w) { w.cache.copy(w.c, w.b); }},
       {"remove_suffix", [](world& w) { w.cache.remove_suffix(w.a, 9); }},
@@ -275,12 +208,12 @@ const std::vector<std::pair<std::string, operation>>& operations() {
 
 TEST_CASE("fault injection: every mutating call keeps the strong guarantee when one allocation fails",
           "[cache][fault]") {
-  for (const auto& [name, op] : operations()) check_strong_guarantee(name, op, false);
+  for (const auto& [name, op] : operations()) fault::check_strong_guarantee<world>(name, op, false);
 }
 
 TEST_CASE("fault injection: every mutating call keeps the strong guarantee when memory stays exhausted",
           "[cache][fault]") {
-  for (const auto& [name, op] : operations()) check_strong_guarantee(name, op, true);
+  for (const auto& [name, op] : operations()) fault::check_strong_guarantee<world>(name, op, true);
 }
 
 // ---- the same for a model cache: one layer of the first kind, two of a second -------------------
@@ -295,9 +228,7 @@ struct model_world {
   sequence_id a = -1, b = -1, c = -1;
 
   static two_kinds make(bool shared) {
-    cache_config second;
-    second.page_size = 1;
-    second.pages = 24;
+    cache_config second = phasekv_test::cache_of("second", 1, 24);
     if (shared) {
       page_pool_config p;
       p.name = "shared";
@@ -307,9 +238,7 @@ struct model_world {
       p.capacity = 24;
       second.shared_pools = {std::make_shared<page_pool>(p)};
     }
-    stream_config hkv;
-    hkv.name = "hkv";
-    hkv.channels = 3;
+    const stream_config hkv = phasekv_test::stream_of("hkv", stream_role::key_value, 3);
     std::vector<layer_spec<second_cache>> seconds;
     for (int i = 0; i < 2; ++i) {
       second.name = "second" + std::to_string(i);
@@ -334,18 +263,19 @@ struct model_world {
     c = model.create();
     forward(c, 5, 2);
   }
-};
-
-std::string model_difference(const model_world& x, const model_world& y) {
-  std::string d = phasekv_test::first_difference(phasekv_test::dump(x.model.layer<0>()), phasekv_test::dump(y.model.layer<0>()));
-  if (!d.empty()) return "layer 0: " + d;
-  for (std::size_t i = 0; i < 2; ++i) {
-    d = phasekv_test::first_difference(phasekv_test::dump(x.model.layer<1>(i)), phasekv_test::dump(y.model.layer<1>(i)));
-    if (!d.empty()) return "second-kind layer " + std::to_string(i) + ": " + d;
+  // Every layer's dump, one after another, and the model's sequence count.
+  phasekv_test::cache_dump dump() const {
+    phasekv_test::cache_dump d = phasekv_test::dump(model.layer<0>());
+    for (std::size_t i = 0; i < 2; ++i) {
+      const phasekv_test::cache_dump layer = phasekv_test::dump(model.layer<1>(i));
+      d.lines.push_back("second-kind layer " + std::to_string(i));
+      d.lines.insert(d.lines.end(), layer.lines.begin(), layer.lines.end());
+      d.states.insert(d.states.end(), layer.states.begin(), layer.states.end());
+    }
+    d.lines.push_back("model sequences " + std::to_string(model.sequences()));
+    return d;
   }
-  if (x.model.sequences() != y.model.sequences()) return "model sequence counts differ";
-  return "";
-}
+};
 
 TEST_CASE("fault injection: model_cache operations keep every layer unchanged when an allocation fails",
           "[cache][model][fault]") {
@@ -359,37 +289,10 @@ TEST_CASE("fault injection: model_cache operations keep every layer unchanged wh
       {"free", [](model_world& w) { w.model.free(w.b); }},
       {"clear", [](model_world& w) { w.model.clear(); }},
   };
-  for (bool shared : {false, true}) {
-    for (bool keep_failing : {false, true}) {
-      for (const auto& [name, op] : ops) {
-        model_world reference(shared);
-        op(reference);
-        for (long n = 1;; ++n) {
-          model_world w(shared), before(shared);
-          bool threw = false;
-          fault::arm(n, keep_failing);
-          try {
-            op(w);
-          } catch (const std::bad_alloc&) {
-            threw = true;
-          } catch (const capacity_error&) {
-            threw = true;
-          }
-          const bool fired = fault::disarm();
-          INFO(name << (shared ? " (shared pool)" : "") << ": allocation " << n
-                    << (keep_failing ? " and every later one" : "") << " failed");
-          if (!fired || !threw) {
-            REQUIRE(model_difference(w, reference) == "");
-            if (!fired) break;
-            continue;
-          }
-          REQUIRE(model_difference(w, before) == "");
-          op(w);
-          REQUIRE(model_difference(w, reference) == "");
-        }
-      }
-    }
-  }
+  for (bool shared : {false, true})
+    for (bool keep_failing : {false, true})
+      for (const auto& [name, op] : ops)
+        fault::check_strong_guarantee<model_world>(name + (shared ? " (shared pool)" : ""), op, keep_failing, shared);
 }
 
 TEST_CASE("fault injection: a read that runs out of memory throws, and the next read is exact", "[read][fault]") {
@@ -400,18 +303,13 @@ TEST_CASE("fault injection: a read that runs out of memory throws, and the next 
     for (long n = 1;; ++n) {
       world w;
       world_reader reader(w.cache, world_reader_config());
-      const phasekv_test::cache_dump before = phasekv_test::dump(w.cache);
-      bool threw = false;
-      fault::arm(n, keep_failing);
-      try {
-        (void)read_a(w, reader);
-      } catch (const std::bad_alloc&) {
-        threw = true;
-      }
-      const bool fired = fault::disarm();
-      INFO("allocation " << n << (keep_failing ? " and every later one" : "") << " failed");
-      REQUIRE(threw == fired);
-      REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), before) == "");
+      const phasekv_test::cache_dump before = w.dump();
+      const fault::outcome o = fault::failing(n, keep_failing, [&] { (void)read_a(w, reader); });
+      const bool fired = o.fired;
+      INFO("allocation " << n << (keep_failing ? " and every later one" : "") << " failed; threw " << o.what);
+      REQUIRE(o.threw == fired);
+      REQUIRE((!o.threw || o.what == "std::bad_alloc"));
+      REQUIRE(phasekv_test::first_difference(w.dump(), before) == "");
       const read_result again = read_a(w, reader);
       REQUIRE(again.out == expected.out);
       REQUIRE(again.trace.selected == expected.trace.selected);
@@ -423,19 +321,10 @@ TEST_CASE("fault injection: a read that runs out of memory throws, and the next 
 TEST_CASE("fault injection: constructors and create() turn a failed allocation into capacity_error or bad_alloc",
           "[cache][fault]") {
   for (long n = 1;; ++n) {
-    bool threw = false;
-    fault::arm(n, false);
-    try {
-      world w;  // pools, sequences, appends: everything a world makes
-    } catch (const std::bad_alloc&) {
-      threw = true;
-    } catch (const capacity_error&) {
-      threw = true;
-    }
-    const bool fired = fault::disarm();
+    const fault::outcome o = fault::failing(n, false, [] { world w; });  // pools, sequences, appends
     INFO("allocation " << n << " failed");
-    REQUIRE(threw == fired);
-    if (!fired) break;
+    REQUIRE(o.threw == o.fired);
+    if (!o.fired) break;
   }
 }
 

@@ -7,146 +7,51 @@
 // bytes.
 //
 // This file is part of phasekv_fault_tests and drives the operator new that
-// tests/fault/test_fault_injection.cpp installs for the whole binary.
+// tests/fault/test_fault_injection.cpp installs for the whole binary (tests/fault/injector.hpp).
 
 #include <catch2/catch.hpp>
 
 #include <cstddef>
 #include <cstdint>
-#include <new>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "fault/injector.hpp"
 #include "oracle/cache_dump.hpp"
 #include "oracle/snapshot_format.hpp"
-#include "phasekv/cache/paged_cache.hpp"
+#include "support/small_layers.hpp"
 #include "phasekv/cache/snapshot.hpp"
-#include "phasekv/compress/layer_compressor.hpp"
-#include "phasekv/compress/stream_compressor.hpp"
-
-namespace fault {  // tests/fault/test_fault_injection.cpp
-void arm(long n, bool keep_failing);
-bool disarm();
-void arm_tracking();
-std::size_t largest_since();
-}  // namespace fault
 
 namespace {
 
 using namespace phasekv;
-using i64 = std::int64_t;
+using phasekv_test::append_tokens;
+using phasekv_test::gated_cache;
+using phasekv_test::precise_cache;
 
-// Gated values with RMSNorm and mean-pooled keys; a raw window with separate values; history 1.
-using key_stream = stream_compressor<compressor_policy<mean_pool>>;
-using value_stream = stream_compressor<compressor_policy<vector_gated_pool, no_rope, rms_norm>>;
-using snap_cache = paged_cache<key_stream, value_stream>;
+// A destination (the small gated layer, tests/support/small_layers.hpp) holding a forked pair and
+// a hole in its free list.
+struct world {
+  gated_cache cache{phasekv_test::gated_layer(), phasekv_test::gated_config("destination", 24)};
+  world() { phasekv_test::populate(cache); }
+  phasekv_test::cache_dump dump() const { return phasekv_test::dump(cache); }
+};
 
-snap_cache make_cache(storage_type storage) {
-  const geometry g{2, 3};
-  stream_config k;
-  k.name = "keys";
-  k.channels = 3;
-  stream_config v;
-  v.name = "values";
-  v.channels = 2;
-  cache_config cc;
-  cc.page_size = 2;
-  cc.pages = 24;
-  cc.storage = storage;
-  cc.history = 1;
-  cc.window.tokens = 2;
-  cc.window.key_channels = 3;
-  cc.window.value_channels = 2;
-  return snap_cache(layer_compressor<key_stream, value_stream>(key_stream(g, k), value_stream(g, v)), cc);
-}
-
-// n uniform values in [−1, 1) from rng.
-std::vector<float> uniform(std::mt19937& rng, i64 n) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> x(static_cast<std::size_t>(n));
-  for (float& f : x) f = u(rng);
-  return x;
-}
-
-void append_tokens(snap_cache& cache, sequence_id id, i64 tokens, unsigned seed) {
-  std::mt19937 rng(seed);
-  const auto values = [&](i64 n) { return uniform(rng, n); };
-  const auto& k = cache.compressors().stream<0>();
-  const auto& v = cache.compressors().stream<1>();
-  const auto keys = values(tokens * k.payload_floats_per_token());
-  const auto payload = values(tokens * v.payload_floats_per_token());
-  const auto logits = values(tokens * v.logit_floats_per_token());
-  cache.append(id, {token_chunk{tokens, keys, {}}, token_chunk{tokens, payload, logits}}, values(tokens * 3),
-               values(tokens * 2));
-}
-
-// The snapshot of a 13-token sequence (6 entries per stream, one token pending) in `storage`.
+// The snapshot of a 13-token sequence of the gated layer (6 entries per stream, one token
+// pending), its entries stored as `storage`.
 std::vector<std::byte> snapshot_bytes(storage_type storage) {
-  snap_cache source = make_cache(storage);
+  gated_cache source(phasekv_test::gated_layer(), phasekv_test::gated_config("source", 24, storage));
   const sequence_id s = source.create();
-  append_tokens(source, s, 13, 7);
+  append_tokens(source, s, 13, 7u);
   return snapshot(source, s);
 }
 
-// Gives a destination a forked pair (sharing pages) and a hole in its free list.
-template <class Cache, class Append>
-void populate(Cache& cache, Append append) {
-  const sequence_id a = cache.create();
-  append(cache, a, 7, 1);
-  const sequence_id b = cache.fork(a);
-  append(cache, b, 1, 2);
-  const sequence_id c = cache.create();
-  append(cache, c, 5, 3);
-  cache.free(c);
-}
-
-struct world {
-  snap_cache cache = make_cache(storage_type::f32);
-  world() { populate(cache, append_tokens); }
-};
-
-// Restores `bytes` into a fresh World for n = 1, 2, … with the n-th allocation failing (once, or
-// from then on): each failure throws bad_alloc or capacity_error and leaves the destination's full
-// dump as it was, and the same restore with memory back gives exactly what a world that never
-// failed gives. Returns how many failures were injected.
+// Restores `bytes` under every injected failure, once and from then on (fault::check_strong_guarantee):
+// how many failures were injected.
 template <class World>
 long restore_under_faults(const std::vector<std::byte>& bytes, const std::string& what) {
-  World reference;
-  restore(reference.cache, bytes);
-  const phasekv_test::cache_dump expected = phasekv_test::dump(reference.cache);
-  long failures = 0;
-  for (bool keep_failing : {false, true}) {
-    for (long n = 1;; ++n) {
-      World w;
-      const phasekv_test::cache_dump before = phasekv_test::dump(w.cache);
-      bool threw = false;
-      std::string thrown;
-      fault::arm(n, keep_failing);
-      try {
-        restore(w.cache, bytes);
-      } catch (const std::bad_alloc&) {
-        threw = true;
-        thrown = "std::bad_alloc";
-      } catch (const capacity_error& e) {
-        threw = true;
-        thrown = e.what();
-      }
-      const bool fired = fault::disarm();
-      INFO(what << ": allocation " << n << (keep_failing ? " and every later one" : "") << " failed; threw " << thrown);
-      if (!fired) {
-        REQUIRE_FALSE(threw);
-        REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), expected) == "");
-        break;
-      }
-      ++failures;
-      REQUIRE(threw);
-      REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), before) == "");
-      restore(w.cache, bytes);  // with memory back
-      REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), expected) == "");
-    }
-  }
-  return failures;
+  const auto op = [&](World& w) { restore(w.cache, bytes); };
+  return fault::check_strong_guarantee<World>(what, op, false) + fault::check_strong_guarantee<World>(what, op, true);
 }
 
 TEST_CASE("fault injection: restore keeps the destination unchanged when an allocation fails", "[snapshot][fault]") {
@@ -156,48 +61,19 @@ TEST_CASE("fault injection: restore keeps the destination unchanged when an allo
 
 // ---- DeepSeek-V4's precision: FP8 entries, FP4 indexer keys, an FP8 raw window --------------
 
-using precise_stream = stream_compressor<compressor_policy<mean_pool>>;
-using precise_cache = paged_cache<precise_stream, precise_stream>;
-
-precise_cache make_precise_cache() {
-  const geometry g{2, 2};
-  stream_config kv;
-  kv.name = "kv";
-  kv.channels = 64;
-  stream_config ix;
-  ix.name = "indexer";
-  ix.role = stream_role::indexer;
-  ix.channels = 32;
-  cache_config cc;
-  cc.page_size = 2;
-  cc.pages = 24;
-  cc.history = 1;
-  cc.stream_storage = {storage_type::fp8_e4m3_block, storage_type::fp4_e2m1_hadamard};
-  cc.window.tokens = 2;
-  cc.window.key_channels = 64;
-  cc.window.precision = storage_type::fp8_e4m3_block;
-  cc.window.rope_channels = 8;
-  return precise_cache(layer_compressor<precise_stream, precise_stream>(precise_stream(g, kv), precise_stream(g, ix)), cc);
-}
-
-void append_precise(precise_cache& cache, sequence_id id, i64 tokens, unsigned seed) {
-  std::mt19937 rng(seed);
-  const auto kv = uniform(rng, tokens * 64), ix = uniform(rng, tokens * 32);
-  cache.append(id, {token_chunk{tokens, kv, {}}, token_chunk{tokens, ix, {}}}, uniform(rng, tokens * 64));
-}
-
 struct precise_world {
-  precise_cache cache = make_precise_cache();
-  precise_world() { populate(cache, append_precise); }
+  precise_cache cache{phasekv_test::precise_layer(), phasekv_test::precise_config("destination", 24)};
+  precise_world() { phasekv_test::populate(cache); }
+  phasekv_test::cache_dump dump() const { return phasekv_test::dump(cache); }
 };
 
 // The snapshot of a fork (sharing its parent's pages) 13 tokens long: 6 entries, one token pending.
 std::vector<std::byte> precise_snapshot() {
-  precise_cache source = make_precise_cache();
+  precise_cache source(phasekv_test::precise_layer(), phasekv_test::precise_config("source", 24));
   const sequence_id parent = source.create();
-  append_precise(source, parent, 12, 7);
+  append_tokens(source, parent, 12, 7u);
   const sequence_id s = source.fork(parent);
-  append_precise(source, s, 1, 8);
+  append_tokens(source, s, 1, 8u);
   return snapshot(source, s);
 }
 
@@ -232,38 +108,29 @@ TEST_CASE("fault injection: absurd sizes in a resealed snapshot are refused befo
     put_u64(b, c.at, c.value);
     reseal(b, 2);
     precise_world w;
-    const phasekv_test::cache_dump before = phasekv_test::dump(w.cache);
+    const phasekv_test::cache_dump before = w.dump();
     fault::arm_tracking();
     REQUIRE_THROWS_AS(restore(w.cache, b), input_error);
     fault::disarm();
     CHECK(fault::largest_since() <= 4096);
-    REQUIRE(phasekv_test::first_difference(phasekv_test::dump(w.cache), before) == "");
+    REQUIRE(phasekv_test::first_difference(w.dump(), before) == "");
   }
 }
 
 TEST_CASE("fault injection: snapshot() throws when its buffer cannot be allocated, then writes the same bytes",
           "[snapshot][fault]") {
-  snap_cache source = make_cache(storage_type::f32);
+  gated_cache source(phasekv_test::gated_layer(), phasekv_test::gated_config("source", 24));
   const sequence_id s = source.create();
-  append_tokens(source, s, 13, 7);
+  append_tokens(source, s, 13, 7u);
   const std::vector<std::byte> expected = snapshot(source, s);
   const phasekv_test::cache_dump before = phasekv_test::dump(source);
   for (long n = 1;; ++n) {
-    bool threw = false;
-    fault::arm(n, false);
-    try {
-      (void)snapshot(source, s);
-    } catch (const std::bad_alloc&) {
-      threw = true;
-    } catch (const capacity_error&) {
-      threw = true;
-    }
-    const bool fired = fault::disarm();
-    INFO("allocation " << n << " failed");
-    REQUIRE(threw == fired);
+    const fault::outcome o = fault::failing(n, false, [&] { (void)snapshot(source, s); });
+    INFO("allocation " << n << " failed; threw " << o.what);
+    REQUIRE(o.threw == o.fired);
     REQUIRE(phasekv_test::first_difference(phasekv_test::dump(source), before) == "");
     REQUIRE(snapshot(source, s) == expected);
-    if (!fired) break;
+    if (!o.fired) break;
   }
 }
 

@@ -29,13 +29,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <array>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
 #include "oracle/snapshot_format.hpp"
+#include "support/small_layers.hpp"
 #include "harness.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
@@ -53,88 +52,16 @@ bool tracing() {
   return on;
 }
 
-// ---- the two layers ----------------------------------------------------------------------------
+// The two layers (tests/support/small_layers.hpp): f32 keys with a gated, RMS-normed value stream;
+// FP8 K/V, FP4 indexer keys and an FP8 raw window.
+using phasekv_test::append_tokens;
+using phasekv_test::gated_cache;
+using phasekv_test::populate;
+using phasekv_test::precise_cache;
 
-using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
-using gated_stream = stream_compressor<compressor_policy<vector_gated_pool, no_rope, rms_norm>>;
-using f32_cache = paged_cache<mean_stream, gated_stream>;
-using precise_cache = paged_cache<mean_stream, mean_stream>;
-
-cache_config base_config(i64 pages) {
-  cache_config c;
-  c.page_size = 2;
-  c.pages = pages;
-  c.history = 1;
-  c.window.tokens = 2;
-  return c;
-}
-
-f32_cache make_f32(i64 pages) {
-  const geometry g{2, 3};
-  stream_config k, v;
-  k.name = "keys";
-  k.role = stream_role::key;
-  k.channels = 3;
-  v.name = "values";
-  v.role = stream_role::value;
-  v.channels = 2;
-  cache_config c = base_config(pages);
-  c.window.key_channels = 3;
-  c.window.value_channels = 2;
-  return f32_cache(layer_compressor<mean_stream, gated_stream>(mean_stream(g, k), gated_stream(g, v)), c);
-}
-
+gated_cache make_gated(i64 pages) { return gated_cache(phasekv_test::gated_layer(), phasekv_test::gated_config("cache", pages)); }
 precise_cache make_precise(i64 pages) {
-  const geometry g{2, 2};
-  stream_config kv, ix;
-  kv.name = "kv";
-  kv.channels = 64;
-  ix.name = "indexer";
-  ix.role = stream_role::indexer;
-  ix.channels = 32;
-  cache_config c = base_config(pages);
-  c.stream_storage = {storage_type::fp8_e4m3_block, storage_type::fp4_e2m1_hadamard};
-  c.window.key_channels = 64;
-  c.window.precision = storage_type::fp8_e4m3_block;
-  c.window.rope_channels = 8;
-  return precise_cache(layer_compressor<mean_stream, mean_stream>(mean_stream(g, kv), mean_stream(g, ix)), c);
-}
-
-// `tokens` new tokens of moderate random values for every stream and the window.
-template <class Cache>
-void append_random(Cache& cache, sequence_id id, i64 tokens, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  const auto values = [&](i64 n) {
-    std::vector<float> x(static_cast<std::size_t>(n));
-    for (float& f : x) f = u(rng);
-    return x;
-  };
-  std::array<std::vector<float>, 2> payload, logits;
-  typename Cache::chunks chunks;
-  const auto stream = [&](std::size_t k, const auto& c) {
-    payload[k] = values(tokens * c.payload_floats_per_token());
-    logits[k] = values(tokens * c.logit_floats_per_token());
-    chunks[k] = token_chunk{tokens, payload[k], logits[k]};
-  };
-  stream(0, cache.compressors().template stream<0>());
-  stream(1, cache.compressors().template stream<1>());
-  const raw_window_config& w = cache.config().window;
-  const std::vector<float> keys = values(tokens * w.kv_heads * w.key_channels);
-  const std::vector<float> vals = values(tokens * w.kv_heads * w.value_channels);
-  cache.append(id, chunks, keys, vals);
-}
-
-// A destination: a forked pair (sharing pages, one copied on write) and a hole in the free list.
-template <class Cache>
-void populate(Cache& c) {
-  const sequence_id x = c.create();
-  append_random(c, x, 7, 1);
-  const sequence_id y = c.fork(x);
-  append_random(c, y, 1, 2);
-  const sequence_id z = c.create();
-  append_random(c, z, 3, 3);
-  c.free(z);
+  return precise_cache(phasekv_test::precise_layer(), phasekv_test::precise_config("cache", pages));
 }
 
 template <class Cache, class Make>
@@ -146,10 +73,10 @@ void run(phasekv_fuzz::input_bytes& in, Make make) {
   // The source and its snapshot.
   Cache source = make(32);
   sequence_id s = source.create();
-  append_random(source, s, tokens, seed);
+  append_tokens(source, s, tokens, seed);
   if (forked) {
     const sequence_id f = source.fork(s);
-    append_random(source, f, 1, seed + 1);
+    append_tokens(source, f, 1, seed + 1);
     s = f;
   }
   const std::vector<std::byte> valid = snapshot(source, s);
@@ -208,7 +135,7 @@ void run(phasekv_fuzz::input_bytes& in, Make make) {
     Cache fresh = make(32);
     if (snapshot(fresh, restore(fresh, own)) != own) fail("an accepted snapshot does not round-trip");
     try {
-      append_random(destination, restored, 3, 99);
+      append_tokens(destination, restored, 3, 99);
     } catch (const capacity_error&) {  // the destination may be full
     } catch (const input_error& e) {
       // A state that holds none of its next entry's inputs (intact_from up to tokens: entries the
@@ -220,8 +147,8 @@ void run(phasekv_fuzz::input_bytes& in, Make make) {
   // (v) the destination and its twin: the same valid restore and append, the same dumps.
   if (!accepted) {
     const sequence_id x = restore(destination, valid), y = restore(twin, valid);
-    append_random(destination, x, 2, 5);
-    append_random(twin, y, 2, 5);
+    append_tokens(destination, x, 2, 5);
+    append_tokens(twin, y, 2, 5);
     const phasekv_test::cache_dump dx = phasekv_test::dump(destination), dy = phasekv_test::dump(twin);
     if (dx != dy) fail("after a refused restore the destination and its twin differ: " + phasekv_test::first_difference(dx, dy));
   }
@@ -234,6 +161,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const bool precise = in.byte() & 1;
   phasekv_fuzz::setup() = precise ? "fp8/fp4 layer" : "f32 layer";
   if (precise) run<precise_cache>(in, make_precise);
-  else run<f32_cache>(in, make_f32);
+  else run<gated_cache>(in, make_gated);
   return 0;
 }

@@ -1,5 +1,5 @@
 #pragma once
-// The snapshot format from the outside (cache/snapshot.hpp's header comment), for tests that
+// The snapshot format from the outside (docs/SNAPSHOT.md), for tests that
 // craft hostile snapshots: the CRC-32C by its definition, the byte offsets of the fields, and
 // reseal(), which recomputes every checksum so a patched field reaches the parser's checks of
 // its value rather than a checksum mismatch. Written from the format's description, using
@@ -21,7 +21,7 @@ inline std::uint32_t crc32c_bitwise(const unsigned char* p, std::size_t n, std::
   return ~r;
 }
 
-// Offsets of the format (the header comment of snapshot.hpp), for crafting snapshots.
+// Offsets of the format (docs/SNAPSHOT.md, "Layout"), for crafting snapshots.
 constexpr std::size_t kLayer = 32, kStreams = kLayer + 88;
 inline std::size_t table_at(std::size_t streams) { return kStreams + 152 * streams + 8; }
 

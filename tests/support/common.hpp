@@ -1,6 +1,7 @@
 #pragma once
-// The helpers nearly every test needs: a size from a signed count, and a float's bits (for
-// bit-for-bit comparisons, where == would call -0 and +0 equal and NaN unequal to itself).
+// The helpers nearly every test needs: a size from a signed count, and a float's bits and the
+// float of given bits (for bit-for-bit comparisons, where == would call -0 and +0 equal and NaN
+// unequal to itself).
 
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +18,11 @@ inline std::uint32_t bits_of(float x) {
   std::uint32_t b;
   std::memcpy(&b, &x, sizeof b);
   return b;
+}
+inline float float_of(std::uint32_t bits) {
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
 }
 
 // A uniform draw from [lo, hi], and one of `values` uniformly.

@@ -14,6 +14,7 @@
 
 #include "oracle/random_inputs.hpp"
 #include "support/common.hpp"
+#include "support/configs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
@@ -34,14 +35,26 @@ using gated_stream = stream_compressor<compressor_policy<vector_gated_pool>>;
 using phasekv_test::sz;
 
 
+// The reader of a random world (its spec has query_heads(), tied, top_k, indexer_heads, sink):
+// keys on stream 0, values on stream 1 (or 0 when tied), the indexer on the next stream when it
+// selects; a tied world's outputs are derotated.
+template <class Spec>
+reader_config reader_for(const Spec& s, const std::string& name) {
+  reader_config rc;
+  rc.name = name;
+  rc.query_heads = s.query_heads();
+  rc.key_stream = 0;
+  rc.value_stream = s.tied ? 0 : 1;
+  rc.indexer_stream = s.top_k > 0 ? (s.tied ? 1 : 2) : no_stream;
+  rc.top_k = s.top_k;
+  rc.indexer_heads = s.top_k > 0 ? s.indexer_heads : 0;
+  rc.sink = s.sink;
+  rc.derotate_output = s.tied;
+  return rc;
+}
+
 inline stream_config make_stream(const std::string& name, stream_role role, i64 kv_heads, i64 channels) {
-  stream_config c;
-  c.name = name;
-  c.role = role;
-  c.kv_heads = kv_heads;
-  c.channels = channels;
-  c.inputs = input_layout::per_branch;
-  return c;
+  return stream_of(name, role, channels, kv_heads);
 }
 
 // k·step with k uniform in [lo, hi]: small dyadic rationals, exact in fp32 and bf16.

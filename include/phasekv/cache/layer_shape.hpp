@@ -26,12 +26,13 @@ namespace phasekv {
 
 // The raw local window a sequence keeps next to its compressed entries.
 //
-// precision: f32 keeps the rows as the host hands them over. fp8_e4m3_block keeps each head of
-// each row as the values DeepSeek-V4's FP8 format holds (format/fp8.hpp: e4m3 codes with a UE8M0
-// scale per 64 channels, the last rope_channels of a key head in bf16; value heads of an untied
-// window have no RoPE channels) — the model quantizes its raw window as its entries. The ring
-// stays fp32 rows of those values (exact in fp32), so reads and views need no second path; the
-// rounding happens once, on append. rope_channels is 0 unless the precision is FP8.
+// precision: f32 keeps the rows as the host hands them over. fp8_e4m3_block stores each head of
+// each row in DeepSeek-V4's FP8 format (format/fp8.hpp: e4m3 codes with a UE8M0 scale per 64
+// channels, the last rope_channels of a key head in bf16; value heads of an untied window have no
+// RoPE channels) — the model quantizes its raw window as its entries. The ring then holds those
+// bytes (584 a row for DeepSeek-V4), quantized once, on append; the reader dequantizes them in its
+// attention kernel as it does FP8 entries (sequence_view.hpp's window_view, cache/raw_window.hpp).
+// rope_channels is 0 unless the precision is FP8.
 struct raw_window_config {
   std::int64_t tokens = 0;          // N_win; 0 keeps no window
   std::int64_t kv_heads = 1;

@@ -16,8 +16,9 @@
 //
 // Raw window: the last `window.tokens` tokens' key (and value) vectors as the host hands them
 // over — already RoPE'd at their own positions — kept in a ring of window.tokens + history
-// rows. `history` extra tokens of compressor inputs and window rows let remove_suffix roll
-// back that far; rolling back further throws, since the inputs it would need are gone.
+// rows, fp32 or FP8 (raw_window.hpp). `history` extra tokens of compressor inputs and window rows
+// let remove_suffix roll back that far; rolling back further throws, since the inputs it would
+// need are gone.
 //
 // Errors: every operation checks what a caller can get wrong first and throws input_error
 // (unknown sequence, bad range, chunk shape) or capacity_error (a pool is full) with the cache
@@ -48,9 +49,9 @@
 #include <utility>
 #include <vector>
 
-#include "phasekv/format/fp8.hpp"
 #include "phasekv/cache/layer_shape.hpp"  // raw_window_config
 #include "phasekv/cache/page_pool.hpp"
+#include "phasekv/cache/raw_window.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
@@ -244,9 +245,10 @@ class paged_cache {
     std::sort(held.begin(), held.end());
     return static_cast<std::int64_t>(std::unique(held.begin(), held.end()) - held.begin());
   }
+  // The raw window's ring rows (window.tokens + history, or 0), whether its keys are its values,
+  // and whether it keeps its rows as FP8 heads (bytes) rather than floats.
   std::int64_t window_rows() const noexcept { return config_.window.tokens > 0 ? config_.window.tokens + config_.history : 0; }
   bool tied_window() const noexcept { return config_.window.value_channels == 0; }
-  // An fp8_e4m3_block window keeps its rows as FP8 heads (bytes), an f32 one as floats.
   bool fp8_window() const noexcept { return config_.window.precision == storage_type::fp8_e4m3_block; }
 
   // ---- sequences -------------------------------------------------------------------------
@@ -255,12 +257,9 @@ class paged_cache {
   sequence_id create() {
     auto record = std::make_unique<sequence>();
     record->states = layer_.make_state(config_.history);
-    const std::int64_t rows = window_rows();
-    detail::allocate_or_fail(
-        [&] {
-          allocate_window(*record, rows);
-        },
-        config_.name + ".window.tokens", config_.window.tokens, rows * window_row_bytes());
+    detail::allocate_or_fail([&] { record->window = raw_window(config_.window, config_.history); },
+                             config_.name + ".window.tokens", config_.window.tokens,
+                             raw_window::ring_bytes(config_.window, config_.history));
     return insert(std::move(record));
   }
 
@@ -289,8 +288,8 @@ class paged_cache {
                       span<const float> window_values = {}, const append_options& options = {}) {
     sequence& s = find(id, "append");
     const std::int64_t tokens = in[0].tokens;
-    check_window_input(window_keys, tokens, window_key_floats(), "window_keys");
-    check_window_input(window_values, tokens, window_value_floats(), "window_values");
+    check_window_input(window_keys, tokens, window_key_floats(config_.window), "window_keys");
+    check_window_input(window_values, tokens, window_value_floats(config_.window), "window_values");
     layer_.check(s.states, in, options);  // a malformed chunk is an input_error, however full the pool
 
     // Every page this append needs in every stream, before anything changes.
@@ -307,7 +306,7 @@ class paged_cache {
       throw;
     }
     for (std::size_t k = 0; k < stream_count; ++k) adopt_plan(s, k, plans[k]);
-    write_window(s, window_keys, window_values, tokens);
+    s.window.write(window_keys, window_values, s.tokens, tokens);
     s.tokens += tokens;
     return layer_.geom().completed_entries(s.tokens) - layer_.geom().completed_entries(s.tokens - tokens);
   }
@@ -337,8 +336,8 @@ class paged_cache {
       const append_item& it = items[i];
       try {
         seqs[i] = &find(it.seq, "append_batch");
-        check_window_input(it.window_keys, it.in[0].tokens, window_key_floats(), "window_keys");
-        check_window_input(it.window_values, it.in[0].tokens, window_value_floats(), "window_values");
+        check_window_input(it.window_keys, it.in[0].tokens, window_key_floats(config_.window), "window_keys");
+        check_window_input(it.window_values, it.in[0].tokens, window_value_floats(config_.window), "window_values");
         layer_.check(seqs[i]->states, it.in, options);
       } catch (const input_error& e) {
         item_error(i, e);
@@ -385,7 +384,7 @@ class paged_cache {
       const std::int64_t tokens = items[i].in[0].tokens;
       for (std::size_t k = 0; k < stream_count; ++k) adopt_plan(s, k, plans[i][k]);
       layer_.commit(s.states, items[i].in);
-      write_window(s, items[i].window_keys, items[i].window_values, tokens);
+      s.window.write(items[i].window_keys, items[i].window_values, s.tokens, tokens);
       s.tokens += tokens;
     }
   }
@@ -404,8 +403,8 @@ class paged_cache {
                               const append_options& options = {}) {
     sequence& s = find(id, "append_entries");
     layer_.check_skip(s.states, tokens);
-    check_window_input(window_keys, tokens, window_key_floats(), "window_keys");
-    check_window_input(window_values, tokens, window_value_floats(), "window_values");
+    check_window_input(window_keys, tokens, window_key_floats(config_.window), "window_keys");
+    check_window_input(window_values, tokens, window_value_floats(config_.window), "window_values");
     const std::int64_t first = s.states[0].entries();
     const std::int64_t count = layer_.geom().completed_entries(s.states[0].tokens() + tokens) - first;
     for (std::size_t k = 0; k < stream_count; ++k) {
@@ -446,7 +445,7 @@ class paged_cache {
     }
     for (std::size_t k = 0; k < stream_count; ++k) adopt_plan(s, k, plans[k]);
     layer_.skip(s.states, tokens);
-    write_window(s, window_keys, window_values, tokens);
+    s.window.write(window_keys, window_values, s.tokens, tokens);
     s.tokens += tokens;
     return count;
   }
@@ -514,7 +513,7 @@ class paged_cache {
               ", history = " + std::to_string(config_.history) + "): " +
               (inputs ? "the raw window rows of tokens from " +
                             std::to_string(std::max<std::int64_t>(0, p0 - config_.window.tokens)) +
-                            " are gone (the window keeps tokens from " + std::to_string(s.window_first) + ")"
+                            " are gone (the window keeps tokens from " + std::to_string(s.window.first()) + ")"
                       : std::string("the compressor inputs needed to continue are gone")));
     }
     const std::int64_t kept_entries = layer_.geom().completed_entries(p0);
@@ -526,7 +525,7 @@ class paged_cache {
       s.tables[k].resize(static_cast<std::size_t>(kept_pages));
     });
     s.tokens = p0;
-    s.window_first = std::min(s.window_first, p0);  // rows from p0 on are rewritten before they are read
+    s.window.roll_back(p0);
   }
 
   // Whether remove_suffix(id, p0) would succeed (a multi-layer cache checks every layer first).
@@ -606,7 +605,7 @@ class paged_cache {
   // tokens − 1 (chunked prefill) still find their window.
   std::int64_t window_first(sequence_id id) const {
     const sequence& s = find(id, "window_first");
-    return config_.window.tokens > 0 ? s.window_first : s.tokens;
+    return config_.window.tokens > 0 ? s.window.first() : s.tokens;
   }
   // Token t's window key (kv_heads × key_channels) and value (or its key when tied), in an f32
   // window. An FP8 window's rows are bytes: window_key_bytes/window_value_bytes, or their values
@@ -614,26 +613,24 @@ class paged_cache {
   const float* window_key(sequence_id id, std::int64_t t) const {
     const sequence& s = find(id, "window_key");
     require_window_precision(storage_type::f32, "window_key");
-    return s.window_keys.data() + window_row(s, t) * window_key_floats();
+    return s.window.key(window_row(s, t));
   }
   const float* window_value(sequence_id id, std::int64_t t) const {
     const sequence& s = find(id, "window_value");
     require_window_precision(storage_type::f32, "window_value");
-    if (tied_window()) return s.window_keys.data() + window_row(s, t) * window_key_floats();
-    return s.window_values.data() + window_row(s, t) * window_value_floats();
+    return s.window.value(window_row(s, t));
   }
   // Token t's FP8 window key row (kv_heads heads of fp8_head_layout::of(key_channels,
   // rope_channels) bytes) and value row (the key row when tied).
   const std::byte* window_key_bytes(sequence_id id, std::int64_t t) const {
     const sequence& s = find(id, "window_key_bytes");
     require_window_precision(storage_type::fp8_e4m3_block, "window_key_bytes");
-    return s.window_key_bytes.data() + window_row(s, t) * window_key_row_bytes();
+    return s.window.key_bytes(window_row(s, t));
   }
   const std::byte* window_value_bytes(sequence_id id, std::int64_t t) const {
     const sequence& s = find(id, "window_value_bytes");
     require_window_precision(storage_type::fp8_e4m3_block, "window_value_bytes");
-    if (tied_window()) return s.window_key_bytes.data() + window_row(s, t) * window_key_row_bytes();
-    return s.window_value_bytes.data() + window_row(s, t) * window_value_row_bytes();
+    return s.window.value_bytes(window_row(s, t));
   }
   // The values a read sees for token t's window key (kv_heads × key_channels floats into out) and
   // value (kv_heads × value channels, the key's when tied), in either precision.
@@ -659,8 +656,7 @@ class paged_cache {
       m.uncompressed_bytes += s.tokens * entry_bytes;
       m.state_bytes += static_cast<std::int64_t>(s.states[k].bytes());
     }
-    m.state_bytes += static_cast<std::int64_t>((s.window_keys.capacity() + s.window_values.capacity()) * sizeof(float) +
-                                               s.window_key_bytes.capacity() + s.window_value_bytes.capacity());
+    m.state_bytes += static_cast<std::int64_t>(s.window.bytes());
     return m;
   }
 
@@ -706,8 +702,76 @@ class paged_cache {
   // of the sequence table. Valid until the next call that writes this sequence.
   sequence_view view_of(sequence_id id) const { return view_of(id, "view_of"); }
 
-  // cache/snapshot.hpp saves a sequence's record and restores one as a new sequence.
-  friend struct detail::snapshot_access;
+  // ---- a sequence in parts (snapshots: cache/snapshot.hpp, docs/SNAPSHOT.md) --------------------
+
+  // Sequence id's record, read-only, under one lookup: its tokens, per stream its compressor state
+  // and page table, and its raw window. `operation` names the caller in the message for an unknown
+  // id. Valid until the next call that writes the sequence.
+  struct sequence_parts {
+    std::int64_t tokens = 0;
+    std::array<const stream_state*, stream_count> states{};
+    std::array<const std::vector<page_id>*, stream_count> tables{};
+    const raw_window* window = nullptr;
+  };
+  sequence_parts parts(sequence_id id, const char* operation = "parts") const {
+    const sequence& s = find(id, operation);
+    sequence_parts p;
+    p.tokens = s.tokens;
+    for (std::size_t k = 0; k < stream_count; ++k) {
+      p.states[k] = &s.states[k];
+      p.tables[k] = &s.tables[k];
+    }
+    p.window = &s.window;
+    return p;
+  }
+
+  // A new sequence from parts made elsewhere — what restore() does with a snapshot's sections:
+  // `tokens` tokens; the streams' states, made by this cache's compressors (make_state) and read;
+  // the raw window, made for this cache's window and history and read; and the entries, which
+  // write_entries(k, pool, pages) puts into stream k's pages — completed_entries(tokens) of them,
+  // in pages freshly allocated from `pool` that no sequence holds yet. All or nothing: every
+  // stream's pages are allocated before any is written (capacity_error, "<what>: restoring …
+  // needs … pages", when a pool lacks them), and if write_entries throws (a checksum mismatch) or
+  // the sequence cannot be added, every page is given back, last allocated first — each pool's
+  // free list is as it was — and the cache is unchanged. Parts that do not belong to this cache
+  // are an input_error. Nothing here allocates but the page id arrays and the sequence table.
+  template <class WriteEntries>
+  sequence_id adopt(std::int64_t tokens, typename layer::states&& states, raw_window&& window,
+                    WriteEntries&& write_entries, const std::string& what = "adopt") {
+    check_parts(tokens, states, window, what);
+    const std::int64_t entries = layer_.geom().completed_entries(tokens);
+    auto record = std::make_unique<sequence>();
+    record->states = std::move(states);
+    record->window = std::move(window);
+    record->tokens = tokens;
+    // Page ids, reserved so that nothing below allocates memory until the sequence table does.
+    std::array<std::vector<page_id>, stream_count> pages;
+    for (std::size_t k = 0; k < stream_count; ++k) {
+      pages[k].resize(static_cast<std::size_t>((entries + config_.page_size - 1) / config_.page_size));
+      record->tables[k].reserve(pages[k].size());
+    }
+    std::size_t allocated = 0;
+    try {
+      for (; allocated < stream_count; ++allocated) {
+        page_pool& pool = *pools_[allocated];
+        try {
+          pool.allocate(static_cast<std::int64_t>(pages[allocated].size()), pages[allocated].data());
+        } catch (const capacity_error& e) {
+          throw capacity_error(what + ": restoring " + std::to_string(entries) + " entries of stream " +
+                               std::to_string(allocated) + " needs " + std::to_string(pages[allocated].size()) +
+                               " pages: " + e.what());
+        }
+      }
+      for (std::size_t k = 0; k < stream_count; ++k) {
+        write_entries(k, *pools_[k], static_cast<const std::vector<page_id>&>(pages[k]));
+        record->tables[k].assign(pages[k].begin(), pages[k].end());  // within the reserved capacity
+      }
+      return insert(std::move(record));  // leaves the record with us if it throws
+    } catch (...) {
+      release_reversed(pages, allocated);
+      throw;
+    }
+  }
 
  private:
   static_assert(stream_count <= sequence_view::max_streams, "a sequence_view holds at most max_streams streams");
@@ -730,24 +794,7 @@ class paged_cache {
       sv.pages = span<const page_id>(s.tables[k].data(), s.tables[k].size());
       sv.entries = s.states[k].entries();
     }
-    if (config_.window.tokens > 0) {
-      window_view& w = v.window;
-      if (fp8_window()) {
-        w.storage = storage_type::fp8_e4m3_block;
-        w.rope_channels = config_.window.rope_channels;
-        w.key_bytes = s.window_key_bytes.data();
-        w.value_bytes = tied_window() ? s.window_key_bytes.data() : s.window_value_bytes.data();
-      } else {
-        w.keys = s.window_keys.data();
-        w.values = tied_window() ? s.window_keys.data() : s.window_values.data();
-      }
-      w.rows = window_rows();
-      w.first = s.window_first;
-      w.tokens = s.tokens;
-      w.kv_heads = config_.window.kv_heads;
-      w.key_channels = config_.window.key_channels;
-      w.value_channels = tied_window() ? config_.window.key_channels : config_.window.value_channels;
-    }
+    v.window = s.window.view(s.tokens);
     return v;
   }
 
@@ -769,14 +816,9 @@ class paged_cache {
   struct sequence {
     typename layer::states states;
     std::array<std::vector<page_id>, stream_count> tables;
-    // The raw window ring: f32 rows, or (fp8_e4m3_block) rows of FP8 heads, the other pair empty.
-    std::vector<float> window_keys;    // [window rows][kv_heads][key_channels]
-    std::vector<float> window_values;  // [window rows][kv_heads][value_channels], empty when tied
-    std::vector<std::byte> window_key_bytes;    // [window rows][kv_heads][window_key_head().bytes]
-    std::vector<std::byte> window_value_bytes;  // [window rows][kv_heads][window_value_head().bytes], empty when tied
+    raw_window window;
     std::int64_t tokens = 0;
-    std::int64_t window_first = 0;     // oldest token whose window row is still intact
-    write_count writes;                // what a view's stamp records
+    write_count writes;  // what a view's stamp records
   };
 
   // view_stamp::current for this cache's views: the sequence is live and written no further.
@@ -865,8 +907,7 @@ class paged_cache {
   bool can_roll_back(const sequence& s, std::int64_t p0) const {
     bool ok = true;
     for_each_stream([&](std::size_t k, const auto& c) { ok = ok && c.can_truncate(s.states[k], p0); });
-    const std::int64_t window_needed = std::max<std::int64_t>(0, p0 - config_.window.tokens);
-    return ok && !(config_.window.tokens > 0 && window_needed < p0 && window_needed < s.window_first);
+    return ok && s.window.can_roll_back(p0);
   }
 
   // Adds a holder to every page of `s`: all or nothing (retain fails only at the maximum count).
@@ -895,6 +936,40 @@ class paged_cache {
     return id;
   }
 
+  // adopt()'s parts must be this cache's: the states made by its compressors for `tokens` tokens,
+  // the window made for its window and history.
+  void check_parts(std::int64_t tokens, const typename layer::states& states, const raw_window& window,
+                   const std::string& what) const {
+    const std::string where = config_.name + "." + what;
+    if (tokens < 0 || tokens > limits::max_tokens)
+      detail::fail<input_error>(where + ": tokens", tokens, "must lie in [0, 2^48]");
+    layer_.check_skip(states, 0);  // made by these compressors
+    for (std::size_t k = 0; k < stream_count; ++k)
+      if (states[k].tokens() != tokens || states[k].entries() != layer_.geom().completed_entries(tokens))
+        detail::fail<input_error>(where + ": states[" + std::to_string(k) + "].tokens", states[k].tokens(),
+                                  "must be the sequence's " + std::to_string(tokens) + " tokens, with their entries");
+    const raw_window_config& a = window.config();
+    const raw_window_config& b = config_.window;
+    const bool same = a.tokens == b.tokens && (b.tokens == 0 || (a.kv_heads == b.kv_heads && a.key_channels == b.key_channels &&
+                                                                  a.value_channels == b.value_channels &&
+                                                                  a.precision == b.precision && a.rope_channels == b.rope_channels));
+    if (!same || window.rows() != window_rows() || window.first() > tokens)
+      detail::fail<input_error>(where + ": window.rows()", window.rows(),
+                                "must be a raw window made for this cache's window and history (" +
+                                    std::to_string(window_rows()) + " rows), holding at most its tokens");
+  }
+
+  // Gives back the pages of the first `streams` streams, last allocated first, so each pool's free
+  // list is exactly as it was before they were allocated.
+  void release_reversed(const std::array<std::vector<page_id>, stream_count>& pages, std::size_t streams) noexcept {
+    for (std::size_t k = streams; k-- > 0;) {
+      try {
+        for (std::size_t i = pages[k].size(); i-- > 0;) pools_[k]->release(pages[k][i]);
+      } catch (...) {  // the pages were just allocated to nobody else: release cannot fail
+      }
+    }
+  }
+
   void release_pages(sequence& s) {
     for (std::size_t k = 0; k < stream_count; ++k) {
       for (page_id p : s.tables[k]) pools_[k]->release(p);
@@ -902,39 +977,6 @@ class paged_cache {
     }
   }
 
-  std::int64_t window_key_floats() const noexcept {
-    return config_.window.tokens > 0 ? config_.window.kv_heads * config_.window.key_channels : 0;
-  }
-  std::int64_t window_value_floats() const noexcept {
-    return config_.window.tokens > 0 ? config_.window.kv_heads * config_.window.value_channels : 0;
-  }
-  // An FP8 window's heads: keys with their RoPE channels in bf16, untied values without.
-  fp8_head_layout window_key_head() const noexcept {
-    return fp8_head_layout::of(config_.window.key_channels, config_.window.rope_channels);
-  }
-  fp8_head_layout window_value_head() const noexcept { return fp8_head_layout::of(config_.window.value_channels, 0); }
-  std::int64_t window_key_row_bytes() const noexcept {
-    return config_.window.tokens > 0 && fp8_window() ? config_.window.kv_heads * window_key_head().bytes : 0;
-  }
-  std::int64_t window_value_row_bytes() const noexcept {
-    return config_.window.tokens > 0 && fp8_window() && !tied_window()
-               ? config_.window.kv_heads * window_value_head().bytes
-               : 0;
-  }
-  // Bytes of one ring row, keys and values, in the window's precision.
-  std::int64_t window_row_bytes() const noexcept {
-    if (fp8_window()) return window_key_row_bytes() + window_value_row_bytes();
-    return (window_key_floats() + window_value_floats()) * static_cast<std::int64_t>(sizeof(float));
-  }
-  void allocate_window(sequence& s, std::int64_t rows) const {
-    if (fp8_window()) {
-      s.window_key_bytes.assign(static_cast<std::size_t>(rows * window_key_row_bytes()), std::byte{0});
-      s.window_value_bytes.assign(static_cast<std::size_t>(rows * window_value_row_bytes()), std::byte{0});
-    } else {
-      s.window_keys.assign(static_cast<std::size_t>(rows * window_key_floats()), 0.0f);
-      s.window_values.assign(static_cast<std::size_t>(rows * window_value_floats()), 0.0f);
-    }
-  }
   void require_window_precision(storage_type want, const char* operation) const {
     if (config_.window.precision != want)
       detail::fail<input_error>(config_.name + "." + operation + ": window.precision", to_string(config_.window.precision),
@@ -952,20 +994,11 @@ class paged_cache {
   void copy_window_row(sequence_id id, std::int64_t t, bool values, span<float> out, const char* operation) const {
     const sequence& s = find(id, operation);
     const std::int64_t row = window_row(s, t);
-    const std::int64_t floats = values ? window_value_floats() : window_key_floats();
-    require_out_size(out, floats, operation);
-    if (!fp8_window()) {
-      std::copy_n((values ? s.window_values : s.window_keys).data() + row * floats, floats, out.data());
-      return;
-    }
-    const std::int64_t row_bytes = values ? window_value_row_bytes() : window_key_row_bytes();
-    decode_window_row((values ? s.window_value_bytes : s.window_key_bytes).data() + row * row_bytes,
-                      values ? window_value_head() : window_key_head(),
-                      values ? config_.window.value_channels : config_.window.key_channels, out.data());
-  }
-  // One FP8 window row's kv_heads heads, dequantized into kv_heads × channels floats.
-  void decode_window_row(const std::byte* row, const fp8_head_layout& head, std::int64_t channels, float* out) const noexcept {
-    for (std::int64_t h = 0; h < config_.window.kv_heads; ++h) fp8_dequantize_head(row + h * head.bytes, head, out + h * channels);
+    require_out_size(out, values ? s.window.value_floats() : s.window.key_floats(), operation);
+    if (values)
+      s.window.copy_value(row, out.data());
+    else
+      s.window.copy_key(row, out.data());
   }
   // Under check_finite, a finite entry value that its stream's 16-bit storage would round to
   // ±inf (f16: |x| ≥ 65520; bf16: beyond ~3.39e38) is an input_error, not an entry that reads
@@ -987,11 +1020,6 @@ class paged_cache {
     }
   }
 
-  // One FP8 window row from kv_heads × channels floats.
-  void encode_window_row(const float* in, const fp8_head_layout& head, std::int64_t channels, std::byte* row) const noexcept {
-    for (std::int64_t h = 0; h < config_.window.kv_heads; ++h) fp8_quantize_head(in + h * channels, head, row + h * head.bytes);
-  }
-
   // The product is formed only when it cannot overflow (see stream_compressor::check_span).
   void check_window_input(span<const float> in, std::int64_t tokens, std::int64_t per_token, const char* what) const {
     if (in.data() == nullptr && in.size() != 0)
@@ -1007,39 +1035,7 @@ class paged_cache {
                                     " (tokens × window.kv_heads × channels)");
   }
 
-  void write_window(sequence& s, span<const float> keys, span<const float> values, std::int64_t tokens) noexcept {
-    const std::int64_t rows = window_rows();
-    if (rows == 0) return;
-    const std::int64_t t0 = s.tokens, t_end = t0 + tokens;
-    for (std::int64_t t = std::max(t0, t_end - rows); t < t_end; ++t)
-      write_window_row(s, t % rows, keys.data() + (t - t0) * window_key_floats(),
-                       tied_window() ? nullptr : values.data() + (t - t0) * window_value_floats());
-    s.window_first = std::max(s.window_first, t_end - rows);
-  }
-
-  // Ring row `row` from one token's key row and value row (null when tied): copied into an f32
-  // window, quantized into an FP8 one (what DeepSeek-V4 stores: its 584-byte heads).
-  void write_window_row(sequence& s, std::int64_t row, const float* key, const float* value) const noexcept {
-    const raw_window_config& w = config_.window;
-    if (fp8_window()) {
-      encode_window_row(key, window_key_head(), w.key_channels, s.window_key_bytes.data() + row * window_key_row_bytes());
-      if (value)
-        encode_window_row(value, window_value_head(), w.value_channels,
-                          s.window_value_bytes.data() + row * window_value_row_bytes());
-      return;
-    }
-    std::copy_n(key, window_key_floats(), s.window_keys.data() + row * window_key_floats());
-    if (value) std::copy_n(value, window_value_floats(), s.window_values.data() + row * window_value_floats());
-  }
-
-  std::int64_t window_row(const sequence& s, std::int64_t t) const {
-    const std::int64_t first = s.window_first;
-    if (config_.window.tokens == 0 || t < first || t >= s.tokens)
-      detail::fail<input_error>(config_.name + ": window token", t,
-                                "must lie in the raw window [" + std::to_string(first) + ", " +
-                                    std::to_string(s.tokens) + ")");
-    return t % window_rows();
-  }
+  std::int64_t window_row(const sequence& s, std::int64_t t) const { return s.window.row_of(t, s.tokens, config_.name); }
 
   // A shared pool must hold the stream's pages exactly as a pool of its own would.
   void require_layout(std::size_t k, const page_pool_config& want, const page_pool_config& have) const {

@@ -1,8 +1,8 @@
 #pragma once
-// A DeepSeek-V4 CSA layer for the storage tests (FP8 entries, FP4 indexer keys): its two streams
-// with seeded random learned parameters, a small cache configuration, and random appends of the
-// same tokens to two caches (a quantized one and its fp32 twin, whose entries are the oracle's
-// input).
+// A DeepSeek-V4 CSA layer for the tests (FP8 entries, FP4 indexer keys, snapshots): its two
+// streams with seeded random learned parameters, a small cache configuration, and random appends
+// of the same tokens to two caches (a quantized one and its fp32 twin, whose entries are the
+// oracle's input).
 
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "oracle/random_inputs.hpp"
+#include "support/tokens.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/models/deepseek_v4.hpp"
@@ -49,19 +50,25 @@ inline phasekv::cache_config csa_config(const std::string& name, std::int64_t pa
   return c;
 }
 
-// Appends the same `tokens` random tokens to sequence sa of a and sb of b.
+// The CSA reader preset (at DeepSeek-V4's precision: the FP4 indexer), selecting top_k, named
+// "dsv4" in errors.
+inline phasekv::reader_config dsv4_reader(std::int64_t top_k, bool precision) {
+  phasekv::reader_config rc =
+      precision ? phasekv::presets::deepseek_v4_csa_precision_reader() : phasekv::presets::deepseek_v4_csa_reader();
+  rc.name = "dsv4";
+  rc.top_k = top_k;
+  return rc;
+}
+
+// Tokens as the CSA tests draw them: payloads and window rows in [−1, 1), gate logits in [−2, 2).
+inline constexpr token_draw csa_draw{-1.0f, 1.0f, -2.0f, 2.0f};
+
+// Appends the same `tokens` random tokens (csa_draw) to sequence sa of a and sb of b.
 inline void append_random(csa_cache& a, csa_cache& b, phasekv::sequence_id sa, phasekv::sequence_id sb,
                           std::int64_t tokens, std::mt19937& rng) {
-  const std::int64_t views = phasekv::presets::deepseek_v4_csa_geometry().branches();
-  auto sz = [](std::int64_t n) { return static_cast<std::size_t>(n); };
-  const auto kv = random_uniform(rng, sz(tokens * views * 512), -1.0f, 1.0f);
-  const auto kv_logits = random_uniform(rng, sz(tokens * views * 512), -2.0f, 2.0f);
-  const auto ix = random_uniform(rng, sz(tokens * views * 128), -1.0f, 1.0f);
-  const auto ix_logits = random_uniform(rng, sz(tokens * views * 128), -2.0f, 2.0f);
-  const auto window = random_uniform(rng, sz(tokens * 512), -1.0f, 1.0f);
-  const csa_cache::chunks in = {phasekv::token_chunk{tokens, kv, kv_logits}, phasekv::token_chunk{tokens, ix, ix_logits}};
-  a.append(sa, in, window);
-  b.append(sb, in, window);
+  const token_inputs<2> in = random_tokens(a, tokens, rng, csa_draw);
+  append(a, sa, in);
+  append(b, sb, in);
 }
 
 }  // namespace phasekv_test

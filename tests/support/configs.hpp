@@ -1,0 +1,49 @@
+#pragma once
+// Stream and cache configurations from the few fields a test sets; the rest keep their defaults
+// (stream_config and cache_config). A test adds what else it needs to the returned value.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/compress/stream_config.hpp"
+
+namespace phasekv_test {
+
+inline phasekv::stream_config stream_of(const std::string& name, phasekv::stream_role role, std::int64_t channels,
+                                        std::int64_t kv_heads = 1,
+                                        phasekv::input_layout inputs = phasekv::input_layout::per_branch) {
+  phasekv::stream_config c;
+  c.name = name;
+  c.role = role;
+  c.channels = channels;
+  c.kv_heads = kv_heads;
+  c.inputs = inputs;
+  return c;
+}
+
+// A key_value stream whose last rope_channels channels are rotated (base 10^4, when the policy
+// applies RoPE).
+inline phasekv::stream_config rotated_stream_of(const std::string& name, std::int64_t channels, std::int64_t kv_heads,
+                                                phasekv::input_layout inputs, std::int64_t rope_channels) {
+  phasekv::stream_config c = stream_of(name, phasekv::stream_role::key_value, channels, kv_heads, inputs);
+  c.rope.channels = rope_channels;
+  c.rope.base = 10000.0;
+  return c;
+}
+
+// `pages` pages of `page_size` entries per stream, `history` tokens of rollback, and a raw window.
+inline phasekv::cache_config cache_of(const std::string& name, std::int64_t page_size, std::int64_t pages,
+                                      std::int64_t history = 0, phasekv::raw_window_config window = {}) {
+  phasekv::cache_config c;
+  c.name = name;
+  c.page_size = page_size;
+  c.pages = pages;
+  c.history = history;
+  c.window = window;
+  return c;
+}
+
+}  // namespace phasekv_test
