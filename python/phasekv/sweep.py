@@ -28,8 +28,9 @@ Trial line (a JSON object, format ``phasekv.sweep.trial/1``)::
     layout                          token positions: context_tokens (= query_position + 1), needle
                                     [start, end) (end = start + needle_tokens), query, and
                                     haystack_needles (every needle of this haystack, in plan order)
-    sweep                           stride, modulus, trials_per_residue, query_position, query_jitter, span,
-                                    min_distance, seed, needle_tokens (the plan is a function of these)
+    sweep                           stride, modulus, trials_per_residue, query_position, span,
+                                    min_distance, seed, needle_tokens, query_jitter when it is not 1
+                                    (the plan is a function of these)
     configuration                   the host's own description of what it runs (model, preset, ...)
 
 Haystacks (``assign_haystacks``): one context can hold many needles, none overlapping, so a host
@@ -223,7 +224,9 @@ def plan(
     resolved.modulus = config.resolved_modulus()
     resolved.record = config.record
     resolved.layout = config.layout
-    sweep = {f: getattr(resolved, f) for f in _SWEEP_FIELDS}
+    # query_jitter enters the section (and so the sweep id) only when it moves the query: plans
+    # written before it existed keep their ids.
+    sweep = {f: getattr(resolved, f) for f in _SWEEP_FIELDS if f != "query_jitter" or resolved.query_jitter != 1}
     sweep["record"] = {f: getattr(resolved.record, f) for f in _RECORD_FIELDS}
     sweep["layout_mode"] = resolved.layout.name
     sweep["needle_tokens"] = needle_tokens

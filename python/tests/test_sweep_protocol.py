@@ -497,3 +497,18 @@ def test_a_trial_without_an_outcome_is_reported_without_internal_names():
     analysis = sweep.analyze(p, outcomes)
     assert analysis.missing == [0]
     assert "trial_id 0" in analysis.result.first_error and "_TrialFailed" not in analysis.result.first_error
+
+
+def test_a_jittered_query_is_planned_and_its_lines_describe_the_plan():
+    config = toy_config()
+    config.query_jitter = 4
+    p = sweep.plan(config, configuration={"model": "toy"}, needle_tokens=3)
+    placements = pk.plan_sweep(config)
+    assert [t["query_position"] for t in p.trials] == [pl.query_position for pl in placements]
+    assert {t["query_position"] for t in p.trials} == {8191 - config.query_offset(i) for i in range(16)}
+    assert all(t["layout"]["query"] == t["query_position"] == t["layout"]["context_tokens"] - 1 for t in p.trials)
+    assert all(t["sweep"]["query_jitter"] == 4 for t in p.trials)
+    # Every needle of a haystack lies before every query that haystack serves.
+    for group in p.haystacks():
+        assert max(t["target_position"] for t in group) + 3 <= min(t["query_position"] for t in group)
+    assert p.sweep_id != sweep.plan(toy_config(), configuration={"model": "toy"}, needle_tokens=3).sweep_id
