@@ -11,7 +11,9 @@
 // Keep this list complete (scripts/test checks it): every include/phasekv/testing/*.hpp but the
 // two adapters, sorted.
 
+#include "phasekv/testing/bench.hpp"
 #include "phasekv/testing/conformance.hpp"
+#include "phasekv/testing/machine_limits.hpp"
 #include "phasekv/testing/oracle.hpp"
 #include "phasekv/testing/report.hpp"
 #include "phasekv/testing/scenario.hpp"
