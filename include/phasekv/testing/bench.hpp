@@ -2,6 +2,8 @@
 // Microbenchmarks of a layer configuration, built-in policies or yours:
 //
 //   phasekv::bench::results r = phasekv::bench::run(layer, cache_config, reader_config, run_config);
+//   phasekv::bench::results r = phasekv::bench::run<Policy>(geom, stream_config, cache_config, reader_config,
+//                                                           run_config, params, pool);  // one stream of yours
 //   std::fputs(r.table().c_str(), stdout);      // or r.json()
 //
 // measures in one run this machine's limits (machine_limits.hpp: main-memory read bandwidth, fp32
@@ -652,6 +654,17 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
                                                 "batched_read", "", count * tokens, s, floor, config.threads, read_bandwidth()));
   }
   return r;
+}
+
+// One stream of `Policy` — yours, with its pooling instance `pool` (weights and all), or a
+// built-in — in `cache`, read by `reader`:
+//   phasekv::bench::run<compressor_policy<my_pool>>(geom, config, cache, reader, rc, {}, my_pool(weights));
+template <class Policy>
+results run(const geometry& g, const stream_config& config, const cache_config& cache, const reader_config& reader,
+            const run_config& rc, const stream_params& params = {}, typename Policy::pooling pool = {},
+            const std::string& configuration = "") {
+  using stream = stream_compressor<Policy>;
+  return run(layer_compressor<stream>(stream(g, config, params, std::move(pool))), cache, reader, rc, configuration);
 }
 
 }  // namespace phasekv::bench
