@@ -14,13 +14,13 @@
 // template entry point a host calls with its own. With --indexer other than none the layer has an
 // indexer stream of the same policy and the reader selects the top k entries by it. Figures for the
 // DeepSeek-V4 presets agree with bench/run_all's within noise: the same workloads, kernels and floors.
+// Each policy's run is a translation unit of its own (examples/phasekv_bench/).
 
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <fstream>
 #include <optional>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -29,25 +29,15 @@
 #include <phasekv/testing/bench.hpp>
 
 #include "cli.hpp"
-#include "pools/max_pool.hpp"
-#include "pools/nsa_mlp_pool.hpp"
+#include "phasekv_bench/layer_choice.hpp"
 
 namespace {
 
 using namespace phasekv;
+using phasekv_bench::layer_choice;
+using phasekv_bench::policy_choice;
 
-enum class policy_choice { mean, vector_gates, deepseek_v4, max, nsa_mlp };
 enum class indexer_choice { none, f32, bf16, fp4 };
-
-struct layer_choice {
-  geometry geom;
-  policy_choice policy = policy_choice::deepseek_v4;
-  stream_config kv;
-  std::optional<stream_config> indexer;
-  cache_config cache;
-  reader_config reader;
-  std::string name;
-};
 
 const char* policy_name(policy_choice p) {
   switch (p) {
@@ -60,49 +50,13 @@ const char* policy_name(policy_choice p) {
   return "?";
 }
 
-// NSA's MLP compressor (examples/pools/nsa_mlp_pool.hpp) with random weights for W slots of C
-// channels and a hidden width of 64, seeded: the host would load its checkpoint's.
-phasekv_examples::nsa_mlp_pool nsa_pool(std::int64_t window, std::int64_t channels, std::uint32_t seed) {
-  constexpr std::int64_t hidden = 64;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  auto random = [&](std::int64_t n, float scale) {
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (float& x : v) x = scale * normal(rng);
-    return v;
-  };
-  return phasekv_examples::nsa_mlp_pool(window, channels, hidden, random(window * channels, 0.1f),
-                                        random(hidden * window * channels, 0.02f), random(hidden, 0.01f),
-                                        random(channels * hidden, 0.1f), random(channels, 0.01f));
-}
-
-template <class Policy>
-typename Policy::pooling pooling_for(const geometry& g, const stream_config& c, std::uint32_t seed) {
-  if constexpr (std::is_same_v<typename Policy::pooling, phasekv_examples::nsa_mlp_pool>)
-    return nsa_pool(g.window, c.channels, seed);
-  else
-    return {};
-}
-
-// phasekv::bench::run on the layer, with the policy's streams: one (K/V) or two (and the indexer's keys).
-template <class Policy>
-bench::results run_with(const layer_choice& l, const bench::run_config& rc) {
-  using stream = stream_compressor<Policy>;
-  const stream kv(l.geom, l.kv, {}, pooling_for<Policy>(l.geom, l.kv, 1));
-  if (l.indexer) {
-    const stream ix(l.geom, *l.indexer, {}, pooling_for<Policy>(l.geom, *l.indexer, 2));
-    return bench::run(layer_compressor<stream, stream>(kv, ix), l.cache, l.reader, rc, l.name);
-  }
-  return bench::run(layer_compressor<stream>(kv), l.cache, l.reader, rc, l.name);
-}
-
 bench::results run_layer(const layer_choice& l, const bench::run_config& rc) {
   switch (l.policy) {
-    case policy_choice::mean: return run_with<compressor_policy<mean_pool>>(l, rc);
-    case policy_choice::vector_gates: return run_with<compressor_policy<vector_gated_pool>>(l, rc);
-    case policy_choice::deepseek_v4: return run_with<presets::deepseek_v4_csa_policy>(l, rc);
-    case policy_choice::max: return run_with<compressor_policy<phasekv_examples::max_pool>>(l, rc);
-    case policy_choice::nsa_mlp: return run_with<compressor_policy<phasekv_examples::nsa_mlp_pool>>(l, rc);
+    case policy_choice::mean: return phasekv_bench::run_mean(l, rc);
+    case policy_choice::vector_gates: return phasekv_bench::run_vector_gates(l, rc);
+    case policy_choice::deepseek_v4: return phasekv_bench::run_deepseek_v4(l, rc);
+    case policy_choice::max: return phasekv_bench::run_max(l, rc);
+    case policy_choice::nsa_mlp: return phasekv_bench::run_nsa_mlp(l, rc);
   }
   return {};
 }

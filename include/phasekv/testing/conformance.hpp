@@ -39,8 +39,9 @@
 //
 // Cases are generated from options::seed — the same seed gives the same cases, failures and
 // counterexamples on every run. effort::quick (the default) is sized for a test suite: a few
-// cases per property, sequences of a few hundred tokens, about a second a layer; effort::thorough
-// runs twenty times the cases on sequences four times as long (minutes), and
+// cases per property, sequences of a few hundred tokens, about half a second for a DeepSeek-V4
+// layer (optimised build); effort::thorough runs twenty times the cases on sequences four times as
+// long (half a minute for it), and
 // options::from_environment() picks it when PHASEKV_CONFORMANCE=thorough (PHASEKV_CONFORMANCE_SEED=N
 // sets the seed): phasekv's own tests and the Catch2/GoogleTest adapters read it.
 //
@@ -96,15 +97,17 @@ struct options {
   std::uint64_t seed = 1;
   testing::effort effort = effort::quick;
   std::int64_t cases = 0;        // per property; 0: 6 (quick), 120 (thorough)
-  std::int64_t max_tokens = 0;   // longest sequence; 0: from the geometry and page size (thorough: ×4)
+  // Longest sequence; 0: max(W + 4S + 8, min(two pages of entries, 384)) tokens, ×4 when thorough.
+  // Inputs for six sequences of it are drawn up front (12 KiB a token for DeepSeek-V4 CSA).
+  std::int64_t max_tokens = 0;
   std::int64_t shrink_runs = 0;  // candidates the shrinker may run; 0: 200 (quick), 3000 (thorough)
   tolerances tolerance;
 
   void validate() const {
     using phasekv::detail::require;
     require(cases >= 0 && cases <= 1000000, "options.cases", cases, "must lie in [0, 10^6] (0: the effort's)");
-    require(max_tokens >= 0 && max_tokens <= (std::int64_t{1} << 20), "options.max_tokens", max_tokens,
-            "must lie in [0, 2^20] (0: the effort's)");
+    require(max_tokens >= 0 && max_tokens <= (std::int64_t{1} << 16), "options.max_tokens", max_tokens,
+            "must lie in [0, 2^16] (0: the effort's)");
     require(shrink_runs >= 0, "options.shrink_runs", shrink_runs, "must be non-negative (0: the effort's)");
     require(effort == effort::quick || effort == effort::thorough, "options.effort", static_cast<int>(effort),
             "is not an effort");
