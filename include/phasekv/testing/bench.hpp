@@ -31,7 +31,9 @@
 // DeepSeek-V4 CSA shape with these same workloads, inputs and floors, so `phasekv-bench --preset
 // deepseek_v4_csa` and `bench/run_all` report the same figures within the machine's noise
 // (prefill_deepseek_v4_csa_of_bandwidth_bound, decode_write_…, decode_128k_of_roofline,
-// batched_decode_32x32k_of_roofline). POSIX (thread CPU clock).
+// batched_decode_32x32k_of_roofline). It lives with the installed headers rather than in bench/ so
+// that a host's own program calls run<Policy> after find_package(phasekv), and so that the installed
+// phasekv-bench and the repository's benchmarks compile the one copy. POSIX (thread CPU clock).
 
 #include <algorithm>
 #include <array>
