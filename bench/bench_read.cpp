@@ -397,30 +397,33 @@ void BM_dense_decode(benchmark::State& state) {
   const double flops = dense_flops(tokens);
   state.counters["flops"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["of_fma_peak"] = benchmark::Counter(flops / fma_peak(), benchmark::Counter::kIsIterationInvariantRate);
-  bench::roofline{4.0 * static_cast<double>(tokens) * kChannels, flops}.report(state);
+  report_floor(bench::roofline{4.0 * static_cast<double>(tokens) * kChannels, flops}, state);
 }
 
 
 
-// The roofline floor of one sparse step: it must read every candidate's indexer key, the selected
-// entries and the window rows, and do the indexer's and the attention's multiply-adds.
+// The roofline floor of one sparse step (phasekv::bench::read_cost, testing/bench.hpp — the floor
+// phasekv-bench reports): it must read every candidate's indexer key, the selected entries and the
+// window rows, and do the indexer's and the attention's multiply-adds.
 // With bf16 indexer keys: half their bytes, and the indexer's multiply-adds at the bf16 peak.
-// With FP8 entries: 584 bytes per selected entry (the window stays fp32).
+// With FP8 entries: 584 bytes per selected entry (the window counted as fp32).
 // With FP4 indexer keys: 68 bytes per key, and the indexer's multiply-adds at the int8 peak.
 bench::roofline sparse_roofline(std::int64_t candidates, bool bf16_indexer = false, bool fp8_entries = false,
                                 bool fp4_indexer = false) {
-  const double selected = static_cast<double>(std::min(kTopK, candidates)), keys = selected + kWindow;
-  const double indexer_flops = 2.0 * kIndexerHeads * kIndexerChannels * static_cast<double>(candidates);
-  const double entry_bytes = fp8_entries ? static_cast<double>(fp8_head_layout::of(kChannels, 64).bytes) : 4.0 * kChannels;
-  const double key_bytes = fp4_indexer    ? static_cast<double>(fp4_head_layout::of(kIndexerChannels).bytes)
-                           : bf16_indexer ? 2.0 * kIndexerChannels
-                                          : 4.0 * kIndexerChannels;
-  bench::roofline r;
-  r.bytes = key_bytes * static_cast<double>(candidates) + selected * entry_bytes +
-            4.0 * (kWindow * kChannels + 2.0 * kQueryHeads * kChannels + kIndexerHeads * (kIndexerChannels + 1));
-  r.flops = 2.0 * 2.0 * kQueryHeads * kChannels * keys;
-  (fp4_indexer ? r.int8_ops : bf16_indexer ? r.bf16_flops : r.flops) += indexer_flops;
-  return r;
+  read_cost c;
+  c.query_heads = kQueryHeads;
+  c.key_channels = c.value_channels = kChannels;
+  c.top_k = kTopK;
+  c.window_tokens = kWindow;
+  c.window_floats = kChannels;
+  c.indexer_heads = kIndexerHeads;
+  c.indexer_channels = kIndexerChannels;
+  c.entry_bytes = fp8_entries ? static_cast<double>(fp8_head_layout::of(kChannels, 64).bytes) : 4.0 * kChannels;
+  c.indexer_key_bytes = fp4_indexer    ? static_cast<double>(fp4_head_layout::of(kIndexerChannels).bytes)
+                        : bf16_indexer ? 2.0 * kIndexerChannels
+                                       : 4.0 * kIndexerChannels;
+  c.precision = fp4_indexer ? indexer_precision::fp4 : bf16_indexer ? indexer_precision::bf16 : indexer_precision::f32;
+  return c.floor(candidates);
 }
 
 void BM_sparse_decode(benchmark::State& state) {
@@ -437,7 +440,7 @@ void BM_sparse_decode(benchmark::State& state) {
   // The same ratio against a dense step that ran at the measured FMA peak: a bound no dense kernel beats.
   state.counters["peak_dense_over_sparse"] =
       benchmark::Counter(dense_flops(tokens) / fma_peak(), benchmark::Counter::kIsIterationInvariantRate);
-  sparse_roofline(s.candidates).report(state);
+  report_floor(sparse_roofline(s.candidates), state);
 }
 
 // The same step on `threads` threads through the OpenMP executor (wall time: the work is spread
@@ -493,7 +496,7 @@ void BM_sparse_decode_bf16_indexer(benchmark::State& state) {
   benchmark::DoNotOptimize(w->out.data());
   state.counters["fp32_over_bf16"] = speedup;
   state.counters["same_selection"] = static_cast<double>(common.size()) / static_cast<double>(b.size());
-  sparse_roofline(fp32.candidates, true).report(state);
+  report_floor(sparse_roofline(fp32.candidates, true), state);
 }
 
 // The step with FP8 K/V entries (see the header comment). Checks: the same selection as the fp32
@@ -561,7 +564,7 @@ void BM_sparse_decode_fp8(benchmark::State& state) {
   state.counters["attention_fp32_over_fp8"] = attention;
   state.counters["rel_error_vs_fp32"] = difference / std::max(largest, 1e-30);
   state.counters["entry_bytes"] = static_cast<double>(w->cache.pool(0).layout().entry_stride_bytes);
-  sparse_roofline(fp32.candidates, false, true).report(state);
+  report_floor(sparse_roofline(fp32.candidates, false, true), state);
 }
 
 // The step at DeepSeek-V4's precision (see the header comment). Checks: a finite output, and a
@@ -649,7 +652,7 @@ void BM_sparse_decode_v4_precision(benchmark::State& state) {
   state.counters["indexer_ms"] = 1e3 * indexer_time;
   state.counters["indexer_of_int8_peak"] = indexer_ops / int8_dot_peak() / indexer_time;
   state.counters["simd_indexer"] = prepared.shifted ? 1.0 : 0.0;
-  sparse_roofline(candidates, false, true, true).report(state);
+  report_floor(sparse_roofline(candidates, false, true, true), state);
 }
 
 // ---- batched decode ----------------------------------------------------------------------------
@@ -690,26 +693,13 @@ struct batch_setup {
         cache(csa_layer(), config(n, tokens, forked, prefix, v4_precision, spare)),
         reader(cache, decode_reader_config("bench_read_batch", false, v4_precision)) {
     const double t0 = thread_seconds();
-    if (forked > 0) {
-      const sequence_id shared = cache.create();
-      append_random_tokens(cache, shared, prefix, 7);
-      for (std::int64_t s = 0; s < forked; ++s) {
-        seqs.push_back(cache.fork(shared));
-        append_random_tokens(cache, seqs.back(), tokens - prefix, static_cast<std::uint64_t>(100 + s));
-      }
-      cache.free(shared);  // the forks keep its pages
-    }
-    for (std::int64_t s = forked; s < n; ++s) {
-      seqs.push_back(cache.create());
-      append_random_tokens(cache, seqs.back(), tokens, static_cast<std::uint64_t>(100 + s));
-    }
+    seqs = fill_batch(cache, n, tokens, forked, prefix);  // testing/bench.hpp: phasekv-bench's batch
     for (std::int64_t s = 0; s < n; ++s) {
-      const auto seed = static_cast<std::uint64_t>(1000 * s);
-      queries.push_back(random_vector(kQueryHeads * kChannels, seed + 21));
-      indexer_queries.push_back(random_vector(kIndexerHeads * kIndexerChannels, seed + 22));
-      indexer_weights.push_back(random_vector(kIndexerHeads, seed + 23));
-      for (float& w : indexer_weights.back()) w = 0.5f * (w + 1.0f) / static_cast<float>(kIndexerHeads);
-      sinks.push_back(random_vector(kQueryHeads, seed + 24));
+      read_inputs in(cache.shape(), reader.config(), static_cast<std::uint64_t>(1000 * s));
+      queries.push_back(std::move(in.queries));
+      indexer_queries.push_back(std::move(in.indexer_queries));
+      indexer_weights.push_back(std::move(in.indexer_weights));
+      sinks.push_back(std::move(in.sinks));
     }
     views.resize(static_cast<std::size_t>(n));
     items.resize(static_cast<std::size_t>(n));
@@ -800,7 +790,7 @@ void BM_batched_decode(benchmark::State& state) {
   benchmark::DoNotOptimize(b.out.data());
   state.counters["sequences"] = static_cast<double>(b.count);
   state.counters["entries"] = static_cast<double>(b.candidates);
-  b.floor().report(state);
+  report_floor(b.floor(), state);
 }
 
 void BM_batched_decode_threads(benchmark::State& state) {
@@ -848,7 +838,7 @@ void BM_batch_overhead(benchmark::State& state) {
   const double singles_over_batch = paired_speedup(thread_seconds, singles, [&] { b.step(b.reader); });
   run_steps(state, false, [&] { b.step(b.reader); });
   state.counters["overhead_of_4k_read"] = 1.0 / singles_over_batch - 1.0;
-  b.floor().report(state);
+  report_floor(b.floor(), state);
 }
 
 // ---- the decode step ---------------------------------------------------------------------------
@@ -940,7 +930,7 @@ void BM_decode_step(benchmark::State& state) {
     if (!std::isfinite(v)) return state.SkipWithError("the decode step's output is not finite");
   state.counters["sequences"] = static_cast<double>(s.b.count);
   state.counters["context"] = static_cast<double>(s.b.cache.tokens(s.b.seqs[0]));
-  s.floor().report(state);
+  report_floor(s.floor(), state);
 }
 
 // The same step on `threads` threads: the appends' per-sequence work and the reads' pieces through
@@ -1018,7 +1008,7 @@ void BM_selection(benchmark::State& state) {
                                                    benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   const double flops = 2.0 * kIndexerHeads * kIndexerChannels * static_cast<double>(s.candidates);
   state.counters["flops"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
-  bench::roofline{4.0 * kIndexerChannels * static_cast<double>(s.candidates), flops}.report(state);
+  report_floor(bench::roofline{4.0 * kIndexerChannels * static_cast<double>(s.candidates), flops}, state);
 }
 
 void BM_top_k(benchmark::State& state) {

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include <phasekv/phasekv.hpp>
+#include <phasekv/testing/bench.hpp>
 
 #include "../examples/pools/builtin_twins.hpp"
 #include "machine_limits.hpp"
@@ -55,84 +56,12 @@ constexpr std::int64_t kPrefill = 32768;
 constexpr std::int64_t kDecode = 4096;
 constexpr std::int64_t kWarm = 1024;  // DeepSeek-V4 CSA: 8 MiB of fp32 inputs, 4 MiB of bf16
 
-using bench::read_bandwidth;  // machine_limits.hpp: re-measured per call, best so far
-using bench::thread_seconds;
+using bench::read_bandwidth;  // testing/machine_limits.hpp: re-measured per call, best so far
 
-// Fills v with standard normal values. Drawing 64M normals would take seconds per benchmark;
-// the kernels have no data-dependent paths, so a 4 MiB pool repeated (from a different start
-// per buffer) times them the same.
-void fill_normal(std::vector<float>& v, std::size_t start) {
-  static const std::vector<float> pool = [] {
-    std::mt19937 rng(1);
-    std::normal_distribution<float> normal;
-    std::vector<float> p(std::size_t{1} << 20);
-    for (float& x : p) x = normal(rng);
-    return p;
-  }();
-  for (std::size_t k = 0; k < v.size(); ++k) v[k] = pool[(start + k) % pool.size()];
-}
-
+// The inputs, the sink and the bytes a pass must move: phasekv::bench::write_fixture
+// (testing/bench.hpp), the fixture phasekv-bench measures any stream's write path with.
 template <class Compressor>
-struct fixture {
-  Compressor compressor;
-  std::vector<float> payload, logits, entries;
-  std::vector<std::uint16_t> payload_bf16, logits_bf16;  // bf16 inputs only: the fp32 ones rounded
-  bool bf16 = false;
-
-  fixture(Compressor c, std::int64_t tokens, bool bf16_inputs = false) : compressor(std::move(c)), bf16(bf16_inputs) {
-    payload.resize(static_cast<std::size_t>(tokens * compressor.payload_floats_per_token()));
-    logits.resize(static_cast<std::size_t>(tokens * compressor.logit_floats_per_token()));
-    fill_normal(payload, 0);
-    fill_normal(logits, 12345);
-    entries.resize(static_cast<std::size_t>(compressor.geom().completed_entries(tokens) * entry_floats()));
-    if (bf16) {  // sized once, as the fp32 buffers are (no reallocation while growing)
-      payload_bf16.resize(payload.size());
-      logits_bf16.resize(logits.size());
-      for (std::size_t k = 0; k < payload.size(); ++k) payload_bf16[k] = float_to_bf16(payload[k]);
-      for (std::size_t k = 0; k < logits.size(); ++k) logits_bf16[k] = float_to_bf16(logits[k]);
-      std::vector<float>().swap(payload);  // the fp32 copies would only take memory
-      std::vector<float>().swap(logits);
-    }
-    // One read of every input before anything is timed. On this VM the first read of freshly
-    // written pages can stall (a 128 MiB bf16 input's first pass took 180–230 ms, the later ones
-    // ~13 ms), which made a one-iteration run of a benchmark report ~17× its steady time.
-    std::uint64_t sum = 0;
-    for (const float x : payload) sum += static_cast<std::uint64_t>(x != 0.0f);
-    for (const float x : logits) sum += static_cast<std::uint64_t>(x != 0.0f);
-    for (const std::uint16_t x : payload_bf16) sum += x;
-    for (const std::uint16_t x : logits_bf16) sum += x;
-    benchmark::DoNotOptimize(sum);
-  }
-  std::int64_t entry_floats() const { return compressor.floats_per_entry(); }
-  token_chunk chunk(std::int64_t first, std::int64_t tokens) const {
-    if (bf16) {
-      token_chunk c;
-      c.tokens = tokens;
-      c.payload_bf16 = {payload_bf16.data() + first * compressor.payload_floats_per_token(),
-                        static_cast<std::size_t>(tokens * compressor.payload_floats_per_token())};
-      c.logits_bf16 = {logits_bf16.data() + first * compressor.logit_floats_per_token(),
-                       static_cast<std::size_t>(tokens * compressor.logit_floats_per_token())};
-      return c;
-    }
-    return token_chunk{tokens,
-                       {payload.data() + first * compressor.payload_floats_per_token(),
-                        static_cast<std::size_t>(tokens * compressor.payload_floats_per_token())},
-                       {logits.data() + first * compressor.logit_floats_per_token(),
-                        static_cast<std::size_t>(tokens * compressor.logit_floats_per_token())}};
-  }
-  // The sink: entry j goes to its own place, as a cache would store it.
-  void store(const entry_view& e) {
-    std::copy_n(e.values, entry_floats(), entries.data() + e.index * entry_floats());
-  }
-  // Bytes one pass over `tokens` tokens must move: inputs read (4 or 2 bytes an element),
-  // entries written (fp32).
-  double bytes_moved(std::int64_t tokens) const {
-    const double read = static_cast<double>(tokens * (compressor.payload_floats_per_token() +
-                                                      compressor.logit_floats_per_token()));
-    const double written = static_cast<double>(compressor.geom().completed_entries(tokens) * entry_floats());
-    return read * (bf16 ? sizeof(std::uint16_t) : sizeof(float)) + written * sizeof(float);
-  }
-};
+using fixture = bench::write_fixture<Compressor>;
 
 // `bandwidth`: read_bandwidth() taken before the benchmark ran.
 template <class Compressor>
@@ -149,12 +78,7 @@ template <class Compressor>
 void prefill(benchmark::State& state, Compressor c, bool bf16 = false, std::int64_t tokens = kPrefill) {
   const double bandwidth = read_bandwidth();
   fixture<Compressor> f(std::move(c), tokens, bf16);
-  const token_chunk chunk = f.chunk(0, tokens);
-  for (auto _ : state) {
-    stream_state s = f.compressor.make_state();
-    f.compressor.append(s, chunk, [&](const entry_view& e) { f.store(e); });
-    benchmark::DoNotOptimize(f.entries.data());
-  }
+  for (auto _ : state) f.prefill(tokens);
   report(state, f, tokens, bandwidth);
 }
 
@@ -177,12 +101,7 @@ template <class Compressor>
 void decode(benchmark::State& state, Compressor c) {
   const double bandwidth = read_bandwidth();
   fixture<Compressor> f(std::move(c), kDecode);
-  for (auto _ : state) {
-    stream_state s = f.compressor.make_state();
-    for (std::int64_t t = 0; t < kDecode; ++t)
-      f.compressor.append(s, f.chunk(t, 1), [&](const entry_view& e) { f.store(e); });
-    benchmark::DoNotOptimize(f.entries.data());
-  }
+  for (auto _ : state) f.decode(kDecode);
   report(state, f, kDecode, bandwidth);
 }
 

@@ -1,9 +1,12 @@
 #pragma once
 // One decode step in the DeepSeek-V4-Flash CSA shape, as bench_read.cpp times it and as
-// peer/peer_dump.cpp writes it out for the PyTorch peer: the shape, the random inputs, the filled
-// cache and reader (sparse_workload), and the dense full-attention baseline (dense_workload).
+// peer/peer_dump.cpp writes it out for the PyTorch peer: the shape, the filled cache and reader
+// (sparse_workload), and the dense full-attention baseline (dense_workload).
 //
-// Both programs build their inputs here from the same seeds, so the numbers the peer recomputes
+// The generator, the cache fill, the request's inputs and the read's floor are
+// include/phasekv/testing/bench.hpp's (fast_random, fill_random_tokens, read_workload, read_cost),
+// the ones phasekv-bench measures any layer with: for this shape both report the same figures.
+// Both programs here build their inputs from the same seeds, so the numbers the peer recomputes
 // are the very numbers the benchmark reads. Changing a seed, a generator or the order in which
 // fill() draws changes both at once (and every peer comparison made before it).
 
@@ -18,8 +21,9 @@
 #include <phasekv/compress/stream_compressor.hpp>
 #include <phasekv/models/deepseek_v4.hpp>
 #include <phasekv/read/sparse_reader.hpp>
+#include <phasekv/testing/bench.hpp>
 
-namespace bench {
+namespace phasekv::bench {
 
 // ---- the shape -------------------------------------------------------------------------------
 
@@ -37,30 +41,6 @@ inline constexpr std::int64_t kMaxContext = 131072;  // the longest context; row
 
 using csa_stream = phasekv::stream_compressor<phasekv::presets::deepseek_v4_csa_policy>;
 using csa_cache = phasekv::paged_cache<csa_stream, csa_stream>;
-
-// ---- the generator ---------------------------------------------------------------------------
-
-// splitmix64: setup generates tens of millions of floats per context, faster than <random>'s engines.
-struct fast_random {
-  std::uint64_t state;
-  explicit fast_random(std::uint64_t seed) : state(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [−1, 1)
-  void fill(std::vector<float>& v) {
-    for (float& x : v) x = uniform();
-  }
-};
-
-inline std::vector<float> random_vector(std::int64_t n, std::uint64_t seed) {
-  std::vector<float> v(static_cast<std::size_t>(n));
-  fast_random(seed).fill(v);
-  return v;
-}
 
 // ---- the sparse read -------------------------------------------------------------------------
 
@@ -115,78 +95,25 @@ inline phasekv::reader_config decode_reader_config(const std::string& name, bool
   return r;
 }
 
-// Appends `tokens` tokens to `seq` through both streams in blocks of kBlock. The K/V stream's
-// inputs are one random block appended cyclically: the content of the entries does not change the
-// timing. The indexer's are fresh for every block (from `seed`), so its scores are not periodic —
-// periodic scores would feed top-k an unrealistically tie-heavy input.
+// Appends `tokens` tokens to `seq` through both streams in blocks of kBlock (fill_random_tokens:
+// the K/V stream's inputs one random block appended cyclically, the indexer's fresh for every
+// block from `seed`, so its scores are not periodic).
 inline void append_random_tokens(csa_cache& cache, phasekv::sequence_id seq, std::int64_t tokens, std::uint64_t seed) {
-  const csa_stream& kv_stream = cache.compressors().stream<0>();
-  const csa_stream& indexer_stream = cache.compressors().stream<1>();
-  const std::int64_t kv_payload = kv_stream.payload_floats_per_token(), kv_logits = kv_stream.logit_floats_per_token();
-  const std::int64_t ix_payload = indexer_stream.payload_floats_per_token();
-  const std::int64_t ix_logits = indexer_stream.logit_floats_per_token();
-  const std::vector<float> kv_in = random_vector(kBlock * kv_payload, 1), kv_gates = random_vector(kBlock * kv_logits, 2);
-  const std::vector<float> window_keys = random_vector(kBlock * kChannels, 3);
-  std::vector<float> ix_in(static_cast<std::size_t>(kBlock * ix_payload));
-  std::vector<float> ix_gates(static_cast<std::size_t>(kBlock * ix_logits));
-  fast_random rng(seed);
-  for (std::int64_t done = 0; done < tokens; done += kBlock) {
-    const std::int64_t n = std::min(kBlock, tokens - done);
-    rng.fill(ix_in);
-    rng.fill(ix_gates);
-    using phasekv::span;
-    const csa_cache::chunks chunks = {
-        phasekv::token_chunk{n, span<const float>(kv_in.data(), static_cast<std::size_t>(n * kv_payload)),
-                             span<const float>(kv_gates.data(), static_cast<std::size_t>(n * kv_logits))},
-        phasekv::token_chunk{n, span<const float>(ix_in.data(), static_cast<std::size_t>(n * ix_payload)),
-                             span<const float>(ix_gates.data(), static_cast<std::size_t>(n * ix_logits))}};
-    cache.append(seq, chunks, span<const float>(window_keys.data(), static_cast<std::size_t>(n * kChannels)));
-  }
+  static_assert(kBlock == 1024, "fill_random_tokens appends in blocks of 1024");
+  fill_random_tokens(cache, seq, tokens, seed);
 }
 
 // The read path's decode step at position tokens − 1: the cache, its reader, the request's inputs
 // (seeds 21–24) and the output. The constructor leaves the cache empty; fill() appends the tokens
 // (apart, so that a caller can time it).
-struct sparse_workload {
-  std::int64_t tokens, page_size;
-  csa_cache cache;
-  phasekv::sequence_id seq;
-  phasekv::sparse_reader reader;
-  std::vector<float> queries = random_vector(kQueryHeads * kChannels, 21);
-  std::vector<float> indexer_queries = random_vector(kIndexerHeads * kIndexerChannels, 22);
-  std::vector<float> indexer_weights = random_vector(kIndexerHeads, 23);  // mapped to [0, 1/heads) below
-  std::vector<float> sinks = random_vector(kQueryHeads, 24);
-  std::vector<float> out = std::vector<float>(static_cast<std::size_t>(kQueryHeads * kChannels));
-
+struct sparse_workload : read_workload<csa_cache> {
   // `name` names the cache and (with ".reader") the reader in errors. bf16_indexer: the indexer
   // keys stored and scored in bf16 (reader_config::precision); kv_storage: the K/V entries';
   // fp4_indexer: the indexer keys stored and scored in FP4 (DeepSeek-V4's indexer).
   sparse_workload(const std::string& name, std::int64_t context, std::int64_t page, bool bf16_indexer = false,
                   phasekv::storage_type kv_storage = phasekv::storage_type::f32, bool fp4_indexer = false)
-      : tokens(context),
-        page_size(page),
-        cache(csa_layer(), decode_cache_config(name, context, page, bf16_indexer, kv_storage, fp4_indexer)),
-        seq(cache.create()),
-        reader(cache, decode_reader_config(name, bf16_indexer, fp4_indexer)) {
-    for (float& w : indexer_weights) w = 0.5f * (w + 1.0f) / static_cast<float>(kIndexerHeads);  // positive
-  }
-  sparse_workload(const sparse_workload&) = delete;  // the reader points at this cache
-  sparse_workload& operator=(const sparse_workload&) = delete;
-
-  // Appends `tokens` tokens through both streams (append_random_tokens, seeded by the context
-  // and the page size).
-  void fill() { append_random_tokens(cache, seq, tokens, static_cast<std::uint64_t>(tokens * 1000 + page_size)); }
-
-  phasekv::read_request request() const {
-    phasekv::read_request r;
-    r.position = tokens - 1;
-    r.queries = phasekv::span<const float>(queries);
-    r.indexer_queries = phasekv::span<const float>(indexer_queries);
-    r.indexer_weights = phasekv::span<const float>(indexer_weights);
-    r.sinks = phasekv::span<const float>(sinks);
-    return r;
-  }
-  void step() { reader.read(cache, seq, request(), out.data()); }
+      : read_workload<csa_cache>(csa_layer(), decode_cache_config(name, context, page, bf16_indexer, kv_storage, fp4_indexer),
+                                 decode_reader_config(name, bf16_indexer, fp4_indexer), context) {}
 };
 
 // ---- the dense baseline ----------------------------------------------------------------------
@@ -248,4 +175,4 @@ struct dense_workload {
   void step(std::int64_t tokens) { decoder.run(queries.data(), kv.data(), tokens, sinks.data(), out.data()); }
 };
 
-}  // namespace bench
+}  // namespace phasekv::bench

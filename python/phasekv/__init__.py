@@ -11,6 +11,8 @@ the extension module ``phasekv._phasekv``:
 * diagnostics: ``WriteProfile``, ``SlotWeightLog``/``attribute``/``find_target``,
   ``plan_sweep``/``run_sweep``/``SweepResult``, and the submodules ``phasekv.stats``,
   ``phasekv.plot``, ``phasekv.presets`` and ``phasekv.probe`` (the synthetic needle probe);
+* the conformance kit, ``phasekv.testing``: ``check`` a layer (or ``check_preset``) against every
+  property phasekv promises, a ``Report`` naming the first that fails with a shrunk counterexample;
 * the sweep protocol, ``phasekv.sweep``: ``plan`` a sweep into JSONL shards any engine can run,
   ``analyze`` the outcome files, or ``run`` a plan serially or on a Dask cluster; the same as a
   command line, ``python -m phasekv plan|analyze|probe``.
@@ -58,14 +60,14 @@ try:
 except ImportError as _error:
     raise _import_failure(_error) from _error
 from ._phasekv import *  # noqa: F401,F403 (the C++ API, under its own names)
-from ._phasekv import CapacityError, ConfigError, Error, InputError, __version__, plot, presets, probe, stats
+from ._phasekv import CapacityError, ConfigError, Error, InputError, __version__, plot, presets, probe, stats, testing
 
 from . import _reprs  # noqa: E402
 
-_reprs.install(_phasekv, plot, presets, probe, stats)
+_reprs.install(_phasekv, plot, presets, probe, stats, testing)
 
 # `import phasekv.stats` and `from phasekv.presets import ...` work like real submodules.
-for _name in ("plot", "presets", "probe", "stats"):
+for _name in ("plot", "presets", "probe", "stats", "testing"):
     _sys.modules[__name__ + "." + _name] = getattr(_phasekv, _name)
 del _name, _sys, _extend_path
 

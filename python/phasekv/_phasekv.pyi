@@ -16,6 +16,7 @@ from . import plot as plot
 from . import presets as presets
 from . import probe as probe
 from . import stats as stats
+from . import testing as testing
 
 FloatArray = NDArray[np.float32]
 # What an input argument accepts: an array NumPy can view as float32 C-contiguous memory.

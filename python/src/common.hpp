@@ -283,7 +283,7 @@ class struct_binding {
 // ---- one initialiser per area (each in its own .cpp) -------------------------------------------
 
 struct modules {
-  py::module_ root, presets, stats, plot, probe;
+  py::module_ root, presets, stats, plot, probe, testing;
 };
 void init_core(const modules& m);
 void init_compress(const modules& m);
@@ -292,6 +292,7 @@ void init_read(const modules& m);
 void init_diag(const modules& m);
 void init_sweep(const modules& m);
 void init_probe(const modules& m);
+void init_testing(const modules& m);
 void init_bench(const modules& m);  // only in the benchmark's build of the module (bench/python)
 
 }  // namespace pyphasekv

@@ -1,5 +1,5 @@
 // The module `phasekv._phasekv`: the exception types, the submodules, and every area's bindings
-// (one .cpp each: core, compress, cache, read, diag, sweep, probe).
+// (one .cpp each: core, compress, cache, read, diag, sweep, probe, testing).
 
 #include <phasekv/version.hpp>
 
@@ -62,6 +62,7 @@ PYBIND11_MODULE(PHASEKV_PYTHON_MODULE, m) {
       m.def_submodule("stats", "The statistics of a phase sweep: phasekv::diag::stats."),
       m.def_submodule("plot", "A dependency-free SVG line plot: phasekv::diag::plot."),
       m.def_submodule("probe", "The synthetic needle-in-a-haystack probe: phasekv::diag::probe."),
+      m.def_submodule("testing", "The conformance kit: phasekv::testing (include/phasekv/testing/conformance.hpp)."),
   };
   pyphasekv::init_core(modules);
   pyphasekv::init_compress(modules);
@@ -70,6 +71,7 @@ PYBIND11_MODULE(PHASEKV_PYTHON_MODULE, m) {
   pyphasekv::init_diag(modules);
   pyphasekv::init_sweep(modules);
   pyphasekv::init_probe(modules);
+  pyphasekv::init_testing(modules);
 #ifdef PHASEKV_PYTHON_BENCH
   pyphasekv::init_bench(modules);
 #endif

@@ -65,6 +65,7 @@ def test_stubs_cover_the_module():
     check(pk.plot, "plot.pyi")
     check(pk.presets, "presets.pyi")
     check(pk.probe, "probe.pyi", helpers=("Positions", "SweepConfig", "SweepResult"))
+    check(pk.testing, "testing.pyi", helpers=("Params",))
 
 
 def test_the_package_reexports_the_module():

@@ -1,0 +1,105 @@
+// The conformance kit (phasekv/testing/conformance.hpp) on a pooling policy of your own: max
+// pooling (examples/pools/max_pool.hpp) on a geometry and shape from the command line, held to its
+// double-precision oracle (the maximum of the window's real rows) and to every property phasekv
+// promises — streaming ≡ prefill, round trips, origin and padding, entries, reads, the dense
+// control, storage. It prints the report and exits 0 when every property held, 1 when one failed.
+//
+//   conformance [--stride S] [--window W] [--channels C] [--heads H] [--storage T] [--seed N]
+//               [--thorough] [--drop-oldest-slot]
+//
+// --drop-oldest-slot plants an off-by-one window in the policy (it skips a full window's first
+// row), to show what the kit reports when something is wrong: the entries' oracle fails, and the
+// counterexample is shrunk to the first full window.
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <limits>
+
+#include <phasekv/phasekv.hpp>
+#include <phasekv/testing/conformance.hpp>
+
+#include "cli.hpp"
+#include "pools/max_pool.hpp"
+
+namespace {
+
+// max_pool, or max_pool with an off-by-one: a full window's first row left out.
+struct max_pool_under_test : phasekv_examples::max_pool {
+  bool drop_oldest = false;
+  void pool(const phasekv::window_rows& w, float* out) const {
+    if (!drop_oldest || w.first_slot != 0 || w.count() < 2) return max_pool::pool(w, out);
+    phasekv::window_rows shorter = w;  // the bug: one row too few
+    ++shorter.first_slot;
+    ++shorter.first_position;
+    ++shorter.payload;
+    if (shorter.slot_weights) ++shorter.slot_weights;
+    max_pool::pool(shorter, out);
+  }
+};
+
+// What max pooling is, in double: K̂[c] = max over the real rows of x[c].
+phasekv::testing::pooled_head max_oracle(const phasekv::testing::oracle_window& w) {
+  phasekv::testing::pooled_head p;
+  p.values.assign(static_cast<std::size_t>(w.channels), -std::numeric_limits<double>::infinity());
+  for (const auto& row : w.payload)
+    for (std::size_t c = 0; c < row.size(); ++c) p.values[c] = std::max(p.values[c], row[c]);
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  using namespace phasekv;
+  std::int64_t stride = 4, window = 8, channels = 32, heads = 2;
+  std::uint64_t seed = 1;
+  storage_type storage = storage_type::f32;
+  bool thorough = false, drop_oldest = false;
+  cli::parser args("conformance", "The conformance kit on max pooling, a pooling policy of the host's (examples/pools/).\n"
+                                  "Exits 0 when every property holds, 1 when one fails (the report says which).");
+  args.integer("--stride", "S", "stride", stride, 1, 256);
+  args.integer("--window", "W", "window", window, 1, 1024);
+  args.integer("--channels", "C", "channels per KV head", channels, 1, 4096);
+  args.integer("--heads", "H", "KV heads", heads, 1, 64);
+  args.choice("--storage", "how entries are stored", storage,
+              {{"f32", storage_type::f32}, {"bf16", storage_type::bf16}, {"f16", storage_type::f16}, {"fp8", storage_type::fp8_e4m3_block}});
+  args.integer("--seed", "N", "seed of the cases", seed, std::uint64_t{0});
+  args.flag("--thorough", "run long: twenty times the cases on sequences four times as long", thorough);
+  args.flag("--drop-oldest-slot", "plant an off-by-one window in the policy", drop_oldest);
+  args.parse(argc, argv);
+
+  using stream = stream_compressor<compressor_policy<max_pool_under_test>>;
+  const geometry g{stride, window};
+  stream_config config;
+  config.name = "max";
+  config.channels = channels;
+  config.kv_heads = heads;
+  max_pool_under_test pool;
+  pool.drop_oldest = drop_oldest;
+
+  cache_config cache;
+  cache.name = "max.cache";
+  cache.page_size = 4;
+  cache.storage = storage;
+  cache.window = raw_window_config{window, heads, channels, 0};
+  reader_config reader;
+  reader.name = "max.reader";
+  reader.query_heads = 2 * heads;
+  reader.sink = true;
+
+  testing::layer_under_test<stream> layer(layer_compressor<stream>(stream(g, config, {}, pool)), cache, reader);
+  layer.oracles[0] = max_oracle;
+
+  testing::options options = testing::options::from_environment();
+  options.seed = seed;
+  if (thorough) options.effort = testing::effort::thorough;
+  const testing::report report = testing::check(layer, options);
+  std::fputs(report.to_string().c_str(), stdout);
+  return report.passed() ? 0 : 1;
+} catch (const phasekv::error& e) {
+  std::fprintf(stderr, "conformance: %s\n", e.what());
+  return 2;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "conformance: %s\n", e.what());
+  return 1;
+}

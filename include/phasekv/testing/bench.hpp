@@ -1,0 +1,679 @@
+#pragma once
+// Microbenchmarks of a layer configuration, built-in policies or yours:
+//
+//   phasekv::bench::results r = phasekv::bench::run(layer, cache_config, reader_config, run_config);
+//   phasekv::bench::results r = phasekv::bench::run<Policy>(geom, stream_config, cache_config, reader_config,
+//                                                           run_config, params, pool);  // one stream of yours
+//   std::fputs(r.table().c_str(), stdout);      // or r.json()
+//
+// measures in one run this machine's limits (machine_limits.hpp: main-memory read bandwidth, fp32
+// FMA, bf16 and int8 dot-product peaks of one core) and then
+//
+//   prefill write  each stream's write path over one chunk of `prefill_tokens` tokens into a fresh
+//                  state, its inputs streamed from memory (write_fixture); floor: the inputs read
+//                  and the fp32 entries written, at the bandwidth
+//   decode write   each stream's write path over `decode_tokens` one-token appends; the same floor
+//                  (for comparison only: an engine hands a decode step's inputs over from cache)
+//   read           one read at the last token of a `context`-token sequence (read_workload: the
+//                  cache filled by fill_random_tokens, the request from read_inputs); floor
+//                  (read_cost): the indexer keys of every candidate, the selected entries, the
+//                  window and the queries at the bandwidth, or the indexer's multiply-adds at the
+//                  peak of its precision plus attention's at the FMA peak, whichever is longer
+//   batched read   read_batch over `batch` sequences of `batch_context` tokens, half of them forked
+//                  from one prefix of half that length (fill_batch); floor: the sum of theirs
+//
+// each as time per operation, bytes per token (moved, by the floor's count) and the fraction of
+// its floor reached (floor / time: 1 would be the machine's limit). Times are CPU time of the
+// calling thread, or wall time when the reads run on an executor of several threads (whose floor
+// is then shared among them).
+//
+// One measurement code: bench/'s Google Benchmark programs (bench_write.cpp, bench_read.cpp) time the
+// DeepSeek-V4 CSA shape with these same workloads, inputs and floors, so `phasekv-bench --preset
+// deepseek_v4_csa` and `bench/run_all` report the same figures within the machine's noise
+// (prefill_deepseek_v4_csa_of_bandwidth_bound, decode_write_…, decode_128k_of_roofline,
+// batched_decode_32x32k_of_roofline). It lives with the installed headers rather than in bench/ so
+// that a host's own program calls run<Policy> after find_package(phasekv), and so that the installed
+// phasekv-bench and the repository's benchmarks compile the one copy. POSIX (thread CPU clock).
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "phasekv/cache/paged_cache.hpp"
+#include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/core/executor.hpp"
+#include "phasekv/core/text.hpp"
+#include "phasekv/format/storage.hpp"
+#include "phasekv/read/sparse_reader.hpp"
+#include "phasekv/testing/machine_limits.hpp"
+
+namespace phasekv::bench {
+
+namespace run_detail {
+
+template <class Layer, class F, std::size_t... K>
+void for_each_stream(const Layer& layer, F& f, std::index_sequence<K...>) {
+  (f(K, layer.template stream<K>()), ...);
+}
+// f(k, stream k's compressor) for every stream of a layer_compressor.
+template <class Layer, class F>
+void for_each_stream(const Layer& layer, F&& f) {
+  for_each_stream(layer, f, std::make_index_sequence<Layer::stream_count>{});
+}
+
+}  // namespace run_detail
+
+// ---- inputs ------------------------------------------------------------------------------------
+
+// splitmix64: a cache fill draws tens of millions of floats, faster than <random>'s engines.
+struct fast_random {
+  std::uint64_t state;
+  explicit fast_random(std::uint64_t seed) : state(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [−1, 1)
+  void fill(std::vector<float>& v) {
+    for (float& x : v) x = uniform();
+  }
+};
+
+inline std::vector<float> random_vector(std::int64_t n, std::uint64_t seed) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  fast_random(seed).fill(v);
+  return v;
+}
+
+// Appends `tokens` tokens to `seq` through every stream in blocks of 1024. Stream 0's inputs are
+// one random block appended cyclically (seeds 1 and 2; the content of the entries does not change
+// the timing), the other streams' — an indexer's keys — fresh for every block from `seed`, so their
+// scores are not periodic (periodic scores would feed top-k an unrealistically tie-heavy input); the
+// window's key and value rows one block each, cyclic (seeds 3 and 4). `progress(done)` after each block.
+template <class Cache>
+void fill_random_tokens(Cache& cache, sequence_id seq, std::int64_t tokens, std::uint64_t seed,
+                        const std::function<void(std::int64_t)>& progress = {}) {
+  constexpr std::int64_t block = 1024;
+  constexpr std::size_t N = Cache::stream_count;
+  std::array<std::int64_t, N> payload{}, logits{};
+  run_detail::for_each_stream(cache.compressors(), [&](std::size_t k, const auto& c) {
+    payload[k] = c.payload_floats_per_token();
+    logits[k] = c.logit_floats_per_token();
+  });
+  const raw_window_config& w = cache.config().window;
+  const std::int64_t window_keys = w.tokens > 0 ? w.kv_heads * w.key_channels : 0;
+  const std::int64_t window_values = w.tokens > 0 ? w.kv_heads * w.value_channels : 0;
+  std::array<std::vector<float>, N> in, gates;
+  in[0] = random_vector(block * payload[0], 1);
+  gates[0] = random_vector(block * logits[0], 2);
+  for (std::size_t s = 1; s < N; ++s) {
+    in[s].resize(static_cast<std::size_t>(block * payload[s]));
+    gates[s].resize(static_cast<std::size_t>(block * logits[s]));
+  }
+  const std::vector<float> keys = random_vector(block * window_keys, 3), values = random_vector(block * window_values, 4);
+  fast_random rng(seed);
+  for (std::int64_t done = 0; done < tokens; done += block) {
+    const std::int64_t n = std::min(block, tokens - done);
+    typename Cache::chunks chunks;
+    for (std::size_t s = 0; s < N; ++s) {
+      if (s > 0) {
+        rng.fill(in[s]);
+        rng.fill(gates[s]);
+      }
+      chunks[s] = token_chunk{n, span<const float>(in[s].data(), static_cast<std::size_t>(n * payload[s])),
+                              span<const float>(gates[s].data(), static_cast<std::size_t>(n * logits[s]))};
+    }
+    cache.append(seq, chunks, span<const float>(keys.data(), static_cast<std::size_t>(n * window_keys)),
+                 span<const float>(values.data(), static_cast<std::size_t>(n * window_values)));
+    if (progress) progress(done + n);
+  }
+}
+
+// One read's request inputs from seeds seed + 21 … 24: queries [query_heads][key channels],
+// indexer queries [indexer_heads][indexer channels] and weights (positive, in [0, 1/heads)) when
+// the reader selects with an indexer, sinks [query_heads] with a sink.
+struct read_inputs {
+  std::vector<float> queries, indexer_queries, indexer_weights, sinks;
+
+  read_inputs() = default;
+  read_inputs(const layer_shape& shape, const reader_config& rc, std::uint64_t seed = 0) {
+    queries = random_vector(rc.query_heads * shape.streams[rc.key_stream].channels, seed + 21);
+    if (rc.top_k > 0 && rc.indexer_stream != no_stream) {
+      indexer_queries = random_vector(rc.indexer_heads * shape.streams[rc.indexer_stream].channels, seed + 22);
+      indexer_weights = random_vector(rc.indexer_heads, seed + 23);
+      for (float& x : indexer_weights) x = 0.5f * (x + 1.0f) / static_cast<float>(rc.indexer_heads);
+    }
+    if (rc.sink) sinks = random_vector(rc.query_heads, seed + 24);
+  }
+  read_request request(std::int64_t position) const {
+    read_request r;
+    r.position = position;
+    r.queries = span<const float>(queries);
+    r.indexer_queries = span<const float>(indexer_queries);
+    r.indexer_weights = span<const float>(indexer_weights);
+    r.sinks = span<const float>(sinks);
+    return r;
+  }
+};
+
+// Pages for `sequences` sequences of `tokens` tokens each (and a spare page each), per stream.
+inline std::int64_t pages_for(const geometry& g, std::int64_t page_size, std::int64_t tokens, std::int64_t sequences) {
+  return sequences * ((g.completed_entries(tokens) + page_size - 1) / page_size + 1) + 1;
+}
+
+// A read at the last of `tokens` tokens: the cache (empty until fill()), its reader, the request's
+// inputs (read_inputs, seed 0) and the output.
+template <class Cache>
+struct read_workload {
+  std::int64_t tokens, page_size;
+  Cache cache;
+  sequence_id seq;
+  sparse_reader reader;
+  std::vector<float> queries, indexer_queries, indexer_weights, sinks, out;
+
+  read_workload(typename Cache::layer layer, cache_config config, reader_config rc, std::int64_t context)
+      : tokens(context),
+        page_size(config.page_size),
+        cache(std::move(layer), std::move(config)),
+        seq(cache.create()),
+        reader(cache, std::move(rc)) {
+    read_inputs in(cache.shape(), reader.config());
+    queries = std::move(in.queries);
+    indexer_queries = std::move(in.indexer_queries);
+    indexer_weights = std::move(in.indexer_weights);
+    sinks = std::move(in.sinks);
+    out.resize(static_cast<std::size_t>(reader.output_floats()));
+  }
+  read_workload(const read_workload&) = delete;  // the reader was made for this cache
+  read_workload& operator=(const read_workload&) = delete;
+
+  // Appends the tokens (fill_random_tokens, seeded by the context and the page size).
+  void fill(const std::function<void(std::int64_t)>& progress = {}) {
+    fill_random_tokens(cache, seq, tokens, static_cast<std::uint64_t>(tokens * 1000 + page_size), progress);
+  }
+  read_request request() const {
+    read_request r;
+    r.position = tokens - 1;
+    r.queries = span<const float>(queries);
+    r.indexer_queries = span<const float>(indexer_queries);
+    r.indexer_weights = span<const float>(indexer_weights);
+    r.sinks = span<const float>(sinks);
+    return r;
+  }
+  void step() { reader.read(cache, seq, request(), out.data()); }
+};
+
+// `count` sequences of `tokens` tokens: the first `forked` forked from one `prefix`-token sequence
+// (seed 7; then freed, its pages held by the forks) and each continued, the rest made alone;
+// sequence s's own tokens from seed 100 + s.
+template <class Cache>
+std::vector<sequence_id> fill_batch(Cache& cache, std::int64_t count, std::int64_t tokens, std::int64_t forked,
+                                    std::int64_t prefix, const std::function<void(std::int64_t)>& progress = {}) {
+  std::vector<sequence_id> seqs;
+  std::int64_t done = 0;
+  auto step = [&](std::int64_t) {
+    if (progress) progress(++done);
+  };
+  if (forked > 0) {
+    const sequence_id shared = cache.create();
+    fill_random_tokens(cache, shared, prefix, 7);
+    for (std::int64_t s = 0; s < forked; ++s) {
+      seqs.push_back(cache.fork(shared));
+      fill_random_tokens(cache, seqs.back(), tokens - prefix, static_cast<std::uint64_t>(100 + s));
+      step(s);
+    }
+    cache.free(shared);
+  }
+  for (std::int64_t s = forked; s < count; ++s) {
+    seqs.push_back(cache.create());
+    fill_random_tokens(cache, seqs.back(), tokens, static_cast<std::uint64_t>(100 + s));
+    step(s);
+  }
+  return seqs;
+}
+
+// The write path's inputs for `tokens` tokens of one stream: standard normals (a 4 MiB pool,
+// repeated from a different start per buffer — drawing 64M normals would take seconds, and the
+// kernels have no data-dependent paths), as fp32 or rounded to bf16 bits; a sink storing each
+// entry at its own place, as a cache would.
+template <class Compressor>
+struct write_fixture {
+  Compressor compressor;
+  std::vector<float> payload, logits, entries;
+  std::vector<std::uint16_t> payload_bf16, logits_bf16;  // bf16 inputs only: the fp32 ones rounded
+  bool bf16 = false;
+
+  static void fill_normal(std::vector<float>& v, std::size_t start) {
+    static const std::vector<float> pool = [] {
+      std::mt19937 rng(1);
+      std::normal_distribution<float> normal;
+      std::vector<float> p(std::size_t{1} << 20);
+      for (float& x : p) x = normal(rng);
+      return p;
+    }();
+    for (std::size_t k = 0; k < v.size(); ++k) v[k] = pool[(start + k) % pool.size()];
+  }
+
+  write_fixture(Compressor c, std::int64_t tokens, bool bf16_inputs = false) : compressor(std::move(c)), bf16(bf16_inputs) {
+    payload.resize(static_cast<std::size_t>(tokens * compressor.payload_floats_per_token()));
+    logits.resize(static_cast<std::size_t>(tokens * compressor.logit_floats_per_token()));
+    fill_normal(payload, 0);
+    fill_normal(logits, 12345);
+    entries.resize(static_cast<std::size_t>(compressor.geom().completed_entries(tokens) * entry_floats()));
+    if (bf16) {  // sized once, as the fp32 buffers are (no reallocation while growing)
+      payload_bf16.resize(payload.size());
+      logits_bf16.resize(logits.size());
+      for (std::size_t k = 0; k < payload.size(); ++k) payload_bf16[k] = float_to_bf16(payload[k]);
+      for (std::size_t k = 0; k < logits.size(); ++k) logits_bf16[k] = float_to_bf16(logits[k]);
+      std::vector<float>().swap(payload);  // the fp32 copies would only take memory
+      std::vector<float>().swap(logits);
+    }
+    // One read of every input before anything is timed: the first read of freshly written pages
+    // can stall (on this VM a 128 MiB input's first pass took 180–230 ms, later ones ~13 ms).
+    std::uint64_t sum = 0;
+    for (const float x : payload) sum += static_cast<std::uint64_t>(x != 0.0f);
+    for (const float x : logits) sum += static_cast<std::uint64_t>(x != 0.0f);
+    for (const std::uint16_t x : payload_bf16) sum += x;
+    for (const std::uint16_t x : logits_bf16) sum += x;
+    do_not_optimize(sum);
+  }
+  std::int64_t entry_floats() const { return compressor.floats_per_entry(); }
+  token_chunk chunk(std::int64_t first, std::int64_t tokens) const {
+    const std::int64_t p = compressor.payload_floats_per_token(), l = compressor.logit_floats_per_token();
+    token_chunk c;
+    c.tokens = tokens;
+    if (bf16) {
+      c.payload_bf16 = {payload_bf16.data() + first * p, static_cast<std::size_t>(tokens * p)};
+      c.logits_bf16 = {logits_bf16.data() + first * l, static_cast<std::size_t>(tokens * l)};
+    } else {
+      c.payload = {payload.data() + first * p, static_cast<std::size_t>(tokens * p)};
+      c.logits = {logits.data() + first * l, static_cast<std::size_t>(tokens * l)};
+    }
+    return c;
+  }
+  void store(const entry_view& e) { std::copy_n(e.values, entry_floats(), entries.data() + e.index * entry_floats()); }
+  // One prefill of `tokens` tokens into a fresh state; `tokens` one-token appends.
+  void prefill(std::int64_t tokens) {
+    stream_state s = compressor.make_state();
+    compressor.append(s, chunk(0, tokens), [&](const entry_view& e) { store(e); });
+    do_not_optimize(entries.data());
+  }
+  void decode(std::int64_t tokens) {
+    stream_state s = compressor.make_state();
+    for (std::int64_t t = 0; t < tokens; ++t) compressor.append(s, chunk(t, 1), [&](const entry_view& e) { store(e); });
+    do_not_optimize(entries.data());
+  }
+  // Bytes one pass over `tokens` tokens must move: inputs read (4 or 2 bytes an element), entries
+  // written (fp32).
+  double bytes_moved(std::int64_t tokens) const {
+    const double read = static_cast<double>(tokens * (compressor.payload_floats_per_token() + compressor.logit_floats_per_token()));
+    const double written = static_cast<double>(compressor.geom().completed_entries(tokens) * entry_floats());
+    return read * (bf16 ? sizeof(std::uint16_t) : sizeof(float)) + written * sizeof(float);
+  }
+};
+
+// ---- floors ------------------------------------------------------------------------------------
+
+// What one read must move and compute. selected = min(top_k, candidates) (all candidates without
+// selection), keys = selected + the window's tokens:
+//   bytes  = indexer key bytes · candidates + entry bytes · selected
+//            + 4 · (window tokens · window floats a token + query_heads · (key + value channels)
+//                   + indexer_heads · (indexer channels + 1))        (window rows, queries, output)
+//   flops  = 2 · query_heads · (key + value channels) · keys          (q·k and p·v, at the FMA peak)
+//          + 2 · indexer_heads · indexer channels · candidates        (at the peak of its precision)
+// Entry and key bytes are the stored ones (page_layout::entry_stride_bytes: FP8 584 for a
+// 512-channel entry, FP4 68 for a 128-channel key); window rows are counted as fp32.
+struct read_cost {
+  std::int64_t query_heads = 0, key_channels = 0, value_channels = 0, top_k = 0;
+  std::int64_t window_tokens = 0, window_floats = 0;  // floats of one window token (keys, and values untied)
+  std::int64_t indexer_heads = 0, indexer_channels = 0;
+  double entry_bytes = 0.0, indexer_key_bytes = 0.0;
+  indexer_precision precision = indexer_precision::f32;
+
+  // The cost of `reader`'s reads of a layer: `entry_stride_bytes[k]` is stream k's stored entry size.
+  static read_cost of(const layer_shape& shape, const reader_config& reader, const std::vector<std::int64_t>& entry_stride_bytes) {
+    read_cost c;
+    const stream_shape& k = shape.streams[reader.key_stream];
+    const stream_shape& v = shape.streams[reader.value_stream];
+    c.query_heads = reader.query_heads;
+    c.key_channels = k.channels;
+    c.value_channels = v.channels;
+    c.top_k = reader.top_k;
+    c.window_tokens = shape.window.tokens;
+    c.window_floats = shape.window.kv_heads * (shape.window.key_channels + shape.window.value_channels);
+    c.entry_bytes = static_cast<double>(entry_stride_bytes[reader.key_stream]);
+    if (reader.value_stream != reader.key_stream) c.entry_bytes += static_cast<double>(entry_stride_bytes[reader.value_stream]);
+    if (reader.top_k > 0 && reader.indexer_stream != no_stream) {
+      c.indexer_heads = reader.indexer_heads;
+      c.indexer_channels = shape.streams[reader.indexer_stream].channels;
+      c.indexer_key_bytes = static_cast<double>(entry_stride_bytes[reader.indexer_stream]);
+      c.precision = reader.precision;
+    }
+    return c;
+  }
+
+  roofline floor(std::int64_t candidates) const {
+    const double n = static_cast<double>(candidates);
+    const double selected = top_k > 0 ? std::min(static_cast<double>(top_k), n) : n;
+    const double keys = selected + static_cast<double>(window_tokens);
+    const double indexer_flops = 2.0 * static_cast<double>(indexer_heads * indexer_channels) * n;
+    roofline r;
+    r.bytes = indexer_key_bytes * n + selected * entry_bytes +
+              4.0 * (static_cast<double>(window_tokens * window_floats) +
+                     static_cast<double>(query_heads * (key_channels + value_channels)) +
+                     static_cast<double>(indexer_heads * (indexer_channels + 1)));
+    r.flops = 2.0 * static_cast<double>(query_heads * (key_channels + value_channels)) * keys;
+    (precision == indexer_precision::fp4 ? r.int8_ops : precision == indexer_precision::bf16 ? r.bf16_flops : r.flops) +=
+        indexer_flops;
+    return r;
+  }
+};
+
+// ---- timing ------------------------------------------------------------------------------------
+
+// Seconds per call of f: one call untimed (scratch grows, pages are touched), then calls until
+// `min_time` has passed; the mean. This thread's CPU time, or wall time (`wall`) for work spread
+// over several threads.
+template <class F>
+double seconds_per_call(F&& f, double min_time, bool wall = false) {
+  auto now = [wall] {
+    return wall ? std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count()
+                : thread_seconds();
+  };
+  f();
+  std::int64_t calls = 0;
+  const double t0 = now();
+  double elapsed = 0.0;
+  do {
+    f();
+    ++calls;
+    elapsed = now() - t0;
+  } while (elapsed < min_time);
+  return elapsed / static_cast<double>(calls);
+}
+
+// ---- run ---------------------------------------------------------------------------------------
+
+struct run_config {
+  std::int64_t prefill_tokens = 32768;  // one chunk: several times the L3 at DeepSeek-V4's shape
+  std::int64_t decode_tokens = 4096;    // one-token appends
+  bool bf16_inputs = false;             // the prefill's payload and logits as bf16 bits
+  std::int64_t context = 131072;        // the read's sequence
+  std::int64_t batch = 32;              // sequences of the batched read (0: none)
+  std::int64_t batch_context = 32768;   // tokens of each
+  double min_time = 0.3;                // seconds each figure is timed for, at least
+  executor* reads_on = nullptr;         // the reads' executor (null: this thread)
+  std::int64_t threads = 1;             // the executor's threads: wall time, the floor shared
+  // Called with a line of progress (a phase starting, a long fill's share done); null: silent.
+  std::function<void(const std::string&)> progress;
+
+  void validate() const {
+    using phasekv::detail::require;
+    require(prefill_tokens >= 0 && prefill_tokens <= (std::int64_t{1} << 24), "run_config.prefill_tokens", prefill_tokens,
+            "must lie in [0, 2^24] (0: no prefill)");
+    require(decode_tokens >= 0 && decode_tokens <= (std::int64_t{1} << 24), "run_config.decode_tokens", decode_tokens,
+            "must lie in [0, 2^24] (0: no decode)");
+    require(context >= 0 && context <= (std::int64_t{1} << 26), "run_config.context", context, "must lie in [0, 2^26] (0: no read)");
+    require(batch >= 0 && batch <= 4096, "run_config.batch", batch, "must lie in [0, 4096] (0: no batched read)");
+    require(batch_context >= 1 && batch_context <= (std::int64_t{1} << 24), "run_config.batch_context", batch_context,
+            "must lie in [1, 2^24]");
+    require(std::isfinite(min_time) && min_time >= 0.0 && min_time <= 3600.0, "run_config.min_time", min_time,
+            "must lie in [0, 3600] seconds");
+    require(threads >= 1 && threads <= 1024, "run_config.threads", threads, "must lie in [1, 1024]");
+  }
+};
+
+// One measured figure.
+struct figure {
+  std::string name;           // "prefill write 'csa.kv'", "read", "batched read"
+  std::string kind;           // prefill_write, decode_write, read, batched_read
+  std::string stream;         // the stream written (writes)
+  std::int64_t tokens = 0;    // tokens per operation: written, or of the context read (× sequences)
+  double seconds = 0.0;       // per operation
+  roofline work;              // what one operation must move and compute
+  double floor_seconds = 0.0;
+  double of_roofline = 0.0;   // floor / seconds
+  std::string bound;          // "bandwidth" or "compute": which side of the floor is longer
+  double bytes_per_token() const { return tokens > 0 ? work.bytes / static_cast<double>(tokens) : 0.0; }
+};
+
+struct machine {
+  double read_bandwidth = 0.0, fma_peak = 0.0, bf16_dot_peak = 0.0, int8_dot_peak = 0.0;  // bytes/s, FLOP/s, OP/s
+};
+
+struct results {
+  std::string configuration;
+  bench::machine limits;
+  std::vector<figure> figures;
+  double cache_bytes_per_token = 0.0;  // stored entries of every stream, per token (the read's sequence)
+
+  std::string table() const {
+    using phasekv::detail::fixed;
+    using phasekv::detail::right;
+    std::string out = "phasekv-bench: " + configuration + "\n";
+    out += "machine (one core, measured in this run): read bandwidth " + fixed(limits.read_bandwidth * 1e-9, 1) +
+           " GB/s, fp32 FMA " + fixed(limits.fma_peak * 1e-9, 1) + " GFLOP/s, bf16 dot " +
+           fixed(limits.bf16_dot_peak * 1e-9, 1) + " GFLOP/s, int8 dot " + fixed(limits.int8_dot_peak * 1e-9, 1) + " GOP/s\n";
+    if (cache_bytes_per_token > 0.0) out += "cache: " + fixed(cache_bytes_per_token, 1) + " bytes of entries per token\n";
+    std::size_t width = 11;
+    for (const figure& f : figures) width = std::max(width, f.name.size());
+    out += "\n" + f_left("measurement", width) + right("time", 12) + right("tokens", 10) + right("bytes/token", 13) +
+           right("floor", 12) + right("of floor", 10) + "  bound\n";
+    for (const figure& f : figures)
+      out += f_left(f.name, width) + right(duration(f.seconds), 12) + right(std::to_string(f.tokens), 10) +
+             right(fixed(f.bytes_per_token(), 1), 13) + right(duration(f.floor_seconds), 12) + right(fixed(f.of_roofline, 3), 10) +
+             "  " + f.bound + "\n";
+    return out;
+  }
+
+  std::string json() const {
+    using phasekv::detail::json_number;
+    using phasekv::detail::json_string;
+    std::string out = "{\n  \"format\": \"phasekv.bench/1\",\n  \"configuration\": " + json_string(configuration) + ",\n";
+    out += "  \"machine\": {\"read_bandwidth_bytes_per_s\": " + json_number(limits.read_bandwidth) +
+           ", \"fma_peak_flops\": " + json_number(limits.fma_peak) + ", \"bf16_dot_peak_flops\": " +
+           json_number(limits.bf16_dot_peak) + ", \"int8_dot_peak_ops\": " + json_number(limits.int8_dot_peak) + "},\n";
+    out += "  \"cache_bytes_per_token\": " + json_number(cache_bytes_per_token) + ",\n  \"figures\": [";
+    for (std::size_t i = 0; i < figures.size(); ++i) {
+      const figure& f = figures[i];
+      out += std::string(i ? "," : "") + "\n    {\"name\": " + json_string(f.name) + ", \"kind\": " + json_string(f.kind) +
+             ", \"stream\": " + json_string(f.stream) + ", \"tokens\": " + std::to_string(f.tokens) +
+             ", \"seconds\": " + json_number(f.seconds) + ", \"bytes\": " + json_number(f.work.bytes) +
+             ", \"bytes_per_token\": " + json_number(f.bytes_per_token()) + ", \"flops\": " + json_number(f.work.flops) +
+             ", \"bf16_flops\": " + json_number(f.work.bf16_flops) + ", \"int8_ops\": " + json_number(f.work.int8_ops) +
+             ", \"floor_seconds\": " + json_number(f.floor_seconds) + ", \"of_roofline\": " + json_number(f.of_roofline) +
+             ", \"bound\": " + json_string(f.bound) + "}";
+    }
+    return out + "\n  ]\n}\n";
+  }
+
+ private:
+  static std::string f_left(const std::string& s, std::size_t width) { return s + std::string(width + 2 - std::min(width, s.size()), ' '); }
+  static std::string duration(double s) {
+    using phasekv::detail::fixed;
+    return s >= 1.0 ? fixed(s, 3) + " s" : s >= 1e-3 ? fixed(s * 1e3, 3) + " ms" : fixed(s * 1e6, 2) + " us";
+  }
+};
+
+namespace run_detail {
+
+// `bandwidth`: read_bandwidth() as the figure's Google Benchmark twin takes it (before the writes,
+// after the reads).
+inline figure make_figure(std::string name, std::string kind, std::string stream, std::int64_t tokens, double seconds,
+                          const roofline& work, std::int64_t threads, double bandwidth) {
+  figure f;
+  f.name = std::move(name);
+  f.kind = std::move(kind);
+  f.stream = std::move(stream);
+  f.tokens = tokens;
+  f.seconds = seconds;
+  f.work = work;
+  const double memory = work.bytes / bandwidth, compute = work.compute_seconds();
+  f.floor_seconds = std::max(memory, compute) / static_cast<double>(threads);
+  f.of_roofline = seconds > 0.0 ? f.floor_seconds / seconds : 0.0;
+  f.bound = memory >= compute ? "bandwidth" : "compute";
+  return f;
+}
+
+template <class Cache>
+std::vector<std::int64_t> entry_strides(const Cache& cache) {
+  std::vector<std::int64_t> s;
+  for (std::size_t k = 0; k < Cache::stream_count; ++k) s.push_back(cache.pool(k).layout().entry_stride_bytes);
+  return s;
+}
+
+// "12% of 131072 tokens" lines, at most every tenth.
+inline std::function<void(std::int64_t)> share_reporter(const run_config& c, const std::string& what, std::int64_t total) {
+  if (!c.progress || total <= 0) return {};
+  auto last = std::make_shared<std::int64_t>(-1);
+  return [&c, what, total, last](std::int64_t done) {
+    const std::int64_t tenth = done * 10 / total;
+    if (tenth == *last) return;
+    *last = tenth;
+    c.progress(what + ": " + std::to_string(done * 100 / total) + "%");
+  };
+}
+
+}  // namespace run_detail
+
+// Measures `layer` in `cache` (its storage, window and page size; pages are sized here) read by
+// `reader`, as the header comment describes. `configuration` names it in the results.
+template <class... Compressors>
+results run(const layer_compressor<Compressors...>& layer, const cache_config& cache, const reader_config& reader,
+            const run_config& config, const std::string& configuration = "") {
+  using cache_type = paged_cache<Compressors...>;
+  config.validate();
+  {  // the cache and the reader the configuration describes, before anything is measured (config_error)
+    cache_config c = cache;
+    c.pages = 1;
+    c.memory = nullptr;
+    c.shared_pools.clear();
+    const cache_type probe(layer, c);
+    const sparse_reader probe_reader(probe, reader);
+  }
+  auto say = [&](const std::string& line) {
+    if (config.progress) config.progress(line);
+  };
+  results r;
+  r.configuration = configuration;
+  say("measuring this machine's limits");
+  r.limits = {read_bandwidth(), fma_peak(), bf16_dot_peak(), int8_dot_peak()};
+  const geometry& g = layer.geom();
+
+  // Writes, stream by stream: the compressor alone into a flat array (write_fixture).
+  auto writes = [&](std::size_t, const auto& compressor) {
+    const std::string name = compressor.config().name;
+    if (config.prefill_tokens > 0) {
+      say("prefill write '" + name + "': " + std::to_string(config.prefill_tokens) + " tokens");
+      const double bandwidth = read_bandwidth();  // measured again just before, as bench_write does: the best so far
+      using fixture = write_fixture<std::decay_t<decltype(compressor)>>;
+      // A fixture used once and dropped, then the one timed: what Google Benchmark does (its first
+      // run estimates the iterations), and the second allocation of a large input reads a few
+      // percent faster here than the first, so the two measure the same.
+      fixture(compressor, config.prefill_tokens, config.bf16_inputs).prefill(config.prefill_tokens);
+      fixture f(compressor, config.prefill_tokens, config.bf16_inputs);
+      const double s = seconds_per_call([&] { f.prefill(config.prefill_tokens); }, config.min_time);
+      r.figures.push_back(run_detail::make_figure("prefill write '" + name + "'", "prefill_write", name, config.prefill_tokens,
+                                                  s, roofline{f.bytes_moved(config.prefill_tokens)}, 1, bandwidth));
+    }
+    if (config.decode_tokens > 0) {
+      say("decode write '" + name + "': " + std::to_string(config.decode_tokens) + " one-token appends");
+      const double bandwidth = read_bandwidth();
+      using fixture = write_fixture<std::decay_t<decltype(compressor)>>;
+      fixture(compressor, config.decode_tokens).decode(config.decode_tokens);  // as for the prefill
+      fixture f(compressor, config.decode_tokens);
+      const double s = seconds_per_call([&] { f.decode(config.decode_tokens); }, config.min_time);
+      r.figures.push_back(run_detail::make_figure("decode write '" + name + "'", "decode_write", name, config.decode_tokens, s,
+                                                  roofline{f.bytes_moved(config.decode_tokens)}, 1, bandwidth));
+    }
+  };
+  run_detail::for_each_stream(layer, writes);
+
+  const bool wall = config.threads > 1;
+  if (config.context > 0) {
+    cache_config c = cache;
+    c.pages = pages_for(g, c.page_size, config.context, 1);
+    c.memory = nullptr;
+    c.shared_pools.clear();
+    read_workload<cache_type> w(layer, c, reader, config.context);
+    say("read: filling " + std::to_string(config.context) + " tokens");
+    w.fill(run_detail::share_reporter(config, "read: filled", config.context));
+    if (config.reads_on) w.reader.set_executor(*config.reads_on);
+    const std::int64_t candidates = g.visible_entries(config.context - 1);
+    const read_cost cost = read_cost::of(w.cache.shape(), reader, run_detail::entry_strides(w.cache));
+    say("read: timing");
+    const double s = seconds_per_call([&] { w.step(); }, config.min_time, wall);
+    r.figures.push_back(run_detail::make_figure("read at " + std::to_string(config.context), "read", "", config.context, s,
+                                                cost.floor(candidates), config.threads, read_bandwidth()));
+    r.cache_bytes_per_token = static_cast<double>(w.cache.memory(w.seq).entry_bytes) / static_cast<double>(config.context);
+  }
+
+  if (config.batch > 0) {
+    const std::int64_t count = config.batch, tokens = config.batch_context, forked = count / 2, prefix = tokens / 2;
+    cache_config c = cache;
+    c.pages = pages_for(g, c.page_size, tokens, count) + pages_for(g, c.page_size, prefix, 1);
+    c.memory = nullptr;
+    c.shared_pools.clear();
+    cache_type batch_cache(layer, c);
+    say("batched read: filling " + std::to_string(count) + " sequences of " + std::to_string(tokens) + " tokens");
+    const std::vector<sequence_id> seqs =
+        fill_batch(batch_cache, count, tokens, forked, prefix, run_detail::share_reporter(config, "batched read: filled", count));
+    sparse_reader batch_reader(batch_cache, reader);
+    if (config.reads_on) batch_reader.set_executor(*config.reads_on);
+    const layer_shape shape = batch_cache.shape();
+    std::vector<read_inputs> inputs;
+    for (std::int64_t s = 0; s < count; ++s) inputs.emplace_back(shape, reader, static_cast<std::uint64_t>(1000 * s));
+    std::vector<sequence_view> views(static_cast<std::size_t>(count));
+    std::vector<read_item> items(static_cast<std::size_t>(count));
+    std::vector<float> out(static_cast<std::size_t>(count * batch_reader.output_floats()));
+    std::vector<float> lse(static_cast<std::size_t>(count * reader.query_heads));
+    std::vector<std::int32_t> physical(static_cast<std::size_t>(count * std::max<std::int64_t>(1, reader.top_k)));
+    for (std::int64_t s = 0; s < count; ++s) {
+      read_item& it = items[static_cast<std::size_t>(s)];
+      it.view = &views[static_cast<std::size_t>(s)];
+      it.request = inputs[static_cast<std::size_t>(s)].request(tokens - 1);
+      it.out = out.data() + s * batch_reader.output_floats();
+      it.lse = lse.data() + s * reader.query_heads;
+      if (reader.top_k > 0) it.selected_physical = physical.data() + s * reader.top_k;
+    }
+    auto step = [&] {
+      for (std::size_t s = 0; s < seqs.size(); ++s) views[s] = batch_cache.view_of(seqs[s]);
+      batch_reader.read_batch(items);
+    };
+    say("batched read: timing");
+    const double s = seconds_per_call(step, config.min_time, wall);
+    roofline floor = read_cost::of(shape, reader, run_detail::entry_strides(batch_cache)).floor(g.visible_entries(tokens - 1));
+    floor.bytes *= static_cast<double>(count);
+    floor.flops *= static_cast<double>(count);
+    floor.bf16_flops *= static_cast<double>(count);
+    floor.int8_ops *= static_cast<double>(count);
+    r.figures.push_back(run_detail::make_figure("batched read " + std::to_string(count) + " x " + std::to_string(tokens),
+                                                "batched_read", "", count * tokens, s, floor, config.threads, read_bandwidth()));
+  }
+  return r;
+}
+
+// One stream of `Policy` — yours, with its pooling instance `pool` (weights and all), or a
+// built-in — in `cache`, read by `reader`:
+//   phasekv::bench::run<compressor_policy<my_pool>>(geom, config, cache, reader, rc, {}, my_pool(weights));
+template <class Policy>
+results run(const geometry& g, const stream_config& config, const cache_config& cache, const reader_config& reader,
+            const run_config& rc, const stream_params& params = {}, typename Policy::pooling pool = {},
+            const std::string& configuration = "") {
+  using stream = stream_compressor<Policy>;
+  return run(layer_compressor<stream>(stream(g, config, params, std::move(pool))), cache, reader, rc, configuration);
+}
+
+}  // namespace phasekv::bench
