@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "support/message_of.hpp"
-#include "oracle/thread_executor.hpp"
+#include "support/thread_executor.hpp"
 #include "phasekv/cache/model_cache.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "support/read_world.hpp"

@@ -37,7 +37,7 @@
 #include "oracle/fp8_format.hpp"
 #include "support/deepseek_layer.hpp"
 #include "support/message_of.hpp"
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"

@@ -22,7 +22,7 @@
 
 #include "support/deepseek_layer.hpp"
 #include "support/message_of.hpp"
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
 #include "phasekv/models/deepseek_v4.hpp"

@@ -33,7 +33,7 @@
 #include <thread>
 #include <vector>
 
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/compress/entry_buffer.hpp"

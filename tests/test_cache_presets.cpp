@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "support/common.hpp"
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/models/deepseek_v4.hpp"

@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "oracle/scalar_compressor.hpp"
 #include "oracle/snapshot_format.hpp"
 #include "support/configs.hpp"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "support/configs.hpp"
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/layer_compressor.hpp"

@@ -21,7 +21,7 @@
 #include "support/common.hpp"
 #include "../examples/pools/max_pool.hpp"
 #include "../examples/pools/nsa_mlp_pool.hpp"
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
 #include "phasekv/format/storage.hpp"

@@ -13,7 +13,7 @@
 
 #include "oracle/deepseek_compressor.hpp"
 #include "support/message_of.hpp"
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "phasekv/compress/deepseek_checkpoint.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/stream_compressor.hpp"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "support/message_of.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/layer_compressor.hpp"

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "oracle/scalar_compressor.hpp"
 
 namespace {

@@ -14,7 +14,7 @@
 
 #include "support/common.hpp"
 #include "../examples/pools/builtin_twins.hpp"
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "phasekv/format/storage.hpp"  // float_to_bf16
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/stream_compressor.hpp"

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "oracle/scalar_compressor.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/stream_compressor.hpp"

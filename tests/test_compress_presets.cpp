@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "oracle/scalar_compressor.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/layer_compressor.hpp"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "support/configs.hpp"
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/pool_kernels.hpp"
 #include "phasekv/compress/stream_compressor.hpp"

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "support/message_of.hpp"
-#include "oracle/probe_sweeps.hpp"
+#include "support/probe_sweeps.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/diag/interventions.hpp"
 #include "phasekv/diag/needle_probe.hpp"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "support/message_of.hpp"
-#include "oracle/probe_sweeps.hpp"
+#include "support/probe_sweeps.hpp"
 #include "phasekv/diag/needle_probe.hpp"
 #include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/diag/statistics.hpp"

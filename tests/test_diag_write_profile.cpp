@@ -12,7 +12,7 @@
 #include <sstream>
 #include <vector>
 
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/diag/write_profile.hpp"
 

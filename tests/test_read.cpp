@@ -35,9 +35,9 @@
 
 #include "support/read_result.hpp"
 #include "support/message_of.hpp"
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "oracle/scalar_attention.hpp"
-#include "oracle/thread_executor.hpp"
+#include "support/thread_executor.hpp"
 #include "support/read_world.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"

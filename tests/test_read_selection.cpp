@@ -25,7 +25,7 @@
 #include "support/deepseek_layer.hpp"
 #include "support/message_of.hpp"
 #include "oracle/scalar_attention.hpp"
-#include "oracle/thread_executor.hpp"
+#include "support/thread_executor.hpp"
 #include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/selection.hpp"
 #include "phasekv/read/sparse_reader.hpp"

@@ -24,7 +24,7 @@
 #include "support/common.hpp"
 #include "oracle/deepseek_compressor.hpp"
 #include "support/message_of.hpp"
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/stream_compressor.hpp"

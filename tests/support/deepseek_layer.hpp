@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "support/tokens.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/stream_compressor.hpp"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "support/common.hpp"
 #include "support/configs.hpp"
 #include "phasekv/cache/paged_cache.hpp"

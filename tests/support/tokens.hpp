@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "oracle/random_inputs.hpp"
+#include "support/random_inputs.hpp"
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/raw_window.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
