@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
+#include "support/configs.hpp"
 #include "support/message_of.hpp"
 #include "support/tokens.hpp"
 #include "phasekv/cache/model_cache.hpp"
@@ -206,15 +207,7 @@ cache_config wide_config(const std::string& name, const std::shared_ptr<page_poo
   return layer_config(name, 8, 1, kv);
 }
 
-std::shared_ptr<page_pool> kv_pool(i64 pages) {
-  page_pool_config p;
-  p.name = "kv";
-  p.page_size = 2;
-  p.kv_heads = 1;
-  p.channels = 4;
-  p.capacity = pages;
-  return std::make_shared<page_pool>(p);
-}
+std::shared_ptr<page_pool> kv_pool(i64 pages) { return std::make_shared<page_pool>(phasekv_test::pool_of("kv", 2, 1, 4, pages)); }
 
 std::unique_ptr<many_layers> make_many(i64 shared_pages) {
   std::shared_ptr<page_pool> kv = shared_pages > 0 ? kv_pool(shared_pages) : nullptr;
@@ -352,15 +345,7 @@ TEST_CASE("model_cache: a full shared pool refuses an append in any layer and ch
 }
 
 TEST_CASE("model_cache: a shared pool must have the stream's page layout", "[cache][model]") {
-  const auto wrong_channels = [] {
-    page_pool_config p;
-    p.name = "narrow";
-    p.page_size = 2;
-    p.kv_heads = 1;
-    p.channels = 2;
-    p.capacity = 8;
-    return std::make_shared<page_pool>(p);
-  }();
+  const auto wrong_channels = std::make_shared<page_pool>(phasekv_test::pool_of("narrow", 2, 1, 2, 8));
   REQUIRE_THAT(message_of<config_error>([&] {
                  first_cache(first_cache::layer(gated(geometry{2, 4}, config("kv", 4)), mean(geometry{2, 4}, config("ix", 2))),
                              first_config("first", wrong_channels));

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #endif
 
+#include "support/configs.hpp"
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
@@ -78,11 +79,7 @@ class refusing final : public page_memory {
 };
 
 page_pool_config small_pool(page_memory* memory) {
-  page_pool_config c;
-  c.page_size = 4;
-  c.kv_heads = 2;
-  c.channels = 8;
-  c.capacity = 10;
+  page_pool_config c = phasekv_test::pool_of("pool", 4, 2, 8, 10);
   c.memory = memory;
   return c;
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "support/common.hpp"
+#include "support/configs.hpp"
 #include "phasekv/cache/page_pool.hpp"
 
 namespace {
@@ -31,14 +32,7 @@ using phasekv::storage_type;
 using Catch::Matchers::Contains;
 
 page_pool_config pool_config(storage_type storage = storage_type::f32, std::int64_t capacity = 8) {
-  page_pool_config config;
-  config.name = "kv";
-  config.page_size = 4;
-  config.kv_heads = 2;
-  config.channels = 3;
-  config.storage = storage;
-  config.capacity = capacity;
-  return config;
+  return phasekv_test::pool_of("kv", 4, 2, 3, capacity, storage);
 }
 
 // What a value looks like after a trip through the storage type, via the scalar conversions.

@@ -29,6 +29,7 @@
 #include "support/read_result.hpp"
 #include "support/read_world.hpp"
 #include "support/common.hpp"
+#include "support/configs.hpp"
 #include "oracle/fp8_format.hpp"
 #include "support/deepseek_layer.hpp"
 #include "support/message_of.hpp"
@@ -90,11 +91,8 @@ std::unique_ptr<twin> dequantized_twin(const sequence_view& source) {
   for (std::size_t k = 0; k < source.stream_count; ++k) {
     const stream_view& from = source.streams[k];
     if (from.layout.storage != fp8) continue;
-    page_pool_config pc;
-    pc.page_size = from.layout.page_size;
-    pc.kv_heads = from.layout.kv_heads;
-    pc.channels = from.layout.channels;
-    pc.storage = storage_type::f32;
+    const page_pool_config pc =
+        phasekv_test::pool_of("pool", from.layout.page_size, from.layout.kv_heads, from.layout.channels, 0);
     const page_layout l = page_layout::for_config(pc);
     std::vector<float>& arena = t->arenas[k];
     arena.assign(sz(from.capacity * l.page_stride), std::numeric_limits<float>::quiet_NaN());

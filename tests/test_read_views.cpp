@@ -327,11 +327,8 @@ std::unique_ptr<host_copy> copy_to_host(const Cache& cache, sequence_id seq, std
   h->tables.resize(src.stream_count);
   for (std::size_t k = 0; k < src.stream_count; ++k) {
     const stream_view& from = src.streams[k];
-    page_pool_config pc;
-    pc.page_size = pick(rng, 1, 64);
-    pc.kv_heads = from.layout.kv_heads;
-    pc.channels = from.layout.channels;
-    pc.storage = from.layout.storage;
+    const page_pool_config pc =
+        phasekv_test::pool_of("pool", pick(rng, 1, 64), from.layout.kv_heads, from.layout.channels, 0, from.layout.storage);
     page_layout l = page_layout::for_config(pc);
     l.page_stride_bytes += 2 * l.element_bytes * pick(rng, 0, 3);  // the host's own page stride
     l.page_stride = l.page_stride_bytes / l.element_bytes;
@@ -580,12 +577,7 @@ struct host_world {
   }
 
   static page_layout layout(i64 heads, i64 channels, storage_type storage, i64 page_stride_bytes) {
-    page_pool_config pc;
-    pc.page_size = page_size;
-    pc.kv_heads = heads;
-    pc.channels = channels;
-    pc.storage = storage;
-    page_layout l = page_layout::for_config(pc);
+    page_layout l = page_layout::for_config(phasekv_test::pool_of("pool", page_size, heads, channels, 0, storage));
     l.page_stride_bytes = page_stride_bytes;
     l.page_stride = page_stride_bytes / l.element_bytes;
     return l;
@@ -812,13 +804,7 @@ TEST_CASE("views: a read that sees nothing gives lse = -inf and zeros; with a si
   sequence_view v;  // one token, no entry complete, no window: nothing to attend to
   v.tokens = 1;
   v.stream_count = 1;
-  v.streams[0].layout = [] {
-    page_pool_config pc;
-    pc.page_size = 2;
-    pc.kv_heads = 1;
-    pc.channels = 4;
-    return page_layout::for_config(pc);
-  }();
+  v.streams[0].layout = page_layout::for_config(phasekv_test::pool_of("pool", 2, 1, 4, 0));
   for (bool sink : {false, true}) {
     reader_config rc;
     rc.query_heads = 3;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
+#include "support/configs.hpp"
 #include "support/message_of.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
@@ -238,11 +239,7 @@ TEST_CASE("reliability: sizes within the bounds but beyond memory are capacity_e
   REQUIRE(big_window.sequences() == 0);
 
   // A 256 GiB pool: 2^22 pages of 64 KiB.
-  page_pool_config pool;
-  pool.page_size = 64;
-  pool.kv_heads = 1;
-  pool.channels = 256;
-  pool.capacity = i64{1} << 22;
+  const page_pool_config pool = phasekv_test::pool_of("pool", 64, 1, 256, i64{1} << 22);
   REQUIRE_THAT(message_of<capacity_error>([&] { page_pool p(pool); }),
                Contains("pool.capacity = 4194304") && Contains("274877906944 bytes"));
 }

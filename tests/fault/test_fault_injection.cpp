@@ -229,15 +229,7 @@ struct model_world {
 
   static two_kinds make(bool shared) {
     cache_config second = phasekv_test::cache_of("second", 1, 24);
-    if (shared) {
-      page_pool_config p;
-      p.name = "shared";
-      p.page_size = 1;
-      p.kv_heads = 1;
-      p.channels = 3;
-      p.capacity = 24;
-      second.shared_pools = {std::make_shared<page_pool>(p)};
-    }
+    if (shared) second.shared_pools = {std::make_shared<page_pool>(phasekv_test::pool_of("shared", 1, 1, 3, 24))};
     const stream_config hkv = phasekv_test::stream_of("hkv", stream_role::key_value, 3);
     std::vector<layer_spec<second_cache>> seconds;
     for (int i = 0; i < 2; ++i) {

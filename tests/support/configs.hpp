@@ -1,12 +1,14 @@
 #pragma once
-// Stream and cache configurations from the few fields a test sets; the rest keep their defaults
-// (stream_config and cache_config). A test adds what else it needs to the returned value.
+// Stream, cache and page pool configurations from the few fields a test sets; the rest keep their
+// defaults (stream_config, cache_config, page_pool_config). A test adds what else it needs to the
+// returned value.
 
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "phasekv/cache/page_layout.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/stream_config.hpp"
 
@@ -43,6 +45,23 @@ inline phasekv::cache_config cache_of(const std::string& name, std::int64_t page
   c.pages = pages;
   c.history = history;
   c.window = window;
+  return c;
+}
+
+// `capacity` pages of `page_size` entries of kv_heads × channels elements of `storage` (capacity 0:
+// a configuration only a layout is computed from); an FP8 pool keeps `rope_channels` in bf16.
+inline phasekv::page_pool_config pool_of(const std::string& name, std::int64_t page_size, std::int64_t kv_heads,
+                                         std::int64_t channels, std::int64_t capacity,
+                                         phasekv::storage_type storage = phasekv::storage_type::f32,
+                                         std::int64_t rope_channels = 0) {
+  phasekv::page_pool_config c;
+  c.name = name;
+  c.page_size = page_size;
+  c.kv_heads = kv_heads;
+  c.channels = channels;
+  c.capacity = capacity;
+  c.storage = storage;
+  c.rope_channels = rope_channels;
   return c;
 }
 
