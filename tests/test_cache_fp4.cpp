@@ -38,6 +38,8 @@
 #include "support/common.hpp"
 #include "oracle/fp4_format.hpp"
 #include "support/deepseek_layer.hpp"
+#include "support/block_formats.hpp"
+#include "support/configs.hpp"
 #include "support/message_of.hpp"
 #include "support/random_inputs.hpp"
 #include "phasekv/cache/page_pool.hpp"
@@ -138,14 +140,9 @@ std::string decodes_like_oracle(const std::vector<std::uint8_t>& bytes, i64 chan
   return "";
 }
 
-// Random values whose transform is exact in double: integers of up to 20 bits times 2^scale (one
-// scale per head), so every butterfly and every dense sum is exact.
-std::vector<float> exact_sum_values(std::mt19937& rng, i64 n, int scale) {
-  std::uniform_int_distribution<int> integer(-(1 << 20), 1 << 20);
-  std::vector<float> x(sz(n));
-  for (float& v : x) v = std::ldexp(static_cast<float>(integer(rng)), scale);
-  return x;
-}
+// Random values whose transform is exact in double (one scale per head), so every butterfly and
+// every dense sum is exact.
+using phasekv_test::exact_sum_values;
 
 }  // namespace
 
@@ -491,14 +488,7 @@ TEST_CASE("fp4: a hand-made 128-channel key, byte by byte", "[cache][fp4]") {
 namespace {
 
 page_pool_config fp4_pool(i64 kv_heads, i64 channels, i64 page_size) {
-  page_pool_config pc;
-  pc.name = "ix";
-  pc.page_size = page_size;
-  pc.kv_heads = kv_heads;
-  pc.channels = channels;
-  pc.storage = storage_type::fp4_e2m1_hadamard;
-  pc.capacity = 4;
-  return pc;
+  return phasekv_test::pool_of("ix", page_size, kv_heads, channels, 4, storage_type::fp4_e2m1_hadamard);
 }
 
 }  // namespace
@@ -522,35 +512,21 @@ TEST_CASE("fp4: a page pool lays heads and entries out at the documented strides
     CHECK(l.fp4().bytes == s.head_bytes);
     CHECK(l.values_per_entry() == s.kv_heads * s.channels);
 
+    // Every slot of two pages written; each head's bytes are the oracle's, where the layout says,
+    // and read back as the stored, transformed values.
     std::mt19937 rng(1505);
-    page_id pages[2];
-    pool.allocate(2, pages);
-    std::vector<std::vector<float>> entries;
-    for (page_id p : pages)
-      for (i64 slot = 0; slot < s.page_size; ++slot) {
-        std::vector<float> entry;
-        for (i64 h = 0; h < s.kv_heads; ++h) {
-          const auto x = exact_sum_values(rng, s.channels, -20 - static_cast<int>(h));
-          entry.insert(entry.end(), x.begin(), x.end());
-        }
-        entries.push_back(entry);
-        pool.write_entry(p, slot, entries.back().data());
+    const auto make_entry = [&] {
+      std::vector<float> entry;
+      for (i64 h = 0; h < s.kv_heads; ++h) {
+        const auto x = exact_sum_values(rng, s.channels, -20 - static_cast<int>(h));
+        entry.insert(entry.end(), x.begin(), x.end());
       }
-    std::size_t e = 0;
-    for (page_id p : pages)
-      for (i64 slot = 0; slot < s.page_size; ++slot, ++e) {
-        std::vector<float> back(sz(s.kv_heads * s.channels));
-        pool.read_entry(p, slot, back.data());
-        for (i64 h = 0; h < s.kv_heads; ++h) {
-          const auto want = oracle::encode_head(entries[e].data() + h * s.channels, s.channels);
-          const std::byte* at = pool.base() + p * l.page_stride_bytes + slot * l.entry_stride_bytes + h * l.head_stride_bytes;
-          CHECK(std::memcmp(at, want.data(), want.size()) == 0);
-          const auto values = oracle::decode_head(want.data(), s.channels);  // the stored, transformed values
-          for (i64 c = 0; c < s.channels; ++c) CHECK(static_cast<double>(back[sz(h * s.channels + c)]) == values[sz(c)]);
-        }
-      }
-    pool.copy_entries(pages[0], pages[1], s.page_size - 1);
-    CHECK(std::memcmp(pool.data(pages[1]), pool.data(pages[0]), sz((s.page_size - 1) * l.entry_stride_bytes)) == 0);
+      return entry;
+    };
+    CHECK(phasekv_test::block_pool_mismatch(
+              pool, s, make_entry, [&](const float* x) { return oracle::encode_head(x, s.channels); },
+              [&](const std::vector<std::uint8_t>& bytes) { return oracle::decode_head(bytes.data(), s.channels); }) ==
+          "");
   }
 }
 
@@ -567,12 +543,9 @@ TEST_CASE("fp4: shapes and calls a pool cannot take are errors that name the fie
   CHECK_THAT(message_of<config_error>([&] { page_pool{config}; }),
              Contains("ix.rope_channels = 64: must be 0 for fp4_e2m1_hadamard storage"));
 
-  float values[4] = {1, 2, 3, 4};
-  unsigned char bytes[16] = {};
-  CHECK_THAT(message_of<input_error>([&] { store_row(values, bytes, 4, storage_type::fp4_e2m1_hadamard); }),
+  CHECK_THAT(phasekv_test::store_row_error(storage_type::fp4_e2m1_hadamard),
              Contains("storage_type = fp4_e2m1_hadamard: is stored in blocks"));
-  CHECK_THAT(message_of<input_error>([&] { load_row(bytes, values, 4, storage_type::fp4_e2m1_hadamard); }),
-             Contains("storage_type = fp4_e2m1_hadamard"));
+  CHECK_THAT(phasekv_test::load_row_error(storage_type::fp4_e2m1_hadamard), Contains("storage_type = fp4_e2m1_hadamard"));
   CHECK(std::string(to_string(storage_type::fp4_e2m1_hadamard)) == "fp4_e2m1_hadamard");
   CHECK(bytes_per_element(storage_type::fp4_e2m1_hadamard) == 1);
   CHECK(is_valid(storage_type::fp4_e2m1_hadamard));
@@ -600,12 +573,9 @@ TEST_CASE("fp4: a DeepSeek-V4 cache quantizes the indexer's entries; views have 
     CHECK(quantized.shape().streams[1].storage == fp4);
 
     std::mt19937 rng(1506);
-    const sequence_id a = quantized.create(), b = exact.create();
-    for (i64 n : {3, 1, 40, 9, 2}) append_random(quantized, exact, a, b, n, rng);
-    const sequence_id fork = quantized.fork(a), exact_fork = exact.fork(b);
-    append_random(quantized, exact, fork, exact_fork, 6, rng);
-
-    for (const auto& [seq, twin] : {std::pair<sequence_id, sequence_id>{a, b}, {fork, exact_fork}}) {
+    const phasekv_test::twin_sequences twins = phasekv_test::fill_twins(quantized, exact, rng);
+    const sequence_id a = twins.quantized, b = twins.exact;
+    for (const auto& [seq, twin] : {std::pair<sequence_id, sequence_id>{a, b}, {twins.quantized_fork, twins.exact_fork}}) {
       const sequence_view v = quantized.view_of(seq);
       const paged_view csr = quantized.view(span<const sequence_id>(&seq, 1), 1);
       CHECK(csr.layout.entry_stride_bytes == 68);
@@ -619,11 +589,8 @@ TEST_CASE("fp4: a DeepSeek-V4 cache quantizes the indexer's entries; views have 
         std::vector<float> entry(128);
         exact.read_entry(twin, 1, j, entry.data());
         const auto want = oracle::encode_head(entry.data(), 128);
-        const std::byte* at = sv.base + sv.pages[sz(j / page_size)] * sv.layout.page_stride_bytes +
-                              (j % page_size) * sv.layout.entry_stride_bytes;
-        const std::byte* via_csr = csr.base + csr.indices[sz(csr.indptr[0] + j / page_size)] * csr.layout.page_stride_bytes +
-                                   (j % page_size) * csr.layout.entry_stride_bytes;
-        CHECK(via_csr == at);
+        const std::byte* at = phasekv_test::entry_at(sv, page_size, j);
+        CHECK(phasekv_test::entry_at(csr, page_size, j) == at);
         INFO("entry " << j);
         CHECK(std::memcmp(at, want.data(), want.size()) == 0);
       }

@@ -36,6 +36,8 @@
 #include "support/common.hpp"
 #include "oracle/fp8_format.hpp"
 #include "support/deepseek_layer.hpp"
+#include "support/block_formats.hpp"
+#include "support/configs.hpp"
 #include "support/message_of.hpp"
 #include "support/random_inputs.hpp"
 #include "phasekv/cache/page_pool.hpp"
@@ -528,15 +530,7 @@ TEST_CASE("fp8: quantizing equals the oracle and the scalar functions for every 
 namespace {
 
 page_pool_config fp8_pool(i64 kv_heads, i64 channels, i64 rope, i64 page_size) {
-  page_pool_config pc;
-  pc.name = "kv";
-  pc.page_size = page_size;
-  pc.kv_heads = kv_heads;
-  pc.channels = channels;
-  pc.storage = storage_type::fp8_e4m3_block;
-  pc.rope_channels = rope;
-  pc.capacity = 4;
-  return pc;
+  return phasekv_test::pool_of("kv", page_size, kv_heads, channels, 4, storage_type::fp8_e4m3_block, rope);
 }
 
 }  // namespace
@@ -562,33 +556,14 @@ TEST_CASE("fp8: a page pool lays heads and entries out at the documented strides
     CHECK(l.values_per_entry() == s.kv_heads * s.channels);
     CHECK(l.fp8().bytes == s.head_bytes);
 
-    // Every slot of two pages written; each head's bytes are the oracle's, where the layout says.
+    // Every slot of two pages written; each head's bytes are the oracle's, where the layout says,
+    // and read back as the oracle decodes them; copy on write copies the bytes as they are.
     std::mt19937 rng(1305);
-    page_id pages[2];
-    pool.allocate(2, pages);
-    std::vector<std::vector<float>> entries;
-    for (page_id p : pages)
-      for (i64 slot = 0; slot < s.page_size; ++slot) {
-        entries.push_back(phasekv_test::random_uniform(rng, sz(s.kv_heads * s.channels), -5.0f, 5.0f));
-        pool.write_entry(p, slot, entries.back().data());
-      }
-    std::size_t e = 0;
-    for (page_id p : pages)
-      for (i64 slot = 0; slot < s.page_size; ++slot, ++e) {
-        std::vector<float> back(sz(s.kv_heads * s.channels));
-        pool.read_entry(p, slot, back.data());
-        for (i64 h = 0; h < s.kv_heads; ++h) {
-          const float* x = entries[e].data() + h * s.channels;
-          const auto want = oracle::encode_head(x, {s.channels, s.rope});
-          const std::byte* at = pool.base() + p * l.page_stride_bytes + slot * l.entry_stride_bytes + h * l.head_stride_bytes;
-          CHECK(std::memcmp(at, want.data(), want.size()) == 0);
-          const auto values = oracle::decode_head(want.data(), {s.channels, s.rope});
-          for (i64 c = 0; c < s.channels; ++c) CHECK(static_cast<double>(back[sz(h * s.channels + c)]) == values[sz(c)]);
-        }
-      }
-    // Copy on write copies the bytes as they are.
-    pool.copy_entries(pages[0], pages[1], s.page_size - 1);
-    CHECK(std::memcmp(pool.data(pages[1]), pool.data(pages[0]), sz((s.page_size - 1) * l.entry_stride_bytes)) == 0);
+    const oracle::head_format format{s.channels, s.rope};
+    CHECK(phasekv_test::block_pool_mismatch(
+              pool, s, [&] { return phasekv_test::random_uniform(rng, sz(s.kv_heads * s.channels), -5.0f, 5.0f); },
+              [&](const float* x) { return oracle::encode_head(x, format); },
+              [&](const std::vector<std::uint8_t>& bytes) { return oracle::decode_head(bytes.data(), format); }) == "");
   }
 }
 
@@ -606,12 +581,9 @@ TEST_CASE("fp8: shapes and calls a pool cannot take are errors that name the fie
   CHECK_THAT(message_of<config_error>([&] { config.validate(); }), Contains("kv.channels = 140737488355328"));
 
   // Rows of fp8 do not exist: the row functions say so instead of writing anything.
-  float values[4] = {1, 2, 3, 4};
-  unsigned char bytes[16] = {};
-  CHECK_THAT(message_of<input_error>([&] { store_row(values, bytes, 4, storage_type::fp8_e4m3_block); }),
+  CHECK_THAT(phasekv_test::store_row_error(storage_type::fp8_e4m3_block),
              Contains("storage_type = fp8_e4m3_block: is stored in blocks"));
-  CHECK_THAT(message_of<input_error>([&] { load_row(bytes, values, 4, storage_type::fp8_e4m3_block); }),
-             Contains("storage_type = fp8_e4m3_block"));
+  CHECK_THAT(phasekv_test::load_row_error(storage_type::fp8_e4m3_block), Contains("storage_type = fp8_e4m3_block"));
   CHECK(std::string(to_string(storage_type::fp8_e4m3_block)) == "fp8_e4m3_block");
   CHECK(bytes_per_element(storage_type::fp8_e4m3_block) == 1);
   CHECK(is_valid(storage_type::fp8_e4m3_block));
@@ -638,12 +610,10 @@ TEST_CASE("fp8: a DeepSeek-V4 cache quantizes the compressor's entries; views ha
     CHECK(quantized.shape().streams[0].storage == fp8);
 
     std::mt19937 rng(1306);
-    const sequence_id a = quantized.create(), b = exact.create();
-    for (i64 n : {3, 1, 40, 9, 2}) append_random(quantized, exact, a, b, n, rng);
-    const sequence_id fork = quantized.fork(a), exact_fork = exact.fork(b);  // the partial last page copies on write
-    append_random(quantized, exact, fork, exact_fork, 6, rng);
-
-    for (const auto& [seq, twin] : {std::pair<sequence_id, sequence_id>{a, b}, {fork, exact_fork}}) {
+    const phasekv_test::twin_sequences twins = phasekv_test::fill_twins(quantized, exact, rng);
+    const sequence_id a = twins.quantized;
+    for (const auto& [seq, twin] :
+         {std::pair<sequence_id, sequence_id>{a, twins.exact}, {twins.quantized_fork, twins.exact_fork}}) {
       const sequence_view v = quantized.view_of(seq);
       const paged_view csr = quantized.view(span<const sequence_id>(&seq, 1), 0);
       CHECK(csr.layout.entry_stride_bytes == 584);
@@ -659,13 +629,8 @@ TEST_CASE("fp8: a DeepSeek-V4 cache quantizes the compressor's entries; views ha
           std::vector<float> entry(sz(channels));
           exact.read_entry(twin, k, j, entry.data());
           const auto want = oracle::encode_head(entry.data(), {channels, 64});
-          const std::byte* at = sv.base + sv.pages[sz(j / page_size)] * sv.layout.page_stride_bytes +
-                                (j % page_size) * sv.layout.entry_stride_bytes;
-          if (k == 0) {
-            const std::byte* via_csr = csr.base + csr.indices[sz(csr.indptr[0] + j / page_size)] * csr.layout.page_stride_bytes +
-                                       (j % page_size) * csr.layout.entry_stride_bytes;
-            CHECK(via_csr == at);
-          }
+          const std::byte* at = phasekv_test::entry_at(sv, page_size, j);
+          if (k == 0) CHECK(phasekv_test::entry_at(csr, page_size, j) == at);
           INFO("stream " << k << ", entry " << j);
           CHECK(std::memcmp(at, want.data(), want.size()) == 0);
         }

@@ -37,6 +37,7 @@
 #include "support/read_world.hpp"
 #include "support/common.hpp"
 #include "oracle/fp4_format.hpp"
+#include "support/block_formats.hpp"
 #include "support/deepseek_layer.hpp"
 #include "support/message_of.hpp"
 #include "support/random_inputs.hpp"
@@ -69,14 +70,9 @@ using phasekv_test::bit_equal;
 using phasekv_test::bits_of;
 using phasekv_test::append_tokens;
 
-// Query values whose transform is exact in double (so the oracle's dense transform and the
-// library's fast one agree bit for bit): integers of up to 20 bits times 2^scale.
-std::vector<float> exact_sum_values(std::mt19937& rng, i64 n, int scale) {
-  std::uniform_int_distribution<int> integer(-(1 << 20), 1 << 20);
-  std::vector<float> x(sz(n));
-  for (float& v : x) v = std::ldexp(static_cast<float>(integer(rng)), scale);
-  return x;
-}
+// Query values whose transform is exact in double, so the oracle's dense transform and the
+// library's fast one agree bit for bit.
+using phasekv_test::exact_sum_values;
 
 // The oracle's dequantized queries: [heads][channels].
 std::vector<std::vector<double>> oracle_queries(const std::vector<float>& queries, i64 heads, i64 channels) {
@@ -372,9 +368,7 @@ std::vector<std::pair<i64, float>> oracle_selection(const sequence_view& v, std:
   const auto q = oracle_queries(in.indexer_queries, rc.indexer_heads, channels);
   std::vector<std::pair<i64, float>> all;
   for (i64 j = 0; j < candidates; ++j) {
-    const std::byte* key = sv.base + sv.pages[sz(j / sv.layout.page_size)] * sv.layout.page_stride_bytes +
-                           (j % sv.layout.page_size) * sv.layout.entry_stride_bytes;
-    all.push_back({j, oracle_score(q, in.indexer_weights, key, channels)});
+    all.push_back({j, oracle_score(q, in.indexer_weights, phasekv_test::entry_at(sv, sv.layout.page_size, j), channels)});
   }
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
     return a.second != b.second ? a.second > b.second : a.first < b.first;

@@ -71,4 +71,23 @@ inline void append_random(csa_cache& a, csa_cache& b, phasekv::sequence_id sa, p
   append(b, sb, in);
 }
 
+// A sequence of a quantized cache and its twin in an fp32 cache, given the same tokens, and the
+// forks of both.
+struct twin_sequences {
+  phasekv::sequence_id quantized, exact, quantized_fork, exact_fork;
+};
+
+// 55 tokens in chunks of 3, 1, 40, 9 and 2 (partial pages, and a chunk across several), then
+// forks of both 6 tokens further (the partial last page copied on write).
+inline twin_sequences fill_twins(csa_cache& quantized, csa_cache& exact, std::mt19937& rng) {
+  twin_sequences s;
+  s.quantized = quantized.create();
+  s.exact = exact.create();
+  for (std::int64_t n : {3, 1, 40, 9, 2}) append_random(quantized, exact, s.quantized, s.exact, n, rng);
+  s.quantized_fork = quantized.fork(s.quantized);
+  s.exact_fork = exact.fork(s.exact);
+  append_random(quantized, exact, s.quantized_fork, s.exact_fork, 6, rng);
+  return s;
+}
+
 }  // namespace phasekv_test

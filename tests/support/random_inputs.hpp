@@ -1,6 +1,6 @@
 #pragma once
-// Seeded random inputs for the compressor tests: payloads, gate logits (ordinary or LARGE),
-// slot biases, RMSNorm weights, slot profiles. Everything comes from a caller-owned
+// Seeded random inputs for the tests: payloads, gate logits (ordinary or LARGE), slot biases,
+// RMSNorm weights, slot profiles, values whose Hadamard transform is exact. Everything comes from a caller-owned
 // std::mt19937, so a test is reproducible from its seed.
 //
 // Large logits are sign·magnitude + k/64 with |k| ≤ 512 (magnitude e.g. 80 or 1e4): a softmax
@@ -10,6 +10,7 @@
 // the fp32 kernel and the double oracle then see the same softmax arguments and can be held
 // to a tight tolerance. (Arbitrary floats near 1e4 carry 5e-4 of rounding in the sum itself.)
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -93,6 +94,15 @@ inline stream_inputs random_stream_inputs(std::mt19937& rng, std::int64_t tokens
   in.payload = random_payload(rng, static_cast<std::size_t>(tokens * payload_per_token));
   if (logits_per_token > 0) in.logits = random_logits(rng, static_cast<std::size_t>(tokens * logits_per_token), logits);
   return in;
+}
+
+// n values whose Hadamard transform is exact in double (so a dense transform and a fast one
+// agree bit for bit): integers of up to 20 bits times 2^scale.
+inline std::vector<float> exact_sum_values(std::mt19937& rng, std::int64_t n, int scale) {
+  std::uniform_int_distribution<int> integer(-(1 << 20), 1 << 20);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (float& v : x) v = std::ldexp(static_cast<float>(integer(rng)), scale);
+  return x;
 }
 
 }  // namespace phasekv_test
