@@ -131,20 +131,10 @@ TEST_CASE("append_entries: host entries are stored as the write path stores them
     rc.top_k = 32;
     if (!precision) rc.precision = indexer_precision::f32;
     sparse_reader ra(trio.a, rc), rb(trio.b, rc);
-    const i64 pos = trio.a.tokens(trio.sa) - 1;
-    const auto q = phasekv_test::random_uniform(rng, 64 * 512, -1.0f, 1.0f);
-    const auto iq = phasekv_test::random_uniform(rng, 64 * 128, -1.0f, 1.0f);
-    const auto iw = phasekv_test::random_uniform(rng, 64, 0.0f, 0.05f);
-    const auto sinks = phasekv_test::random_uniform(rng, 64, -1.0f, 1.0f);
-    read_request r;
-    r.position = pos;
-    r.queries = q;
-    r.indexer_queries = iq;
-    r.indexer_weights = iw;
-    r.sinks = sinks;
+    const phasekv_test::request_inputs in = phasekv_test::random_csa_query(rng, trio.a.tokens(trio.sa) - 1, 0.05f);
     std::vector<float> oa(sz(ra.output_floats())), ob(oa.size());
-    ra.read(trio.a, trio.sa, r, oa.data());
-    rb.read(trio.b, trio.sb, r, ob.data());
+    ra.read(trio.a, trio.sa, in.request, oa.data());
+    rb.read(trio.b, trio.sb, in.request, ob.data());
     CHECK(std::memcmp(oa.data(), ob.data(), oa.size() * sizeof(float)) == 0);
     // The compressor cannot continue the host's sequence (W = 8 > S = 4: its next entry pools
     // tokens whose inputs it never saw); the host can.

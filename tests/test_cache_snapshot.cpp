@@ -374,9 +374,7 @@ csa_cache::layer csa_layer() { return phasekv_test::make_csa_layer(); }
 
 cache_config csa_config(const std::string& name, std::int64_t page_size, std::int64_t pages, std::int64_t history,
                         std::vector<storage_type> storage = {}) {
-  cache_config c = cache_of(name, page_size, pages, history, raw_window_config{16, 1, 512, 0});  // tied window
-  c.stream_storage = std::move(storage);
-  return c;
+  return phasekv_test::csa_config(name, page_size, std::move(storage), pages, 16, history);
 }
 
 reader_config csa_reader() {

@@ -39,6 +39,7 @@
 #include "oracle/fp4_format.hpp"
 #include "support/block_formats.hpp"
 #include "support/deepseek_layer.hpp"
+#include "support/request_inputs.hpp"
 #include "support/message_of.hpp"
 #include "support/random_inputs.hpp"
 #include "support/thread_executor.hpp"
@@ -339,11 +340,10 @@ reader_config reader_for(const world_spec& s) {
   return rc;
 }
 
-struct request_inputs {
-  std::vector<float> queries, indexer_queries, indexer_weights;
-  read_request request;
-};
+using phasekv_test::request_inputs;
 
+// Indexer queries whose transform is exact (each head at its own scale), weights in [−0.2, 1),
+// no sinks.
 request_inputs random_request(const reader_config& rc, i64 key_channels, i64 indexer_channels, std::mt19937& rng,
                               i64 position) {
   request_inputs r;
@@ -354,9 +354,7 @@ request_inputs random_request(const reader_config& rc, i64 key_channels, i64 ind
   }
   r.indexer_weights = phasekv_test::random_uniform(rng, sz(rc.indexer_heads), -0.2f, 1.0f);
   r.request.position = position;
-  r.request.queries = r.queries;
-  r.request.indexer_queries = r.indexer_queries;
-  r.request.indexer_weights = r.indexer_weights;
+  r.point();
   return r;
 }
 
@@ -470,15 +468,9 @@ using phasekv_test::csa_cache;
 using phasekv_test::make_csa_layer;
 using phasekv_test::csa_draw;
 
+// 512 pages, a 128-token window, 8 tokens of history.
 cache_config dsv4_cache(i64 page_size, storage_type kv, storage_type indexer) {
-  cache_config cc;
-  cc.name = "dsv4";
-  cc.page_size = page_size;
-  cc.pages = 512;
-  cc.stream_storage = {kv, indexer};
-  cc.history = 8;
-  cc.window = raw_window_config{128, 1, 512, 0};
-  return cc;
+  return phasekv_test::csa_config("dsv4", page_size, {kv, indexer}, 512, 128, 8);
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 
 #include "support/read_result.hpp"
 #include "support/read_world.hpp"
+#include "support/request_inputs.hpp"
 #include "support/common.hpp"
 #include "support/configs.hpp"
 #include "oracle/fp8_format.hpp"
@@ -146,10 +147,8 @@ layer_shape dequantized_shape(layer_shape shape) {
 
 // ---- random worlds --------------------------------------------------------------------------------
 
-using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
-using rope_stream = stream_compressor<compressor_policy<mean_pool, rope_after_pool>>;
-using untied_cache = paged_cache<mean_stream, mean_stream, mean_stream>;  // keys, values, indexer
-using tied_cache = paged_cache<rope_stream, mean_stream>;                 // K/V with RoPE, indexer
+using phasekv_test::read_support::tied_cache;
+using phasekv_test::read_support::untied_cache;
 
 struct world_spec {
   i64 stride = 1, window = 1, kv_heads = 1, group = 1, key_channels = 1, value_channels = 1, rope_channels = 0;
@@ -198,7 +197,6 @@ world_spec random_spec(std::mt19937& rng) {
   return s;
 }
 
-using phasekv_test::read_support::make_stream;
 using phasekv_test::read_support::reader_for;
 
 cache_config cache_config_for(const world_spec& s) {
@@ -216,27 +214,12 @@ cache_config cache_config_for(const world_spec& s) {
   return cc;
 }
 
-struct request_inputs {
-  std::vector<float> queries, indexer_queries, indexer_weights, sinks;
-  read_request request;
-};
+using phasekv_test::request_inputs;
 
+// Queries scaled so that logits spread over a few units whatever the entries' magnitudes.
 request_inputs random_request(const reader_config& rc, i64 key_channels, i64 indexer_channels, std::mt19937& rng,
                               i64 position) {
-  request_inputs r;
-  // Queries scaled so that logits spread over a few units whatever the entries' magnitudes.
-  r.queries = phasekv_test::random_uniform(rng, sz(rc.query_heads * key_channels), -0.02f, 0.02f);
-  if (rc.top_k > 0) {
-    r.indexer_queries = phasekv_test::random_uniform(rng, sz(rc.indexer_heads * indexer_channels), -1.0f, 1.0f);
-    r.indexer_weights = phasekv_test::random_uniform(rng, sz(rc.indexer_heads), 0.0f, 1.0f);
-  }
-  if (rc.sink) r.sinks = phasekv_test::random_uniform(rng, sz(rc.query_heads), -1.0f, 2.0f);
-  r.request.position = position;
-  r.request.queries = r.queries;
-  r.request.indexer_queries = r.indexer_queries;
-  r.request.indexer_weights = r.indexer_weights;
-  r.request.sinks = r.sinks;
-  return r;
+  return phasekv_test::random_request(rc, key_channels, indexer_channels, rng, position, 0.02f);
 }
 
 using phasekv_test::read_one;
@@ -293,22 +276,12 @@ TEST_CASE("fp8 read: bit-identical to the fp32 read of the dequantized entries, 
   for (int world = 0; world < 40; ++world) {
     const world_spec s = random_spec(rng);
     INFO("world " << world << ": " << s.describe());
-    const geometry g{s.stride, s.window};
     if (s.tied) {
-      stream_config kv = make_stream("kv", stream_role::key_value, s.kv_heads, s.key_channels);
-      kv.rope.channels = s.rope_channels;
-      kv.rope.base = 1000.0;
-      tied_cache cache(layer_compressor<rope_stream, mean_stream>(
-                           rope_stream(g, kv), mean_stream(g, make_stream("indexer", stream_role::indexer, 1, s.indexer_channels))),
-                       cache_config_for(s));
+      tied_cache cache = phasekv_test::read_support::make_tied(s, cache_config_for(s));
       REQUIRE(cache.pool(0).layout().rope_channels == s.rope_channels);
       check_world(cache, s, rng);
     } else {
-      untied_cache cache(layer_compressor<mean_stream, mean_stream, mean_stream>(
-                             mean_stream(g, make_stream("keys", stream_role::key, s.kv_heads, s.key_channels)),
-                             mean_stream(g, make_stream("values", stream_role::value, s.kv_heads, s.value_channels)),
-                             mean_stream(g, make_stream("indexer", stream_role::indexer, 1, s.indexer_channels))),
-                         cache_config_for(s));
+      untied_cache cache = phasekv_test::read_support::make_untied(s, cache_config_for(s));
       check_world(cache, s, rng);
     }
   }
@@ -365,14 +338,7 @@ TEST_CASE("fp8 read: DeepSeek-V4 CSA with 584-byte entries reads like its dequan
   for (const auto& [page_size, indexer_storage] :
        {std::pair<i64, storage_type>{64, storage_type::bf16}, {5, fp8}, {1, storage_type::f32}}) {
     INFO("page_size " << page_size << ", indexer " << indexer_storage);
-    cache_config cc;
-    cc.name = "dsv4";
-    cc.page_size = page_size;
-    cc.pages = 2048;
-    cc.stream_storage = {fp8, indexer_storage};
-    cc.history = 8;
-    cc.window = raw_window_config{128, 1, 512, 0};
-    csa_cache cache(layer, cc);
+    csa_cache cache(layer, phasekv_test::csa_config("dsv4", page_size, {fp8, indexer_storage}, 2048, 128, 8));
     REQUIRE(cache.pool(0).layout().entry_stride_bytes == 584);
     const sequence_id seq = cache.create();
     for (i64 n : {700, 301, 1}) append_tokens(cache, seq, n, rng, phasekv_test::csa_draw);  // 250 entries
@@ -401,13 +367,7 @@ TEST_CASE("fp8 read: DeepSeek-V4 CSA with 584-byte entries reads like its dequan
 TEST_CASE("fp8 read: a view or shape that does not match the FP8 layout is an error naming the field",
           "[read][fp8][errors]") {
   const csa_cache::layer layer = make_csa_layer();
-  cache_config cc;
-  cc.name = "dsv4";
-  cc.page_size = 8;
-  cc.pages = 8;
-  cc.stream_storage = {fp8, storage_type::bf16};
-  cc.window = raw_window_config{4, 1, 512, 0};
-  csa_cache cache(layer, cc);
+  csa_cache cache(layer, phasekv_test::csa_config("dsv4", 8, {fp8, storage_type::bf16}, 8, 4));
   const sequence_id seq = cache.create();
   std::mt19937 rng(1403);
   const i64 n = 40;

@@ -41,26 +41,14 @@ using W = selection_world;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// Exact indexer inputs (small dyadic rationals: fp32 scores equal the double ones) and queries.
-struct query_inputs {
-  std::vector<float> q, iq, iw, sinks;
-  read_request request(i64 t) const {
-    read_request r;
-    r.position = t;
-    r.queries = q;
-    r.indexer_queries = iq;
-    r.indexer_weights = iw;
-    r.sinks = sinks;
-    return r;
-  }
-  selection_request selection(i64 t, i64 top_k = -1) const { return {t, iq, iw, top_k}; }
-};
+// Queries, and exact indexer inputs (small dyadic rationals: fp32 scores equal the double ones).
+using query_inputs = phasekv_test::request_inputs;
 
 query_inputs random_query(std::mt19937& rng, bool sink) {
   query_inputs in;
-  in.q = uniform(rng, sz(W::query_heads * W::key_channels), -2.0f, 2.0f);
-  in.iq = multiples(rng, sz(W::indexer_heads * W::indexer_channels), 0.5, -4, 4);
-  in.iw = multiples(rng, sz(W::indexer_heads), 0.25, -2, 8);
+  in.queries = uniform(rng, sz(W::query_heads * W::key_channels), -2.0f, 2.0f);
+  in.indexer_queries = multiples(rng, sz(W::indexer_heads * W::indexer_channels), 0.5, -4, 4);
+  in.indexer_weights = multiples(rng, sz(W::indexer_heads), 0.25, -2, 8);
   if (sink) in.sinks = uniform(rng, sz(W::query_heads), -1.0f, 2.0f);
   return in;
 }
@@ -116,7 +104,8 @@ TEST_CASE("entry_selector: scores and top k equal the oracle's and the reader's 
       CHECK(selector.score(cache, seq, qi.selection(t), scores) == n);
       std::vector<std::vector<float>> keys;
       for (i64 j = 0; j < n; ++j) keys.push_back(entry_of(cache, seq, 2, j, W::indexer_channels));
-      const std::vector<double> want = phasekv_test::indexer_scores(qi.iq, qi.iw, keys, W::indexer_channels);
+      const std::vector<double> want =
+          phasekv_test::indexer_scores(qi.indexer_queries, qi.indexer_weights, keys, W::indexer_channels);
       for (i64 j = 0; j < n; ++j) CHECK(static_cast<double>(scores[sz(j)]) == want[sz(j)]);
       CHECK(scores[sz(n)] == -7.0f);  // past the candidates: untouched
       // The top k: the oracle's sort, physical ids of the key stream, −1 / NaN padded.
@@ -142,7 +131,7 @@ TEST_CASE("entry_selector: scores and top k equal the oracle's and the reader's 
       read_item item;
       const sequence_view view = cache.view_of(seq);
       item.view = &view;
-      item.request = qi.request(t);
+      item.request = qi.at(t);
       item.out = out.data();
       item.selected_logical = read_logical.data();
       item.selected_physical = read_physical.data();
@@ -179,28 +168,20 @@ TEST_CASE("entry_selector: DeepSeek-V4's FP4 indexer selects what the precision 
   entry_selector selector(cache, selection_of(rc));
   const i64 t = cache.tokens(seq) - 1;
   for (int trial = 0; trial < 3; ++trial) {
-    const auto q = phasekv_test::random_uniform(rng, 64 * 512, -1.0f, 1.0f);
-    const auto iq = phasekv_test::random_uniform(rng, 64 * 128, -1.0f, 1.0f);
-    const auto iw = phasekv_test::random_uniform(rng, 64, 0.0f, 0.1f);
-    const auto sinks = phasekv_test::random_uniform(rng, 64, -1.0f, 1.0f);
-    read_request r;
-    r.position = t;
-    r.queries = q;
-    r.indexer_queries = iq;
-    r.indexer_weights = iw;
-    r.sinks = sinks;
+    const phasekv_test::request_inputs in = phasekv_test::random_csa_query(rng, t, 0.1f);
+    const read_request& r = in.request;
     std::vector<float> out(sz(reader.output_floats())), lse(64), host_out(out.size()), host_lse(64);
     std::vector<std::int32_t> read_logical(64), read_physical(64), logical(64), physical(64);
     std::vector<float> scores(64);
     const sequence_view view = cache.view_of(seq);
     read_item item{&view, r, out.data(), lse.data(), read_logical.data(), read_physical.data(), nullptr};
     reader.read_batch(span<const read_item>(&item, 1));
-    CHECK(selector.select(view, {t, iq, iw, -1}, logical, physical, scores) == 64);
+    CHECK(selector.select(view, in.selection(t), logical, physical, scores) == 64);
     CHECK(logical == read_logical);
     CHECK(physical == read_physical);
     // Every candidate's score, and the top k's scores among them.
     std::vector<float> all(sz(selector.candidates(t)));
-    selector.score(view, {t, iq, iw, -1}, all);
+    selector.score(view, in.selection(t), all);
     for (i64 k = 0; k < 64; ++k) CHECK(std::memcmp(&all[sz(logical[sz(k)])], &scores[sz(k)], sizeof(float)) == 0);
     // The FP8 read with the indices handed back: the same bits.
     read_request back = r;
@@ -252,8 +233,8 @@ TEST_CASE("sparse_reader: host indices equal to its own selection read the same 
     world.append(cache, seq, in, t, 1);  // decode: the query's token, then its read
     const sequence_view view = cache.view_of(seq);
     const query_inputs qi = random_query(rng, true);
-    const read_result own = read_one(reader, view, qi.request(t));
-    read_request back = qi.request(t);
+    const read_result own = read_one(reader, view, qi.at(t));
+    read_request back = qi.at(t);
     back.indexer_queries = {};
     back.indexer_weights = {};
     back.indices = own.logical;  // −1 padded where fewer than top_k are visible
@@ -274,10 +255,10 @@ TEST_CASE("sparse_reader: host indices equal to its own selection read the same 
   std::vector<read_request> requests;
   for (i64 i = 0; i < B; ++i) {
     queries.push_back(random_query(rng, true));
-    own.push_back(read_one(reader, view, queries.back().request(t)));
+    own.push_back(read_one(reader, view, queries.back().at(t)));
   }
   for (i64 i = 0; i < B; ++i) {
-    requests.push_back(queries[sz(i)].request(t));
+    requests.push_back(queries[sz(i)].at(t));
     if (i % 2) {
       requests.back().indexer_queries = {};
       requests.back().indexer_weights = {};
@@ -320,7 +301,7 @@ TEST_CASE("sparse_reader: host indices in any order, padded and cut, read exactl
       ids.insert(ids.begin() + static_cast<std::ptrdiff_t>(rng() % (ids.size() + 1)), -1);
     const i64 length = std::uniform_int_distribution<i64>(0, static_cast<i64>(ids.size()))(rng);
     query_inputs qi = random_query(rng, true);
-    read_request r = qi.request(t);
+    read_request r = qi.at(t);
     r.indexer_queries = {};
     r.indexer_weights = {};
     r.indices = ids;
@@ -339,7 +320,8 @@ TEST_CASE("sparse_reader: host indices in any order, padded and cut, read exactl
       wv.push_back(row(cache.window_value(seq, s), W::kv_heads * W::value_channels));
     }
     const phasekv_test::attention_shape shape{W::query_heads, W::kv_heads, W::key_channels, W::value_channels};
-    const auto want = phasekv_test::sparse_read(shape, qi.q, 1.0 / std::sqrt(double(W::key_channels)), ek, ev, wk, wv, qi.sinks);
+    const auto want =
+        phasekv_test::sparse_read(shape, qi.queries, 1.0 / std::sqrt(double(W::key_channels)), ek, ev, wk, wv, qi.sinks);
     CHECK(mismatch(got.out.data(), want.output, std::max(max_abs(ev), max_abs(wv))) == "");
     // The selected-entry outputs: the entries read, compacted in the host's order, −1 padded to
     // the request's top_k (read_one zero-fills past it).
@@ -391,8 +373,8 @@ TEST_CASE("sparse_reader: FlashMLA's LSE convention, and two branches merged in 
     world.append(cache, b, in_b, t, 1);
     const sequence_view va = cache.view_of(a), vb = cache.view_of(b);
     const query_inputs qi = random_query(rng, true);
-    const read_result s = read_one(with_sink, va, qi.request(t));
-    const read_result f = read_one(flashmla, va, qi.request(t));
+    const read_result s = read_one(with_sink, va, qi.at(t));
+    const read_result f = read_one(flashmla, va, qi.at(t));
     CHECK(same_bits(s.out, f.out));  // the output does not depend on the convention
     std::vector<std::vector<float>> keys_a, values_a;
     for (std::int32_t j : f.logical)
@@ -407,7 +389,7 @@ TEST_CASE("sparse_reader: FlashMLA's LSE convention, and two branches merged in 
     }
     std::vector<std::vector<float>> all_keys = keys_a;
     all_keys.insert(all_keys.end(), wk_a.begin(), wk_a.end());
-    const std::vector<double> want = keys_lse(shape, qi.q, scale, all_keys);
+    const std::vector<double> want = keys_lse(shape, qi.queries, scale, all_keys);
     for (i64 h = 0; h < W::query_heads; ++h) {
       CHECK(f.lse[sz(h)] == Approx(want[sz(h)]).epsilon(1e-5));
       // The documented conversion: with_sink = ln(exp(flashmla) + exp(sink)).
@@ -419,10 +401,10 @@ TEST_CASE("sparse_reader: FlashMLA's LSE convention, and two branches merged in 
     //   out = (out_A · (Z_A + e^s) + out_B · Z_B) / (Z_A + Z_B + e^s).
     const query_inputs qb = [&] {
       query_inputs x = random_query(rng, false);
-      x.q = qi.q;  // the same query over both branches
+      x.queries = qi.queries;  // the same query over both branches
       return x;
     }();
-    const read_result fb = read_one(flashmla_no_sink, vb, qb.request(t));
+    const read_result fb = read_one(flashmla_no_sink, vb, qb.at(t));
     std::vector<std::vector<float>> keys_b, values_b;
     for (std::int32_t j : fb.logical)
       if (j >= 0) {
@@ -436,7 +418,7 @@ TEST_CASE("sparse_reader: FlashMLA's LSE convention, and two branches merged in 
     std::vector<std::vector<float>> ek = keys_a, ev = values_a;
     ek.insert(ek.end(), keys_b.begin(), keys_b.end());
     ev.insert(ev.end(), values_b.begin(), values_b.end());
-    const auto union_read = phasekv_test::sparse_read(shape, qi.q, scale, ek, ev, wk_a, wv_a, qi.sinks);
+    const auto union_read = phasekv_test::sparse_read(shape, qi.queries, scale, ek, ev, wk_a, wv_a, qi.sinks);
     std::vector<float> merged(f.out.size());
     for (i64 h = 0; h < W::query_heads; ++h) {
       auto z = [](float lse) { return lse == kInf ? 0.0 : std::exp(double(lse)); };
@@ -502,7 +484,7 @@ TEST_CASE("host indices and selection calls that do not fit are input_errors cha
     CHECK_THROWS_WITH(r.read(view, req, out.data()), Contains(message));
     for (float o : out) REQUIRE(o == 42.0f);
   };
-  read_request host = qi.request(t);
+  read_request host = qi.at(t);
   host.indexer_queries = {};
   host.indexer_weights = {};
   std::vector<std::int32_t> ids;
@@ -516,8 +498,8 @@ TEST_CASE("host indices and selection calls that do not fit are input_errors cha
   expect(reader, with({3, -1, 3}), "csa: request.indices = entry 3 twice: must name each entry at most once");
   expect(reader, with({0, 1, 2, 3, 4}), "csa: request.indices.size() = 5: must be at most the reader's top_k = 4");
   read_request both = with({3, 2});
-  both.indexer_queries = qi.iq;
-  both.indexer_weights = qi.iw;
+  both.indexer_queries = qi.indexer_queries;
+  both.indexer_weights = qi.indexer_weights;
   expect(reader, both, "csa: request.indexer_queries.size() = 24: must be 0");
   // A repeat past the request's length is not read, so not an error.
   read_request cut = with({3, 2, 3});
@@ -556,7 +538,7 @@ TEST_CASE("host indices and selection calls that do not fit are input_errors cha
   selection_config no_indexer = selection_of(host_only);
   CHECK_THROWS_WITH(entry_selector(cache, no_indexer), Contains("must name the indexer's stream"));
   query_inputs bad = qi;
-  bad.iq[5] = std::numeric_limits<float>::quiet_NaN();
+  bad.indexer_queries[5] = std::numeric_limits<float>::quiet_NaN();
   CHECK_THROWS_WITH(selector.select(view, bad.selection(t), {}), Contains("csa: request.indexer_queries[5] = ") && Contains("must be finite"));
 }
 

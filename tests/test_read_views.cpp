@@ -34,6 +34,7 @@
 
 #include "support/read_result.hpp"
 #include "support/read_world.hpp"
+#include "support/request_inputs.hpp"
 #include "support/tokens.hpp"
 #include "support/common.hpp"
 #include "support/message_of.hpp"
@@ -56,10 +57,8 @@ using Catch::Matchers::Contains;
 using i64 = std::int64_t;
 using phasekv_test::attention_shape;
 
-using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
-using rope_stream = stream_compressor<compressor_policy<mean_pool, rope_after_pool>>;
-using untied_cache = paged_cache<mean_stream, mean_stream, mean_stream>;  // keys, values, indexer
-using tied_cache = paged_cache<rope_stream, mean_stream>;                 // K/V with RoPE, indexer
+using phasekv_test::read_support::tied_cache;
+using phasekv_test::read_support::untied_cache;
 
 using phasekv_test::sz;
 
@@ -77,7 +76,6 @@ using phasekv_test::message_of;
 
 using phasekv_test::thread_executor;
 
-using phasekv_test::read_support::make_stream;
 using phasekv_test::read_support::reader_for;
 
 // ---- random worlds ---------------------------------------------------------------------------
@@ -131,47 +129,15 @@ cache_config cache_config_for(const world_spec& s) {
   return cc;
 }
 
-untied_cache make_untied(const world_spec& s) {
-  const geometry g{s.stride, s.window};
-  return untied_cache(layer_compressor<mean_stream, mean_stream, mean_stream>(
-                          mean_stream(g, make_stream("keys", stream_role::key, s.kv_heads, s.key_channels)),
-                          mean_stream(g, make_stream("values", stream_role::value, s.kv_heads, s.value_channels)),
-                          mean_stream(g, make_stream("indexer", stream_role::indexer, 1, s.indexer_channels))),
-                      cache_config_for(s));
-}
-
-tied_cache make_tied(const world_spec& s) {
-  const geometry g{s.stride, s.window};
-  stream_config kv = make_stream("kv", stream_role::key_value, s.kv_heads, s.key_channels);
-  kv.rope.channels = s.rope_channels;
-  kv.rope.base = 1000.0;
-  return tied_cache(layer_compressor<rope_stream, mean_stream>(
-                        rope_stream(g, kv), mean_stream(g, make_stream("indexer", stream_role::indexer, 1, s.indexer_channels))),
-                    cache_config_for(s));
-}
+untied_cache make_untied(const world_spec& s) { return phasekv_test::read_support::make_untied(s, cache_config_for(s)); }
+tied_cache make_tied(const world_spec& s) { return phasekv_test::read_support::make_tied(s, cache_config_for(s)); }
 
 // One read's inputs for a world (owned, so items can point at them).
-struct request_inputs {
-  std::vector<float> queries, indexer_queries, indexer_weights, sinks;
-  read_request request;
-};
+using phasekv_test::request_inputs;
 request_inputs random_request(const world_spec& s, std::mt19937& rng, i64 position, i64 top_k) {
-  request_inputs r;
-  r.queries = uniform(rng, s.query_heads() * s.key_channels, -2.0f, 2.0f);
-  if (s.top_k > 0) {
-    r.indexer_queries = uniform(rng, s.indexer_heads * s.indexer_channels);
-    r.indexer_weights = uniform(rng, s.indexer_heads, 0.0f, 1.0f);
-  }
-  if (s.sink) r.sinks = uniform(rng, s.query_heads(), -1.0f, 2.0f);
-  r.request.position = position;
+  request_inputs r = phasekv_test::random_request(reader_for(s, "views"), s.key_channels, s.indexer_channels, rng, position, 2.0f);
   r.request.top_k = top_k;
   return r;
-}
-void point_request(request_inputs& r) {
-  r.request.queries = r.queries;
-  r.request.indexer_queries = r.indexer_queries;
-  r.request.indexer_weights = r.indexer_weights;
-  r.request.sinks = r.sinks;
 }
 
 // Plain fp32 rows of an entry of stream k, whatever its storage.
@@ -410,7 +376,7 @@ void check_world(Cache& cache, const world_spec& s, std::mt19937& rng) {
     const i64 top_k = rc.top_k > 0 ? pick(rng, -1, rc.top_k) : pick(rng, -1, 0);
     inputs.push_back(random_request(s, rng, position, top_k));
   }
-  for (auto& in : inputs) point_request(in);
+  for (auto& in : inputs) in.point();
 
   // Single reads: through the cache, and through its view.
   std::vector<std::vector<float>> single(sz(B), std::vector<float>(sz(out_floats)));
@@ -680,7 +646,7 @@ TEST_CASE("views: a host arena that never touched paged_cache reads like the ora
         request_inputs in = random_request(s, rng, t, -1);
         // Indexer queries exact in bf16, so the oracle's scores are the kernel's (up to summation order).
         for (float& x : in.indexer_queries) x = bf16_to_float(float_to_bf16(x));
-        point_request(in);
+        in.point();
         std::vector<float> out(sz(reader.output_floats())), lse(sz(W::query_heads));
         std::vector<std::int32_t> logical(sz(rc.top_k)), physical(sz(rc.top_k));
         read_item it;
@@ -740,7 +706,7 @@ TEST_CASE("views: (out, lse) merged with a second branch equals attention over t
   for (int trial = 0; trial < 4; ++trial) {
     INFO("trial " << trial);
     request_inputs in = random_request(s, rng, 79, -1);
-    point_request(in);
+    in.point();
     read_request rb = in.request;
     rb.position = 50;
     rb.indexer_queries = {};
@@ -850,7 +816,7 @@ TEST_CASE("views: bad views and items throw input_error naming the field, and wr
   s.top_k = 4;
   s.sink = true;
   request_inputs in = random_request(s, rng, 39, -1);
-  point_request(in);
+  in.point();
   const sequence_view good = world.view();
   std::vector<float> out(sz(reader.output_floats()), 42.0f), lse(sz(W::query_heads), 42.0f);
   std::vector<std::int32_t> logical(4, 42);
@@ -1045,7 +1011,7 @@ TEST_CASE("views: batched reads of different sequences while another thread appe
   const sequence_id writer_seq = cache.fork(prefix);  // shares the prefix's pages with the readers' sequences
   std::vector<request_inputs> inputs;
   for (sequence_id seq : readers_seqs) inputs.push_back(random_request(s, rng, cache.tokens(seq) - 1, -1));
-  for (auto& in : inputs) point_request(in);
+  for (auto& in : inputs) in.point();
 
   // Expected outputs, read before anything runs concurrently.
   const i64 out_floats = s.query_heads() * s.value_channels;

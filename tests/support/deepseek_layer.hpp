@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "support/random_inputs.hpp"
+#include "support/configs.hpp"
+#include "support/request_inputs.hpp"
 #include "support/tokens.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
@@ -38,15 +40,13 @@ inline csa_cache::layer make_csa_layer() {
                           make_csa_stream(phasekv::presets::deepseek_v4_csa_indexer(), 2));
 }
 
-// 40 pages of `page_size` entries per stream, stored as `storage`, and a 16-token tied window.
+// `pages` pages of `page_size` entries per stream, stored as `storage`, a tied window of
+// window_tokens, and `history` tokens of rollback.
 inline phasekv::cache_config csa_config(const std::string& name, std::int64_t page_size,
-                                        std::vector<phasekv::storage_type> storage) {
-  phasekv::cache_config c;
-  c.name = name;
-  c.page_size = page_size;
-  c.pages = 40;
+                                        std::vector<phasekv::storage_type> storage, std::int64_t pages = 40,
+                                        std::int64_t window_tokens = 16, std::int64_t history = 0) {
+  phasekv::cache_config c = cache_of(name, page_size, pages, history, phasekv::raw_window_config{window_tokens, 1, 512, 0});
   c.stream_storage = std::move(storage);
-  c.window = phasekv::raw_window_config{16, 1, 512, 0};
   return c;
 }
 
@@ -58,6 +58,20 @@ inline phasekv::reader_config dsv4_reader(std::int64_t top_k, bool precision) {
   rc.name = "dsv4";
   rc.top_k = top_k;
   return rc;
+}
+
+// Queries of the CSA reader preset at `position`, drawn in this order: 64 heads of 512 channels
+// and 64 indexer heads of 128, uniform in [−1, 1); 64 indexer weights in [0, weight_hi); 64
+// sinks in [−1, 1).
+inline request_inputs random_csa_query(std::mt19937& rng, std::int64_t position, float weight_hi) {
+  request_inputs r;
+  r.queries = random_uniform(rng, 64 * 512, -1.0f, 1.0f);
+  r.indexer_queries = random_uniform(rng, 64 * 128, -1.0f, 1.0f);
+  r.indexer_weights = random_uniform(rng, 64, 0.0f, weight_hi);
+  r.sinks = random_uniform(rng, 64, -1.0f, 1.0f);
+  r.request.position = position;
+  r.point();
+  return r;
 }
 
 // Tokens as the CSA tests draw them: payloads and window rows in [−1, 1), gate logits in [−2, 2).

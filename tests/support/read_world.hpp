@@ -57,6 +57,35 @@ inline stream_config make_stream(const std::string& name, stream_role role, i64 
   return stream_of(name, role, channels, kv_heads);
 }
 
+// The caches of a random world (its spec has stride, window, kv_heads, key_channels,
+// value_channels, indexer_channels, rope_channels): keys, values and indexer keys, each mean-pooled;
+// or tied K/V whose last rope_channels channels are rotated (base 1000) after pooling, and the
+// indexer keys.
+using rope_stream = stream_compressor<compressor_policy<mean_pool, rope_after_pool>>;
+using untied_cache = paged_cache<mean_stream, mean_stream, mean_stream>;
+using tied_cache = paged_cache<rope_stream, mean_stream>;
+
+template <class Spec>
+untied_cache make_untied(const Spec& s, const cache_config& cc) {
+  const geometry g{s.stride, s.window};
+  return untied_cache(layer_compressor<mean_stream, mean_stream, mean_stream>(
+                          mean_stream(g, make_stream("keys", stream_role::key, s.kv_heads, s.key_channels)),
+                          mean_stream(g, make_stream("values", stream_role::value, s.kv_heads, s.value_channels)),
+                          mean_stream(g, make_stream("indexer", stream_role::indexer, 1, s.indexer_channels))),
+                      cc);
+}
+
+template <class Spec>
+tied_cache make_tied(const Spec& s, const cache_config& cc) {
+  const geometry g{s.stride, s.window};
+  stream_config kv = make_stream("kv", stream_role::key_value, s.kv_heads, s.key_channels);
+  kv.rope.channels = s.rope_channels;
+  kv.rope.base = 1000.0;
+  return tied_cache(layer_compressor<rope_stream, mean_stream>(
+                        rope_stream(g, kv), mean_stream(g, make_stream("indexer", stream_role::indexer, 1, s.indexer_channels))),
+                    cc);
+}
+
 // k·step with k uniform in [lo, hi]: small dyadic rationals, exact in fp32 and bf16.
 inline std::vector<float> multiples(std::mt19937& rng, std::size_t count, double step, int lo, int hi) {
   std::uniform_int_distribution<int> k(lo, hi);
