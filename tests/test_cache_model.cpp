@@ -39,17 +39,8 @@ stream_config config(const std::string& name, i64 channels) {
 }
 
 model make_model(i64 second_pages = 64) {
-  cache_config a;
-  a.name = "first";
-  a.page_size = 2;
-  a.pages = 64;
-  a.history = 6;
-  a.window.tokens = 3;
-  a.window.key_channels = 4;
-  cache_config b;
-  b.name = "second";
-  b.page_size = 1;
-  b.pages = second_pages;
+  const cache_config a = phasekv_test::cache_of("first", 2, 64, 6, raw_window_config{3, 1, 4, 0});
+  const cache_config b = phasekv_test::cache_of("second", 1, second_pages);
   return model(layer_spec<first_cache>{first_cache::layer(gated(geometry{2, 4}, config("kv", 4)),
                                                           mean(geometry{2, 4}, config("ix", 2))),
                                        a},
@@ -186,11 +177,7 @@ struct many_layers {
 
 // Page size 2 and 64 pages of their own, or the shared pool for the K/V stream (stream 0).
 cache_config layer_config(const std::string& name, i64 history, std::size_t streams, const std::shared_ptr<page_pool>& kv) {
-  cache_config c;
-  c.name = name;
-  c.page_size = 2;
-  c.pages = 64;
-  c.history = history;
+  cache_config c = phasekv_test::cache_of(name, 2, 64, history);
   if (kv) {
     c.shared_pools.assign(streams, nullptr);
     c.shared_pools[0] = kv;
