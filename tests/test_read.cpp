@@ -121,10 +121,7 @@ void check_dense_reads(Cache& cache, sequence_id seq, const dense_case& c, bool 
   for (i64 t = 0; t < c.tokens; ++t) {
     const auto q = uniform(rng, sz(s.query_heads * s.key_channels), -c.query_scale, c.query_scale);
     const auto sinks = sink ? uniform(rng, sz(s.query_heads), -2.0f, 3.0f) : std::vector<float>{};
-    read_request rq;
-    rq.position = t;
-    rq.queries = q;
-    rq.sinks = sinks;
+    read_request rq{t, q, {}, {}, sinks};
     reader.read(cache, seq, rq, out.data(), &trace);
     const auto want =
         phasekv_test::causal_attention(s, q.data(), keys, values, t, scale, sink ? sinks.data() : nullptr);
@@ -247,6 +244,19 @@ bool same_state(const softmax_state& a, const softmax_state& b) {
   return true;
 }
 
+// a merged with b.
+softmax_state merged(softmax_state a, const softmax_state& b) {
+  a.merge(b);
+  return a;
+}
+
+// Whether the selection holds the entries first + want[r], in want's order (sizes checked apart).
+bool same_indices(const std::vector<scored_entry>& out, const std::vector<i64>& want, i64 first = 0) {
+  for (std::size_t r = 0; r < want.size(); ++r)
+    if (out[r].index != first + want[r]) return false;
+  return true;
+}
+
 // Random partition of keys 0 … n−1 into `parts` parts (some possibly empty), merged as a random
 // binary tree (random pairs, either direction), so every order and association is exercised.
 softmax_state merge_random_split(const matrix& logits, const matrix& values, int parts, std::mt19937& rng) {
@@ -319,15 +329,9 @@ TEST_CASE("softmax_state: the empty state is the identity of merge", "[read][sof
     CHECK(empty.denominator(h) == 0.0f);
     CHECK(empty.max_logit(h) == kNegInf);
   }
-  softmax_state a = x;
-  a.merge(empty);
-  CHECK(same_state(a, x));
-  softmax_state b = empty;
-  b.merge(x);
-  CHECK(same_state(b, x));
-  softmax_state c = empty;
-  c.merge(empty);
-  CHECK(same_state(c, empty));
+  CHECK(same_state(merged(x, empty), x));
+  CHECK(same_state(merged(empty, x), x));
+  CHECK(same_state(merged(empty, empty), empty));
   // An empty block (no keys) is empty too.
   CHECK(same_state(state_of(logits, values, {}), empty));
   // Empty states finish to zeros, with or without a sink.
@@ -353,12 +357,8 @@ TEST_CASE("softmax_state: keys whose logits are all -inf leave the state empty",
   // Merging it with a real state changes nothing, in either direction.
   matrix real = random_matrix(rng, 2, 4, -2.0f, 2.0f);
   const softmax_state x = state_of(real, values, {1, 3});
-  softmax_state a = x;
-  a.merge(s);
-  CHECK(same_state(a, x));
-  softmax_state b = s;
-  b.merge(x);
-  CHECK(same_state(b, x));
+  CHECK(same_state(merged(x, s), x));
+  CHECK(same_state(merged(s, x), x));
 }
 
 TEST_CASE("softmax_state: the sink takes mass in the denominator only", "[read][softmax]") {
@@ -469,9 +469,7 @@ TEST_CASE("select_top_k: all scores equal keeps the lowest indices; large n", "[
   select_top_k(many, 512, out);
   const auto want = phasekv_test::top_k_by_sort(many, 512);
   REQUIRE(out.size() == want.size());
-  bool same = true;
-  for (std::size_t r = 0; r < want.size(); ++r) same = same && out[r].index == want[r];
-  CHECK(same);
+  CHECK(same_indices(out, want));
 
   // NaN scores (which callers should not produce) rank last.
   const std::vector<float> with_nan = {1.0f, std::nanf(""), 2.0f};
@@ -517,9 +515,7 @@ TEST_CASE("select_top_k between 64 and 2048 scores and at indices near 2^32: the
       select_top_k(scores, k, out, first);
       const auto want = phasekv_test::top_k_by_sort(scores, k);
       REQUIRE(out.size() == want.size());
-      bool same = true;
-      for (std::size_t r = 0; r < want.size(); ++r) same = same && out[r].index == first + want[r];
-      CHECK(same);
+      CHECK(same_indices(out, want, first));
     }
   }
 }
@@ -584,9 +580,7 @@ TEST_CASE("select_top_k on thousands of scores: the histogram narrowing drops no
       select_top_k(scores, k, out);
       const auto want = phasekv_test::top_k_by_sort(scores, k);
       REQUIRE(out.size() == want.size());
-      bool same = true;
-      for (std::size_t r = 0; r < want.size(); ++r) same = same && out[r].index == want[r];
-      CHECK(same);
+      CHECK(same_indices(out, want));
     }
   }
 }
@@ -651,9 +645,7 @@ TEST_CASE("select_top_k from 8192 scores up: the sampled cut drops no winner, an
       for (double& v : ordered) v = std::isnan(v) ? -std::numeric_limits<double>::max() : v == -INFINITY ? -1e300 : v;
       const auto want = phasekv_test::top_k_by_sort(ordered, k);
       REQUIRE(out.size() == want.size());
-      bool same = true;
-      for (std::size_t r = 0; r < want.size(); ++r) same = same && out[r].index == first + want[r];
-      CHECK(same);
+      CHECK(same_indices(out, want, first));
     }
   }
 
@@ -684,9 +676,7 @@ TEST_CASE("select_top_k from 8192 scores up: the sampled cut drops no winner, an
   select_top_k(decoy, 600, out);
   const auto want = phasekv_test::top_k_by_sort(decoy, 600);
   REQUIRE(out.size() == want.size());
-  bool same = true;
-  for (std::size_t r = 0; r < want.size(); ++r) same = same && out[r].index == want[r];
-  CHECK(same);
+  CHECK(same_indices(out, want));
 }
 
 // ---- 4. indexer + selection through the reader ---------------------------------------------------
@@ -767,12 +757,7 @@ TEST_CASE("sparse_reader: lightning indexer, top-k and the joint softmax against
           v.top_k > 0 ? multiples(rng, sz(W::indexer_heads * W::indexer_channels), 0.5, -4, 4) : std::vector<float>{};
       const auto iw = v.top_k > 0 ? multiples(rng, sz(W::indexer_heads), 0.25, -2, 8) : std::vector<float>{};
       const auto sinks = v.sink ? uniform(rng, sz(W::query_heads), -1.0f, 2.0f) : std::vector<float>{};
-      read_request rq;
-      rq.position = t;
-      rq.queries = q;
-      rq.indexer_queries = iq;
-      rq.indexer_weights = iw;
-      rq.sinks = sinks;
+      read_request rq{t, q, iq, iw, sinks};
       reader.read(cache, seq, rq, out.data(), &trace);
       reader.read(cache, seq, rq, plain.data());
       INFO("position " << t);
@@ -835,10 +820,7 @@ TEST_CASE("sparse_reader: a query that sees no key reads zeros", "[read]") {
     const auto q = uniform(rng, 8, -1.0f, 1.0f);
     const std::vector<float> sinks = sink ? std::vector<float>{0.5f, -0.5f} : std::vector<float>{};
     for (i64 t = 0; t < 6; ++t) {
-      read_request rq;
-      rq.position = t;
-      rq.queries = q;
-      rq.sinks = sinks;
+      read_request rq{t, q, {}, {}, sinks};
       std::vector<float> out(8, 42.0f);
       read_trace trace;
       reader.read(cache, seq, rq, out.data(), &trace);
@@ -911,10 +893,7 @@ TEST_CASE("sparse_reader: tied K/V de-rotates the output's RoPE channels at the 
     auto check_read = [&](sequence_id seq, i64 t) {
       const auto q = uniform(rng, sz(c.query_heads * channels), -2.0f, 2.0f);
       const auto sinks = uniform(rng, sz(c.query_heads), -1.0f, 1.0f);
-      read_request rq;
-      rq.position = t;
-      rq.queries = q;
-      rq.sinks = sinks;
+      read_request rq{t, q, {}, {}, sinks};
       std::vector<float> out(sz(reader.output_floats()));
       reader.read(cache, seq, rq, out.data());
       std::vector<std::vector<float>> ek, wk;
@@ -1027,13 +1006,7 @@ struct csa_world {
   }
 
   read_request request(i64 t) const {
-    read_request rq;
-    rq.position = t;
-    rq.queries = queries[sz(t)];
-    rq.indexer_queries = indexer_queries[sz(t)];
-    rq.indexer_weights = indexer_weights[sz(t)];
-    rq.sinks = sinks[sz(t)];
-    return rq;
+    return read_request{t, queries[sz(t)], indexer_queries[sz(t)], indexer_weights[sz(t)], sinks[sz(t)]};
   }
 
   // The oracle's check of one read. The scores are fp32 GEMMs of arbitrary floats, so ranks may
@@ -1116,6 +1089,20 @@ std::vector<std::vector<float>> decode_all(const csa_world& w, csa_cache& cache,
   return outs;
 }
 
+// One prefill of all the world's tokens into a fresh sequence, read at every position.
+std::vector<std::vector<float>> reads_after_one_prefill(const csa_world& w, csa_cache& cache, sparse_reader& reader) {
+  const sequence_id seq = cache.create();
+  w.append(cache, seq, 0, w.s.tokens);
+  std::vector<std::vector<float>> outs;
+  for (i64 t = 0; t < w.s.tokens; ++t) {
+    INFO("one prefill of " << w.s.tokens << " tokens (history " << w.s.history << "), read at " << t);
+    std::vector<float> out(sz(reader.output_floats()));
+    reader.read(cache, seq, w.request(t), out.data());
+    outs.push_back(std::move(out));
+  }
+  return outs;
+}
+
 TEST_CASE("sparse_reader, DeepSeek-V4 CSA (reduced channels): decoding equals reading after a prefill", "[read][csa]") {
   const csa_setup setup;  // 64 channels (16 RoPE), indexer 4 × 32, 8 query heads, top-k 8, window 16
   const csa_world w(setup, 51);
@@ -1149,13 +1136,11 @@ TEST_CASE("sparse_reader: after one prefill with history >= T every position rea
   csa_cache cache = w.make_cache();
   sparse_reader reader(cache, w.reader());
   const auto decoded = decode_all(w, cache, reader, false);
-  const sequence_id seq = cache.create();
-  w.append(cache, seq, 0, setup.tokens);
+  std::vector<std::vector<float>> prefilled;
+  REQUIRE_NOTHROW(prefilled = reads_after_one_prefill(w, cache, reader));
   for (i64 t = 0; t < setup.tokens; ++t) {
     INFO("one prefill of " << setup.tokens << " tokens (history " << setup.history << "), read at " << t);
-    std::vector<float> out(sz(reader.output_floats()));
-    REQUIRE_NOTHROW(reader.read(cache, seq, w.request(t), out.data()));
-    CHECK(bit_equal(out, decoded[sz(t)]));
+    CHECK(bit_equal(prefilled[sz(t)], decoded[sz(t)]));
   }
 }
 
@@ -1179,13 +1164,10 @@ TEST_CASE("sparse_reader, DeepSeek-V4 CSA with the true preset configs at a shor
   sparse_reader reader(cache, w.reader());
   const auto decoded = decode_all(w, cache, reader, true);
   // One prefill, read at every position (the window still holds all of them: T < N_win).
-  const sequence_id seq = cache.create();
-  w.append(cache, seq, 0, setup.tokens);
+  const auto prefilled = reads_after_one_prefill(w, cache, reader);
   for (i64 t = 0; t < setup.tokens; ++t) {
-    std::vector<float> out(sz(reader.output_floats()));
-    reader.read(cache, seq, w.request(t), out.data());
     INFO("one prefill, read at " << t);
-    CHECK(bit_equal(out, decoded[sz(t)]));
+    CHECK(bit_equal(prefilled[sz(t)], decoded[sz(t)]));
   }
 }
 
@@ -1212,13 +1194,7 @@ TEST_CASE("sparse_reader: bad requests throw input_error naming the field, and c
   const auto iw = uniform(rng, sz(W::indexer_heads), 0.0f, 1.0f);
   const auto sinks = uniform(rng, sz(W::query_heads), 0.0f, 1.0f);
   auto good = [&] {
-    read_request rq;
-    rq.position = T - 1;
-    rq.queries = q;
-    rq.indexer_queries = iq;
-    rq.indexer_weights = iw;
-    rq.sinks = sinks;
-    return rq;
+    return read_request{T - 1, q, iq, iw, sinks};
   };
   std::vector<float> out(sz(reader.output_floats()), 42.0f);
   read_trace trace;
@@ -1468,10 +1444,7 @@ TEST_CASE("sparse_reader: long contexts, chunked selection and in-place pages, o
       const auto iq = multiples(rng, sz(W::indexer_heads * W::indexer_channels), 0.5, -4, 4);
       const auto iw = multiples(rng, sz(W::indexer_heads), 0.25, -2, 8);
       const auto sinks = uniform(rng, sz(W::query_heads), -1.0f, 2.0f);
-      read_request rq;
-      rq.position = t;
-      rq.queries = q;
-      rq.sinks = sinks;
+      read_request rq{t, q, {}, {}, sinks};
       if (v.top_k > 0) {
         rq.indexer_queries = iq;
         rq.indexer_weights = iw;

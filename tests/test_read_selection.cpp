@@ -450,10 +450,7 @@ TEST_CASE("sparse_reader: a query that sees no key has FlashMLA lse +inf, phasek
     rc.lse = c;
     sparse_reader reader(cache, rc);
     const std::vector<float> q(8, 1.0f), sinks = {0.5f, -kInf};
-    read_request r;
-    r.position = 2;
-    r.queries = q;
-    r.sinks = sinks;
+    read_request r{2, q, {}, {}, sinks};
     const read_result got = read_one(reader, cache.view_of(seq), r);
     for (float o : got.out) CHECK(o == 0.0f);
     if (c == lse_convention::flashmla) {
