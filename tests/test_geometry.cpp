@@ -113,6 +113,28 @@ std::vector<std::vector<i64>> covering_entries(const explicit_model& m) {
   return covering;
 }
 
+// f(g, m) for every geometry under test and its explicit model, the geometry named on failure.
+template <class F>
+void for_each_geometry(F&& f) {
+  for (const auto& g : all_geometries()) {
+    INFO(describe(g));
+    const explicit_model m(g.stride, g.window, g.origin);
+    f(g, m);
+  }
+}
+
+// f(g, m, t, the entries covering t) for every geometry and every token 0 … last_token.
+template <class F>
+void for_each_covered_token(F&& f) {
+  for_each_geometry([&](const phasekv::geometry& g, const explicit_model& m) {
+    const auto covering = covering_entries(m);
+    for (i64 t = 0; t <= last_token; ++t) {
+      INFO("t=" << t);
+      f(g, m, t, covering[static_cast<std::size_t>(t)]);
+    }
+  });
+}
+
 }  // namespace
 
 TEST_CASE("geometry: the grid of test geometries is valid", "[geometry]") {
@@ -144,9 +166,7 @@ TEST_CASE("geometry: with origin 0 the walked model is docs/DESIGN.md §2 verbat
 }
 
 TEST_CASE("geometry: blocks, block bounds and lead match the walked blocks", "[geometry]") {
-  for (const auto& g : all_geometries()) {
-    INFO(describe(g));
-    const explicit_model m(g.stride, g.window, g.origin);
+  for_each_geometry([](const phasekv::geometry& g, const explicit_model& m) {
     for (i64 t = 0; t <= last_token; ++t) {
       INFO("t=" << t);
       REQUIRE(g.block_of(t) == m.block_of(t));
@@ -163,13 +183,11 @@ TEST_CASE("geometry: blocks, block bounds and lead match the walked blocks", "[g
     CHECK(g.lead() == -m.first_of_block(0));
     // Every later block is full.
     for (i64 j = 1; j <= last_entry; ++j) REQUIRE(m.last_of_block(j) - m.first_of_block(j) + 1 == g.stride);
-  }
+  });
 }
 
 TEST_CASE("geometry: slots, padding and first real slot match the explicit windows", "[geometry]") {
-  for (const auto& g : all_geometries()) {
-    INFO(describe(g));
-    const explicit_model m(g.stride, g.window, g.origin);
+  for_each_geometry([](const phasekv::geometry& g, const explicit_model& m) {
     for (i64 j = 0; j <= last_entry; ++j) {
       INFO("j=" << j);
       const auto window = m.window_of(j);
@@ -187,34 +205,26 @@ TEST_CASE("geometry: slots, padding and first real slot match the explicit windo
       REQUIRE(g.first_real_slot(j) == padding);
       REQUIRE(padding < g.window);  // every entry holds at least one real token
     }
-  }
+  });
 }
 
 TEST_CASE("geometry: coverage and covering entries match enumeration of every window", "[geometry]") {
-  for (const auto& g : all_geometries()) {
-    INFO(describe(g));
-    const explicit_model m(g.stride, g.window, g.origin);
-    const auto covering = covering_entries(m);
-    for (i64 t = 0; t <= last_token; ++t) {
-      INFO("t=" << t);
-      const auto& list = covering[static_cast<std::size_t>(t)];
-      REQUIRE(!list.empty());
-      // The covering entries are consecutive, so a half-open range describes them.
-      for (std::size_t k = 1; k < list.size(); ++k) REQUIRE(list[k] == list[k - 1] + 1);
-      const auto range = g.entries_covering(t);
-      REQUIRE(range.first == list.front());
-      REQUIRE(range.last == list.back() + 1);
-      REQUIRE(g.coverage(t) == static_cast<i64>(list.size()));
-      // The first entry covering a token is the entry of its own block.
-      REQUIRE(list.front() == m.block_of(t));
-    }
-  }
+  for_each_covered_token([](const phasekv::geometry& g, const explicit_model& m, i64 t,
+                            const std::vector<i64>& list) {
+    REQUIRE(!list.empty());
+    // The covering entries are consecutive, so a half-open range describes them.
+    for (std::size_t k = 1; k < list.size(); ++k) REQUIRE(list[k] == list[k - 1] + 1);
+    const auto range = g.entries_covering(t);
+    REQUIRE(range.first == list.front());
+    REQUIRE(range.last == list.back() + 1);
+    REQUIRE(g.coverage(t) == static_cast<i64>(list.size()));
+    // The first entry covering a token is the entry of its own block.
+    REQUIRE(list.front() == m.block_of(t));
+  });
 }
 
 TEST_CASE("geometry: coverage is W/S when S divides W and varies with phase otherwise", "[geometry]") {
-  for (const auto& g : all_geometries()) {
-    INFO(describe(g));
-    const explicit_model m(g.stride, g.window, g.origin);
+  for_each_geometry([](const phasekv::geometry& g, const explicit_model& m) {
     const auto covering = covering_entries(m);
     std::map<i64, std::set<i64>> coverage_by_phase;
     for (i64 t = 0; t <= last_token; ++t)
@@ -238,13 +248,11 @@ TEST_CASE("geometry: coverage is W/S when S divides W and varies with phase othe
       // … and otherwise takes two values, floor(W/S) and ceil(W/S): itself a phase effect.
       CHECK(values == std::set<i64>{g.window / g.stride, g.window / g.stride + 1});
     }
-  }
+  });
 }
 
 TEST_CASE("geometry: phase, boundary phase and residue", "[geometry]") {
-  for (const auto& g : all_geometries()) {
-    INFO(describe(g));
-    const explicit_model m(g.stride, g.window, g.origin);
+  for_each_geometry([](const phasekv::geometry& g, const explicit_model& m) {
     CHECK(g.boundary_phase() == g.stride - 1);
     for (i64 t = 0; t <= last_token; ++t) {
       INFO("t=" << t);
@@ -257,7 +265,7 @@ TEST_CASE("geometry: phase, boundary phase and residue", "[geometry]") {
     }
     // Phase is defined for virtual (negative) positions too.
     for (i64 t = -3 * g.stride; t < 0; ++t) REQUIRE(g.phase_of(t) == mod_by_stepping(t - g.origin, g.stride));
-  }
+  });
   // Residue t mod M, for several multiples M of S, including negative t.
   for (i64 s = 1; s <= max_stride; ++s)
     for (i64 multiple = 1; multiple <= 4; ++multiple) {
@@ -273,35 +281,28 @@ TEST_CASE("geometry: phase, boundary phase and residue", "[geometry]") {
 }
 
 TEST_CASE("geometry: offsets and phase", "[geometry]") {
-  for (const auto& g : all_geometries()) {
-    INFO(describe(g));
-    const explicit_model m(g.stride, g.window, g.origin);
-    const auto covering = covering_entries(m);
-    for (i64 t = 0; t <= last_token; ++t) {
-      INFO("t=" << t);
-      std::set<i64> offsets;
-      for (i64 j : covering[static_cast<std::size_t>(t)]) {
-        const auto window = m.window_of(j);
-        const i64 offset = std::find(window.begin(), window.end(), t) - window.begin();
-        offsets.insert(offset);
-        // Every offset of a token is ≡ φ + W (mod S): so with S | W a token's offset in every
-        // window is its phase mod S (why DeepSeek-V4's ape can index slot biases by i mod S),
-        // but not when S ∤ W.
-        REQUIRE(mod_by_stepping(offset, g.stride) == mod_by_stepping(g.phase_of(t) + g.window, g.stride));
-        if (g.window % g.stride == 0) REQUIRE(mod_by_stepping(offset, g.stride) == g.phase_of(t));
-      }
-      // One offset per covering window, one phase.
-      REQUIRE(static_cast<i64>(offsets.size()) == g.coverage(t));
-      // With W = S offset and phase coincide.
-      if (g.window == g.stride) REQUIRE(*offsets.begin() == g.phase_of(t));
+  for_each_covered_token([](const phasekv::geometry& g, const explicit_model& m, i64 t,
+                            const std::vector<i64>& covering) {
+    std::set<i64> offsets;
+    for (i64 j : covering) {
+      const auto window = m.window_of(j);
+      const i64 offset = std::find(window.begin(), window.end(), t) - window.begin();
+      offsets.insert(offset);
+      // Every offset of a token is ≡ φ + W (mod S): so with S | W a token's offset in every
+      // window is its phase mod S (why DeepSeek-V4's ape can index slot biases by i mod S),
+      // but not when S ∤ W.
+      REQUIRE(mod_by_stepping(offset, g.stride) == mod_by_stepping(g.phase_of(t) + g.window, g.stride));
+      if (g.window % g.stride == 0) REQUIRE(mod_by_stepping(offset, g.stride) == g.phase_of(t));
     }
-  }
+    // One offset per covering window, one phase.
+    REQUIRE(static_cast<i64>(offsets.size()) == g.coverage(t));
+    // With W = S offset and phase coincide.
+    if (g.window == g.stride) REQUIRE(*offsets.begin() == g.phase_of(t));
+  });
 }
 
 TEST_CASE("geometry: branch of a slot counts whole blocks back to the entry's own block", "[geometry]") {
-  for (const auto& g : all_geometries()) {
-    INFO(describe(g));
-    const explicit_model m(g.stride, g.window, g.origin);
+  for_each_geometry([](const phasekv::geometry& g, const explicit_model& m) {
     std::set<i64> branches_seen;
     for (i64 j = 0; j <= last_entry; ++j) {
       const auto window = m.window_of(j);
@@ -323,7 +324,7 @@ TEST_CASE("geometry: branch of a slot counts whole blocks back to the entry's ow
     }
     CHECK(g.branches() == static_cast<i64>(branches_seen.size()));
     CHECK(*branches_seen.begin() == 0);
-  }
+  });
 }
 
 TEST_CASE("geometry: anchor positions (block start, block end, window centre)", "[geometry]") {
@@ -347,9 +348,7 @@ TEST_CASE("geometry: anchor positions (block start, block end, window centre)", 
 }
 
 TEST_CASE("geometry: completion and visibility", "[geometry]") {
-  for (const auto& g : all_geometries()) {
-    INFO(describe(g));
-    const explicit_model m(g.stride, g.window, g.origin);
+  for_each_geometry([](const phasekv::geometry& g, const explicit_model& m) {
     // Entry j is complete once the last token of its block has been appended.
     std::vector<i64> completion;
     for (i64 j = 0; m.last_of_block(j) <= last_token + 1; ++j) completion.push_back(m.last_of_block(j));
@@ -395,7 +394,7 @@ TEST_CASE("geometry: completion and visibility", "[geometry]") {
       INFO("first token reachable when it should not be, or not when it should: " << first_wrong);
       REQUIRE(first_wrong == -1);
     }
-  }
+  });
 }
 
 TEST_CASE("geometry: DeepSeek-V4 (W=8, S=4) entry 0 pools only tokens 0-3", "[geometry]") {
