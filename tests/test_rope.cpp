@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "support/message_of.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/rope.hpp"
 
@@ -446,37 +447,25 @@ TEST_CASE("rope: validate names the field and the value", "[rope][errors]") {
   REQUIRE_THROWS_WITH(plain(8, 0.5, phasekv::rope_layout::interleaved).validate("k", 8), Contains("base = 0.5"));
   REQUIRE_THROWS_WITH(plain(8, nan, phasekv::rope_layout::interleaved).validate("k", 8), Contains("base = nan"));
 
-  // YaRN fields.
-  auto yarn = deepseek_v4();
-  yarn.yarn.factor = 0.5;
-  REQUIRE_THROWS_AS(yarn.validate("csa.rope", 512), phasekv::config_error);
-  REQUIRE_THROWS_WITH(yarn.validate("csa.rope", 512), Contains("csa.rope.yarn.factor = 0.5"));
-  yarn.yarn.factor = nan;
-  REQUIRE_THROWS_WITH(yarn.validate("csa.rope", 512), Contains("yarn.factor = nan"));
-  yarn.yarn.factor = inf;
-  REQUIRE_THROWS_WITH(yarn.validate("csa.rope", 512), Contains("yarn.factor = inf"));
-
-  yarn = deepseek_v4();
-  yarn.yarn.original_context = 0;
-  REQUIRE_THROWS_WITH(yarn.validate("csa.rope", 512), Contains("csa.rope.yarn.original_context = 0"));
-  yarn.yarn.original_context = -65536;
-  REQUIRE_THROWS_WITH(yarn.validate("csa.rope", 512), Contains("yarn.original_context = -65536"));
-
-  yarn = deepseek_v4();
-  yarn.yarn.beta_fast = 1.0;  // equal to beta_slow
-  REQUIRE_THROWS_WITH(yarn.validate("csa.rope", 512), Contains("csa.rope.yarn.beta_fast = 1"));
-  yarn.yarn.beta_fast = 0.25;  // below beta_slow
-  REQUIRE_THROWS_WITH(yarn.validate("csa.rope", 512), Contains("yarn.beta_fast = 0.25"));
-  yarn.yarn.beta_fast = inf;
-  REQUIRE_THROWS_WITH(yarn.validate("csa.rope", 512), Contains("yarn.beta_fast = inf"));
-  yarn.yarn.beta_fast = nan;
-  REQUIRE_THROWS_WITH(yarn.validate("csa.rope", 512), Contains("yarn.beta_fast = nan"));
-
-  yarn = deepseek_v4();
-  yarn.yarn.beta_slow = nan;
-  REQUIRE_THROWS_WITH(yarn.validate("csa.rope", 512), Contains("yarn.beta_slow = nan"));
-  yarn.yarn.beta_slow = 0.0;
-  REQUIRE_THROWS_WITH(yarn.validate("csa.rope", 512), Contains("yarn.beta_slow = 0"));
+  // YaRN fields: DeepSeek-V4's configuration with one of them changed.
+  const auto yarn_error = [](auto change) {
+    phasekv::rope_config c = deepseek_v4();
+    change(c.yarn);
+    return phasekv_test::message_of<phasekv::config_error>([&] { c.validate("csa.rope", 512); });
+  };
+  REQUIRE_THAT(yarn_error([](auto& y) { y.factor = 0.5; }), Contains("csa.rope.yarn.factor = 0.5"));
+  REQUIRE_THAT(yarn_error([&](auto& y) { y.factor = nan; }), Contains("yarn.factor = nan"));
+  REQUIRE_THAT(yarn_error([&](auto& y) { y.factor = inf; }), Contains("yarn.factor = inf"));
+  REQUIRE_THAT(yarn_error([](auto& y) { y.original_context = 0; }), Contains("csa.rope.yarn.original_context = 0"));
+  REQUIRE_THAT(yarn_error([](auto& y) { y.original_context = -65536; }), Contains("yarn.original_context = -65536"));
+  REQUIRE_THAT(yarn_error([](auto& y) { y.beta_fast = 1.0; }),  // equal to beta_slow
+               Contains("csa.rope.yarn.beta_fast = 1"));
+  REQUIRE_THAT(yarn_error([](auto& y) { y.beta_fast = 0.25; }),  // below beta_slow
+               Contains("yarn.beta_fast = 0.25"));
+  REQUIRE_THAT(yarn_error([&](auto& y) { y.beta_fast = inf; }), Contains("yarn.beta_fast = inf"));
+  REQUIRE_THAT(yarn_error([&](auto& y) { y.beta_fast = nan; }), Contains("yarn.beta_fast = nan"));
+  REQUIRE_THAT(yarn_error([&](auto& y) { y.beta_slow = nan; }), Contains("yarn.beta_slow = nan"));
+  REQUIRE_THAT(yarn_error([](auto& y) { y.beta_slow = 0.0; }), Contains("yarn.beta_slow = 0"));
 
   // Messages are phasekv errors, catchable as such.
   try {
