@@ -22,6 +22,8 @@
 #include "../examples/pools/nsa_mlp_pool.hpp"
 #include "kit/planted_bugs.hpp"
 #include "oracle/scalar_compressor.hpp"
+#include "support/configs.hpp"
+#include "support/random_inputs.hpp"
 
 namespace {
 
@@ -30,23 +32,27 @@ namespace kit = phasekv::testing;
 
 kit::options kit_options() { return kit::options::from_environment(); }
 
-std::vector<float> uniform(std::mt19937& rng, std::size_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+constexpr auto uniform = &phasekv_test::random_uniform;
 
+// A K/V stream whose last `rope` channels are rotated (base 10^4, when the policy applies RoPE).
 stream_config stream(const char* name, std::int64_t channels, std::int64_t heads = 1,
                      input_layout inputs = input_layout::per_branch, std::int64_t rope = 0) {
-  stream_config c;
-  c.name = name;
-  c.channels = channels;
-  c.kv_heads = heads;
-  c.inputs = inputs;
-  c.rope.channels = rope;
-  c.rope.base = 10000.0;
-  return c;
+  return phasekv_test::rotated_stream_of(name, channels, heads, inputs, rope);
+}
+
+using mean = stream_compressor<compressor_policy<mean_pool>>;
+
+// One mean-pooled K/V stream (S = 2, W = 4, 8 channels), pages of two entries, a three-token
+// window, a reader of two query heads; the cache named `name`, the reader `name`.reader.
+kit::layer_under_test<mean> small_mean_layer(const std::string& name) {
+  cache_config cc;
+  cc.name = name;
+  cc.page_size = 2;
+  cc.window = raw_window_config{3, 1, 8, 0};
+  reader_config rc;
+  rc.name = name + ".reader";
+  rc.query_heads = 2;
+  return kit::layer_under_test<mean>(layer_compressor<mean>(mean(geometry{2, 4}, stream("kv", 8))), cc, rc);
 }
 
 // A report that failed names `p` as its first failing property, with a counterexample no larger
@@ -115,7 +121,6 @@ TEST_CASE("kit: every built-in pooling, RoPE placement and norm conforms", "[tes
 }
 
 TEST_CASE("kit: storage types, GQA, an indexer and an untied window conform", "[testing][kit]") {
-  using mean = stream_compressor<compressor_policy<mean_pool>>;
   using gated = stream_compressor<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>>;
   const kit::options o = kit_options();
   const geometry g{2, 4};
@@ -263,16 +268,8 @@ TEST_CASE("kit: a planted off-by-one window fails the entries' oracle", "[testin
 }
 
 TEST_CASE("kit: a planted copy-on-write hole in a host's fork fails the round trips", "[testing][kit][planted]") {
-  using mean = stream_compressor<compressor_policy<mean_pool>>;
   using cache_t = paged_cache<mean>;
-  cache_config cc;
-  cc.name = "lazy";
-  cc.page_size = 2;
-  cc.window = raw_window_config{3, 1, 8, 0};
-  reader_config rc;
-  rc.name = "lazy.reader";
-  rc.query_heads = 2;
-  kit::layer_under_test<mean> layer(layer_compressor<mean>(mean(geometry{2, 4}, stream("kv", 8))), cc, rc);
+  kit::layer_under_test<mean> layer = small_mean_layer("lazy");
   layer.subject = [](const cache_t::layer& l, const cache_config& c) {
     return std::make_unique<phasekv_test::planted::lazy_fork_subject<cache_t>>(l, c);
   };
@@ -286,15 +283,7 @@ TEST_CASE("kit: a planted copy-on-write hole in a host's fork fails the round tr
 }
 
 TEST_CASE("kit: the same subject without the hole passes, so the hole is what the round trips see", "[testing][kit][planted]") {
-  using mean = stream_compressor<compressor_policy<mean_pool>>;
-  cache_config cc;
-  cc.name = "plain";
-  cc.page_size = 2;
-  cc.window = raw_window_config{3, 1, 8, 0};
-  reader_config rc;
-  rc.name = "plain.reader";
-  rc.query_heads = 2;
-  kit::layer_under_test<mean> layer(layer_compressor<mean>(mean(geometry{2, 4}, stream("kv", 8))), cc, rc);
+  kit::layer_under_test<mean> layer = small_mean_layer("plain");
   {
     const kit::report r = kit::check(layer);
     REQUIRE_THAT(r, kit::conforms());
