@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/configs.hpp"
 #include "support/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/format/storage.hpp"
@@ -81,23 +82,13 @@ std::string describe(const setup& s) {
 
 
 key_stream make_keys(const geometry& g) {
-  stream_config c;
-  c.name = "keys";
-  c.role = stream_role::key;
-  c.channels = kKeyChannels;
-  c.kv_heads = kHeads;
-  c.inputs = input_layout::per_branch;
-  return key_stream(g, c);
+  return key_stream(g, phasekv_test::stream_of("keys", stream_role::key, kKeyChannels, kHeads, input_layout::per_branch));
 }
 
 value_stream make_values(const geometry& g, std::uint32_t seed) {
   std::mt19937 rng(seed);
-  stream_config c;
-  c.name = "values";
-  c.role = stream_role::value;
-  c.channels = kValueChannels;
-  c.kv_heads = kHeads;
-  c.inputs = input_layout::per_slot;
+  const stream_config c =
+      phasekv_test::stream_of("values", stream_role::value, kValueChannels, kHeads, input_layout::per_slot);
   stream_params p;
   p.slot_bias = phasekv_test::random_bias(rng, static_cast<std::size_t>(kHeads * g.window * kValueChannels));
   p.norm_weight = phasekv_test::random_norm_weight(rng, static_cast<std::size_t>(kValueChannels));
@@ -105,16 +96,10 @@ value_stream make_values(const geometry& g, std::uint32_t seed) {
 }
 
 cache_config make_config(const setup& s) {
-  cache_config c;
-  c.name = "cache";
-  c.page_size = s.page_size;
-  c.pages = s.pages;
+  cache_config c = phasekv_test::cache_of(
+      "cache", s.page_size, s.pages, s.history,
+      raw_window_config{s.window_tokens, kWindowHeads, kWindowKeyChannels, s.window_value_channels});
   c.storage = s.storage;
-  c.history = s.history;
-  c.window.tokens = s.window_tokens;
-  c.window.kv_heads = kWindowHeads;
-  c.window.key_channels = kWindowKeyChannels;
-  c.window.value_channels = s.window_value_channels;
   return c;
 }
 
