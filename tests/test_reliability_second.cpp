@@ -43,6 +43,13 @@ using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
 using rope_stream = stream_compressor<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>>;
 using mean_cache = paged_cache<mean_stream>;
 
+// A reader of one query head over the cache's one stream, every other field its default.
+reader_config one_query_head() {
+  reader_config rc;
+  rc.query_heads = 1;
+  return rc;
+}
+
 stream_config config(const std::string& name, i64 channels) {
   stream_config c;
   c.name = name;
@@ -129,9 +136,7 @@ TEST_CASE("reliability 2: a view's token count beyond the token limit is an inpu
   const std::vector<float> window(static_cast<std::size_t>(tokens * channels), 0.25f);
   cache.append(seq, {token_chunk{tokens, payload, {}}}, window);
 
-  reader_config rc;
-  rc.query_heads = 1;
-  sparse_reader reader(cache, rc);
+  sparse_reader reader(cache, one_query_head());
   const std::vector<float> q(channels, 0.1f);
   std::vector<float> out(channels, 7.0f);
   const std::vector<float> untouched = out;
@@ -166,9 +171,7 @@ TEST_CASE("reliability 2: a reader refuses a view pooled with another geometry",
   two.append(a, {token_chunk{tokens, payload, {}}});
   four.append(b, {token_chunk{tokens, payload, {}}});
 
-  reader_config rc;
-  rc.query_heads = 1;
-  sparse_reader reader(four, rc);
+  sparse_reader reader(four, one_query_head());
   const std::vector<float> q(channels, 0.1f);
   std::vector<float> out(channels, 7.0f);
   const std::vector<float> untouched = out;
@@ -202,9 +205,7 @@ TEST_CASE("reliability 2: a view read after its sequence was freed, shortened or
   cc.pages = 16;
   mean_cache cache(layer_compressor<mean_stream>(mean_stream(geometry{4, 4}, config("kv", channels))), cc);
   const std::vector<float> payload(static_cast<std::size_t>(tokens * channels), 0.5f);
-  reader_config rc;
-  rc.query_heads = 1;
-  sparse_reader reader(cache, rc);
+  sparse_reader reader(cache, one_query_head());
   const std::vector<float> q(channels, 0.1f);
   std::vector<float> out(channels, 7.0f);
   const read_request request{tokens - 1, q, {}, {}, {}};
@@ -307,8 +308,7 @@ TEST_CASE("reliability 2: every enum a caller passes is range-checked", "[reliab
   cc.pages = 16;
   mean_cache cache(layer_compressor<mean_stream>(mean_stream(geometry{2, 4}, config("kv", channels))), cc);
 
-  reader_config rc;
-  rc.query_heads = 1;
+  reader_config rc = one_query_head();
   REQUIRE_NOTHROW(sparse_reader(cache, rc));
   // Python's IndexerPrecision(9): the reader used to score in fp32 silently.
   rc.precision = static_cast<indexer_precision>(9);
