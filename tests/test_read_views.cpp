@@ -621,6 +621,20 @@ reader_config host_reader(i64 top_k, bool sink) {
   return rc;
 }
 
+// The shapes random_request draws a host world's queries for.
+world_spec host_spec(i64 top_k, bool sink) {
+  using W = host_world;
+  world_spec s;
+  s.kv_heads = W::kv_heads;
+  s.group = W::query_heads / W::kv_heads;
+  s.key_channels = W::key_channels;
+  s.indexer_heads = W::indexer_heads;
+  s.indexer_channels = W::indexer_channels;
+  s.top_k = top_k;
+  s.sink = sink;
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("views: a host arena that never touched paged_cache reads like the oracle", "[read][views][oracle]") {
@@ -635,14 +649,7 @@ TEST_CASE("views: a host arena that never touched paged_cache reads like the ora
       // Every position whose window the ring still holds.
       for (i64 t = std::max<i64>(0, tokens - W::rows + W::window - 1); t < tokens; ++t) {
         INFO("tokens " << tokens << ", position " << t << (sink ? ", sink" : ""));
-        world_spec s;  // for random_request's shapes
-        s.kv_heads = W::kv_heads;
-        s.group = W::query_heads / W::kv_heads;
-        s.key_channels = W::key_channels;
-        s.indexer_heads = W::indexer_heads;
-        s.indexer_channels = W::indexer_channels;
-        s.top_k = rc.top_k;
-        s.sink = sink;
+        const world_spec s = host_spec(rc.top_k, sink);  // for random_request's shapes
         request_inputs in = random_request(s, rng, t, -1);
         // Indexer queries exact in bf16, so the oracle's scores are the kernel's (up to summation order).
         for (float& x : in.indexer_queries) x = bf16_to_float(float_to_bf16(x));
@@ -695,14 +702,7 @@ TEST_CASE("views: (out, lse) merged with a second branch equals attention over t
   const double scale = 1.0 / std::sqrt(static_cast<double>(W::key_channels));
   // Branch a: top-6 with the sink (it belongs in one branch only); branch b: every candidate, no sink.
   sparse_reader with_sink(a.shape(), host_reader(6, true)), plain(b.shape(), host_reader(0, false));
-  world_spec s;
-  s.kv_heads = W::kv_heads;
-  s.group = W::query_heads / W::kv_heads;
-  s.key_channels = W::key_channels;
-  s.indexer_heads = W::indexer_heads;
-  s.indexer_channels = W::indexer_channels;
-  s.top_k = 6;
-  s.sink = true;
+  const world_spec s = host_spec(6, true);
   for (int trial = 0; trial < 4; ++trial) {
     INFO("trial " << trial);
     request_inputs in = random_request(s, rng, 79, -1);
@@ -807,14 +807,7 @@ TEST_CASE("views: bad views and items throw input_error naming the field, and wr
   const W world(rng, 40);
   const reader_config rc = host_reader(4, true);
   sparse_reader reader(world.shape(), rc);
-  world_spec s;
-  s.kv_heads = W::kv_heads;
-  s.group = W::query_heads / W::kv_heads;
-  s.key_channels = W::key_channels;
-  s.indexer_heads = W::indexer_heads;
-  s.indexer_channels = W::indexer_channels;
-  s.top_k = 4;
-  s.sink = true;
+  const world_spec s = host_spec(4, true);
   request_inputs in = random_request(s, rng, 39, -1);
   in.point();
   const sequence_view good = world.view();
