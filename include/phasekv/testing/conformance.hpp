@@ -608,6 +608,15 @@ class conformance_run {
     s.append(id, d.in, span<const float>(d.window_keys), span<const float>(d.window_values));
   }
 
+  // Appends the scenario's sequence 0 to `id`, in its chunks.
+  void append_sequence_0(subject_type& s, sequence_id id, const scenario& sc) const {
+    std::int64_t done = 0;
+    for (std::size_t k = 0; k < sc.chunks[0].size(); ++k) {
+      append(s, id, source{0}, done, sc.chunks[0][k], sc.forms[0][k]);
+      done += sc.chunks[0][k];
+    }
+  }
+
   // The layer's entries for tokens [0, n) of `src` through fresh compressor states, appended in
   // `chunks`: per stream every entry's values and slot weights, in order.
   struct written {
@@ -1027,11 +1036,7 @@ class conformance_run {
   result run_reads(const scenario& sc) {
     auto sub = make_subject();
     const sequence_id id = sub->create();
-    std::int64_t done = 0;
-    for (std::size_t k = 0; k < sc.chunks[0].size(); ++k) {
-      append(*sub, id, source{0}, done, sc.chunks[0][k], sc.forms[0][k]);
-      done += sc.chunks[0][k];
-    }
+    append_sequence_0(*sub, id, sc);
     const reader_config& rc = spec_.reader;
     const stream_shape& keys = shape_.streams[rc.key_stream];
     const stream_shape& values = shape_.streams[rc.value_stream];
@@ -1211,11 +1216,7 @@ class conformance_run {
   result run_storage(const scenario& sc) {
     auto sub = make_subject();
     const sequence_id id = sub->create();
-    std::int64_t done = 0;
-    for (std::size_t k = 0; k < sc.chunks[0].size(); ++k) {
-      append(*sub, id, source{0}, done, sc.chunks[0][k], sc.forms[0][k]);
-      done += sc.chunks[0][k];
-    }
+    append_sequence_0(*sub, id, sc);
     const written w = write_alone(spec_.compressors, source{0}, sc.chunks[0], sc.forms[0]);
     result diff;
     for_each_stream([&](auto k, const auto& c) {
