@@ -37,9 +37,7 @@
 
 using namespace phasekv;
 using namespace phasekv::diag;
-using phasekv::diag::probe::needle_config;
-using phasekv::diag::probe::needle_policy;
-using phasekv::diag::probe::needle_probe;
+using namespace phasekv::diag::probe;
 
 namespace {
 
