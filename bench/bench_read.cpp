@@ -318,23 +318,37 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The baseline's time over the candidate's, on `clock` (seconds): in each of 9 rounds each runs
-// twice back to back and the second run is timed (the first brings its data in); the median of
-// the rounds' ratios, which the machine's drift moves little.
-template <class Clock, class Baseline, class Candidate>
-double paired_speedup(Clock clock, Baseline&& baseline, Candidate&& candidate) {
+// The baseline's time over the candidate's, on `clock` (seconds): in each of 9 rounds each is
+// timed once, right after prepare(it) (untimed); the median of the rounds' ratios, which the
+// machine's drift moves little.
+template <class Clock, class Prepare, class Baseline, class Candidate>
+double paired_rounds(Clock clock, Prepare&& prepare, Baseline&& baseline, Candidate&& candidate) {
   std::vector<double> ratios;
   for (int round = 0; round < 9; ++round) {
-    baseline();
+    prepare(baseline);
     double t0 = clock();
     baseline();
     const double base = clock() - t0;
-    candidate();
+    prepare(candidate);
     t0 = clock();
     candidate();
     ratios.push_back(base / (clock() - t0));
   }
   return median(ratios);
+}
+
+// paired_rounds, each side run once untimed right before its timed run (which brings its data in).
+template <class Clock, class Baseline, class Candidate>
+double paired_speedup(Clock clock, Baseline&& baseline, Candidate&& candidate) {
+  return paired_rounds(clock, [](auto& run) { run(); }, baseline, candidate);
+}
+
+// Warm: paired_speedup on this thread's clock. Cold: paired_rounds with the caches evicted before
+// each timed run.
+template <class Baseline, class Candidate>
+double paired_step_speedup(bool cold, Baseline&& baseline, Candidate&& candidate) {
+  if (!cold) return paired_speedup(thread_seconds, baseline, candidate);
+  return paired_rounds(thread_seconds, [](auto&) { evict_caches(); }, baseline, candidate);
 }
 
 // Dense step time over sparse step time, measured back to back: each round times one dense step and
@@ -467,6 +481,34 @@ void BM_sparse_decode_threads(benchmark::State& state) {
   state.counters["speedup"] = speedup;
 }
 
+// The filled workload of `tokens` a benchmark keeps between its runs, built from `args` on first use.
+template <class... Args>
+std::unique_ptr<sparse_workload>& kept_workload(std::map<std::int64_t, std::unique_ptr<sparse_workload>>& kept,
+                                                std::int64_t tokens, Args&&... args) {
+  auto& w = kept[tokens];
+  if (!w) {
+    w = std::make_unique<sparse_workload>(std::forward<Args>(args)...);
+    w->fill();
+  }
+  return w;
+}
+
+// How many of the fp32 step's selected entries another step selects too (each read once, traced,
+// its output left in its `out`).
+struct selection_overlap {
+  std::size_t common = 0, fp32 = 0;
+};
+selection_overlap overlap_with_fp32(sparse_workload& w, sparse_setup& fp32) {
+  read_trace trace, fp32_trace;
+  w.reader.read(w.cache, w.seq, w.request(), w.out.data(), &trace);
+  fp32.reader.read(fp32.cache, fp32.seq, fp32.request(), fp32.out.data(), &fp32_trace);
+  std::vector<std::int64_t> a = trace.selected, b = fp32_trace.selected, common;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
+  return {common.size(), b.size()};
+}
+
 // The step with the indexer keys stored and scored in bf16 (reader_config::precision), and
 // fp32_over_bf16: the fp32 step's time over this one's, measured back to back in rounds (median).
 // Checks: the output is finite, and the selection shares at least 90% of the fp32 step's (the
@@ -476,26 +518,16 @@ void BM_sparse_decode_bf16_indexer(benchmark::State& state) {
   sparse_setup& fp32 = sparse(tokens, 64);
   if (!fp32.error.empty()) return state.SkipWithError(fp32.error.c_str());
   static std::map<std::int64_t, std::unique_ptr<sparse_workload>> workloads;
-  auto& w = workloads[tokens];
-  if (!w) {
-    w = std::make_unique<sparse_workload>("bench_read_bf16", tokens, 64, true);
-    w->fill();
-  }
-  read_trace bf16_trace, fp32_trace;
-  w->reader.read(w->cache, w->seq, w->request(), w->out.data(), &bf16_trace);
-  fp32.reader.read(fp32.cache, fp32.seq, fp32.request(), fp32.out.data(), &fp32_trace);
-  std::vector<std::int64_t> a = bf16_trace.selected, b = fp32_trace.selected, common;
-  std::sort(a.begin(), a.end());
-  std::sort(b.begin(), b.end());
-  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
-  if (10 * common.size() < 9 * b.size()) return state.SkipWithError("the bf16 indexer's selection strays from fp32's");
+  auto& w = kept_workload(workloads, tokens, "bench_read_bf16", tokens, 64, true);
+  const selection_overlap shared = overlap_with_fp32(*w, fp32);
+  if (10 * shared.common < 9 * shared.fp32) return state.SkipWithError("the bf16 indexer's selection strays from fp32's");
   for (float v : w->out)
     if (!std::isfinite(v)) return state.SkipWithError("the bf16-indexer output is not finite");
   const double speedup = paired_speedup(thread_seconds, [&] { fp32.step(); }, [&] { w->step(); });
   run_steps(state, false, [&] { w->step(); });
   benchmark::DoNotOptimize(w->out.data());
   state.counters["fp32_over_bf16"] = speedup;
-  state.counters["same_selection"] = static_cast<double>(common.size()) / static_cast<double>(b.size());
+  state.counters["same_selection"] = static_cast<double>(shared.common) / static_cast<double>(shared.fp32);
   report_floor(sparse_roofline(fp32.candidates, true), state);
 }
 
@@ -507,11 +539,7 @@ void BM_sparse_decode_fp8(benchmark::State& state) {
   sparse_setup& fp32 = sparse(tokens, 64);
   if (!fp32.error.empty()) return state.SkipWithError(fp32.error.c_str());
   static std::map<std::int64_t, std::unique_ptr<sparse_workload>> workloads;
-  auto& w = workloads[tokens];
-  if (!w) {
-    w = std::make_unique<sparse_workload>("bench_read_fp8", tokens, 64, false, storage_type::fp8_e4m3_block);
-    w->fill();
-  }
+  auto& w = kept_workload(workloads, tokens, "bench_read_fp8", tokens, 64, false, storage_type::fp8_e4m3_block);
   read_trace fp8_trace, fp32_trace;
   w->reader.read(w->cache, w->seq, w->request(), w->out.data(), &fp8_trace);
   fp32.reader.read(fp32.cache, fp32.seq, fp32.request(), fp32.out.data(), &fp32_trace);
@@ -539,25 +567,10 @@ void BM_sparse_decode_fp8(benchmark::State& state) {
   early.indexer_queries = {};
   early.indexer_weights = {};
   std::vector<float> out(w->out.size());
-  // Warm: paired_speedup. Cold: each timed run after an untimed eviction, median of 9 rounds.
-  auto paired = [&](auto&& baseline, auto&& candidate) {
-    if (!cold) return paired_speedup(thread_seconds, baseline, candidate);
-    std::vector<double> ratios;
-    for (int round = 0; round < 9; ++round) {
-      evict_caches();
-      double t0 = thread_seconds();
-      baseline();
-      const double base = thread_seconds() - t0;
-      evict_caches();
-      t0 = thread_seconds();
-      candidate();
-      ratios.push_back(base / (thread_seconds() - t0));
-    }
-    return median(ratios);
-  };
-  const double attention = paired([&] { attend_fp32.read(small_fp32.cache, small_fp32.seq, early, out.data()); },
-                                  [&] { attend_fp8.read(small_fp8.cache, small_fp8.seq, early, out.data()); });
-  const double speedup = paired([&] { fp32.step(); }, [&] { w->step(); });
+  const double attention =
+      paired_step_speedup(cold, [&] { attend_fp32.read(small_fp32.cache, small_fp32.seq, early, out.data()); },
+                     [&] { attend_fp8.read(small_fp8.cache, small_fp8.seq, early, out.data()); });
+  const double speedup = paired_step_speedup(cold, [&] { fp32.step(); }, [&] { w->step(); });
   run_steps(state, cold, [&] { w->step(); });
   benchmark::DoNotOptimize(w->out.data());
   state.counters["fp32_over_fp8"] = speedup;
@@ -576,22 +589,12 @@ void BM_sparse_decode_v4_precision(benchmark::State& state) {
   sparse_setup& fp32 = sparse(tokens, 64);
   if (!fp32.error.empty()) return state.SkipWithError(fp32.error.c_str());
   static std::map<std::int64_t, std::unique_ptr<sparse_workload>> workloads;
-  auto& w = workloads[tokens];
-  if (!w) {
-    w = std::make_unique<sparse_workload>("bench_read_v4", tokens, 64, false, storage_type::fp8_e4m3_block, true);
-    w->fill();
-  }
-  read_trace v4_trace, fp32_trace;
-  w->reader.read(w->cache, w->seq, w->request(), w->out.data(), &v4_trace);
-  fp32.reader.read(fp32.cache, fp32.seq, fp32.request(), fp32.out.data(), &fp32_trace);
-  std::vector<std::int64_t> a = v4_trace.selected, b = fp32_trace.selected, common;
-  std::sort(a.begin(), a.end());
-  std::sort(b.begin(), b.end());
-  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
+  auto& w = kept_workload(workloads, tokens, "bench_read_v4", tokens, 64, false, storage_type::fp8_e4m3_block, true);
+  const selection_overlap shared = overlap_with_fp32(*w, fp32);
   // A sanity bound only: on these random keys many scores lie within FP4's rounding of the cut,
   // so the selections differ in a good part (same_selection); unrelated selections would share
   // 512 / 32768 of their entries.
-  if (4 * common.size() < b.size()) return state.SkipWithError("the FP4 indexer's selection strays from fp32's");
+  if (4 * shared.common < shared.fp32) return state.SkipWithError("the FP4 indexer's selection strays from fp32's");
   for (float v : w->out)
     if (!std::isfinite(v)) return state.SkipWithError("the V4-precision output is not finite");
 
@@ -626,26 +629,11 @@ void BM_sparse_decode_v4_precision(benchmark::State& state) {
   const double indexer_time = median(indexer_times);
   const double indexer_ops = 2.0 * kIndexerHeads * kIndexerChannels * static_cast<double>(candidates);
 
-  auto paired = [&](auto&& baseline, auto&& candidate) {
-    if (!cold) return paired_speedup(thread_seconds, baseline, candidate);
-    std::vector<double> ratios;
-    for (int round = 0; round < 9; ++round) {
-      evict_caches();
-      double t0 = thread_seconds();
-      baseline();
-      const double base = thread_seconds() - t0;
-      evict_caches();
-      t0 = thread_seconds();
-      candidate();
-      ratios.push_back(base / (thread_seconds() - t0));
-    }
-    return median(ratios);
-  };
-  const double speedup = paired([&] { fp32.step(); }, [&] { w->step(); });
+  const double speedup = paired_step_speedup(cold, [&] { fp32.step(); }, [&] { w->step(); });
   run_steps(state, cold, [&] { w->step(); });
   benchmark::DoNotOptimize(w->out.data());
   state.counters["fp32_over_v4"] = speedup;
-  state.counters["same_selection"] = static_cast<double>(common.size()) / static_cast<double>(b.size());
+  state.counters["same_selection"] = static_cast<double>(shared.common) / static_cast<double>(shared.fp32);
   state.counters["indexer_bytes_per_token"] =
       static_cast<double>(pool.layout().entry_stride_bytes) / static_cast<double>(w->cache.compressors().geom().stride);
   state.counters["entry_bytes"] = static_cast<double>(w->cache.pool(0).layout().entry_stride_bytes);
