@@ -118,25 +118,23 @@ phasekv::rope_config plain(i64 rotated, double base, phasekv::rope_layout layout
   return config;
 }
 
-// DeepSeek-V4's compressed layers: base 160000, YaRN factor 16 over an original 65536, betas 32/1.
-phasekv::rope_config deepseek_v4(phasekv::rope_layout layout = phasekv::rope_layout::interleaved) {
-  phasekv::rope_config config = plain(64, 160000.0, layout);
+// `config` with YaRN on: `factor` over an original context, betas 32/1.
+phasekv::rope_config with_yarn(phasekv::rope_config config, double factor, i64 original_context) {
   config.yarn.enabled = true;
-  config.yarn.factor = 16.0;
-  config.yarn.original_context = 65536;
+  config.yarn.factor = factor;
+  config.yarn.original_context = original_context;
   config.yarn.beta_fast = 32.0;
   config.yarn.beta_slow = 1.0;
   return config;
 }
 
+// DeepSeek-V4's compressed layers: base 160000, YaRN factor 16 over an original 65536, betas 32/1.
+phasekv::rope_config deepseek_v4(phasekv::rope_layout layout = phasekv::rope_layout::interleaved) {
+  return with_yarn(plain(64, 160000.0, layout), 16.0, 65536);
+}
+
 phasekv::rope_config generic_yarn(i64 rotated, phasekv::rope_layout layout) {
-  phasekv::rope_config config = plain(rotated, 500000.0, layout);
-  config.yarn.enabled = true;
-  config.yarn.factor = 8.0;
-  config.yarn.original_context = 8192;
-  config.yarn.beta_fast = 32.0;
-  config.yarn.beta_slow = 1.0;
-  return config;
+  return with_yarn(plain(rotated, 500000.0, layout), 8.0, 8192);
 }
 
 struct rotation_case {
