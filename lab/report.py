@@ -8,8 +8,11 @@ Reads OUT/runs.json (the variants, seeds and budget lab/run ran) and, per varian
 OUT/NAME/seedK/{train.json, verify.json, measure/measure.json, measure_originO/measure.json}.
 Across seeds a figure is its mean with a 95% Student-t interval (n − 1 degrees of freedom; none
 with one seed); p-values are listed per seed. Numbers are printed as measured; nothing is
-adjusted. Copies seed 1's plots to --plots (NAME_sweep.svg, NAME_knockout.svg). --notes appends a
-hand-written section (the reading of the tables) after them.
+adjusted. A run *learned* the task when its held-out accuracy on the last question is at least
+LEARNED times its record floor; the phase tables use the runs that learned (a run at its floor has
+no retrieval whose phase could matter) and say how many of the seeds that is, and the training table
+lists every run. Copies the first learned seed's plots to --plots (NAME_sweep.svg, NAME_knockout.svg).
+--notes appends a hand-written section (the reading of the tables) after them.
 """
 
 import argparse
@@ -21,6 +24,9 @@ import statistics
 import sys
 
 # Student t quantiles t_{0.975, dof} for the across-seed intervals.
+# A run learned when held-out (last question) >= LEARNED x its record floor (~13%, so >= ~26%).
+LEARNED = 2.0
+
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
@@ -56,6 +62,74 @@ def mean(values, scale=1.0, nd=1):
 def ps(values):
     """Per-seed p-values, e.g. '0.003 / 0.2 / 0.04'."""
     return " / ".join(f"{p:.2g}" if finite(p) else "—" for p in values) or "—"
+
+
+def chi2_sf(x, dof):
+    """P(X >= x) for X ~ chi-square(dof): the regularised upper incomplete gamma Q(dof/2, x/2), by its
+    series below a + 1 and its continued fraction above (both converge fast there)."""
+    a, z = dof / 2.0, x / 2.0
+    if z <= 0:
+        return 1.0
+    log_front = a * math.log(z) - z - math.lgamma(a)
+    if z < a + 1:  # P(a, z) = e^-z z^a / Γ(a) · Σ z^n / (a (a+1) … (a+n))
+        term = total = 1.0 / a
+        n = 0
+        while abs(term) > 1e-15 * abs(total) and n < 10000:
+            n += 1
+            term *= z / (a + n)
+            total += term
+        return max(0.0, 1.0 - math.exp(log_front) * total)
+    # Q(a, z) = e^-z z^a / Γ(a) · 1 / (z + 1 − a − 1·(1 − a) / (z + 3 − a − …)), by Lentz's method
+    tiny = 1e-300
+    b = z + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    for i in range(1, 10000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        h *= d * c
+        if abs(d * c - 1) < 1e-15:
+            break
+    return math.exp(log_front) * h
+
+
+def wilson(k, n, z=1.96):
+    """The Wilson score interval of k successes in n trials."""
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def homogeneity(counts):
+    """Pearson's chi-square test that every phase has one success rate: (statistic, dof, p)."""
+    counts = [(k, n) for k, n in counts if n > 0]
+    K, N = sum(k for k, _ in counts), sum(n for _, n in counts)
+    if len(counts) < 2 or K in (0, N):
+        return 0.0, max(0, len(counts) - 1), 1.0
+    p = K / N
+    x = sum((k - n * p) ** 2 / (n * p * (1 - p)) for k, n in counts)
+    return x, len(counts) - 1, chi2_sf(x, len(counts) - 1)
+
+
+def pooled_phases(runs_of_group, sweep_name):
+    """Per within-window phase: successes and trials summed over the runs (each run plans the same
+    number of trials at every residue, so run-to-run differences weigh every phase alike)."""
+    per = {}
+    for r in runs_of_group:
+        sw = r.sweep(sweep_name)
+        for x in (sw or {}).get("residues", []):
+            if x["layout"] == "contained" and x["valid"]:
+                k, n = per.get(x["phase"], (0, 0))
+                per[x["phase"]] = (k + x["successes"], n + x["valid"])
+    return dict(sorted(per.items()))
 
 
 def profile(sweep, name):
@@ -96,6 +170,10 @@ class Run:
     def ok(self):
         return bool(self.train) and bool(self.measure)
 
+    def learned(self):
+        acc, floor = self.train.get("final_heldout_last"), self.train.get("floor_record")
+        return finite(acc) and finite(floor) and acc >= LEARNED * floor
+
 
 def gap_of(sweep, prof, field="debiased_gap"):
     p = profile(sweep, prof) if sweep else None
@@ -120,13 +198,16 @@ def main():
         print(f"report.py: --runs: no runs.json in {a.runs}", file=sys.stderr)
         sys.exit(2)
     variants = meta["variants"]
-    runs = {}
+    trained, runs = {}, {}  # every finished run; the runs that learned the task
     for v in variants:
         seeds = v.get("seeds", meta["seeds"])
         got = [(s, Run(os.path.join(a.runs, v["name"], f"seed{s}"))) for s in seeds]
         got = [(s, r) for s, r in got if r.ok()]
         if got:
-            runs[v["name"]] = got
+            trained[v["name"]] = got
+            learned = [(s, r) for s, r in got if r.learned()]
+            if learned:
+                runs[v["name"]] = learned
     common = meta["common"]
     L = []
     w = L.append
@@ -134,7 +215,7 @@ def main():
     w("Generated by `lab/report.py` from the runs of `" + meta["command"] + "`; every figure below is as measured, "
       "nothing is tuned toward the study's. Each variant is trained and measured once per seed "
       f"(seeds {', '.join(map(str, meta['seeds']))} unless the row says otherwise; the seed also draws the "
-      "sweep's content). Across seeds: mean [95% Student-t interval]; p-values per seed.\n")
+      "sweep's content). Across the seeds that learned the task: mean [95% Student-t interval]; p-values per seed.\n")
     w(f"Budget: width {common['dim']}, {common['layers']} layers, {common['q_heads']} query heads over "
       f"{common['kv_heads']} KV heads of {common['head_dim']} channels, raw window {common['win_tokens']}, "
       f"RoPE base {common['rope_base']:g}; {common['steps']} steps of batch {common['batch']} "
@@ -142,6 +223,30 @@ def main():
       f"{common['tokens']} tokens, {common['records']} records, {common['queries']} questions, "
       f"{common['decoys']} decoys, 0–{common['trail']} trailing filler tokens. Machine: {meta['machine']}. "
       f"Wall time: {meta.get('seconds')} s{'' if meta.get('finished') else ' (unfinished)'}.\n")
+
+    w("## Training: which runs learned the task\n")
+    w(f"Held-out accuracy on the last question (%) per seed, at the end of training; a run learned the task when "
+      f"it reaches {LEARNED:g}× its record floor. The tables after this one use the runs that learned; a run that "
+      "did not stayed on the plateau where the model predicts a value without finding the record (its phase "
+      "profile is flat at the floor and says nothing about phase).\n")
+    w("| variant | seeds learned | held-out % per seed (record floor %) | first step at ≥ 50% held-out (per seed) |")
+    w("|---|---|---|---|")
+    for v in variants:
+        rr = trained.get(v["name"])
+        if not rr:
+            w(f"| {v['name']} | not run | | |")
+            continue
+
+        def first50(r):
+            for e in r.train.get("log") or []:
+                if finite(e.get("heldout_last")) and e["heldout_last"] >= 0.5:
+                    return str(e["step"])
+            return "never"
+        w(f"| {v['name']} | {sum(r.learned() for _, r in rr)} of {len(rr)} | "
+          + " / ".join(f"seed {s}: {100 * r.train['final_heldout_last']:.1f} ({100 * r.train['floor_record']:.1f})"
+                       + ("" if r.learned() else " plateau") for s, r in rr)
+          + f" | {' / '.join(first50(r) for _, r in rr)} |")
+    w("")
 
     w("## Retrieval and the phase profile\n")
     w("Floors: the last question's answer by guessing among the records' values (record) and among every "
@@ -156,14 +261,14 @@ def main():
     w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for v in variants:
         if v["name"] not in runs:
-            w(f"| {v['name']} | — | not run | | | | | | | | | | | | |")
+            w(f"| {v['name']} | {'no seed learned' if v['name'] in trained else 'not run'} | | | | | | | | | | | | | |")
             continue
         rs = [r for _, r in runs[v["name"]]]
         sw = [r.sweep() for r in rs]
         iso = [r.sweep("isolated") for r in rs]
         periods = sorted({str(s["dominant_period"]["period"]) for s in sw if s and s["dominant_period"]["period"]})
         floors = f"{mean([r.train.get('floor_record') for r in rs], 100)} / {mean([r.train.get('floor_any') for r in rs], 100)}"
-        w(f"| {v['name']} | {len(rs)} | {floors} | {across([r.train.get('final_heldout_last') for r in rs], 100)} | "
+        w(f"| {v['name']} | {', '.join(str(s) for s, _ in runs[v['name']])} | {floors} | {across([r.train.get('final_heldout_last') for r in rs], 100)} | "
           f"{across([s and s['mean'] for s in sw], 100)} | {mean([layout_accuracy(s, False) for s in sw], 100)} | "
           f"{mean([layout_accuracy(s, True) for s in sw], 100)} | {across([gap_of(s, 'contained') for s in sw])} | "
           f"{ps([phase_p(s, 'contained') for s in sw])} | "
@@ -172,6 +277,41 @@ def main():
           f"{across([gap_of(s, 'contained') for s in iso])} | {ps([phase_p(s, 'contained') for s in iso])} | "
           f"{v.get('study', '—')} |")
     w("")
+
+    groups = {}
+    for v in variants:
+        m = v.get("train", {})
+        plain_geometry = not any(m.get(k) for k in ("layer_stagger", "head_stagger", "random_origin", "token_shift"))
+        if (v["name"] in runs and m.get("kind") != "full" and m.get("stride", 1) > 1 and m.get("window") == m.get("stride")
+                and plain_geometry):
+            groups.setdefault(m["stride"], []).append(v["name"])
+    if groups:
+        w("## Within the window, pooled over runs\n")
+        w("Every W = S model that learned, mitigations aside (all variants and seeds of the stride, one origin for "
+          "every layer and head, as trained): the "
+          "within-window trials of each phase summed over runs, with Wilson 95% intervals, and Pearson's "
+          "chi-square test that all phases share one rate (each run plans as many trials at every phase, so "
+          "runs weigh every phase alike; the test is conservative when runs differ). The main sweep has crowding; "
+          "the isolated sweep has none. A within-window phase effect as large as an interval's half-width at one "
+          "phase would show here.\n")
+        w("| S | sweep | runs | trials per phase | accuracy % per phase [95%] | largest − smallest (points) | chi-square p |")
+        w("|---|---|---|---|---|---|---|")
+        for S, names in sorted(groups.items()):
+            rs = [r for name in names for _, r in runs[name]]
+            for sweep_name in ("uniform", "isolated"):
+                per = pooled_phases(rs, sweep_name)
+                if not per:
+                    continue
+                _, _, p = homogeneity(list(per.values()))
+                rates = [k / n for k, n in per.values()]
+                cells = []
+                for phase, (k, n) in per.items():
+                    lo, hi = wilson(k, n)
+                    cells.append(f"{phase}: {100 * k / n:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]")
+                w(f"| {S} | {'main' if sweep_name == 'uniform' else 'isolated'} | {len(rs)} | "
+                  f"{min(n for _, n in per.values())} | {'; '.join(cells)} | {100 * (max(rates) - min(rates)):.1f} | "
+                  f"{p:.2g} |")
+        w("")
 
     w("## What else explains a failure: the logistic fit\n")
     w("Coefficients (log-odds; mean over seeds, with the seeds whose Wald p < 0.05) of a Firth logistic fit of "
@@ -267,7 +407,7 @@ def main():
     worst_seq = worst_plan = 0.0
     n_plan = 0
     bad = []
-    for name, rr in runs.items():
+    for name, rr in trained.items():
         for s, r in rr:
             if not r.verify:
                 bad.append(f"{name} seed {s}: not verified")
@@ -285,7 +425,7 @@ def main():
 
     if a.plots:
         os.makedirs(a.plots, exist_ok=True)
-        w("## Plots (seed 1)\n")
+        w("## Plots (the first seed that learned)\n")
         for v in variants:
             rr = runs.get(v["name"])
             if not rr:

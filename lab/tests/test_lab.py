@@ -396,5 +396,66 @@ class ScriptErrors(unittest.TestCase):
             self.check([os.path.join(lab, "run"), "--only"], "--only")
 
 
+class Report(unittest.TestCase):
+    """report.py keeps a run that stayed at its floor out of the phase tables and says so."""
+
+    def write_run(self, root, name, seed, heldout, sweep_mean):
+        d = os.path.join(root, name, f"seed{seed}")
+        os.makedirs(os.path.join(d, "measure"))
+        log = [{"step": 200, "heldout_last": heldout / 2}, {"step": 400, "heldout_last": heldout}]
+        with open(os.path.join(d, "train.json"), "w") as f:
+            json.dump({"final_heldout_last": heldout, "floor_record": 0.13, "floor_any": 0.07, "log": log,
+                       "model": {"window": 8}}, f)
+        sweep = {"mean": sweep_mean, "profiles": [], "layouts": [], "dominant_period": {"period": 0},
+                 "worst_residue": 0}
+        with open(os.path.join(d, "measure", "measure.json"), "w") as f:
+            json.dump({"sweeps": {"uniform": {"sweep": sweep, "logistic": {}}}, "analysis_stride": 8}, f)
+
+    def test_plateaued_runs_are_listed_but_not_averaged(self):
+        import report  # noqa: E402 — lab/ is on the path
+        with tempfile.TemporaryDirectory() as tmp:
+            meta = {"command": "test", "machine": "test", "seeds": [1, 2, 3], "measure": {},
+                    "common": {"dim": 1, "layers": 1, "q_heads": 1, "kv_heads": 1, "head_dim": 1, "win_tokens": 1,
+                               "rope_base": 1, "steps": 1, "batch": 1, "short_steps": 0, "short_tokens": 1, "lr": 1,
+                               "tokens": 1, "records": 1, "queries": 1, "decoys": 0, "trail": 0},
+                    "variants": [{"name": "v", "train": {"kind": "full"}}, {"name": "w", "train": {"kind": "full"}}]}
+            with open(os.path.join(tmp, "runs.json"), "w") as f:
+                json.dump(meta, f)
+            # v: seeds 1 and 3 learned (0.8, 0.6), seed 2 stayed at its floor; w: no seed learned.
+            for seed, acc in ((1, 0.8), (2, 0.1), (3, 0.6)):
+                self.write_run(tmp, "v", seed, acc, acc)
+            self.write_run(tmp, "w", 1, 0.2, 0.2)
+            out = os.path.join(tmp, "R.md")
+            argv, sys.argv = sys.argv, ["report.py", "--runs", tmp, "--out", out]
+            try:
+                report.main()
+            finally:
+                sys.argv = argv
+            with open(out) as f:
+                text = f.read()
+            training = [line for line in text.splitlines() if line.startswith("| v | 2 of 3")]
+            self.assertEqual(len(training), 1, text)
+            self.assertIn("seed 2: 10.0 (13.0) plateau", training[0])
+            self.assertIn("| 400 / never / 400 |", training[0])
+            # The phase table averages seeds 1 and 3 only: held-out 70.0 with its t interval over 2 seeds.
+            self.assertIn("| v | 1, 3 | 13.0 / 7.0 | 70.0 [", text)
+            self.assertIn("| w | no seed learned |", text)
+            self.assertIn("| w | 0 of 1 |", text)
+
+    def test_chi_square_tail_and_the_pooled_phase_test(self):
+        from report import chi2_sf, homogeneity  # noqa: E402
+        for x in (0.1, 2.0, 7.5, 30.0):  # closed forms of the tail at 1, 2 and 6 degrees of freedom
+            self.assertAlmostEqual(chi2_sf(x, 1), math.erfc(math.sqrt(x / 2)), delta=1e-12)
+            self.assertAlmostEqual(chi2_sf(x, 2), math.exp(-x / 2), delta=1e-12)
+            self.assertAlmostEqual(chi2_sf(x, 6), math.exp(-x / 2) * (1 + x / 2 + x * x / 8), delta=1e-12)
+        rng = np.random.default_rng(7)
+        # Flat truth (80% at 7 phases, 256 trials each): about 5% of 400 simulations reject at 0.05.
+        flat = [homogeneity([(rng.binomial(256, 0.8), 256) for _ in range(7)])[2] for _ in range(400)]
+        self.assertLess(abs(sum(p < 0.05 for p in flat) - 20), 13)
+        # One phase 12 points lower: rejected in about nine simulations of ten at this size.
+        dip = [homogeneity([(rng.binomial(256, 0.8 - 0.12 * (i == 3)), 256) for i in range(7)])[2] for _ in range(200)]
+        self.assertGreater(sum(p < 0.05 for p in dip), 160)
+
+
 if __name__ == "__main__":
     unittest.main()
