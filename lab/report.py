@@ -2,14 +2,14 @@
 """Writes the lab's report (RESULTS.md) from the runs lab/run left in its output folder.
 
   /usr/bin/python3 lab/report.py --runs OUT --out lab/RESULTS.md [--plots lab/results] [--title T]
-                                 [--notes FILE]
+                                 [--notes FILE] [--learned X]
 
 Reads OUT/runs.json (the variants, seeds and budget lab/run ran) and, per variant and seed,
 OUT/NAME/seedK/{train.json, verify.json, measure/measure.json, measure_originO/measure.json}.
 Across seeds a figure is its mean with a 95% Student-t interval (n − 1 degrees of freedom; none
 with one seed); p-values are listed per seed. Numbers are printed as measured; nothing is
 adjusted. A run *learned* the task when its held-out accuracy on the last question is at least
-LEARNED times its record floor; the phase tables use the runs that learned (a run at its floor has
+--learned (default LEARNED) times its record floor; the phase tables use the runs that learned (a run at its floor has
 no retrieval whose phase could matter) and say how many of the seeds that is, and the training table
 lists every run. Copies the first learned seed's plots to --plots (NAME_sweep.svg, NAME_knockout.svg).
 --notes appends a hand-written section (the reading of the tables) after them.
@@ -105,7 +105,7 @@ def wilson(k, n, z=1.96):
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def homogeneity(counts):
@@ -170,9 +170,9 @@ class Run:
     def ok(self):
         return bool(self.train) and bool(self.measure)
 
-    def learned(self):
+    def learned(self, factor=LEARNED):
         acc, floor = self.train.get("final_heldout_last"), self.train.get("floor_record")
-        return finite(acc) and finite(floor) and acc >= LEARNED * floor
+        return finite(acc) and finite(floor) and acc >= factor * floor
 
 
 def gap_of(sweep, prof, field="debiased_gap"):
@@ -192,7 +192,12 @@ def main():
     ap.add_argument("--plots")
     ap.add_argument("--title", default="phasekv lab: trained models measured by phase")
     ap.add_argument("--notes")
+    ap.add_argument("--learned", type=float, default=LEARNED,
+                    help="a run learned at this multiple of its record floor (0: every run counts)")
     a = ap.parse_args()
+    if not (a.learned >= 0 and math.isfinite(a.learned)):
+        print(f"report.py: --learned: {a.learned} is not a finite number >= 0", file=sys.stderr)
+        sys.exit(2)
     meta = load(os.path.join(a.runs, "runs.json"))
     if meta is None:
         print(f"report.py: --runs: no runs.json in {a.runs}", file=sys.stderr)
@@ -205,7 +210,7 @@ def main():
         got = [(s, r) for s, r in got if r.ok()]
         if got:
             trained[v["name"]] = got
-            learned = [(s, r) for s, r in got if r.learned()]
+            learned = [(s, r) for s, r in got if r.learned(a.learned)]
             if learned:
                 runs[v["name"]] = learned
     common = meta["common"]
@@ -226,7 +231,7 @@ def main():
 
     w("## Training: which runs learned the task\n")
     w(f"Held-out accuracy on the last question (%) per seed, at the end of training; a run learned the task when "
-      f"it reaches {LEARNED:g}× its record floor. The tables after this one use the runs that learned; a run that "
+      f"it reaches {a.learned:g}× its record floor. The tables after this one use the runs that learned; a run that "
       "did not stayed on the plateau where the model predicts a value without finding the record (its phase "
       "profile is flat at the floor and says nothing about phase).\n")
     w("| variant | seeds learned | held-out % per seed (record floor %) | first step at ≥ 50% held-out (per seed) |")
@@ -242,9 +247,9 @@ def main():
                 if finite(e.get("heldout_last")) and e["heldout_last"] >= 0.5:
                     return str(e["step"])
             return "never"
-        w(f"| {v['name']} | {sum(r.learned() for _, r in rr)} of {len(rr)} | "
+        w(f"| {v['name']} | {sum(r.learned(a.learned) for _, r in rr)} of {len(rr)} | "
           + " / ".join(f"seed {s}: {100 * r.train['final_heldout_last']:.1f} ({100 * r.train['floor_record']:.1f})"
-                       + ("" if r.learned() else " plateau") for s, r in rr)
+                       + ("" if r.learned(a.learned) else " plateau") for s, r in rr)
           + f" | {' / '.join(first50(r) for _, r in rr)} |")
     w("")
 

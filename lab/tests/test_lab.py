@@ -392,6 +392,8 @@ class ScriptErrors(unittest.TestCase):
                         "--only", "gated_S9_W9"], "--only")
             self.check([sys.executable, os.path.join(lab, "verify.py"), "--model", os.path.join(tmp, "none.pt"),
                         "--export", tmp, "--host", HOST], "--model")
+            self.check([sys.executable, os.path.join(lab, "report.py"), "--runs", tmp, "--out", os.path.join(tmp, "R.md"),
+                        "--learned", "-1"], "--learned")
             self.check([os.path.join(lab, "run"), "--frobnicate"], "--frobnicate")
             self.check([os.path.join(lab, "run"), "--only"], "--only")
 
