@@ -458,6 +458,29 @@ class Report(unittest.TestCase):
         dip = [homogeneity([(rng.binomial(256, 0.8 - 0.12 * (i == 3)), 256) for i in range(7)])[2] for _ in range(200)]
         self.assertGreater(sum(p < 0.05 for p in dip), 160)
 
+    def test_pooled_phase_logit_holds_level_and_finds_a_planted_phase(self):
+        from report import pooled_phase_logit  # noqa: E402
+        rng = np.random.default_rng(11)
+
+        def simulate(dip, runs=6, per_run=900):
+            # Runs differ in their rate, crowding costs 1.5 log-odds a unit and is drawn independently
+            # of phase; phase 6 is `dip` log-odds weaker than the others.
+            trials = []
+            for run in range(runs):
+                base = rng.normal(2.0, 0.5)
+                for _ in range(per_run):
+                    phase, crowd, dist = int(rng.integers(0, 7)), int(rng.integers(0, 4)), int(rng.integers(20, 230))
+                    eta = base - 1.5 * crowd - 0.2 * dist / 100 - dip * (phase == 6)
+                    trials.append((run, phase, crowd, dist, int(rng.random() < 1 / (1 + math.exp(-eta)))))
+            return pooled_phase_logit(trials, list(range(7)))
+
+        null = [simulate(0.0)[1] for _ in range(60)]
+        self.assertLess(sum(p < 0.05 for p in null), 9)  # 3 expected; 9 or more has probability < 0.01
+        planted = [simulate(0.5) for _ in range(20)]
+        self.assertGreaterEqual(sum(p < 0.05 for _, p in planted), 16)
+        self.assertAlmostEqual(float(np.mean([t[6][0] for t, _ in planted])), -0.5, delta=0.1)
+        self.assertIsNone(pooled_phase_logit([(0, 0, 0, 50, 1), (0, 1, 1, 60, 1)], [0, 1]))
+
 
 if __name__ == "__main__":
     unittest.main()
