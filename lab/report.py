@@ -161,7 +161,7 @@ def pooled_phase_logit(trials, phases):
     """Within-window trials (run, phase, crowding, distance, success) of several runs: a logistic fit
     of success on a constant per run, crowding, distance / 100 and the phases (the first the
     reference). Returns ({phase: (log-odds, 95% half-width)}, likelihood-ratio p of the phase terms)
-    or None when a column is constant."""
+    or None when a column is constant or the fit is singular."""
     runs = sorted({t[0] for t in trials})
     y = np.array([t[4] for t in trials], float)
     if len(trials) == 0 or y.min() == y.max() or len(phases) < 2:
@@ -170,8 +170,14 @@ def pooled_phase_logit(trials, phases):
     dummies = np.array([[1.0 if t[1] == ph else 0.0 for ph in phases[1:]] for t in trials])
     if np.ptp(base[:, -2]) == 0 or np.ptp(base[:, -1]) == 0 or (dummies.sum(0) == 0).any():
         return None
-    b, ll1, cov = fit_logit(np.hstack([base, dummies]), y)
-    _, ll0, _ = fit_logit(base, y)
+    try:
+        with np.errstate(over="ignore"):
+            b, ll1, cov = fit_logit(np.hstack([base, dummies]), y)
+            _, ll0, _ = fit_logit(base, y)
+    except np.linalg.LinAlgError:  # a singular information matrix: the data cannot identify a term
+        return None
+    if not (np.isfinite(b).all() and np.isfinite(cov).all()):
+        return None
     k = base.shape[1]
     terms = {ph: (float(b[k + i]), 1.96 * math.sqrt(cov[k + i, k + i])) for i, ph in enumerate(phases[1:])}
     return terms, chi2_sf(max(0.0, 2 * (ll1 - ll0)), len(phases) - 1)

@@ -480,6 +480,8 @@ class Report(unittest.TestCase):
         self.assertGreaterEqual(sum(p < 0.05 for _, p in planted), 16)
         self.assertAlmostEqual(float(np.mean([t[6][0] for t, _ in planted])), -0.5, delta=0.1)
         self.assertIsNone(pooled_phase_logit([(0, 0, 0, 50, 1), (0, 1, 1, 60, 1)], [0, 1]))
+        # Crowding and distance moving together: a singular fit is refused, not reported.
+        self.assertIsNone(pooled_phase_logit([(0, i % 2, i % 3, 100 * (i % 3), i % 5 > 1) for i in range(60)], [0, 1]))
 
 
 if __name__ == "__main__":
