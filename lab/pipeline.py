@@ -87,6 +87,8 @@ TINY = [
 def train_args(v, common, seed, runs_dir):
     opts = dict(common)
     opts.update(v.get("train", {}))
+    if opts.get("kind") == "full":  # what train.py trains and stores: S = W = 1, no raw window
+        opts.update(stride=1, window=1, win_tokens=0)
     opts["seed"] = seed
     if v.get("warm_start"):
         opts["warm_start"] = os.path.join(runs_dir, v["warm_start"], f"seed{seed}", "model.pt")
@@ -109,8 +111,6 @@ def same_options(path, opts):
             old = json.load(f)["options"]
     except (FileNotFoundError, KeyError, json.JSONDecodeError):
         return False
-    if opts.get("kind") == "full":  # train.py stores full attention as S = W = 1 with no raw window
-        opts = dict(opts, stride=1, window=1, win_tokens=0)
     return all(str(old.get(k)) == str(x) for k, x in opts.items())
 
 

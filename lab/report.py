@@ -348,13 +348,13 @@ def main():
           f"{v.get('study', '—')} |")
     w("")
 
-    groups = {}
+    groups = {}  # stride -> the runs that learned of its W = S variants with one grid
     for v in variants:
         m = v.get("train", {})
         plain_geometry = not any(m.get(k) for k in ("layer_stagger", "head_stagger", "random_origin", "token_shift"))
         if (v["name"] in runs and m.get("kind") != "full" and m.get("stride", 1) > 1 and m.get("window") == m.get("stride")
                 and plain_geometry):
-            groups.setdefault(m["stride"], []).append(v["name"])
+            groups.setdefault(m["stride"], []).extend(r for _, r in runs[v["name"]])
     if groups:
         w("## Within the window, pooled over runs\n")
         w("Every W = S model that learned, mitigations aside (all variants and seeds of the stride, one origin for "
@@ -366,8 +366,7 @@ def main():
           "phase would show here.\n")
         w("| S | sweep | runs | trials per phase | accuracy % per phase [95%] | largest − smallest (points) | chi-square p |")
         w("|---|---|---|---|---|---|---|")
-        for S, names in sorted(groups.items()):
-            rs = [r for name in names for _, r in runs[name]]
+        for S, rs in sorted(groups.items()):
             for sweep_name in ("uniform", "isolated"):
                 per = pooled_phases(rs, sweep_name)
                 if not per:
@@ -388,12 +387,11 @@ def main():
           "can name taken out.\n")
         w("| S | runs | trials | phase terms, log-odds ± 95% | likelihood-ratio p |")
         w("|---|---|---|---|---|")
-        for S, names in sorted(groups.items()):
-            rs = [r for name in names for _, r in runs[name]]
+        for S, rs in sorted(groups.items()):
             trials = [t for i, r in enumerate(rs) for t in contained_trials(r.dir, i)]
             fit = pooled_phase_logit(trials, sorted({t[1] for t in trials}))
             if fit is None:
-                w(f"| {S} | {len(rs)} | {len(trials)} | no fit (a constant column) | — |")
+                w(f"| {S} | {len(rs)} | {len(trials)} | no fit (a constant column or a singular fit) | — |")
                 continue
             terms, p = fit
             w(f"| {S} | {len(rs)} | {len(trials)} | "
