@@ -291,9 +291,9 @@ class paged_cache {
     check_window_input(window_keys, tokens, window_key_floats(config_.window), "window_keys");
     check_window_input(window_values, tokens, window_value_floats(config_.window), "window_values");
     layer_.check(s.states, in, options);  // a malformed chunk is an input_error, however full the pool
+    if (options.check_finite) s.window.check_rows(window_keys, window_values, tokens, config_.name + ".append");
 
     // Every page this append needs in every stream, before anything changes.
-    s.writes.bump();
     std::array<page_plan, stream_count> plans = reserve_pages(s, tokens);
     try {
       layer_.append(s.states, in, [&](std::size_t k, const entry_view& e) {
@@ -305,6 +305,8 @@ class paged_cache {
       for (std::size_t k = stream_count; k-- > 0;) drop_plan(k, plans[k]);
       throw;
     }
+    // The views of this sequence go stale only now: a failed append wrote nothing they show.
+    s.writes.bump();
     for (std::size_t k = 0; k < stream_count; ++k) adopt_plan(s, k, plans[k]);
     s.window.write(window_keys, window_values, s.tokens, tokens);
     s.tokens += tokens;
@@ -339,6 +341,8 @@ class paged_cache {
         check_window_input(it.window_keys, it.in[0].tokens, window_key_floats(config_.window), "window_keys");
         check_window_input(it.window_values, it.in[0].tokens, window_value_floats(config_.window), "window_values");
         layer_.check(seqs[i]->states, it.in, options);
+        if (options.check_finite)
+          seqs[i]->window.check_rows(it.window_keys, it.window_values, it.in[0].tokens, config_.name + ".append_batch");
       } catch (const input_error& e) {
         item_error(i, e);
       }
@@ -353,7 +357,6 @@ class paged_cache {
       for (std::size_t i = through; i-- > 0;)
         for (std::size_t k = stream_count; k-- > 0;) drop_plan(k, plans[i][k]);
     };
-    for (std::size_t i = 0; i < count; ++i) seqs[i]->writes.bump();
     for (std::size_t i = 0; i < count; ++i) {
       try {
         plans[i] = reserve_pages(*seqs[i], items[i].in[0].tokens);
@@ -382,6 +385,7 @@ class paged_cache {
     for (std::size_t i = 0; i < count; ++i) {
       sequence& s = *seqs[i];
       const std::int64_t tokens = items[i].in[0].tokens;
+      s.writes.bump();
       for (std::size_t k = 0; k < stream_count; ++k) adopt_plan(s, k, plans[i][k]);
       layer_.commit(s.states, items[i].in);
       s.window.write(items[i].window_keys, items[i].window_values, s.tokens, tokens);
@@ -405,6 +409,7 @@ class paged_cache {
     layer_.check_skip(s.states, tokens);
     check_window_input(window_keys, tokens, window_key_floats(config_.window), "window_keys");
     check_window_input(window_values, tokens, window_value_floats(config_.window), "window_values");
+    if (options.check_finite) s.window.check_rows(window_keys, window_values, tokens, config_.name + ".append_entries");
     const std::int64_t first = s.states[0].entries();
     const std::int64_t count = layer_.geom().completed_entries(s.states[0].tokens() + tokens) - first;
     for (std::size_t k = 0; k < stream_count; ++k) {
@@ -432,9 +437,9 @@ class paged_cache {
         check_storable(k, e);
       }
     }
-    s.writes.bump();
     std::array<page_plan, stream_count> plans = reserve_pages(s, tokens);
     // Nothing below can fail: the pages are held, the entries checked.
+    s.writes.bump();
     for (std::size_t k = 0; k < stream_count; ++k) {
       const auto [heads, channels] = stream_shape(k);
       for (std::int64_t j = 0; j < count; ++j) {
@@ -872,7 +877,11 @@ class paged_cache {
     try {
       for (std::size_t k = 0; k < stream_count; ++k) {
         plans[k] = plan_pages(s, k, tokens);
+        const page_id* table = s.tables[k].data();
         s.tables[k].reserve(s.tables[k].size() + plans[k].fresh.size());
+        // A view of the sequence points into its page table: once the table has moved, the view
+        // is stale even if this append then fails. Otherwise a failed append leaves it current.
+        if (s.tables[k].data() != table) s.writes.bump();
       }
     } catch (...) {
       for (std::size_t k = stream_count; k-- > 0;) drop_plan(k, plans[k]);
@@ -1000,23 +1009,41 @@ class paged_cache {
     else
       s.window.copy_key(row, out.data());
   }
-  // Under check_finite, a finite entry value that its stream's 16-bit storage would round to
-  // ±inf (f16: |x| ≥ 65520; bf16: beyond ~3.39e38) is an input_error, not an entry that reads
-  // back as inf (and a read as NaN). Thrown from the sink before the entry is written: the append
-  // then leaves the sequence as it was. FP8/FP4 blocks carry a power-of-two scale per block, so
-  // every finite value has a finite code.
+  // Under check_finite, an entry is stored only if what a read will see of it is finite: its
+  // values (a finite input can pool to ±inf, a host's entry may hold NaN) and their stored form —
+  // f16 rounds |x| ≥ 65520 to ±inf, bf16 beyond about 3.39e38, FP8 its bf16 RoPE channels likewise
+  // and its e4m3 blocks from |x| ≥ 1.9375 · 2^127, FP4 wherever the Hadamard transform of finite
+  // keys leaves fp32's range. One rule for every storage type: the entry is stored into scratch and
+  // loaded back. Thrown from the sink before the entry is written, so the append changes nothing.
   void check_storable(std::size_t k, const entry_view& e) const {
-    const storage_type st = pools_[k]->layout().storage;
-    if (st != storage_type::f16 && st != storage_type::bf16) return;
+    const page_layout& layout = pools_[k]->layout();
     const std::int64_t n = e.kv_heads * e.channels;
+    // Whole floats, so a 16-bit or fp32 store has its alignment.
+    std::vector<float> stored(static_cast<std::size_t>((layout.entry_stride_bytes + 3) / 4)), back(static_cast<std::size_t>(n));
+    const float* seen = e.values;
+    if (kernels::all_finite(e.values, n)) {
+      store_entries(layout, e.values, 1, reinterpret_cast<std::byte*>(stored.data()));
+      load_entries(layout, reinterpret_cast<const std::byte*>(stored.data()), 1, back.data());
+      if (kernels::all_finite(back.data(), n)) return;
+      seen = back.data();
+    }
     for (std::int64_t i = 0; i < n; ++i) {
-      const float x = e.values[i];
-      const float back = st == storage_type::f16 ? f16_to_float(float_to_f16(x)) : bf16_to_float(float_to_bf16(x));
-      if (std::isfinite(x) && !std::isfinite(back))
-        detail::fail<input_error>(config_.name + ".append: stream " + std::to_string(k) + " entry " +
-                                      std::to_string(e.index) + " value[" + std::to_string(i) + "]",
-                                  x, std::string("is not representable in ") + to_string(st) +
-                                         " storage (append_options.check_finite is on)");
+      if (std::isfinite(seen[i])) continue;
+      const std::string field = config_.name + ".append: stream " + std::to_string(k) + " entry " + std::to_string(e.index);
+      if (seen == e.values)
+        detail::fail<input_error>(field + " value[" + std::to_string(i) + "]", e.values[i],
+                                  "must be finite (append_options.check_finite is on)");
+      if (layout.storage != storage_type::fp4_e2m1_hadamard)
+        detail::fail<input_error>(field + " value[" + std::to_string(i) + "]", e.values[i],
+                                  std::string("is not representable in ") + to_string(layout.storage) +
+                                      " storage (append_options.check_finite is on)");
+      // FP4 stores the head's transform, which mixes every channel: name the head's largest value.
+      const std::int64_t head = i / e.channels;
+      const float* h = e.values + head * e.channels;
+      const std::int64_t big = std::max_element(h, h + e.channels, [](float a, float b) { return std::fabs(a) < std::fabs(b); }) - h;
+      detail::fail<input_error>(field + " value[" + std::to_string(head * e.channels + big) + "]", h[big],
+                                "makes its head's Hadamard transform leave fp32's range in fp4_e2m1_hadamard storage "
+                                "(append_options.check_finite is on)");
     }
   }
 

@@ -16,6 +16,7 @@
 // sequence and validates the configuration (cache_config::validate) before it makes one.
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -28,6 +29,7 @@
 #include "phasekv/core/span.hpp"
 #include "phasekv/format/fp8.hpp"
 #include "phasekv/format/storage.hpp"
+#include "phasekv/simd/finite.hpp"
 
 namespace phasekv {
 
@@ -94,6 +96,43 @@ class raw_window {
       write_row(t % rows_, keys.data() + (t - t0) * key_floats(),
                 tied() ? nullptr : values.data() + (t - t0) * value_floats());
     first_ = std::max(first_, t_end - rows_);
+  }
+
+  // append_options::check_finite for window rows: every element of the rows of `tokens` tokens
+  // (laid out as write() takes them) must be finite, and so must what a read will see of it — an
+  // FP8 window stores a key head's RoPE channels in bf16 (±inf beyond about 3.39e38) and its e4m3
+  // blocks come back as ±inf from |x| ≥ 1.9375 · 2^127 (format/fp8.hpp). The first offender is an
+  // input_error naming `owner`, the token and the element; nothing is written either way.
+  void check_rows(span<const float> keys, span<const float> values, std::int64_t tokens, const std::string& owner) const {
+    if (rows_ == 0) return;
+    std::vector<std::byte> bytes;
+    std::vector<float> back;
+    if (fp8()) {
+      bytes.resize(static_cast<std::size_t>(std::max(key_row_bytes(), value_row_bytes())));
+      back.resize(static_cast<std::size_t>(std::max(key_floats(), value_floats())));
+    }
+    const auto check = [&](const float* row, std::int64_t floats, const fp8_head_layout& head, std::int64_t channels,
+                           std::int64_t t, const char* what) {
+      const float* seen = row;
+      if (kernels::all_finite(row, floats)) {
+        if (!fp8()) return;
+        encode_row(row, head, channels, bytes.data());
+        decode_row(bytes.data(), head, channels, back.data());
+        if (kernels::all_finite(back.data(), floats)) return;
+        seen = back.data();
+      }
+      for (std::int64_t i = 0; i < floats; ++i)
+        if (!std::isfinite(seen[i]))
+          detail::fail<input_error>(owner + ": " + what + "[token " + std::to_string(t) + ", element " + std::to_string(i) + "]",
+                                    row[i],
+                                    seen == row ? "must be finite (append_options.check_finite is on)"
+                                                : std::string("is not representable in the window's ") + to_string(config_.precision) +
+                                                      " storage (append_options.check_finite is on)");
+    };
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      check(keys.data() + t * key_floats(), key_floats(), key_head(), config_.key_channels, t, "window_keys");
+      if (!tied()) check(values.data() + t * value_floats(), value_floats(), value_head(), config_.value_channels, t, "window_values");
+    }
   }
 
   // After the sequence is cut back to p0 tokens: rows from p0 on are rewritten before they are read.

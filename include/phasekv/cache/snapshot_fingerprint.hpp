@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -33,11 +34,6 @@ inline constexpr std::size_t layer_bytes = 11 * 8;
 inline constexpr std::size_t stream_bytes = 152;
 
 // ---- policy codes --------------------------------------------------------------------------------
-
-template <class P, class = void>
-struct has_parameters : std::false_type {};
-template <class P>
-struct has_parameters<P, std::void_t<decltype(std::declval<const P&>().parameters())>> : std::true_type {};
 
 // The code of T among the types of a table: its position + 1, or 0 when it is not there.
 template <class T, class... Table>
@@ -72,15 +68,22 @@ static_assert(code_in<rope_before_pool, no_rope, rope_after_pool, rope_before_po
 // A pooling policy of the host's (compress/policies.hpp) has no fixed code: its identity is the
 // CRC-32C of its name, version and learned parameters (when it exposes parameters()), with the
 // top bit set — so a snapshot restores only into a cache with the same policy, version and weights.
+// parameters() is asked again here (a policy may change its weights after construction): a null
+// span of non-zero size is an input_error, not a read through null.
 template <class Pooling>
-std::uint32_t pooling_identity(const Pooling& pool) noexcept {
+std::uint32_t pooling_identity(const Pooling& pool) {
   if constexpr (is_custom_pool_v<Pooling>) {
-    const std::string name = Pooling::name;
+    const char* name = Pooling::name;
     const std::uint32_t policy_version = Pooling::version;
-    std::uint32_t crc = phasekv::crc32c(name.data(), name.size() + 1);
+    std::uint32_t crc = phasekv::crc32c(name, std::strlen(name) + 1);
     crc = phasekv::crc32c(&policy_version, sizeof policy_version, crc);
-    if constexpr (has_parameters<Pooling>::value) {
+    if constexpr (has_pool_parameters<Pooling>::value) {
       const auto w = pool.parameters();
+      const std::string field = std::string("snapshot: ") + name + "::parameters()";
+      if (w.data() == nullptr && w.size() != 0)
+        detail::fail<input_error>(field + ".data()", "null", "must not be null when the size is " + std::to_string(w.size()));
+      if (w.size() > static_cast<std::size_t>(limits::max_bytes / 4))
+        detail::fail<input_error>(field + ".size()", w.size(), "must be at most 2^46 floats");
       crc = phasekv::crc32c(w.data(), w.size() * sizeof(float), crc);
     }
     return 0x80000000u | crc;

@@ -124,6 +124,12 @@ struct compressor_policy {
 };
 
 // --- Traits ---------------------------------------------------------------------------------
+// Whether a pooling of the host's exposes its learned weights (`parameters()`).
+template <class P, class = void>
+struct has_pool_parameters : std::false_type {};
+template <class P>
+struct has_pool_parameters<P, std::void_t<decltype(std::declval<const P&>().parameters())>> : std::true_type {};
+
 template <class Pooling>
 struct is_gated : std::false_type {};
 template <gate_width W>

@@ -48,6 +48,7 @@
 #include "phasekv/core/span.hpp"
 #include "phasekv/simd/batch.hpp"
 #include "phasekv/simd/bf16.hpp"
+#include "phasekv/simd/finite.hpp"
 #include "phasekv/simd/prefetch.hpp"
 
 namespace phasekv {
@@ -78,7 +79,11 @@ class stream_compressor {
     views_ = views_per_token(config_.inputs, geom_);
     gates_ = phasekv::gate_channels<pooling>(config_.channels);
     payload_per_token_ = config_.kv_heads * views_ * config_.channels;
-    logits_per_token_ = config_.kv_heads * views_ * gates_;
+    // gates_ ≤ 2^20 (checked for a host's pooling; at most channels for the built-ins), so the
+    // product is formed only after checking it against the per-token bound.
+    logits_per_token_ = detail::checked_product(config_.kv_heads * views_, gates_, limits::max_floats_per_token,
+                                                config_.name + ": gate channels", gates_,
+                                                "the gate logits one token hands over (kv_heads × views × gate channels)");
     if constexpr (gated) {
       if (params_.slot_bias.empty()) zero_bias_.assign(static_cast<std::size_t>(gates_), 0.0f);
     }
@@ -245,8 +250,11 @@ class stream_compressor {
     const std::size_t input_bytes = (chunk.payload.size() + chunk.logits.size()) * sizeof(float) +
                                     (chunk.payload_bf16.size() + chunk.logits_bf16.size()) * sizeof(std::uint16_t);
     const bool prefetch = static_cast<std::int64_t>(input_bytes) >= kernels::prefetch_min_bytes;
-    for (std::int64_t j = state.entries_; j < last_entry; ++j)
-      sink(compute_entry(state, chunk, j, options.slot_weights, prefetch && j + 1 < last_entry));
+    for (std::int64_t j = state.entries_; j < last_entry; ++j) {
+      const entry_view e = compute_entry(state, chunk, j, options.slot_weights, prefetch && j + 1 < last_entry);
+      if (options.check_finite) require_finite_entry(e);
+      sink(e);
+    }
     return last_entry - state.entries_;
   }
 
@@ -386,6 +394,23 @@ class stream_compressor {
   void require_finite(span<const std::uint16_t> s, const char* what) const {
     for (std::size_t k = 0; k < s.size(); ++k)
       if (!simd::bf16_is_finite(s[k])) not_finite(k, simd::bf16_to_float(s[k]), what);
+  }
+  // Finite inputs can still pool to a non-finite entry: a sum that overflows fp32 (inputs near
+  // 3.4e38), or a host's pooling that returns NaN. Under check_finite that entry is refused
+  // before the sink sees it, so nothing is stored.
+  void require_finite_entry(const entry_view& e) const {
+    const std::int64_t n = e.kv_heads * e.channels;
+    if (kernels::all_finite(e.values, n)) return;
+    for (std::int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(e.values[i]))
+        detail::fail<input_error>(config_.name + ": entry " + std::to_string(e.index) + " value[" + std::to_string(i) + "]",
+                                  e.values[i],
+                                  std::string("is not finite although its inputs are: the ") + pooling_name() +
+                                      " pooling overflowed fp32 or returned it (append_options.check_finite is on)");
+  }
+  static const char* pooling_name() noexcept {
+    if constexpr (custom) return pooling::name;
+    else return "built-in";
   }
   [[noreturn]] void not_finite(std::size_t k, float value, const char* what) const {
     const std::int64_t per_token = what[0] == 'p' ? payload_per_token_ : logits_per_token_;
@@ -685,10 +710,22 @@ class stream_compressor {
                   "a pooling policy of your own needs `static constexpr std::uint32_t version`");
     static_assert(std::is_convertible_v<decltype(pooling::gate_channels(std::int64_t{1})), std::int64_t>,
                   "a pooling policy of your own needs `static constexpr std::int64_t gate_channels(std::int64_t)`");
+    detail::require(pooling::name != nullptr, config_.name + ": pooling::name", "null",
+                    "must name the pooling policy (its snapshot identity)");
     const std::int64_t g = pooling::gate_channels(config_.channels);
     detail::require(gated ? g > 0 : g == 0, config_.name + ": " + pooling::name + "::gate_channels(" +
                                                 std::to_string(config_.channels) + ")",
                     g, "must be positive for every channel count, or 0 for every one");
+    detail::require(g <= limits::max_channels, config_.name + ": " + pooling::name + "::gate_channels(" +
+                                                   std::to_string(config_.channels) + ")",
+                    g, "must be at most 2^20 (gate logits per KV head and view)");
+    if constexpr (has_pool_parameters<pooling>::value) {
+      const auto w = pool_.parameters();
+      detail::require(w.data() != nullptr || w.size() == 0, config_.name + ": " + pooling::name + "::parameters().data()",
+                      "null", "must not be null when the size is " + std::to_string(w.size()));
+      detail::require(w.size() <= static_cast<std::size_t>(limits::max_bytes / 4),
+                      config_.name + ": " + pooling::name + "::parameters().size()", w.size(), "must be at most 2^46 floats");
+    }
   }
 
   geometry geom_;

@@ -23,6 +23,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+
+#include "phasekv/core/error.hpp"
 
 #include "phasekv/simd/intrinsics.hpp"  // before Eigen, which includes the intrinsics too
 #include <Eigen/Core>
@@ -79,11 +82,25 @@ class softmax_state {
   }
 
   // The state of a finished read: out (heads × channels, row-major) with its log-sum-exp per head
-  // (the log of its whole softmax denominator, sink included). lse = −∞ is the empty state.
+  // (the log of its whole softmax denominator, sink included). lse = −∞ is the empty state, and so
+  // is +∞, FlashMLA's convention for a head that read nothing (lse_convention::flashmla). A NaN
+  // lse, or a non-finite output row of a head that is not empty, is an input_error naming the
+  // head, with the state unchanged: merged, it would turn every later state of that head into NaN.
   void assign_normalised(std::int64_t heads, std::int64_t channels, const float* out, const float* lse) {
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    for (std::int64_t h = 0; h < heads; ++h) {
+      if (std::isnan(lse[h]))
+        detail::fail<input_error>("softmax_state.assign_normalised: lse[" + std::to_string(h) + "]", lse[h],
+                                  "must be a log-sum-exp, or ±inf for a head that read nothing");
+      if (std::isinf(lse[h])) continue;
+      for (std::int64_t c = 0; c < channels; ++c)
+        if (!std::isfinite(out[h * channels + c]))
+          detail::fail<input_error>("softmax_state.assign_normalised: out[" + std::to_string(h) + "][" + std::to_string(c) + "]",
+                                    out[h * channels + c], "must be finite where lse is finite");
+    }
     reset(heads, channels);
     for (Eigen::Index h = 0; h < heads; ++h) {
-      if (lse[h] == -std::numeric_limits<float>::infinity()) continue;
+      if (lse[h] == -inf || lse[h] == inf) continue;
       m_[h] = lse[h];
       d_[h] = 1.0f;
       // o_ is row-major, so a row is contiguous (a plain copy: GCC 12 warns falsely about
