@@ -19,18 +19,27 @@ from . import _phasekv as pk
 from . import sweep
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
+_INT64_MAX = 2**63 - 1
+
+
+def _integer(text: str, low: int, what: str) -> int:
+    """An integer flag in [low, 2^63 - 1]: the C++ core takes 64-bit integers, so a larger one is a
+    bad argument (exit 2) here, not a TypeError from the binding."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
+    if not low <= value <= _INT64_MAX:
+        raise argparse.ArgumentTypeError(f"{text}: must be a {what} integer below 2^63")
     return value
+
+
+def _positive(text: str) -> int:
+    return _integer(text, 1, "positive")
 
 
 def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be a non-negative integer")
-    return value
+    return _integer(text, 0, "non-negative")
 
 
 def _json_object(text: str) -> dict:

@@ -284,14 +284,22 @@ def _lines(paths: Iterable[PathLike] | PathLike):
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            for number, text in enumerate(f, 1):
+        # Bytes, decoded line by line: a byte that is not UTF-8 names its line, like bad JSON does.
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ProtocolError(f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                                        f"{e.start + 1})") from None
                 if not text.strip():
                     continue
                 try:
                     yield str(path), number, json.loads(text)
                 except json.JSONDecodeError as e:
                     raise ProtocolError(f"{path}:{number}: not a JSON line ({e.msg})") from None
+                except RecursionError:
+                    raise ProtocolError(f"{path}:{number}: nested too deeply to be a protocol line") from None
 
 
 def _plan_described_by(where: str, line: dict) -> Plan:

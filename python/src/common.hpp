@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <phasekv/compress/entry_view.hpp>
 #include <phasekv/core/error.hpp>
@@ -210,12 +211,20 @@ class struct_binding {
     return *this;
   }
 
+  // A check the keyword constructor runs once every field is set: an object that cannot be valid
+  // is refused when it is built (ConfigError naming the field), not when it is first used.
+  struct_binding& checked_when_built(std::function<void(const T&)> check) {
+    check_ = std::move(check);
+    return *this;
+  }
+
   py::class_<T>& done() {
     auto names = names_;
+    auto check = check_;
     // help() shows the fields as keyword-only parameters with their defaults, not **kwargs.
     py::options plain;
     plain.disable_function_signatures();
-    cls_.def(py::init([names](const py::kwargs& fields) {
+    cls_.def(py::init([names, check](const py::kwargs& fields) {
       auto made = std::make_unique<T>();
       py::object target = py::cast(made.get(), py::return_value_policy::reference);
       for (const auto& [key, value] : fields) {
@@ -225,6 +234,7 @@ class struct_binding {
                                "() got an unexpected keyword argument '" + name + "'");
         py::setattr(target, key, value);
       }
+      if (check) check(*made);
       return made;
     }),
              signature().c_str());
@@ -278,6 +288,7 @@ class struct_binding {
 
   py::class_<T> cls_;
   std::shared_ptr<std::vector<std::string>> names_;
+  std::function<void(const T&)> check_;
 };
 
 // ---- one initialiser per area (each in its own .cpp) -------------------------------------------

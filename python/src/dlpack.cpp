@@ -113,6 +113,22 @@ py::array import_dlpack(const py::object& o, const std::string& name, bool bf16_
   if (t.dtype.code == dl_bfloat && !bf16_ok)
     throw py::type_error(name + ".dtype = bfloat16: must be float32 here (pass x.float())");
   const py::ssize_t item = t.dtype.bits / 8;
+  // A producer's header is not trusted further than NumPy's own arrays: a negative rank or extent,
+  // or a null data pointer over elements, is refused — NumPy given a null pointer would allocate a
+  // fresh array and phasekv would read (or write) memory the producer never sees.
+  if (t.ndim < 0 || t.ndim > 32 || (t.ndim > 0 && t.shape == nullptr))
+    throw py::value_error(name + ": a DLPack tensor of rank " + std::to_string(t.ndim) +
+                          (t.ndim > 0 && t.shape == nullptr ? " without a shape" : "") + " (the producer's header is malformed)");
+  std::int64_t elements = 1;
+  for (std::int32_t d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] < 0)
+      throw py::value_error(name + ": DLPack shape[" + std::to_string(d) + "] = " + std::to_string(t.shape[d]) +
+                            ": must be non-negative (the producer's header is malformed)");
+    elements = t.shape[d] == 0 ? 0 : elements;
+  }
+  if (t.data == nullptr && elements != 0)
+    throw py::value_error(name + ": a DLPack tensor with a null data pointer and elements "
+                          "(the producer's header is malformed)");
   std::vector<py::ssize_t> shape(t.shape, t.shape + t.ndim), strides(static_cast<std::size_t>(t.ndim));
   for (std::int32_t d = t.ndim - 1; d >= 0; --d) {
     const auto k = static_cast<std::size_t>(d);

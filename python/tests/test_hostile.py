@@ -215,3 +215,102 @@ def test_hostile_calls_from_threads_leave_good_reads_intact(world):
     assert errors == []
     assert len(refused) == 2 * 5 * len(bad)
     assert state_of(cache) == before
+
+
+# ---- the third adversarial probe: calls that killed the interpreter (SIGFPE) -------------------
+
+
+def test_an_invalid_geometry_is_refused_when_built_and_when_used():
+    with pytest.raises(pk.ConfigError, match=r"geometry\.window = 4: must be at least geometry\.stride \(6\)"):
+        pk.Geometry(stride=6, window=4)
+    with pytest.raises(pk.ConfigError, match=r"geometry\.stride = 0: must be at least 1"):
+        pk.Geometry(stride=0, window=4)
+    g = pk.Geometry(stride=4, window=8)
+    g.stride = 0  # fields stay writable one at a time; every method checks the whole first
+    for call in (lambda: g.phase_of(5), lambda: g.phase_of(np.arange(8)), lambda: g.block_of(5),
+                 lambda: g.coverage(5), lambda: g.entries_covering(5), lambda: g.completed_entries(9),
+                 lambda: g.visible_entries(9), lambda: g.block_start(1), lambda: g.branches, lambda: g.lead,
+                 lambda: g.branch_of_slot(1), lambda: g.anchor_position(2)):
+        with pytest.raises(pk.ConfigError, match=r"geometry\.stride = 0"):
+            call()
+    g.stride = 4
+    assert list(g.phase_of(np.arange(6))) == [0, 1, 2, 3, 0, 1]
+
+
+def test_integer_helpers_refuse_what_would_trap_or_overflow():
+    with pytest.raises(pk.InputError, match=r"b = 0: must not be 0"):
+        pk.floor_div(1, 0)
+    with pytest.raises(pk.InputError, match=r"b = 0: must not be 0"):
+        pk.floor_mod(1, 0)
+    with pytest.raises(pk.InputError, match=r"divided by b = -1 overflows"):
+        pk.floor_div(-2**63, -1)
+    with pytest.raises(pk.InputError, match=r"b = 0"):
+        pk.floor_div(np.array([1, 2]), np.array([1, 0]))
+    with pytest.raises(pk.InputError, match=r"modulus = 0: must lie in \[1, 2\^48\]"):
+        pk.Geometry.residue_of(5, 0)
+    g = pk.Geometry(stride=4, window=8)
+    with pytest.raises(pk.InputError, match=r"tokens = 9223372036854775807: must lie in \[-2\^48, 2\^48\]"):
+        g.completed_entries(2**63 - 1)
+    with pytest.raises(pk.InputError, match=r"entry = "):
+        g.block_start(2**62)
+    # What stays in range is the same arithmetic as before.
+    assert pk.floor_div(-7, 2) == -4 and pk.floor_mod(-7, 2) == 1 and pk.floor_div(-2**63, 1) == -2**63
+    assert g.completed_entries(2**48) == 2**46 and pk.Geometry.residue_of(-1, 8) == 7
+
+
+class _NullDLPack:
+    """A DLPack producer whose header says 4 floats at address 0 (a malformed producer)."""
+
+    def __init__(self, null=True, shape=(4,)):
+        import ctypes
+
+        class Device(ctypes.Structure):
+            _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+        class DType(ctypes.Structure):
+            _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+        class Tensor(ctypes.Structure):
+            _fields_ = [("data", ctypes.c_void_p), ("device", Device), ("ndim", ctypes.c_int), ("dtype", DType),
+                        ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                        ("byte_offset", ctypes.c_uint64)]
+
+        class Managed(ctypes.Structure):
+            _fields_ = [("tensor", Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+        self.backing = (ctypes.c_float * 4)(1, 2, 3, 4)
+        self.shape = (ctypes.c_int64 * len(shape))(*shape)
+        self.managed = Managed()
+        t = self.managed.tensor
+        t.data = None if null else ctypes.addressof(self.backing)
+        t.device = Device(1, 0)
+        t.ndim = len(shape)
+        t.dtype = DType(2, 32, 1)  # float32
+        t.shape = self.shape
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        self._new = lambda: new(ctypes.addressof(self.managed), b"dltensor", None)
+
+    def __dlpack__(self, stream=None):
+        return self._new()
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_a_dlpack_producer_with_a_null_data_pointer_is_refused(world):
+    layer, seq, reader, inputs = world
+    before = state_of(layer.cache)
+    sinks = inputs["sinks"]
+    with pytest.raises(ValueError, match=r"sinks: a DLPack tensor with a null data pointer"):
+        reader.read(layer.cache, seq, 39, inputs["queries"], inputs["indexer_queries"], inputs["indexer_weights"],
+                    _NullDLPack(shape=(64,)))
+    with pytest.raises(ValueError, match=r"shape\[0\] = -64: must be non-negative"):
+        reader.read(layer.cache, seq, 39, inputs["queries"], inputs["indexer_queries"], inputs["indexer_weights"],
+                    _NullDLPack(null=False, shape=(-64,)))
+    assert state_of(layer.cache) == before
+    # An empty tensor may have a null pointer (there is nothing to read): it reaches the shape check.
+    with pytest.raises(ValueError, match=r"sinks"):
+        reader.read(layer.cache, seq, 39, inputs["queries"], inputs["indexer_queries"], inputs["indexer_weights"],
+                    _NullDLPack(shape=(0,)))
+    reader.read(layer.cache, seq, 39, inputs["queries"], inputs["indexer_queries"], inputs["indexer_weights"], sinks)

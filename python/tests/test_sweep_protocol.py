@@ -512,3 +512,22 @@ def test_a_jittered_query_is_planned_and_its_lines_describe_the_plan():
     for group in p.haystacks():
         assert max(t["target_position"] for t in group) + 3 <= min(t["query_position"] for t in group)
     assert p.sweep_id != sweep.plan(toy_config(), configuration={"model": "toy"}, needle_tokens=3).sweep_id
+
+
+def test_the_command_line_reports_unreadable_files_and_huge_integers_as_bad_input(tmp_path):
+    cli("plan", "--stride", 4, "--trials", 12, "--query-position", 4095, "--min-distance", 16, "--span", 3000,
+        "--out", tmp_path / "plan.jsonl")
+    # A byte that is not UTF-8, and a line nested past the JSON parser's recursion limit: exit 2
+    # ("bad files") naming the line, not a traceback and exit 1 ("invalid sweep").
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"trial_id": 0}\n{"answer": "caf\xe9"}\n')
+    (tmp_path / "nested.jsonl").write_text("[" * 200_000 + "]" * 200_000 + "\n")
+    for name, message in (("latin1.jsonl", "latin1.jsonl:2: not UTF-8 (byte 0xe9"),
+                          ("nested.jsonl", "nested.jsonl:1: nested too deeply")):
+        done = cli("analyze", "--plan", tmp_path / "plan.jsonl", "--outcomes", tmp_path / name, check=False)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    for value in (2**70, 2**63):
+        done = cli("plan", "--stride", 4, "--query-position", value, "--span", 50, "--out", tmp_path / "p", check=False)
+        assert done.returncode == 2 and "must be a non-negative integer below 2^63" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    done = cli("plan", "--stride", "four", "--query-position", 1, "--span", 50, "--out", tmp_path / "p", check=False)
+    assert done.returncode == 2 and "'four': not an integer" in done.stderr
