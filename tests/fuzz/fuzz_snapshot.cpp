@@ -29,7 +29,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
@@ -56,7 +60,6 @@ bool tracing() {
 // FP8 K/V, FP4 indexer keys and an FP8 raw window.
 using phasekv_test::append_tokens;
 using phasekv_test::gated_cache;
-using phasekv_test::populate;
 using phasekv_test::precise_cache;
 
 gated_cache make_gated(i64 pages) { return gated_cache(phasekv_test::gated_layer(), phasekv_test::gated_config("cache", pages)); }
@@ -64,22 +67,84 @@ precise_cache make_precise(i64 pages) {
   return precise_cache(phasekv_test::precise_layer(), phasekv_test::precise_config("cache", pages));
 }
 
+// append_tokens(cache, id, tokens, seed) with the tokens drawn once per (tokens, seed) for each
+// cache type (the same shapes): drawing them — a log per value in uniform_real_distribution —
+// took a sixth of a run when the destination was populated afresh for every input.
+template <class Cache>
+void append_drawn(Cache& cache, sequence_id id, i64 tokens, unsigned seed) {
+  using inputs = decltype(phasekv_test::random_tokens(cache, tokens, std::declval<std::mt19937&>()));
+  static phasekv_fuzz::memo<std::pair<i64, unsigned>, inputs> drawn(4096);
+  const inputs& in = drawn.get({tokens, seed}, [&] {
+    std::mt19937 rng(seed);
+    return std::make_unique<inputs>(phasekv_test::random_tokens(cache, tokens, rng));
+  });
+  phasekv_test::append(cache, id, in);
+}
+
+// phasekv_test::populate with drawn tokens: a forked pair (7 tokens, and a fork one token further,
+// its last page copied on write) and a hole in the free list (a 3-token sequence, freed).
+template <class Cache>
+void populate_drawn(Cache& cache) {
+  const sequence_id x = cache.create();
+  append_drawn(cache, x, 7, 1u);
+  const sequence_id y = cache.fork(x);
+  append_drawn(cache, y, 1, 2u);
+  const sequence_id z = cache.create();
+  append_drawn(cache, z, 3, 3u);
+  cache.free(z);
+}
+
+// What the first source bytes determine, made once per key (harness.hpp's memo): the valid
+// snapshot, and a twin destination's dump after the same valid restore and append that check (v)
+// gives the destination — the twin never sees a hostile restore, so it need not be rebuilt for
+// every input. Likewise the populated destination's dump before any restore.
+struct source {
+  std::vector<std::byte> valid;
+  phasekv_test::cache_dump twin_after;
+};
+using source_key = std::tuple<bool, i64, bool, std::uint32_t>;
+
 template <class Cache, class Make>
-void run(phasekv_fuzz::input_bytes& in, Make make) {
+const phasekv_test::cache_dump& populated_dump(Make make) {
+  static const phasekv_test::cache_dump dump = [&] {
+    Cache destination = make(24);
+    populate_drawn(destination);
+    return phasekv_test::dump(destination);
+  }();
+  return dump;
+}
+
+template <class Cache, class Make>
+const source& source_of(bool precise, i64 tokens, bool forked, std::uint32_t seed, Make make) {
+  static phasekv_fuzz::memo<source_key, source> sources(4096);
+  return sources.get(source_key{precise, tokens, forked, seed}, [&] {
+    auto made = std::make_unique<source>();
+    Cache cache = make(32);
+    sequence_id s = cache.create();
+    append_tokens(cache, s, tokens, seed);
+    if (forked) {
+      const sequence_id f = cache.fork(s);
+      append_tokens(cache, f, 1, seed + 1);
+      s = f;
+    }
+    made->valid = snapshot(cache, s);
+    Cache twin = make(24);
+    populate_drawn(twin);
+    append_drawn(twin, restore(twin, made->valid), 2, 5);
+    made->twin_after = phasekv_test::dump(twin);
+    return made;
+  });
+}
+
+template <class Cache, class Make>
+void run(phasekv_fuzz::input_bytes& in, bool precise, Make make) {
   const i64 tokens = 1 + in.byte() % 24;
   const bool forked = in.byte() & 1;
   const std::uint32_t seed = in.byte();
 
-  // The source and its snapshot.
-  Cache source = make(32);
-  sequence_id s = source.create();
-  append_tokens(source, s, tokens, seed);
-  if (forked) {
-    const sequence_id f = source.fork(s);
-    append_tokens(source, f, 1, seed + 1);
-    s = f;
-  }
-  const std::vector<std::byte> valid = snapshot(source, s);
+  // The source's snapshot.
+  const source& src = source_of<Cache>(precise, tokens, forked, seed, make);
+  const std::vector<std::byte>& valid = src.valid;
   std::vector<std::byte> bytes = valid;
 
   // The edits.
@@ -110,10 +175,9 @@ void run(phasekv_fuzz::input_bytes& in, Make make) {
   phasekv_fuzz::setup() += resealed ? " resealed" : "";
   if (tracing()) std::fprintf(stderr, "phasekv fuzz:%s\n", phasekv_fuzz::setup().c_str());
 
-  Cache destination = make(24), twin = make(24);
-  populate(destination);
-  populate(twin);
-  const phasekv_test::cache_dump before = phasekv_test::dump(destination);
+  Cache destination = make(24);
+  populate_drawn(destination);
+  const phasekv_test::cache_dump& before = populated_dump<Cache>(make);
   bool accepted = false;
   sequence_id restored = -1;
   try {
@@ -135,7 +199,7 @@ void run(phasekv_fuzz::input_bytes& in, Make make) {
     Cache fresh = make(32);
     if (snapshot(fresh, restore(fresh, own)) != own) fail("an accepted snapshot does not round-trip");
     try {
-      append_tokens(destination, restored, 3, 99);
+      append_drawn(destination, restored, 3, 99);
     } catch (const capacity_error&) {  // the destination may be full
     } catch (const input_error& e) {
       // A state that holds none of its next entry's inputs (intact_from up to tokens: entries the
@@ -146,11 +210,10 @@ void run(phasekv_fuzz::input_bytes& in, Make make) {
   }
   // (v) the destination and its twin: the same valid restore and append, the same dumps.
   if (!accepted) {
-    const sequence_id x = restore(destination, valid), y = restore(twin, valid);
-    append_tokens(destination, x, 2, 5);
-    append_tokens(twin, y, 2, 5);
-    const phasekv_test::cache_dump dx = phasekv_test::dump(destination), dy = phasekv_test::dump(twin);
-    if (dx != dy) fail("after a refused restore the destination and its twin differ: " + phasekv_test::first_difference(dx, dy));
+    append_drawn(destination, restore(destination, valid), 2, 5);
+    const phasekv_test::cache_dump dx = phasekv_test::dump(destination);
+    if (dx != src.twin_after)
+      fail("after a refused restore the destination and its twin differ: " + phasekv_test::first_difference(dx, src.twin_after));
   }
 }
 
@@ -160,7 +223,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   phasekv_fuzz::input_bytes in{data, size};
   const bool precise = in.byte() & 1;
   phasekv_fuzz::setup() = precise ? "fp8/fp4 layer" : "f32 layer";
-  if (precise) run<precise_cache>(in, make_precise);
-  else run<gated_cache>(in, make_gated);
+  if (precise) run<precise_cache>(in, true, make_precise);
+  else run<gated_cache>(in, false, make_gated);
   return 0;
 }

@@ -26,7 +26,9 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "harness.hpp"
@@ -87,6 +89,76 @@ reader_config make_reader(bool sink) {
   return rc;
 }
 
+// A sequence of 1–30 tokens in a cache, its host copy (arenas and a window buffer of exactly the
+// size the view states, so a read one byte outside is an ASan report), a reader and its request:
+// all determined by the input's first three bytes, so made once per key (harness.hpp's memo) and
+// read by every input that starts with them. The reads never write what they read.
+struct world {
+  cache_t cache;
+  sequence_view own;
+  std::vector<std::vector<std::byte>> arenas;
+  std::vector<std::vector<page_id>> tables;
+  std::vector<float> window;
+  sparse_reader reader;
+  std::vector<float> q, iq, sinks, iw{1.0f};
+  read_request request;
+  std::vector<float> want;
+
+  world(storage_type kv_storage, bool sink, i64 tokens, std::uint8_t seed)
+      : cache(make_cache(kv_storage)), reader(cache, make_reader(sink)) {
+    const sequence_id id = cache.create();
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const auto values = [&](i64 n) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (float& f : x) f = u(rng);
+      return x;
+    };
+    const std::vector<float> kv = values(tokens * cache.compressors().stream<0>().payload_floats_per_token()),
+                             ix = values(tokens * cache.compressors().stream<1>().payload_floats_per_token()),
+                             keys = values(tokens * channels);
+    cache.append(id, {token_chunk{tokens, kv, {}}, token_chunk{tokens, ix, {}}}, keys);
+    own = cache.view_of(id);
+    arenas.resize(own.stream_count);
+    tables.resize(own.stream_count);
+    for (std::size_t k = 0; k < own.stream_count; ++k) {
+      const stream_view& s = own.streams[k];
+      arenas[k].assign(s.base, s.base + s.capacity * s.layout.page_stride_bytes);
+      tables[k].assign(s.pages.begin(), s.pages.end());
+    }
+    const std::size_t window_floats = static_cast<std::size_t>(own.window.rows * own.window.kv_heads * own.window.key_channels);
+    window.assign(own.window.keys, own.window.keys + window_floats);
+    request.position = tokens - 1;
+    q = values(query_heads * channels);
+    iq = values(channels);
+    sinks = values(query_heads);
+    request.queries = q;
+    request.indexer_queries = iq;
+    request.indexer_weights = iw;
+    if (sink) request.sinks = sinks;
+    want.assign(static_cast<std::size_t>(reader.output_floats()), 0.0f);
+    reader.read(own, request, want.data());
+    // The untouched host view reads bit-identically to the cache's.
+    std::vector<float> got(want.size());
+    std::vector<std::vector<page_id>> copies = tables;
+    reader.read(host_view(copies), request, got.data());
+    if (std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) != 0)
+      fail("an untouched host view reads differently from the cache's view");
+  }
+
+  // The host's view over the arenas and window buffer, with page tables `t` (the input's copies).
+  sequence_view host_view(std::vector<std::vector<page_id>>& t) {
+    sequence_view host = own;
+    host.stamp = view_stamp{};
+    for (std::size_t k = 0; k < own.stream_count; ++k) {
+      host.streams[k].base = arenas[k].data();
+      host.streams[k].pages = span<const page_id>(t[k].data(), t[k].size());
+    }
+    host.window.keys = host.window.values = window.data();
+    return host;
+  }
+};
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -95,54 +167,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const storage_type kv_storage = (shape & 1) ? storage_type::bf16 : storage_type::f32;
   const bool sink = shape & 2;
   const i64 tokens = 1 + in.byte() % 30;
+  const std::uint8_t seed = in.byte();
   phasekv_fuzz::setup() = "tokens=" + std::to_string(tokens) + ((shape & 1) ? " bf16" : " f32") + (sink ? " sink" : "");
 
-  cache_t cache = make_cache(kv_storage);
-  const sequence_id id = cache.create();
-  std::mt19937 rng(in.byte());
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  const auto values = [&](i64 n) {
-    std::vector<float> x(static_cast<std::size_t>(n));
-    for (float& f : x) f = u(rng);
-    return x;
-  };
-  const std::vector<float> kv = values(tokens * cache.compressors().stream<0>().payload_floats_per_token()),
-                           ix = values(tokens * cache.compressors().stream<1>().payload_floats_per_token()),
-                           keys = values(tokens * channels);
-  cache.append(id, {token_chunk{tokens, kv, {}}, token_chunk{tokens, ix, {}}}, keys);
-
-  // The host's copy: arenas and a window buffer of exactly the stated size, page tables its own.
-  const sequence_view own = cache.view_of(id);
-  sequence_view host = own;
-  host.stamp = view_stamp{};
-  std::vector<std::vector<std::byte>> arenas(own.stream_count);
-  std::vector<std::vector<page_id>> tables(own.stream_count);
-  for (std::size_t k = 0; k < own.stream_count; ++k) {
-    const stream_view& s = own.streams[k];
-    arenas[k].assign(s.base, s.base + s.capacity * s.layout.page_stride_bytes);
-    tables[k].assign(s.pages.begin(), s.pages.end());
-    host.streams[k].base = arenas[k].data();
-    host.streams[k].pages = span<const page_id>(tables[k].data(), tables[k].size());
-  }
-  const std::size_t window_floats = static_cast<std::size_t>(own.window.rows * own.window.kv_heads * own.window.key_channels);
-  std::vector<float> window(own.window.keys, own.window.keys + window_floats);
-  host.window.keys = host.window.values = window.data();
-
-  const reader_config rc = make_reader(sink);
-  sparse_reader reader(cache, rc);
-  read_request request;
-  request.position = tokens - 1;
-  const std::vector<float> q = values(query_heads * channels), iq = values(channels), sinks = values(query_heads);
-  const std::vector<float> iw{1.0f};
-  request.queries = q;
-  request.indexer_queries = iq;
-  request.indexer_weights = iw;
-  if (sink) request.sinks = sinks;
-  std::vector<float> want(static_cast<std::size_t>(reader.output_floats())), got(want.size());
-  reader.read(own, request, want.data());
-  reader.read(host, request, got.data());
-  if (std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) != 0)
-    fail("an untouched host view reads differently from the cache's view");
+  static phasekv_fuzz::memo<std::tuple<int, int, i64, int>, world> worlds(2048);
+  world& w = worlds.get(std::tuple<int, int, i64, int>{shape & 1, sink, tokens, seed},
+                        [&] { return std::make_unique<world>(kv_storage, sink, tokens, seed); });
+  std::vector<std::vector<page_id>> tables = w.tables;
+  sequence_view host = w.host_view(tables);
+  const sequence_view& own = w.own;
+  read_request request = w.request;
+  sparse_reader& reader = w.reader;
+  const std::vector<float>& want = w.want;
 
   // The corruptions.
   const int edits = 1 + in.byte() % 6;

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <memory>
 #include <string>
 
 namespace phasekv_fuzz {
@@ -22,6 +24,28 @@ inline std::string& setup() {
   std::fflush(stderr);
   std::abort();
 }
+
+// What an input's first bytes alone determine (a source snapshot, a populated world and what it
+// reads), made once and kept: a pure function of its key, so every input still runs the same
+// whatever ran before it, and a finding replays from its file alone. Cleared when it holds
+// `limit` values, which bounds the memory of a long campaign.
+template <class Key, class Value>
+class memo {
+ public:
+  explicit memo(std::size_t limit) : limit_(limit) {}
+  // The value of `key`, made by make() (returning std::unique_ptr<Value>) the first time.
+  template <class Make>
+  Value& get(const Key& key, Make&& make) {
+    auto it = values_.find(key);
+    if (it != values_.end()) return *it->second;
+    if (values_.size() >= limit_) values_.clear();
+    return *values_.emplace(key, make()).first->second;
+  }
+
+ private:
+  std::size_t limit_;
+  std::map<Key, std::unique_ptr<Value>> values_;
+};
 
 struct input_bytes {
   const std::uint8_t* data;
