@@ -57,7 +57,8 @@ class _Retryable(Exception):
 @dataclasses.dataclass
 class Job:
     """One request of a sweep. ``key``: the trial's identity in the outcome file (its trial_id);
-    ``body()``: the request body without ``model`` (built when a worker takes the job);
+    ``body()``: the request body without ``model`` (built when a worker takes the job), or a list
+    of bodies sent one after another (``finish`` then gets the list of responses);
     ``finish(response, info)``: the outcome line (a dict) from the parsed JSON response and
     ``info`` (endpoint, attempts, latency_s); ``fail(reason, info)``: the error line."""
 
@@ -285,6 +286,19 @@ class CompletionClient:
                 time.sleep(min(self.backoff_cap, self.backoff * 2 ** attempt))
         raise RequestFailed(f"gave up after {self.retries + 1} attempts; last: {last}")
 
+    def _request_all(self, body: Any, home: int) -> tuple[Any, dict]:
+        """One body, or a list of bodies (a trial that needs several requests, e.g. one per
+        candidate): their responses (a list for a list) and the summed attempts and latency."""
+        if isinstance(body, Mapping):
+            return self.request(body, home)
+        responses, info = [], {"endpoint": None, "attempts": 0, "latency_s": 0.0}
+        for one in body:
+            response, part = self.request(one, home)
+            responses.append(response)
+            info = {"endpoint": part["endpoint"], "attempts": info["attempts"] + part["attempts"],
+                    "latency_s": round(info["latency_s"] + part["latency_s"], 6)}
+        return responses, info
+
     # ---- a sweep ----
 
     def run(self, jobs: Iterable[Job], out: str | os.PathLike, *, total: int | None = None) -> RunSummary:
@@ -334,7 +348,7 @@ class CompletionClient:
                         record = job.fail(f"{type(e).__name__}: {e}", {"endpoint": None, "attempts": 0})
                     else:
                         try:
-                            response, info = self.request(body, home)
+                            response, info = self._request_all(body, home)
                             try:
                                 record = job.finish(response, info)
                             except Exception as e:  # a response the measurement cannot use
