@@ -159,13 +159,27 @@ class Vocabulary:
     """A RecordTemplate resolved against a tokenizer: the ids every piece is built from."""
 
     filler: np.ndarray  # (F,) one-token filler words
-    key_words: np.ndarray  # (K,) one-token key words (a key is key_tokens of them)
+    key_pattern: tuple  # token lengths of the words a key is made of (they sum to key_tokens)
+    key_atoms: dict  # length -> (count, length) ids of key words of that many tokens
+    key_atom_texts: dict  # length -> texts (" apple")
     values: np.ndarray  # (V, value_tokens) value ids
     value_texts: tuple  # (V,) " 4821"
     connective: tuple
     question_head: tuple
     question_tail: tuple
-    key_texts: tuple  # (K,) " apple"
+
+    @property
+    def keyspace(self) -> int:
+        return math.prod(len(self.key_atoms[n]) for n in self.key_pattern)
+
+    def key(self, code: int) -> tuple[np.ndarray, str]:
+        """Key number `code` (in [0, keyspace)): its ids and text, a mixed-radix digit per word."""
+        ids, texts = [], []
+        for n in self.key_pattern:
+            code, d = divmod(int(code), len(self.key_atoms[n]))
+            ids.append(self.key_atoms[n][d])
+            texts.append(self.key_atom_texts[n][d])
+        return np.concatenate(ids), "".join(texts)
 
 
 def _one_token_words(tokenizer: Tokenizer, words: Iterable[str]) -> tuple[list[int], list[str]]:
@@ -189,12 +203,30 @@ def resolve(tokenizer: Tokenizer, template: RecordTemplate, *, key_tokens: int, 
     if len(filler) < 8:
         raise PlacementError(f"tokenizer {name}: only {len(filler)} of the {len(template.filler_words)} filler words "
                              "are one token (need 8): give filler_words this tokenizer has")
-    keys, key_texts = _one_token_words(tokenizer, [w for w in template.key_words if w not in template.filler_words])
-    keys_set = set(keys)
-    keep = [k for k, i in enumerate(keys) if i not in set(filler)]
-    keys, key_texts = [keys[k] for k in keep], [key_texts[k] for k in keep]
-    if len(keys) < 4:
-        raise PlacementError(f"tokenizer {name}: only {len(keys)} key words are one token (need 4)")
+    # Key words of any token count; a key is the pattern of word lengths summing to key_tokens
+    # that gives the most distinct keys (best[k] = max over n of count[n] · best[k − n]).
+    filler_set = set(int(i) for i in filler)
+    atoms: dict[int, list] = {}
+    atom_texts: dict[int, list] = {}
+    seen: set = set()
+    for w in template.key_words:
+        if w in template.filler_words:
+            continue
+        e = tokenizer.encode(" " + w)
+        if (1 <= len(e) <= key_tokens and tuple(e) not in seen and tokenizer.decode(e).strip() == w
+                and not (len(e) == 1 and e[0] in filler_set)):
+            seen.add(tuple(e))
+            atoms.setdefault(len(e), []).append(e)
+            atom_texts.setdefault(len(e), []).append(" " + w)
+    best: list = [(1, ())] + [(0, ())] * key_tokens
+    for k in range(1, key_tokens + 1):
+        for n, group in atoms.items():
+            if n <= k and best[k - n][0] * len(group) > best[k][0]:
+                best[k] = (best[k - n][0] * len(group), best[k - n][1] + (n,))
+    if best[key_tokens][0] < 4:
+        raise PlacementError(f"tokenizer {name}: the key words make only {best[key_tokens][0]} distinct keys of "
+                             f"key_tokens = {key_tokens} tokens (need 4): give key_words this tokenizer has")
+    keys_set = {i for group in atoms.values() for e in group for i in e}
     connective = tokenizer.encode(template.connective) if template.connective else []
     if len(connective) != gap:
         raise PlacementError(f"connective = {template.connective!r} is {len(connective)} tokens with {name}; the "
@@ -223,8 +255,10 @@ def resolve(tokenizer: Tokenizer, template: RecordTemplate, *, key_tokens: int, 
                              "(need 2): change value_tokens or the values")
     head = tokenizer.encode(template.question_head) if template.question_head else []
     tail = tokenizer.encode(template.question_tail) if template.question_tail else []
-    return Vocabulary(np.asarray(filler, np.int64), np.asarray(keys, np.int64), np.asarray(values, np.int64),
-                      tuple(value_texts), tuple(connective), tuple(head), tuple(tail), tuple(key_texts))
+    return Vocabulary(np.asarray(filler, np.int64), best[key_tokens][1],
+                      {n: np.asarray(g, np.int64) for n, g in atoms.items()},
+                      {n: tuple(t) for n, t in atom_texts.items()}, np.asarray(values, np.int64),
+                      tuple(value_texts), tuple(connective), tuple(head), tuple(tail))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,7 +373,7 @@ class NeedleBuilder:
         seed = int(trial.get("seed", 0)) & 0xFFFFFFFFFFFFFFFF
         ident = (trial.get("sweep_id", ""), int(trial.get("haystack", 0)), seed, tuple(needles), salt, self._shape)
         cache = self._canvas if self._canvas_key == ident else None
-        keyspace = len(v.key_words) ** kt
+        keyspace = v.keyspace
         per_block = int(round(self.template.density * B))
         decoys_per_block = int(round(per_block * self.template.decoys))
         if cache is None:
@@ -355,14 +389,9 @@ class NeedleBuilder:
 
         def key_ids(slot: int) -> np.ndarray:
             if slot >= keyspace:
-                raise PlacementError(f"haystack {ident[1]}: more records than distinct keys ({keyspace} from "
-                                     f"{len(v.key_words)} key words ^ key_tokens {kt}): lower the density")
-            code = (cache["a"] * slot + cache["b"]) % keyspace
-            digits = []
-            for _ in range(kt):
-                code, d = divmod(code, len(v.key_words))
-                digits.append(d)
-            return v.key_words[np.asarray(digits[::-1], np.int64)]
+                raise PlacementError(f"haystack {ident[1]}: more records than distinct keys ({keyspace} keys of "
+                                     f"key_tokens = {kt} from the key words): lower the density or raise key_tokens")
+            return v.key((cache["a"] * slot + cache["b"]) % keyspace)[0]
 
         def record(ids: np.ndarray, at: int, slot: int, value: int) -> None:
             ids[at: at + kt] = key_ids(slot)
@@ -404,12 +433,11 @@ class NeedleBuilder:
         for s, e in cache["spans"]:
             if s < length < e:
                 ids[s:length] = cache["plain"][s:length]
-        keys = []
         for k, s in enumerate(needles):
             if s + n <= length:
                 record(ids, s, k, int(cache["needle_values"][k]))
-            keys.append(key_ids(k))
-        return ids, keys, cache["needle_values"]
+        codes = [(cache["a"] * k + cache["b"]) % keyspace for k in range(len(needles))]
+        return ids, codes, cache["needle_values"]
 
     def build(self, trial: Mapping[str, Any], *, salt: int = 0) -> NeedlePrompt:
         """The prompt of one trial (check_plan must have accepted its plan). `salt` != 0 draws other
@@ -426,13 +454,12 @@ class NeedleBuilder:
         q_start = q + 1 - question
         canvas, keys, value_index = self._haystack_canvas(trial, needles, q_start, salt)
         k = needles.index(start)
-        key = keys[k]
+        key, key_text = v.key(keys[k])
         ids = np.empty(q + 1, np.int64)
         ids[:q_start] = canvas
         tail = np.asarray(v.question_head + tuple(key.tolist()) + v.question_tail + self.prefix.tail, np.int64)
         ids[q_start:] = tail
         value = v.values[value_index[k]]
-        key_text = "".join(v.key_texts[int(np.nonzero(v.key_words == kid)[0][0])] for kid in key)
         return NeedlePrompt(
             trial_id=int(trial["trial_id"]), haystack=int(trial.get("haystack", 0)), ids=ids,
             needle=(start, start + kt + gap + vt), key_span=(start, start + kt),
@@ -473,12 +500,14 @@ def verify_text(tokenizer: Tokenizer, prompt: NeedlePrompt) -> tuple[str | None,
     if again == ids:
         return None, text
     first = next((i for i, (a, b) in enumerate(zip(ids, again)) if a != b), min(len(ids), len(again)))
-    spans = {"needle": prompt.needle, "question": prompt.question}
-    hit = [name for name, (s, e) in spans.items() if first < e]
     where = f"position {first}"
-    if hit:
-        s, e = spans[hit[0]]
-        where += f" (the {hit[0]} is planned at [{s}, {e}))"
+    for name, (s, e) in (("needle", prompt.needle), ("question", prompt.question)):
+        if first < s:
+            where += f" (before the {name} planned at [{s}, {e}): it moves)"
+            break
+        if first < e:
+            where += f" (inside the {name} planned at [{s}, {e}))"
+            break
     return (f"re-encoding the text gives {len(again)} tokens for {len(ids)} planned, first difference at {where}: "
             f"planned {ids[first:first + 3]}, re-encoded {again[first:first + 3]}"), text
 
