@@ -147,10 +147,12 @@ class RetrievalModel:
 class PaddingModel:
     """After `cue` (token ids), the candidates' first tokens get probabilities that depend on the
     answer position a = len(prompt) mod S: P(correct) = `dip` at the residues in `dip_residues`,
-    else `base` (the rest goes to the other candidates). Elsewhere, the background."""
+    else `base`, plus a per-prompt offset in [-noise, noise] (a hash of the prompt); the rest goes
+    to the other candidates. Elsewhere, the background."""
 
     def __init__(self, cue: Sequence[int], correct: int, wrong: Sequence[int], stride: int, *,
-                 dip_residues: Sequence[int] = (), base: float = 0.8, dip: float = 0.4):
+                 dip_residues: Sequence[int] = (), base: float = 0.8, dip: float = 0.4, noise: float = 0.05):
+        self.noise = noise
         self.cue = np.asarray(cue, np.int64)
         self.correct, self.wrong = int(correct), [int(w) for w in wrong]
         self.stride = stride
@@ -163,6 +165,7 @@ class PaddingModel:
         if len(ids) < len(self.cue) or not np.array_equal(ids[len(ids) - len(self.cue):], self.cue):
             return {}
         p = self.dip if (len(ids) % self.stride) in self.dip_residues else self.base
+        p += self.noise * (2.0 * _hash_unit(ids, 11) - 1.0)  # per-prompt variation: the reps differ
         out = {self.correct: math.log(p)}
         for w in self.wrong:
             out[w] = math.log((1.0 - p) * 0.9 / len(self.wrong))
@@ -187,6 +190,16 @@ class Faults:
             if every and n % every == 0:
                 return name
         return None
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """A client that timed out and closed its end is not an error of the server."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
 
 
 class CompletionServer:
@@ -267,7 +280,7 @@ class CompletionServer:
                     return
                 self._send(200, body)
 
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
