@@ -15,7 +15,7 @@ KINDS = [("bpe", True), ("bpe", False), ("unigram", True), ("unigram", False)]
 def corpus(seed=0, sentences=6000):
     rng = random.Random(seed)
     words = (list(placement.FILLER_WORDS) + list(placement.KEY_WORDS) + list(placement.VALUE_WORDS)
-             + ["Question:", "value", "def", "return", "print", "stride", "tokens", "#"])
+             + ["Question:", "value", "def", "return", "print", "stride", "tokens", "#", "-", "=", "#", "-", "="])
     lines = []
     for _ in range(sentences):
         line = " ".join(rng.choice(words) for _ in range(rng.randrange(6, 16)))

@@ -19,7 +19,7 @@ pytest.importorskip("sentencepiece")
 import phasekv as pk  # noqa: E402
 from phasekv import served, sweep  # noqa: E402
 from phasekv.served import responses  # noqa: E402
-from phasekv.served.testserver import CompletionServer, Faults, RetrievalModel, flat_p, straddle_p  # noqa: E402
+from phasekv.served.testserver import CompletionServer, Faults, RetrievalModel, _hash_unit, flat_p, straddle_p  # noqa: E402
 
 import served_models  # noqa: E402
 
@@ -128,16 +128,24 @@ def test_a_needle_sweep_recovers_the_known_dip_through_faults(tok, tmp_path):
         assert {"prompt_sha256", "answer_text", "expected", "candidates", "latency_s", "prompt_tokens",
                 "completion_tokens"} <= set(line)
         assert line["prompt_tokens"] == line["question"][1]  # the server saw q + 1 tokens
-    # The truth: a 4-token record straddles a chunk boundary of S = 4 unless it starts at a
-    # multiple of 4, so residues 1, 2, 3 (mod 4) are at 20% and residue 0 at 90%.
-    analysis = sweep.analyze(plan, [tmp_path / "faulty.jsonl"])
-    r = analysis.result
+    # The truth, trial by trial: the model answers right iff hash(prompt) / 2^64 < p(record start),
+    # p = 0.9 when the 4-token record fits one chunk of S = 4 (it starts at a multiple of 4), else
+    # 0.2. The model finds the record where the prompt holds it, so a misplaced needle would show.
+    builder = served.NeedleBuilder(tok, served.RecordTemplate(density=0.03), stride=STRIDE)
+    p = straddle_p(STRIDE, length=4)
+    expected = {}
+    for prompt in builder.prompts(plan.trials):
+        t = prompt.needle[0]
+        expected[prompt.trial_id] = _hash_unit(prompt.ids, 0) < p(t, len(prompt.ids) - 1)
+    assert a == expected
+    # ... and by residue: the dip where records straddle (residues 1, 2, 3 mod 4), the peak at 0.
+    r = sweep.analyze(plan, [tmp_path / "faulty.jsonl"]).result
     by_residue = {x.residue: x for x in r.residues}
-    for residue, x in by_residue.items():
-        truth = 0.9 if residue % STRIDE == 0 else 0.2
-        assert x.ci_low - 0.05 <= truth <= x.ci_high + 0.05, (residue, x.estimate, truth)
-    assert r.homogeneity.p_value < 1e-4
-    assert min(by_residue[0].estimate, by_residue[4].estimate) > max(x.estimate for k, x in by_residue.items() if k % 4)
+    contained = [x for k, x in by_residue.items() if k % STRIDE == 0]
+    straddling = [x for k, x in by_residue.items() if k % STRIDE]
+    rate = lambda xs: sum(x.successes for x in xs) / sum(x.valid for x in xs)  # noqa: E731
+    assert abs(rate(contained) - 0.9) < 0.15 and abs(rate(straddling) - 0.2) < 0.12
+    assert r.homogeneity.p_value < 1e-4 and r.worst_residue % STRIDE != 0
 
 
 def test_a_flat_model_measures_flat(tok, tmp_path):

@@ -1,9 +1,10 @@
 """The padding experiment: one prompt, moved against the compression grid a token at a time.
 
 A prompt has one padding slot (``{padding}``); the candidates are its possible continuations
-(the study: " 8" vs " 32" after a code prompt). Trial (p, r) puts p padding units in the slot, unit
-``units[r mod len(units)]`` (the repetitions; units that are not one token where they stand
-are dropped, none left is an error), for p in [0, periods·S): the answer's position
+(the study: " 8" vs " 32" after a code prompt). Trial (p, r) puts p padding units in the slot for
+p in [0, periods·S): rep 0 the first unit p times, rep r > 0 units drawn from the list with seed r
+(repetitions must differ: identical prompts would be one observation counted r times; units that
+are not one token where they stand are dropped, none left is an error): the answer's position
 a = len(prompt) moves by one per unit, through every residue a mod S, `periods` times. Every unit
 is checked to be exactly one token where it stands (``check_units``: k units re-encode to k tokens
 between the prompt's head and body, for k = 1, 2, 3 and the longest padding), and the answer is
@@ -123,6 +124,7 @@ class PaddingExperiment:
         self.head = tokenizer.encode(spec.head) if spec.head else []
         self.body = tokenizer.encode(spec.body)
         self.unit_ids = self.check_units()
+        self._check_reps()
         self.candidate_ids = self._check_candidates()
         ident = {"spec": dataclasses.asdict(spec), "tokenizer": getattr(tokenizer, "name", "?"), "stride": stride,
                  "periods": periods, "reps": reps, "origin": self.origin, "prefix": self.prefix, "scoring": scoring}
@@ -176,13 +178,35 @@ class PaddingExperiment:
             out.append(ids)
         return out
 
+    def _padding(self, rep: int, length: int) -> tuple[list[int], str]:
+        """Rep 0: the first unit `length` times; rep r > 0: units drawn with seed r, one per slot
+        (a prefix of the same draw for every length, so lengths differ by one unit)."""
+        if rep == 0:
+            return [self.unit_ids[0]] * length, self.units[0] * length
+        picks = np.random.default_rng([rep, 0xBAD]).integers(0, len(self.unit_ids), size=length)
+        return [self.unit_ids[k] for k in picks], "".join(self.units[k] for k in picks)
+
+    def _check_reps(self) -> None:
+        """Repetitions must differ (identical prompts are one observation counted many times), and
+        the mixed paddings must stay one token per unit."""
+        if self.reps > 1 and len(self.unit_ids) < 2:
+            raise PlacementError(f"reps = {self.reps} needs at least two padding units that are one token each "
+                                 f"(usable: {list(self.units)!r}): identical prompts are not repetitions")
+        longest = self.periods * self.stride - 1
+        for r in range(1, self.reps):
+            ids, text = self._padding(r, longest)
+            got = self._text_ids(self.spec.head, text, self.spec.body)
+            if got != self.head + ids + self.body:
+                raise PlacementError(f"rep {r}: its mixed padding of {longest} units re-encodes to "
+                                     f"{len(got) - len(self.head) - len(self.body)} tokens (units merge with each other)")
+
     def trials(self) -> Iterator[PaddingTrial]:
         """(padding, rep) in padding-major order: trial_id = padding · reps + rep."""
         for p in range(self.periods * self.stride):
             for r in range(self.reps):
-                unit = self.unit_ids[r % len(self.unit_ids)]
-                ids = tuple(self.prefix + self.head + [unit] * p + self.body)
-                yield PaddingTrial(p * self.reps + r, p, r, self.units[r % len(self.units)], ids, len(ids),
+                padding, _ = self._padding(r, p)
+                ids = tuple(self.prefix + self.head + padding + self.body)
+                yield PaddingTrial(p * self.reps + r, p, r, self.units[0] if r == 0 else "mixed", ids, len(ids),
                                    (len(ids) - self.origin) % self.stride)
 
     @property
@@ -316,6 +340,7 @@ class PaddingAnalysis:
     trials: int
     errored: int
     missing: int
+    repeated: int  # trials whose prompt equals an earlier trial's (counted once)
     label: str = ""
 
     @property
@@ -323,8 +348,8 @@ class PaddingAnalysis:
         return min(self.residues, key=lambda r: r["mean"] if r["n"] else math.inf)["residue"]
 
     def table(self) -> str:
-        lines = [f"padding experiment: stride {self.stride}, {self.trials} trials "
-                 f"({self.errored} errored, {self.missing} missing)",
+        lines = [f"padding experiment: stride {self.stride}, {self.trials} trials ({self.errored} errored, "
+                 f"{self.missing} missing, {self.repeated} repeating an earlier prompt and counted once)",
                  " residue      n   P(answer)%         95% CI     log-odds"]
         for r in self.residues:
             lines.append(f"{r['residue']:8d} {r['n']:6d} {100 * r['mean']:11.2f}  [{100 * r['low']:6.2f}, "
@@ -391,8 +416,9 @@ def analyze_padding(experiment: PaddingExperiment, lines: Mapping[int, Mapping[s
     values: dict[int, list[float]] = {r: [] for r in range(S)}
     logodds: dict[int, list[float]] = {r: [] for r in range(S)}
     by_length: dict[int, list[float]] = {}
-    errored = missing = 0
+    errored = missing = repeated = 0
     answer = experiment.spec.answer
+    seen: set = set()
     for trial in experiment.trials():
         line = lines.get(trial.trial_id)
         if line is None:
@@ -401,6 +427,11 @@ def analyze_padding(experiment: PaddingExperiment, lines: Mapping[int, Mapping[s
         if "outcome" not in line:
             errored += 1
             continue
+        # A prompt met again (short paddings drawn alike) is the same observation: counted once.
+        if line.get("prompt_sha256") in seen:
+            repeated += 1
+            continue
+        seen.add(line.get("prompt_sha256"))
         p = float(line["outcome"])
         values[trial.residue].append(p)
         lps = line["logprobs"]
@@ -435,4 +466,4 @@ def analyze_padding(experiment: PaddingExperiment, lines: Mapping[int, Mapping[s
                 hits += 1
         fold_p = (1 + hits) / (1 + permutations)
     return PaddingAnalysis(S, residues, f_stat, f_p, period, power, fold, fold_p, permutations, experiment.total,
-                           errored, missing, label)
+                           errored, missing, repeated, label)
