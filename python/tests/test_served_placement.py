@@ -214,3 +214,29 @@ def test_the_study_128k_preset_streams_with_bounded_memory():
     key_word = np.isin(prompt.ids, v.key_atoms[1][:, 0])
     records = int((key_word[:-1] & key_word[1:]).sum())
     assert 15_000 < records < 17_000
+
+
+@pytest.mark.parametrize("cls,package,arg", [(served.HFTokenizersTokenizer, "tokenizers", "tokenizer.json"),
+                                             (served.TransformersTokenizer, "transformers", "model-dir"),
+                                             (served.TiktokenTokenizer, "tiktoken", "cl100k_base")])
+def test_an_adapter_without_its_package_names_the_package(cls, package, arg):
+    try:
+        __import__(package)
+    except ImportError:
+        with pytest.raises(served.MissingPackageError, match=f"'{package}' package"):
+            cls(arg)
+    else:
+        pytest.skip(f"{package} is installed")
+
+
+def test_load_tokenizer_picks_the_adapter_or_says_why(tmp_path):
+    path = tmp_path / "m.model"
+    path.write_bytes(served_models.model_proto("bpe", True))
+    tok = served.load_tokenizer(str(path))
+    assert isinstance(tok, served.SentencePieceTokenizer) and tok.encode(" the") == served_models.tokenizer().encode(" the")
+    assert isinstance(served.load_tokenizer(f"sentencepiece:{path}"), served.SentencePieceTokenizer)
+    with pytest.raises(served.ServedInputError, match="no such"):
+        served.load_tokenizer(str(tmp_path / "missing.model"))
+    (tmp_path / "vocab.bin").write_bytes(b"x")
+    with pytest.raises(served.ServedInputError, match="cannot tell its kind"):
+        served.load_tokenizer(str(tmp_path / "vocab.bin"))
