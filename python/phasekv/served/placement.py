@@ -344,6 +344,13 @@ class NeedleBuilder:
                                      f"min_distance >= needle_tokens + {question}")
         return self._vocab
 
+    def prepare(self, *, key_tokens: int, gap: int = 0, value_tokens: int) -> Vocabulary:
+        """Resolves the template for a record shape without a plan (what a server-side model that
+        reads these prompts needs; check_plan does the same from a plan)."""
+        self._vocab = resolve(self.tokenizer, self.template, key_tokens=key_tokens, gap=gap, value_tokens=value_tokens)
+        self._shape = (key_tokens, gap, value_tokens)
+        return self._vocab
+
     def question_length(self) -> int:
         """Tokens of question + key + tail + the prefix's tail (the question ends at the query)."""
         if self._vocab is None or self._shape is None:

@@ -408,3 +408,62 @@ class CompletionServer:
             return None
         best = sorted(dist.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
         return {self._token_text(t): lp for t, lp in best}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """python -m phasekv.served.testserver: serve a model of known truth on 127.0.0.1 until
+    interrupted (or idle), to try `phasekv measure` without a GPU."""
+    import argparse
+
+    from . import padding as _padding
+    from .placement import RecordTemplate, model_prefix
+    from .tokenizers import load_tokenizer
+
+    parser = argparse.ArgumentParser(prog="python -m phasekv.served.testserver", description=main.__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--tokenizer", required=True, help="the tokenizer `measure` is given")
+    parser.add_argument("--experiment", choices=("needle", "padding"), required=True)
+    parser.add_argument("--stride", type=int, required=True)
+    parser.add_argument("--model", choices=("straddle", "flat", "probe"), default="straddle",
+                        help="needle: p by chunk straddle, flat p, or phasekv's needle probe (concentrated gates)")
+    parser.add_argument("--key-tokens", type=int, default=1)
+    parser.add_argument("--value-tokens", type=int, default=1)
+    parser.add_argument("--density", type=float, default=16000 / 131072)
+    parser.add_argument("--dip", type=int, nargs="*", default=[], help="padding: residues with the dip")
+    parser.add_argument("--prompt", default=str(_padding.EXAMPLES / "code_8_vs_32.json"))
+    parser.add_argument("--idle-seconds", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    tokenizer = load_tokenizer(args.tokenizer)
+    if args.experiment == "needle":
+        builder = NeedleBuilder(tokenizer, RecordTemplate(density=args.density), model_prefix(tokenizer))
+        builder.prepare(key_tokens=args.key_tokens, value_tokens=args.value_tokens)
+        length = args.key_tokens + args.value_tokens
+        if args.model == "probe":
+            from .. import probe as _probe
+
+            p = probe_p(_probe.NeedleConfig(tokens=1 << 17, records=2000, channels=64, stride=args.stride,
+                                            window=args.stride, policy=_probe.NeedlePolicy.concentrated_gates,
+                                            gate_offset=args.stride // 2, seed=1))
+        else:
+            p = straddle_p(args.stride, length=length) if args.model == "straddle" else flat_p(0.8)
+        model: Any = RetrievalModel(builder, p)
+    else:
+        spec = _padding.load_spec(args.prompt)
+        body = tokenizer.encode(spec.body)
+        right = tokenizer.encode(spec.answer)[0]
+        wrong = [tokenizer.encode(c)[0] for c in spec.candidates if c != spec.answer]
+        model = PaddingModel(body[-2:], right, wrong, args.stride, dip_residues=args.dip)
+    server = CompletionServer(model, tokenizer, idle_seconds=args.idle_seconds)
+    server.start()
+    print(f"serving {args.experiment} model '{args.model}' at {server.url}", flush=True)
+    try:
+        while not server._stopped.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
