@@ -179,3 +179,38 @@ def test_measure_refuses_bad_arguments(tok, model_file, tmp_path, capsys):
                           "--retries", "1", "--backoff", "0.01", "--trials", "10"]) == 2
     assert "connection" in capsys.readouterr().err
     assert not (tmp_path / "c" / "outcomes.jsonl").exists()
+
+
+def test_needle_endpoints_without_logprobs_or_with_a_second_bos_are_refused(tok, model_file, tmp_path, capsys):
+    builder = served.NeedleBuilder(tok, served.RecordTemplate(density=0.02))
+    builder.prepare(key_tokens=2, value_tokens=2)
+    args = ["measure", "--model", "m", "--tokenizer", str(model_file), "--stride", "4", "--experiment", "needle",
+            "--trials", "10", "--query-position", "900", "--span", "700", "--min-distance", "64",
+            "--key-tokens", "2", "--value-tokens", "2", "--density", "0.02", "--quiet"]
+    with CompletionServer(RetrievalModel(builder, lambda t, q: 0.5), tok, logprobs=False) as server:
+        assert main(args + ["--endpoint", server.url, "--out", str(tmp_path / "a")]) == 2
+        assert "no logprobs" in capsys.readouterr().err and server.requests == 1
+        # Measuring without logprobs is allowed when asked for.
+        assert main(args + ["--endpoint", server.url, "--out", str(tmp_path / "b"), "--logprobs", "0"]) in (0, 1)
+        assert len(open(tmp_path / "b" / "outcomes.jsonl").readlines()) == 80
+
+    class DoubleBos(CompletionServer):
+        def complete(self, request):
+            body = super().complete(request)
+            body["usage"]["prompt_tokens"] += 1  # as a server that puts its own BOS before the ids
+            return body
+
+    with DoubleBos(RetrievalModel(builder, lambda t, q: 0.5), tok) as server:
+        assert main(args + ["--endpoint", server.url, "--out", str(tmp_path / "c")]) == 2
+        assert "adds or drops tokens" in capsys.readouterr().err
+
+
+def test_llama_cpp_native_endpoint_runs_the_padding_experiment_with_top_scoring(tok, model_file, tmp_path, capsys):
+    with CompletionServer(padding_model(tok, dip_residues=[5]), tok) as server:
+        native = server.url + "/completion"
+        assert measure_padding(model_file, native, tmp_path / "top", "--scoring", "top") == 0
+        data = json.loads((tmp_path / "top" / "padding.json").read_text())
+        assert np.allclose([r["mean"] for r in data["residues"]], true_profile(tok, dip_residues=[5]))
+        # Echo scoring cannot work there: refused before the sweep, naming the way out.
+        assert measure_padding(model_file, native, tmp_path / "score") == 2
+        assert "use scoring 'top'" in capsys.readouterr().err

@@ -5,8 +5,9 @@ every outcome on disk as it arrives.
     summary = client.run(jobs, "outcomes.jsonl")
 
 - **Requests** are POSTs of JSON to each endpoint's completions path (``/v1/completions`` unless
-  the URL names a path, e.g. llama.cpp's ``/completion``), with ``model`` added and the API key
-  from the environment variable ``api_key_env`` as a bearer token (none if unset).
+  the URL names a path), with ``model`` added and the API key from the environment variable
+  ``api_key_env`` as a bearer token (none if unset). A URL ending in llama.cpp's native
+  ``/completion`` gets its dialect (n_predict, n_probs; no echo).
 - **Concurrency**: ``concurrency`` worker threads per endpoint (replicas), all pulling from one
   job iterator in its order, so at most that many prompts are in memory and trials that share a
   haystack prefix (the builder yields them together) are sent together.
@@ -151,6 +152,19 @@ class _Appender:
         os.close(self._fd)
 
 
+def _llama_native(body: dict, url: str) -> dict:
+    """An OpenAI completions body in llama.cpp's native /completion dialect: n_predict for
+    max_tokens, n_probs for logprobs; it has no echo and no prompt logprobs (RequestFailed)."""
+    if body.get("echo") or body.get("prompt_logprobs") is not None:
+        raise RequestFailed(f"{url}: llama.cpp's /completion returns no prompt logprobs (echo, prompt_logprobs); "
+                            "use scoring 'top'")
+    out = {k: v for k, v in body.items() if k not in ("max_tokens", "logprobs", "echo", "model")}
+    out["n_predict"] = body.get("max_tokens", 16)
+    if body.get("logprobs"):
+        out["n_probs"] = int(body["logprobs"])
+    return out
+
+
 class CompletionClient:
     def __init__(self, endpoints: Sequence[str], model: str, *, concurrency: int = 4, timeout: float = 120.0,
                  retries: int = 6, backoff: float = 0.5, backoff_cap: float = 30.0, retry_after_cap: float = 300.0,
@@ -203,6 +217,8 @@ class CompletionClient:
         """One POST to endpoint `index`: the parsed JSON, or _Retryable / RequestFailed."""
         payload = dict(body)
         payload.setdefault("model", self.model)
+        if self.endpoints[index][3].endswith("/completion"):
+            payload = _llama_native(payload, self.urls[index])
         data = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
@@ -376,9 +392,9 @@ class CompletionClient:
                 for t in threads:
                     t.join(0.2)
         except KeyboardInterrupt:
+            # Finished lines are on disk; requests in flight are abandoned (their trials run again
+            # on resume). Workers are daemons: they take no new job and die with the process.
             stop.set()
-            for t in threads:
-                t.join(self.timeout)
             raise
         finally:
             appender.close()

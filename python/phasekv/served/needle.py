@@ -112,7 +112,7 @@ def _extras(prompt: NeedlePrompt, info: Mapping[str, Any]) -> dict:
 
 def preflight_needle(client, builder: NeedleBuilder, trial: Mapping[str, Any], *, send: str, logprobs: int) -> None:
     """One short request per endpoint before the sweep: reachable, takes this kind of prompt,
-    counts its tokens as sent. EndpointError otherwise."""
+    counts its tokens as sent, returns logprobs when asked for. EndpointError otherwise."""
     prefix = list(builder.prefix.ids) or [int(builder._vocab.filler[0])]
     ids = prefix + [int(builder._vocab.filler[0])] * 4
     if send == "ids":
@@ -129,9 +129,12 @@ def preflight_needle(client, builder: NeedleBuilder, trial: Mapping[str, Any], *
             completion = parse_completion(response, prompt_ids=ids)
         except ValueError as e:
             return f"an unreadable completion response ({e})"
-        if send == "ids" and completion.prompt_tokens is not None and completion.prompt_tokens != len(ids):
-            return (f"counted {completion.prompt_tokens} prompt tokens for {len(ids)} ids sent: it adds or drops "
+        if completion.prompt_tokens is not None and completion.prompt_tokens != len(ids):
+            sent = "ids sent" if send == "ids" else "tokens planned (the text sent, with its BOS)"
+            return (f"counted {completion.prompt_tokens} prompt tokens for {len(ids)} {sent}: it adds or drops "
                     "tokens, so planned positions would move")
+        if logprobs and not completion.has_logprobs:
+            return "no logprobs in its response (start the server with logprobs enabled, or pass --logprobs 0)"
         return None
 
     client.check(body, needs)

@@ -135,10 +135,10 @@ def parse_completion(body: Mapping[str, Any], *, echo: bool = False,
     completion_tokens = usage.get("completion_tokens")
     if "completion_probabilities" in body or ("content" in body and "choices" not in body):
         # llama.cpp /completion
+        # Its tokens_evaluated / timings.prompt_n can leave out a reused cached prefix, so they
+        # are not the prompt's length: no prompt_tokens (the count check then does not apply).
         gen = _content_list(body.get("completion_probabilities") or [], "completion_probabilities")
-        timings = body.get("timings") or {}
-        return Completion(str(body.get("content", "")), tuple(gen), None,
-                          body.get("tokens_evaluated", timings.get("prompt_n")), body.get("tokens_predicted"),
+        return Completion(str(body.get("content", "")), tuple(gen), None, None, body.get("tokens_predicted"),
                           bool(body.get("completion_probabilities")), "llama.cpp /completion")
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):

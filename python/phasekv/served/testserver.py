@@ -8,7 +8,8 @@ with fault injection: what phasekv.served's tests (and a researcher trying the c
 either), ``max_tokens`` (default 16), ``logprobs`` (top alternatives per token, as OpenAI legacy
 completions), ``echo`` (prompt tokens and their logprobs first), vLLM's ``prompt_logprobs`` and
 ``temperature`` (ignored: decoding is greedy). The answer is OpenAI's legacy format with
-``usage``. ``GET /v1/models`` lists the model. Options make it behave like servers that lack
+``usage``. ``POST /completion`` is llama.cpp's native dialect (``n_predict``, ``n_probs``,
+``completion_probabilities``). ``GET /v1/models`` lists the model. Options make it behave like servers that lack
 something: ``accepts_ids=False`` (text prompts only), ``logprobs=False`` (logprobs always null).
 
 Models (``ServedModel``): ``logprobs(ids) -> {token_id: logprob}``, the next-token distribution
@@ -270,12 +271,13 @@ class CompletionServer:
                     return
                 if action == "delay":
                     time.sleep(outer.faults.delay)
-                if self.path.rstrip("/") != "/v1/completions":
+                route = self.path.rstrip("/")
+                if route not in ("/v1/completions", "/completion"):
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
                 try:
                     request = json.loads(raw)
-                    body = outer.complete(request)
+                    body = outer.complete(request) if route == "/v1/completions" else outer.complete_native(request)
                 except (ValueError, TypeError, KeyError) as e:
                     self._send(400, {"error": {"message": f"{type(e).__name__}: {e}", "type": "invalid_request_error"}})
                     return
@@ -355,14 +357,14 @@ class CompletionServer:
         eos = self.tokenizer.eos_id
         for _ in range(max_tokens):
             dist = self._distribution(sequence)
-            if not dist:
-                break  # nothing to say: stop (as at EOS)
+            if not dist:  # nothing to say: end the sequence (EOS, else token 0), as a model would
+                dist = {eos if eos is not None else 0: 0.0}
             token = max(dist, key=lambda k: (dist[k], -k))
             generated.append((token, dist[token], dist))
             sequence.append(token)
-            if token == eos:
+            if token == eos or (eos is None and token == 0 and dist[token] == 0.0):
                 break
-        text = "".join(self._token_text(t) for t, _, _ in generated)
+        text = "".join(self._token_text(t) for t, _, _ in generated if t != eos)  # special tokens skipped
         logprobs = None
         if top is not None:
             tokens, values, tops = [], [], []
@@ -402,6 +404,24 @@ class CompletionServer:
                 "choices": [choice],
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": len(generated),
                           "total_tokens": len(ids) + len(generated)}}
+
+    def complete_native(self, request: Mapping[str, Any]) -> dict:
+        """llama.cpp's /completion: n_predict, n_probs; completion_probabilities per generated
+        token as {id, token, logprob, top_logprobs: [{id, token, logprob}]}."""
+        if request.get("echo") or "max_tokens" in request or "logprobs" in request:
+            raise ValueError("/completion takes n_predict and n_probs (not max_tokens, logprobs or echo)")
+        n_probs = int(request.get("n_probs", 0))
+        body = self.complete({"prompt": request.get("prompt"), "max_tokens": int(request.get("n_predict", 16)),
+                              "logprobs": max(n_probs, 1)})
+        choice = body["choices"][0]
+        probs = []
+        lp = choice["logprobs"] or {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+        for token, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+            probs.append({"token": token, "logprob": value,
+                          "top_logprobs": [{"token": t, "logprob": v} for t, v in (top or {}).items()][:n_probs]})
+        return {"content": choice["text"], "tokens_predicted": body["usage"]["completion_tokens"],
+                "tokens_evaluated": body["usage"]["prompt_tokens"],
+                "completion_probabilities": probs if n_probs and self.logprobs_supported else []}
 
     def _top(self, dist: Mapping[int, float], k: int) -> dict | None:
         if not k:
