@@ -3,6 +3,7 @@
 are caught, and prefixes (BOS, system prompt, chat template) shift nothing unplanned."""
 
 import dataclasses
+import sys
 
 import numpy as np
 import pytest
@@ -240,3 +241,23 @@ def test_load_tokenizer_picks_the_adapter_or_says_why(tmp_path):
     (tmp_path / "vocab.bin").write_bytes(b"x")
     with pytest.raises(served.ServedInputError, match="cannot tell its kind"):
         served.load_tokenizer(str(tmp_path / "vocab.bin"))
+
+
+def test_prompts_built_from_several_threads_equal_the_serial_ones():
+    import concurrent.futures
+
+    tok = served_models.tokenizer("bpe", False)
+    plan = plan_for(4, 2, 2, trials=12, seed=9, query=40000)  # ten 4,096-token blocks per haystack
+    serial = {p.trial_id: p.sha256 for p in served.NeedleBuilder(tok, served.RecordTemplate(density=0.05)).prompts(plan.trials)}
+    shared = served.NeedleBuilder(tok, served.RecordTemplate(density=0.05))
+    shared.check_plan(plan.trials)
+    trials = list(plan.trials)
+    np.random.default_rng(1).shuffle(trials)  # haystacks interleaved: the cache is swapped constantly
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch constantly: a race in the haystack cache would show
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            built = dict(pool.map(lambda t: (t["trial_id"], shared.build(t).sha256), trials))
+    finally:
+        sys.setswitchinterval(switch)
+    assert built == serial

@@ -57,7 +57,7 @@ def needle_jobs(trials: Sequence[Mapping[str, Any]], builder: NeedleBuilder, *, 
     if send not in SEND_MODES:
         raise EndpointError(f"send = {send!r}: must be one of {SEND_MODES}")
     builder.check_plan(trials)
-    value_tokens = builder._shape[2]
+    value_tokens = builder.shape[2]
     ordered = sorted(trials, key=lambda t: (t.get("haystack", 0), t["trial_id"]))
     for trial in ordered:
         yield _job(trial, builder, send, logprobs, value_tokens + extra_tokens, text_attempts)
@@ -113,8 +113,8 @@ def _extras(prompt: NeedlePrompt, info: Mapping[str, Any]) -> dict:
 def preflight_needle(client, builder: NeedleBuilder, trial: Mapping[str, Any], *, send: str, logprobs: int) -> None:
     """One short request per endpoint before the sweep: reachable, takes this kind of prompt,
     counts its tokens as sent, returns logprobs when asked for. EndpointError otherwise."""
-    prefix = list(builder.prefix.ids) or [int(builder._vocab.filler[0])]
-    ids = prefix + [int(builder._vocab.filler[0])] * 4
+    prefix = list(builder.prefix.ids) or [int(builder.vocabulary.filler[0])]
+    ids = prefix + [int(builder.vocabulary.filler[0])] * 4
     if send == "ids":
         body: dict = {"prompt": ids, "max_tokens": 1, "temperature": 0}
     else:

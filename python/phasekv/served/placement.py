@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -308,6 +309,22 @@ class NeedleBuilder:
         self._shape: tuple | None = None
         self._canvas_key: tuple | None = None
         self._canvas: tuple | None = None
+        # Client workers build prompts from several threads: the haystack cache is one builder's.
+        self._lock = threading.RLock()
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """The template resolved against the tokenizer (after check_plan or prepare)."""
+        if self._vocab is None:
+            raise ServedInputError("NeedleBuilder: check_plan() or prepare() first")
+        return self._vocab
+
+    @property
+    def shape(self) -> tuple:
+        """(key_tokens, gap, value_tokens) of the records (after check_plan or prepare)."""
+        if self._shape is None:
+            raise ServedInputError("NeedleBuilder: check_plan() or prepare() first")
+        return self._shape
 
     # ---- checks ----
 
@@ -448,7 +465,11 @@ class NeedleBuilder:
 
     def build(self, trial: Mapping[str, Any], *, salt: int = 0) -> NeedlePrompt:
         """The prompt of one trial (check_plan must have accepted its plan). `salt` != 0 draws other
-        filler, keys and values (the re-placement of a text prompt whose seams merged)."""
+        filler, keys and values (the re-placement of a text prompt whose seams merged). Thread-safe."""
+        with self._lock:
+            return self._build(trial, salt)
+
+    def _build(self, trial: Mapping[str, Any], salt: int) -> NeedlePrompt:
         if self._vocab is None:
             self.check_plan([trial])
         v = self._vocab

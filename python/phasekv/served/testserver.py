@@ -97,10 +97,8 @@ class RetrievalModel:
     answers the question with probability p(record start, query position)."""
 
     def __init__(self, builder: NeedleBuilder, p: Callable[[int, int], float], *, salt: int = 0):
-        if builder._vocab is None:
-            raise ValueError("RetrievalModel: the builder must have checked a plan (check_plan) first")
-        self.vocab = builder._vocab
-        self.key_tokens, self.gap, self.value_tokens = builder._shape
+        self.vocab = builder.vocabulary
+        self.key_tokens, self.gap, self.value_tokens = builder.shape
         self.tail = np.asarray(self.vocab.question_tail + builder.prefix.tail, np.int64)
         self.head = np.asarray(self.vocab.question_head, np.int64)
         self.p = p
