@@ -173,6 +173,11 @@ def test_measure_refuses_bad_arguments(tok, model_file, tmp_path, capsys):
     assert main(common + ["--tokenizer", str(model_file), "--out", str(tmp_path / "b"),
                           "--plan", str(tmp_path / "plan8.jsonl")]) == 2
     assert "stride = 8" in capsys.readouterr().err
+    # A chat template the tokenizer does not have.
+    assert main(common + ["--tokenizer", str(model_file), "--out", str(tmp_path / "d"), "--chat-template",
+                          "--query-position", "900", "--span", "700", "--min-distance", "64", "--trials", "10",
+                          "--key-tokens", "2", "--value-tokens", "2"]) == 2
+    assert "no chat template" in capsys.readouterr().err
     # An unreachable endpoint: exit 2 before any trial, no outcome written.
     assert main(common + ["--tokenizer", str(model_file), "--out", str(tmp_path / "c"), "--query-position", "900",
                           "--span", "700", "--min-distance", "64", "--key-tokens", "2", "--value-tokens", "2",

@@ -261,3 +261,37 @@ def test_prompts_built_from_several_threads_equal_the_serial_ones():
     finally:
         sys.setswitchinterval(switch)
     assert built == serial
+
+
+class ChatTokenizer:
+    """A sentencepiece tokenizer with a chat template (as a transformers tokenizer has one)."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, "chat-" + inner.name
+        self.bos_id, self.eos_id, self.vocab_size = inner.bos_id, inner.eos_id, inner.vocab_size
+        self.encode, self.decode = inner.encode, inner.decode
+
+    def apply_chat_template(self, messages):
+        ids = [self.bos_id]
+        for m in messages:
+            ids += self.inner.encode(f" {m['role']}:") + self.inner.encode(m["content"]) + [self.eos_id]
+        return ids + self.inner.encode(" assistant:")
+
+
+def test_a_chat_template_applied_locally_counts_every_token():
+    tok = ChatTokenizer(served_models.tokenizer("bpe", True))
+    template = served.chat_template(tok, system="the good world")
+    head, tail = template(tok)
+    user = tok.encode(" the") + tok.encode(" value")
+    rendered = tok.apply_chat_template([{"role": "system", "content": "the good world"},
+                                        {"role": "user", "content": " the value"}])
+    assert [tok.bos_id] + head + user + tail == rendered  # head and tail are exactly the template's
+    prefix = served.model_prefix(tok, template=template)
+    builder = served.NeedleBuilder(tok, served.RecordTemplate(density=0.02), prefix)
+    plan = plan_for(4, 2, 2, trials=10, seed=4)
+    by_id = {t["trial_id"]: t for t in plan.trials}
+    for prompt in builder.prompts(plan.trials):
+        check_landed(builder, prompt, by_id[prompt.trial_id], as_text=False)  # EOS inside: ids only
+        assert list(prompt.ids[-len(tail):]) == tail and list(prompt.ids[1:1 + len(head)]) == head
+    with pytest.raises(served.ServedInputError, match="no chat template"):
+        served.chat_template(served_models.tokenizer("bpe", True))

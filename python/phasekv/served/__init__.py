@@ -15,7 +15,7 @@ Pure Python (stdlib + NumPy) on top of phasekv's sweep protocol:
 from .client import CompletionClient, Job, RequestFailed, RunSummary, read_finished
 from .errors import EndpointError, MissingPackageError, PlacementError, ServedInputError
 from .needle import answer_matches, needle_jobs, preflight_needle
-from .placement import (NeedleBuilder, NeedlePrompt, Prefix, RecordTemplate, model_prefix, resolve,
+from .placement import (NeedleBuilder, NeedlePrompt, Prefix, RecordTemplate, chat_template, model_prefix, resolve,
                         study_128k_plan_config, verify_text)
 from .responses import Completion, TokenLogprob, parse_completion
 from .tokenizers import (HFTokenizersTokenizer, SentencePieceTokenizer, TiktokenTokenizer, Tokenizer,
@@ -25,6 +25,6 @@ __all__ = [
     "Completion", "CompletionClient", "EndpointError", "HFTokenizersTokenizer", "Job", "MissingPackageError",
     "NeedleBuilder", "NeedlePrompt", "PlacementError", "Prefix", "RecordTemplate", "RequestFailed", "RunSummary",
     "SentencePieceTokenizer", "ServedInputError", "TiktokenTokenizer", "TokenLogprob", "Tokenizer",
-    "TransformersTokenizer", "answer_matches", "load_tokenizer", "model_prefix", "needle_jobs", "parse_completion",
+    "TransformersTokenizer", "answer_matches", "chat_template", "load_tokenizer", "model_prefix", "needle_jobs", "parse_completion",
     "preflight_needle", "read_finished", "resolve", "study_128k_plan_config", "verify_text",
 ]

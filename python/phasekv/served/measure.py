@@ -33,7 +33,7 @@ from .client import CompletionClient
 from .errors import ServedInputError
 from .needle import SEND_MODES, needle_jobs, preflight_needle
 from .padding import EXAMPLES, SCORING, PaddingExperiment, analyze_padding, load_spec, read_padding_lines
-from .placement import VALUE_KINDS, NeedleBuilder, RecordTemplate, model_prefix
+from .placement import VALUE_KINDS, NeedleBuilder, RecordTemplate, chat_template, model_prefix
 from .tokenizers import load_tokenizer
 
 PRESETS = {
@@ -59,6 +59,9 @@ def add_parser(commands: Any, formatter: Any, positive: Any, non_negative: Any) 
                    help="the compression grid's origin, in the model's positions (position 0 = its first token)")
     m.add_argument("--no-bos", action="store_true", help="the server puts no BOS before the prompt")
     m.add_argument("--system", help="system prompt text after the BOS, counted in the positions (default: none)")
+    m.add_argument("--chat-template", action="store_true",
+                   help="apply the tokenizer's chat template here (transformers tokenizers): its head before the "
+                        "prompt, its tail after the question, every token counted; send to /v1/completions")
     m.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     m.add_argument("--concurrency", type=positive, default=4, help="requests in flight per endpoint")
     m.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
@@ -92,6 +95,12 @@ def add_parser(commands: Any, formatter: Any, positive: Any, non_negative: Any) 
     p.add_argument("--scoring", choices=SCORING, default="score",
                    help="score: echo+logprobs; prompt_logprobs: vLLM's; top: first generated token's top logprobs")
     p.add_argument("--top", type=positive, default=20, help="top logprobs asked for with --scoring top")
+
+
+def _prefix(args: Any, tokenizer: Any):
+    if args.chat_template:
+        return model_prefix(tokenizer, bos=not args.no_bos, template=chat_template(tokenizer, system=args.system))
+    return model_prefix(tokenizer, bos=not args.no_bos, system=args.system or None)
 
 
 def _client(args: Any) -> CompletionClient:
@@ -130,7 +139,7 @@ def _needle(args: Any, tokenizer: Any, out: pathlib.Path) -> int:
     else:
         plan.write(plan_path)
     template = RecordTemplate(connective=args.connective, values=args.values, density=args.density, decoys=args.decoys)
-    prefix = model_prefix(tokenizer, bos=not args.no_bos, system=args.system or None)
+    prefix = _prefix(args, tokenizer)
     builder = NeedleBuilder(tokenizer, template, prefix, stride=args.stride)
     builder.check_plan(plan.trials)
     client = _client(args)
@@ -150,7 +159,10 @@ def _needle(args: Any, tokenizer: Any, out: pathlib.Path) -> int:
 
 def _padding(args: Any, tokenizer: Any, out: pathlib.Path) -> int:
     spec = load_spec(args.prompt)
-    prefix = model_prefix(tokenizer, bos=not args.no_bos, system=args.system or None)
+    prefix = _prefix(args, tokenizer)
+    if prefix.tail:
+        raise ServedInputError("--chat-template: the padding experiment's prompt is completed as it stands (its "
+                               "answer follows the prompt text); apply no chat template to it")
     experiment = PaddingExperiment(spec, tokenizer, stride=args.stride, periods=args.periods, reps=args.reps,
                                    origin=args.origin, prefix=list(prefix.ids), scoring=args.scoring, top=args.top)
     for reason in experiment.rejected_units:

@@ -155,6 +155,45 @@ def model_prefix(tokenizer: Tokenizer, *, bos: bool = True, system: str | None =
     return Prefix(tuple(ids), tuple(tail), "; ".join(parts) or "nothing")
 
 
+def chat_template(tokenizer: Tokenizer, *, system: str | None = None
+                  ) -> Callable[[Tokenizer], tuple[list[int], list[int]]]:
+    """The tokenizer's own chat template (``apply_chat_template(messages) -> ids``, as
+    TransformersTokenizer has), applied locally, as model_prefix's `template`: the ids before and
+    after the user's text, found by rendering different user texts and keeping what they all
+    share at the start (head) and at the end (tail). A leading BOS is left to model_prefix."""
+    apply = getattr(tokenizer, "apply_chat_template", None)
+    if apply is None:
+        raise ServedInputError(f"tokenizer {getattr(tokenizer, 'name', tokenizer)!r} has no chat template "
+                               "(a transformers tokenizer directory has one)")
+    messages = [{"role": "system", "content": system}] if system else []
+    # Several user texts: a token two texts happen to share at their start (a word-start piece)
+    # is content, not template, so the head is the shortest common prefix over all pairs.
+    renders = [[int(i) for i in apply(messages + [{"role": "user", "content": text}])]
+               for text in ("alpha", "7", "((", "Zebra omega")]
+    head = tail = min(len(r) for r in renders)
+    for a in renders:
+        for b in renders:
+            if a is b:
+                continue
+            k = 0
+            while k < min(len(a), len(b)) and a[k] == b[k]:
+                k += 1
+            head = min(head, k)
+            k = 0
+            while k < min(len(a), len(b)) and a[-1 - k] == b[-1 - k]:
+                k += 1
+            tail = min(tail, k)
+    a = renders[0]
+    head_ids, tail_ids = a[:head], a[len(a) - tail:] if tail else []
+    if head_ids and tokenizer.bos_id is not None and head_ids[0] == tokenizer.bos_id:
+        head_ids = head_ids[1:]
+
+    def template(_: Tokenizer) -> tuple[list[int], list[int]]:
+        return head_ids, tail_ids
+
+    return template
+
+
 @dataclasses.dataclass(frozen=True)
 class Vocabulary:
     """A RecordTemplate resolved against a tokenizer: the ids every piece is built from."""
