@@ -225,7 +225,12 @@ def _probe(args) -> int:
 def _measure(args) -> int:
     from .served import measure
 
-    return measure.run(args)
+    try:
+        return measure.run(args)
+    except KeyboardInterrupt:
+        print("python -m phasekv measure: interrupted; the finished trials are on disk: run the same command to "
+              "resume", file=sys.stderr)
+        return 130
 
 
 def main(argv=None) -> int:

@@ -251,3 +251,17 @@ def test_a_killed_run_resumes_to_exactly_the_uninterrupted_outcomes(tok, tmp_pat
     assert a == b and len(a) == 96
     assert len(lines_b) == 96  # nothing finished was asked again
     assert (plan_dir / "sweep.txt").read_text().split("outcomes:")[0] == (killed_dir / "sweep.txt").read_text().split("outcomes:")[0]
+
+
+def test_trials_of_a_haystack_go_together_and_the_api_key_is_sent(tok, tmp_path, monkeypatch):
+    monkeypatch.setenv("PHASEKV_TEST_KEY", "sk-test-123")
+    plan = needle_plan(seed=6, trials=10)
+    builder = served.NeedleBuilder(tok, served.RecordTemplate(density=0.03))
+    builder.check_plan(plan.trials)
+    with CompletionServer(RetrievalModel(builder, flat_p()), tok) as server:
+        client = served.CompletionClient([server.url], "m", concurrency=1, progress=False, api_key_env="PHASEKV_TEST_KEY")
+        client.run(served.needle_jobs(plan.trials, builder), tmp_path / "o.jsonl")
+        assert server.authorization == {"Bearer sk-test-123"}
+    haystack = {t["trial_id"]: t["haystack"] for t in plan.trials}
+    order = [haystack[line["trial_id"]] for line in outcomes_of(tmp_path / "o.jsonl")[1]]
+    assert order == sorted(order) and len(set(order)) > 1  # one haystack after another: its prefix is reused

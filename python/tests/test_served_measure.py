@@ -219,3 +219,23 @@ def test_llama_cpp_native_endpoint_runs_the_padding_experiment_with_top_scoring(
         # Echo scoring cannot work there: refused before the sweep, naming the way out.
         assert measure_padding(model_file, native, tmp_path / "score") == 2
         assert "use scoring 'top'" in capsys.readouterr().err
+
+
+def test_too_many_errored_trials_exit_1_and_a_rerun_retries_them(tok, model_file, tmp_path, capsys):
+    builder = served.NeedleBuilder(tok, served.RecordTemplate(density=0.02))
+    builder.prepare(key_tokens=2, value_tokens=2)
+    args = ["measure", "--model", "m", "--tokenizer", str(model_file), "--stride", "4", "--experiment", "needle",
+            "--trials", "10", "--query-position", "900", "--span", "700", "--min-distance", "64", "--key-tokens", "2",
+            "--value-tokens", "2", "--density", "0.02", "--quiet", "--retries", "1", "--backoff", "0.01",
+            "--out", str(tmp_path)]
+    # Every 4th request fails for good (503 twice in a row: the retry lands on the next failure).
+    with CompletionServer(RetrievalModel(builder, lambda t, q: 0.6), tok, faults=Faults(server_error_every=2, first=2)) as server:
+        assert main(args + ["--endpoint", server.url]) == 1
+    err = capsys.readouterr().err
+    assert "errored or are missing" in err
+    lines = [json.loads(x) for x in open(tmp_path / "outcomes.jsonl")]
+    errors = [line for line in lines if "error" in line]
+    assert errors and all("503" in line["error"] for line in errors)
+    with CompletionServer(RetrievalModel(builder, lambda t, q: 0.6), tok) as server:
+        assert main(args + ["--endpoint", server.url]) == 0
+        assert server.requests == 1 + len(errors)  # the preflight, then only the errored trials

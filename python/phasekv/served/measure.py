@@ -68,6 +68,9 @@ def add_parser(commands: Any, formatter: Any, positive: Any, non_negative: Any) 
     m.add_argument("--retries", type=non_negative, default=6, help="retries of a request (429, 5xx, timeouts, resets)")
     m.add_argument("--backoff", type=float, default=1.0, help="first retry's wait in seconds (doubles, with jitter)")
     m.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    m.add_argument("--max-errored", type=float, default=0.05,
+                   help="exit 1 when more than this fraction of the trials errored or is missing (the table "
+                        "is still written)")
     n = m.add_argument_group("needle")
     n.add_argument("--plan", nargs="+", help="an existing plan's shard files (default: plan here from the options below)")
     n.add_argument("--preset", choices=sorted(PRESETS), help="plan options of a named study (overrides the plan options)")
@@ -154,7 +157,18 @@ def _needle(args: Any, tokenizer: Any, out: pathlib.Path) -> int:
     print(analysis.report(), end="")
     for f in analysis.write(out, stem="sweep"):
         print(f"wrote {f}")
-    return 0 if analysis.result.valid else 1
+    failed = len(set(analysis.missing) | set(analysis.host_errors) | set(analysis.conflicts))
+    few = _few_errors(failed, len(plan.trials), args.max_errored)  # says so on stderr when not
+    return 0 if analysis.result.valid and few else 1
+
+
+def _few_errors(failed: int, planned: int, limit: float) -> bool:
+    """Whether the errored or missing trials are within --max-errored (else say so on stderr)."""
+    if failed <= limit * planned:
+        return True
+    print(f"measure: {failed} of {planned} trials errored or are missing (more than --max-errored {limit:g}): the "
+          "table is not to be trusted; run the same command again to retry them", file=sys.stderr)
+    return False
 
 
 def _padding(args: Any, tokenizer: Any, out: pathlib.Path) -> int:
@@ -181,7 +195,8 @@ def _padding(args: Any, tokenizer: Any, out: pathlib.Path) -> int:
     for f in analysis.write(out, stem="padding"):
         print(f"wrote {f}")
     valid = all(r["n"] >= 2 for r in analysis.residues)
-    return 0 if valid else 1
+    few = _few_errors(analysis.errored + analysis.missing, analysis.trials, args.max_errored)
+    return 0 if valid and few else 1
 
 
 def run(args: Any) -> int:

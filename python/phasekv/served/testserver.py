@@ -212,6 +212,7 @@ class CompletionServer:
         self.echo_window = echo_window
         self.model_name = model_name
         self.requests = 0
+        self.authorization: set = set()  # the Authorization headers seen (None: none sent)
         self.faults_injected: dict[str, int] = {}
         self._lock = threading.Lock()
         self._last = time.monotonic()
@@ -245,6 +246,7 @@ class CompletionServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 with outer._lock:
+                    outer.authorization.add(self.headers.get("Authorization"))
                     outer.requests += 1
                     n = outer.requests
                     outer._last = time.monotonic()
