@@ -239,3 +239,8 @@ def test_too_many_errored_trials_exit_1_and_a_rerun_retries_them(tok, model_file
     with CompletionServer(RetrievalModel(builder, lambda t, q: 0.6), tok) as server:
         assert main(args + ["--endpoint", server.url]) == 0
         assert server.requests == 1 + len(errors)  # the preflight, then only the errored trials
+        # The same DIR with other settings would mix two measurements: refused.
+        assert main(args + ["--endpoint", server.url, "--density", "0.01"]) == 2
+        assert "other settings (template" in capsys.readouterr().err
+    settings = json.loads((tmp_path / "measure.json").read_text())
+    assert settings["prefix_ids"] == [tok.bos_id] and settings["grid_origin"] == 0

@@ -145,6 +145,13 @@ def _needle(args: Any, tokenizer: Any, out: pathlib.Path) -> int:
     prefix = _prefix(args, tokenizer)
     builder = NeedleBuilder(tokenizer, template, prefix, stride=args.stride)
     builder.check_plan(plan.trials)
+    _same_settings(out, {"experiment": "needle", "sweep_id": plan.sweep_id, "model": args.model,
+                         "tokenizer": getattr(tokenizer, "name", args.tokenizer), "prefix_ids": list(prefix.ids),
+                         "prefix_tail_ids": list(prefix.tail), "prefix": prefix.description,
+                         "grid_origin": plan.sweep["origin"], "positions": "0 = the first token the model sees",
+                         "template": {"connective": args.connective, "values": args.values, "density": args.density,
+                                      "decoys": args.decoys},
+                         "send": args.send, "logprobs": args.logprobs})
     client = _client(args)
     preflight_needle(client, builder, plan.trials[0], send=args.send, logprobs=args.logprobs)
     outcomes = out / "outcomes.jsonl"
@@ -160,6 +167,26 @@ def _needle(args: Any, tokenizer: Any, out: pathlib.Path) -> int:
     failed = len(set(analysis.missing) | set(analysis.host_errors) | set(analysis.conflicts))
     few = _few_errors(failed, len(plan.trials), args.max_errored)  # says so on stderr when not
     return 0 if analysis.result.valid and few else 1
+
+
+def _same_settings(out: pathlib.Path, settings: dict) -> None:
+    """DIR/measure.json records what the outcome lines were measured with (the plan's id, the model,
+    the tokenizer, the prefix ids, the grid origin, the template, how prompts are sent); a rerun
+    into the same DIR with anything else is refused, so lines of two settings never mix."""
+    path = out / "measure.json"
+    settings = json.loads(json.dumps(settings))
+    if path.exists():
+        try:
+            held = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ServedInputError(f"{path}: not JSON ({e.msg})") from None
+        differs = sorted(k for k in set(held) | set(settings) if held.get(k) != settings.get(k))
+        if differs:
+            k = differs[0]
+            raise ServedInputError(f"{out} was measured with other settings ({k}: {held.get(k)!r} there, "
+                                   f"{settings.get(k)!r} now): use another --out, or the same options to resume")
+    else:
+        path.write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _few_errors(failed: int, planned: int, limit: float) -> bool:
@@ -181,6 +208,11 @@ def _padding(args: Any, tokenizer: Any, out: pathlib.Path) -> int:
                                    origin=args.origin, prefix=list(prefix.ids), scoring=args.scoring, top=args.top)
     for reason in experiment.rejected_units:
         print(f"measure: {reason}: not used", file=sys.stderr)
+    _same_settings(out, {"experiment": "padding", "sweep_id": experiment.sweep_id, "model": args.model,
+                         "tokenizer": getattr(tokenizer, "name", args.tokenizer), "prefix_ids": list(prefix.ids),
+                         "prefix": prefix.description, "grid_origin": experiment.origin,
+                         "positions": "0 = the first token the model sees", "units": list(experiment.units),
+                         "scoring": args.scoring})
     lines_path = out / "padding.jsonl"
     if lines_path.exists():
         read_padding_lines([lines_path], experiment.sweep_id)  # refuses another experiment's lines
