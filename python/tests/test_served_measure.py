@@ -244,3 +244,25 @@ def test_too_many_errored_trials_exit_1_and_a_rerun_retries_them(tok, model_file
         assert "other settings (template" in capsys.readouterr().err
     settings = json.loads((tmp_path / "measure.json").read_text())
     assert settings["prefix_ids"] == [tok.bos_id] and settings["grid_origin"] == 0
+
+
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_text_prompts_to_a_text_only_server_measure_what_ids_do(kind, tmp_path):
+    """--send text: every prompt is decoded and re-encoded here first; the server re-tokenizes the
+    text itself. The outcomes must equal the run that sends ids (the needles landed where planned)."""
+    model_file = tmp_path / f"{kind}.model"
+    model_file.write_bytes(served_models.model_proto(kind, False))
+    tok = served.SentencePieceTokenizer(model_file)
+    builder = served.NeedleBuilder(tok, served.RecordTemplate(connective=" is", density=0.0, decoys=0.0))
+    builder.prepare(key_tokens=2, gap=1, value_tokens=2)
+    args = ["measure", "--model", "m", "--tokenizer", str(model_file), "--stride", "4", "--experiment", "needle",
+            "--trials", "10", "--query-position", "700", "--span", "500", "--min-distance", "64", "--key-tokens", "2",
+            "--gap", "1", "--connective", " is", "--value-tokens", "2", "--density", "0", "--decoys", "0", "--quiet"]
+    model = RetrievalModel(builder, lambda t, q: 0.9 if t % 4 == 0 else 0.3)
+    with CompletionServer(model, tok) as server:
+        assert main(args + ["--endpoint", server.url, "--out", str(tmp_path / "ids")]) == 0
+    with CompletionServer(model, tok, accepts_ids=False) as server:
+        assert main(args + ["--endpoint", server.url, "--out", str(tmp_path / "text"), "--send", "text"]) == 0
+    a = {json.loads(x)["trial_id"]: json.loads(x)["outcome"] for x in open(tmp_path / "ids" / "outcomes.jsonl")}
+    b = {json.loads(x)["trial_id"]: json.loads(x)["outcome"] for x in open(tmp_path / "text" / "outcomes.jsonl")}
+    assert a == b and len(a) == 80 and model.not_found == 0
