@@ -19,7 +19,8 @@ pytest.importorskip("sentencepiece")
 import phasekv as pk  # noqa: E402
 from phasekv import served, sweep  # noqa: E402
 from phasekv.served import responses  # noqa: E402
-from phasekv.served.testserver import CompletionServer, Faults, RetrievalModel, _hash_unit, flat_p, straddle_p  # noqa: E402
+from phasekv.served.testserver import (CacheRetrievalModel, CompletionServer, Faults, RetrievalModel,  # noqa: E402
+                                      _hash_unit, flat_p, straddle_p)
 
 import served_models  # noqa: E402
 
@@ -265,3 +266,39 @@ def test_trials_of_a_haystack_go_together_and_the_api_key_is_sent(tok, tmp_path,
     haystack = {t["trial_id"]: t["haystack"] for t in plan.trials}
     order = [haystack[line["trial_id"]] for line in outcomes_of(tmp_path / "o.jsonl")[1]]
     assert order == sorted(order) and len(set(order)) > 1  # one haystack after another: its prefix is reused
+
+
+def test_a_model_read_through_phasekv_cache_shows_its_boundary_dip_and_its_control_none(tok, tmp_path):
+    """CacheRetrievalModel runs the prompt through phasekv's mean-pool compressor, paged cache and
+    sparse reader (S = W = 8). A 2 + 2 token record is answered only when its key and first value
+    token share an entry: a record starting at 6 mod 8 never is. The full-attention control
+    (S = 1 with a previous-token feature) has no boundaries and no dip."""
+    config = pk.SweepConfig(stride=8, trials_per_residue=16, query_position=1500, span=1200, min_distance=64, seed=1,
+                            record=pk.RecordShape(key_tokens=2, value_tokens=2))
+    plan = sweep.plan(config)
+    builder = served.NeedleBuilder(tok, served.RecordTemplate(density=0.03))
+    builder.check_plan(plan.trials)
+    results = {}
+    for name, options in (("S=8", dict(stride=8)), ("control", dict(stride=1, own=0.0, shift=1.0))):
+        model = CacheRetrievalModel(builder, **options)
+        with CompletionServer(model, tok, faults=Faults(rate_limit_every=11, retry_after=0.01)) as server:
+            client = served.CompletionClient([server.url], "m", concurrency=4, progress=False, backoff=0.01)
+            client.run(served.needle_jobs(plan.trials, builder), tmp_path / f"{name}.jsonl")
+        outcomes, _ = outcomes_of(tmp_path / f"{name}.jsonl")
+        # Trial by trial: the client's outcome is the model's own answer to the prompt planned.
+        for prompt in builder.prompts(plan.trials):
+            ids = list(prompt.ids)
+            for _ in range(2):  # the model's greedy answer, as the server decodes it
+                dist = model.logprobs(ids)
+                ids.append(max(dist, key=lambda k: (dist[k], -k)))
+            assert outcomes[prompt.trial_id] == (tuple(ids[-2:]) == prompt.answer_ids)
+        results[name] = sweep.analyze(plan, [tmp_path / f"{name}.jsonl"]).result
+    dip = results["S=8"]
+    by_residue = {x.residue: x for x in dip.residues}
+    split = [by_residue[r] for r in (6, 14)]  # the boundary falls between key and value
+    whole = [by_residue[r] for r in range(16) if r % 8 <= 5]  # key and first value token in one entry
+    rate = lambda xs: sum(x.successes for x in xs) / sum(x.valid for x in xs)  # noqa: E731
+    assert rate(split) < 0.1 < 0.5 < rate(whole)
+    assert dip.worst_residue % 8 == 6 and dip.homogeneity.p_value < 1e-4
+    control = results["control"]
+    assert control.homogeneity.p_value > 0.001 and control.mean > 0.6

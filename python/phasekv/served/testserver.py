@@ -143,6 +143,97 @@ class RetrievalModel:
         return {}
 
 
+class CacheRetrievalModel:
+    """A one-layer retrieval model whose attention is phasekv's: the prompt's token vectors are
+    written through phasekv's mean-pooling compressor into a paged cache (stride S, window W) and
+    read by phasekv's sparse reader; the answer is read off the output. Its phase dip is the
+    mechanism's, not a table: a record whose key and first value token fall into one entry is
+    retrieved, one that a chunk boundary splits is not (unless `shift` carries the previous token).
+
+    Token vector h_t = [own·k(x_t) + shift·Σ_{i=1..K} k(x_{t−i}), v(x_t)] in R^{2m} (K = key_tokens):
+    k(x) a random unit vector for key-word tokens (0 otherwise), v(x) one for value tokens. The query
+    at the question is β·[Σ k(key tokens), 0]; the reader's output o = Σ_j softmax(q·e_j) e_j over the
+    entries (each the mean of its W token vectors); the first answer token is softmax over the
+    values' first tokens c of γ·(o_v · v(c)). With own = 1, shift = 0 a record is found through the
+    entry holding its key, and read only if that entry holds its value: the boundary dip. With
+    S = W = 1, own = 0, shift = 1 it is full attention through a previous-tokens feature (what an
+    induction head gives a real model): the value token's own key-side carries the key, so nothing
+    depends on boundaries (the control, flat). Deterministic; one cache, serialized by a lock."""
+
+    def __init__(self, builder: NeedleBuilder, *, stride: int, window: int | None = None, channels: int = 128,
+                 own: float = 1.0, shift: float = 0.0, beta: float = 30.0, gamma: float = 40.0, seed: int = 0):
+        from .. import _phasekv as pk
+
+        self.vocab = builder.vocabulary
+        self.key_tokens, self.gap, self.value_tokens = builder.shape
+        self.tail = np.asarray(self.vocab.question_tail + builder.prefix.tail, np.int64)
+        self.head = np.asarray(self.vocab.question_head, np.int64)
+        self.own, self.shift, self.beta, self.gamma = own, shift, beta, gamma
+        self.background = math.log(1e-4)
+        rng = np.random.default_rng(seed)
+        size = builder.tokenizer.vocab_size
+        self.m = channels // 2
+        self.K = np.zeros((size, self.m), np.float32)
+        self.V = np.zeros((size, self.m), np.float32)
+        key_ids = sorted({int(i) for atoms in self.vocab.key_atoms.values() for i in atoms.ravel()})
+        value_ids = sorted({int(i) for i in self.vocab.values.ravel()})
+        for table, ids in ((self.K, key_ids), (self.V, value_ids)):
+            vectors = rng.standard_normal((len(ids), self.m)).astype(np.float32)
+            table[ids] = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        self.geometry = pk.Geometry(stride=stride, window=window or stride)
+        stream = pk.StreamConfig(name="kv", channels=2 * self.m)
+        self.cache = pk.PagedCache(pk.Policy.mean, self.geometry, [stream],
+                                   pk.CacheConfig(name="served-test", page_size=64, pages=4096))
+        self.reader = pk.SparseReader(self.cache, pk.ReaderConfig(name="served-test", query_heads=1, scale=1.0))
+        self.lock = threading.Lock()
+        self.answers = 0
+
+    def _read(self, prompt: np.ndarray, key: np.ndarray) -> np.ndarray:
+        """The value half of the reader's output at the prompt's last position."""
+        h = np.zeros((len(prompt), 1, 1, 2 * self.m), np.float32)
+        h[:, 0, 0, :self.m] = self.own * self.K[prompt]
+        for i in range(1, self.key_tokens + 1):
+            h[i:, 0, 0, :self.m] += self.shift * self.K[prompt[:-i]]
+        h[:, 0, 0, self.m:] = self.V[prompt]
+        query = np.zeros((1, 2 * self.m), np.float32)
+        query[0, :self.m] = self.beta * self.K[key].sum(axis=0)
+        with self.lock:
+            seq = self.cache.create()
+            try:
+                self.cache.append(seq, [h])
+                out = self.reader.read(self.cache, seq, len(prompt) - 1, query)
+            finally:
+                self.cache.free(seq)
+        return out[0, self.m:]
+
+    def _choose(self, read: np.ndarray, candidates: np.ndarray) -> dict[int, float]:
+        scores = self.gamma * (self.V[candidates] @ read)
+        logp = scores - scores.max()
+        logp -= math.log(float(np.exp(logp).sum()))
+        best = np.argsort(-logp)[:5]
+        return {int(candidates[i]): float(logp[i]) for i in best}
+
+    def logprobs(self, ids: Sequence[int]) -> dict[int, float]:
+        """Token j of the answer: among the values that begin with the j tokens given, their token
+        j scored against the same read (the entries hold the value's later tokens too)."""
+        ids = np.asarray(ids, np.int64)
+        kt, L = self.key_tokens, len(self.tail)
+        for j in range(self.value_tokens):
+            end = len(ids) - j
+            if end - L - kt < 0 or not np.array_equal(ids[end - L:end], self.tail):
+                continue
+            if len(self.head) and not np.array_equal(ids[end - L - kt - len(self.head):end - L - kt], self.head):
+                continue
+            begun = ids[end:]
+            matching = self.vocab.values[np.all(self.vocab.values[:, :j] == begun, axis=1)] if j else self.vocab.values
+            if not len(matching):
+                return {}
+            if j == 0:
+                self.answers += 1
+            return self._choose(self._read(ids[:end], ids[end - L - kt:end - L]), np.unique(matching[:, j]))
+        return {}
+
+
 class PaddingModel:
     """After `cue` (token ids), the candidates' first tokens get probabilities that depend on the
     answer position a = len(prompt) mod S: P(correct) = `dip` at the residues in `dip_residues`,
@@ -444,8 +535,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokenizer", required=True, help="the tokenizer `measure` is given")
     parser.add_argument("--experiment", choices=("needle", "padding"), required=True)
     parser.add_argument("--stride", type=int, required=True)
-    parser.add_argument("--model", choices=("straddle", "flat", "probe"), default="straddle",
-                        help="needle: p by chunk straddle, flat p, or phasekv's needle probe (concentrated gates)")
+    parser.add_argument("--model", choices=("cache", "cache-control", "straddle", "flat", "probe"), default="cache",
+                        help="needle: retrieval through phasekv's mean-pool cache and reader at --stride "
+                             "(CacheRetrievalModel), its full-attention control (S = 1, previous-token feature), "
+                             "p by chunk straddle, flat p, or phasekv's needle probe (concentrated gates)")
     parser.add_argument("--key-tokens", type=int, default=1)
     parser.add_argument("--value-tokens", type=int, default=1)
     parser.add_argument("--density", type=float, default=16000 / 131072)
@@ -458,7 +551,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         builder = NeedleBuilder(tokenizer, RecordTemplate(density=args.density), model_prefix(tokenizer))
         builder.prepare(key_tokens=args.key_tokens, value_tokens=args.value_tokens)
         length = args.key_tokens + args.value_tokens
-        if args.model == "probe":
+        if args.model in ("cache", "cache-control"):
+            control = args.model == "cache-control"
+            model: Any = CacheRetrievalModel(builder, stride=1 if control else args.stride, own=0.0 if control else 1.0,
+                                             shift=1.0 if control else 0.0)
+        elif args.model == "probe":
             from .. import probe as _probe
 
             p = probe_p(_probe.NeedleConfig(tokens=1 << 17, records=2000, channels=64, stride=args.stride,
@@ -466,7 +563,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             gate_offset=args.stride // 2, seed=1))
         else:
             p = straddle_p(args.stride, length=length) if args.model == "straddle" else flat_p(0.8)
-        model: Any = RetrievalModel(builder, p)
+        if args.model not in ("cache", "cache-control"):
+            model = RetrievalModel(builder, p)
     else:
         spec = _padding.load_spec(args.prompt)
         body = tokenizer.encode(spec.body)
