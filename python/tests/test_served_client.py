@@ -18,7 +18,6 @@ pytest.importorskip("sentencepiece")
 
 import phasekv as pk  # noqa: E402
 from phasekv import served, sweep  # noqa: E402
-from phasekv.served import responses  # noqa: E402
 from phasekv.served.testserver import (CacheRetrievalModel, CompletionServer, Faults, RetrievalModel,  # noqa: E402
                                       _hash_unit, flat_p, straddle_p)
 

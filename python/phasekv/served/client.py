@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .errors import EndpointError, ServedInputError
 

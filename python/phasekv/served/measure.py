@@ -20,7 +20,6 @@ Exit status as `analyze`: 0 a valid result, 1 an invalid one (too few valid tria
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys

@@ -14,7 +14,6 @@ its positions would not be the plan's.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Iterator, Mapping, Sequence
 

@@ -281,32 +281,30 @@ class PaddingExperiment:
         return Job(key=trial.trial_id, body=lambda: self.bodies(trial), finish=finish, fail=fail)
 
     def preflight(self, client) -> None:
-        """One trial's requests to every endpoint: EndpointError unless its logprobs can be read."""
+        """The first trial's first request to every endpoint: EndpointError unless its response
+        gives what the scoring reads (the top logprobs holding every candidate; or one prompt
+        logprob per prompt token, the candidate's included)."""
         trial = next(self.trials())
+        body = self.bodies(trial)[0]
 
         def needs(response: Any) -> str | None:
+            if self.scoring == "top":
+                try:
+                    self.candidate_logprobs(trial, [response])
+                except (EndpointError, ValueError) as e:
+                    return f"cannot score candidates ({e})"
+                return None
+            sent = list(trial.ids) + self.candidate_ids[0]
             try:
-                self.candidate_logprobs(trial, [response] * (1 if self.scoring == "top" else len(self.candidate_ids)))
-            except (EndpointError, ValueError) as e:
-                return f"cannot score candidates ({e})"
+                completion = parse_completion(response, echo=self.scoring == "score", prompt_ids=sent)
+            except ValueError as e:
+                return f"an unreadable completion response ({e})"
+            if not completion.prompt or len(completion.prompt) != len(sent):
+                what = "echo with logprobs" if self.scoring == "score" else "prompt_logprobs"
+                return f"no prompt logprobs in its response: the {self.scoring!r} scoring needs {what}"
             return None
 
-        bodies = self.bodies(trial)
-        if self.scoring != "top":
-            bodies = bodies[:1]
-            saved = self.candidate_ids
-
-            def needs(response: Any, _saved=saved) -> str | None:  # noqa: F811 (one candidate's response)
-                sent = list(trial.ids) + _saved[0]
-                try:
-                    completion = parse_completion(response, echo=self.scoring == "score", prompt_ids=sent)
-                except ValueError as e:
-                    return f"an unreadable completion response ({e})"
-                if not completion.prompt or len(completion.prompt) != len(sent):
-                    what = "echo with logprobs" if self.scoring == "score" else "prompt_logprobs"
-                    return f"no prompt logprobs in its response: the {self.scoring!r} scoring needs {what}"
-                return None
-        client.check(bodies[0], needs)
+        client.check(body, needs)
 
 
 # ---- analysis --------------------------------------------------------------------------------------
