@@ -81,13 +81,15 @@ VALUE_KINDS = ("numbers", "words")
 
 @dataclasses.dataclass(frozen=True)
 class RecordTemplate:
-    """How records, decoys and the question read. A record is ``key`` (key_tokens key words)
-    ``connective`` (the plan's gap, in tokens) ``value``; the question is ``question_head`` key
-    ``question_tail``, and the answer is the value (its text with the leading space).
+    """How records, decoys and the question read. A record is ``key`` (key words whose token
+    counts sum to key_tokens) ``connective`` (the plan's gap, in tokens) ``value``; the question is
+    ``question_head`` key ``question_tail``, and the answer is the value (its text with the
+    leading space).
 
     ``values``: "numbers" (integers from ``number_range`` whose " N" is value_tokens tokens) or
-    "words" (KEY_WORDS-like words of value_tokens tokens, disjoint from the keys); ``density``:
-    records per token (the study's 128K plan: 16000 / 131072); ``decoys``: lone values per record."""
+    "words" (``value_words`` of value_tokens tokens, sharing no token with the keys); ``density``:
+    distractor records per token (the study's 128K plan: 16000 / 131072); ``decoys``: lone values
+    per distractor record."""
 
     connective: str = ""
     question_head: str = " Question: the value of"
