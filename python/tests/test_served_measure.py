@@ -266,3 +266,45 @@ def test_text_prompts_to_a_text_only_server_measure_what_ids_do(kind, tmp_path):
     a = {json.loads(x)["trial_id"]: json.loads(x)["outcome"] for x in open(tmp_path / "ids" / "outcomes.jsonl")}
     b = {json.loads(x)["trial_id"]: json.loads(x)["outcome"] for x in open(tmp_path / "text" / "outcomes.jsonl")}
     assert a == b and len(a) == 80 and model.not_found == 0
+
+
+def test_the_padding_experiment_through_phasekv_cache_finds_the_split_record(tok, tmp_path):
+    """The padding experiment on a model whose retrieval runs through phasekv's compressor, paged
+    cache and reader (S = 8): padding moves a 2 + 2 token record against the chunk grid, and
+    P(right value | two candidates) collapses exactly when a boundary falls between its key and its
+    value (record start ≡ 6 mod 8) — one residue of the answer's position. Its full-attention
+    control is flat."""
+    from phasekv.served.testserver import CacheRetrievalModel
+
+    builder = served.NeedleBuilder(tok, served.RecordTemplate())
+    v = builder.prepare(key_tokens=2, value_tokens=2)
+    key_ids, key_text = v.key(5)
+    right = 3
+    wrong = next(k for k in range(len(v.values)) if v.values[k][0] != v.values[right][0])
+    head = " the world of"
+    prompt = ("{padding}" + head + key_text + v.value_texts[right] + " made for people" * 3
+              + " Question: the value of" + key_text + " is")
+    spec = pd.PaddingSpec(prompt=prompt, candidates=(v.value_texts[right], v.value_texts[wrong]),
+                          answer=v.value_texts[right], units=(" the", " of", " and"))
+    experiment = pd.PaddingExperiment(spec, tok, stride=S, periods=4, reps=3)
+    # Where the record starts relative to the answer position (fixed: padding moves both).
+    first = next(experiment.trials())
+    record = len(experiment.prefix) + len(tok.encode(head))
+    assert list(first.ids[record:record + 2]) == list(key_ids)
+    split_residue = (6 + first.answer_position - record) % S
+    profiles = {}
+    for name, options in (("S=8", dict(stride=S)), ("control", dict(stride=1, own=0.0, shift=1.0))):
+        with CompletionServer(CacheRetrievalModel(builder, **options), tok) as server:
+            client = served.CompletionClient([server.url], "m", concurrency=2, progress=False)
+            experiment.preflight(client)
+            summary = client.run(experiment.jobs(), tmp_path / f"{name}.jsonl", total=experiment.total)
+        assert summary.done == experiment.total
+        lines = pd.read_padding_lines([tmp_path / f"{name}.jsonl"], experiment.sweep_id)
+        profiles[name] = pd.analyze_padding(experiment, lines)
+    dip = profiles["S=8"]
+    means = {r["residue"]: r["mean"] for r in dip.residues}
+    assert dip.worst_residue == split_residue
+    assert means[split_residue] < 0.6 and min(m for r, m in means.items() if r != split_residue) > 0.8
+    assert dip.anova_p < 1e-6 and dip.fold_p < 0.01 and dip.period == S
+    control = profiles["control"]
+    assert min(r["mean"] for r in control.residues) > 0.9 and not control.anova_p < 0.001

@@ -210,8 +210,7 @@ class CacheRetrievalModel:
         scores = self.gamma * (self.V[candidates] @ read)
         logp = scores - scores.max()
         logp -= math.log(float(np.exp(logp).sum()))
-        best = np.argsort(-logp)[:5]
-        return {int(candidates[i]): float(logp[i]) for i in best}
+        return {int(c): float(lp) for c, lp in zip(candidates, logp)}  # every candidate: echo scoring reads any
 
     def logprobs(self, ids: Sequence[int]) -> dict[int, float]:
         """Token j of the answer: among the values that begin with the j tokens given, their token
