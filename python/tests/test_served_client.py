@@ -301,3 +301,16 @@ def test_a_model_read_through_phasekv_cache_shows_its_boundary_dip_and_its_contr
     assert dip.worst_residue % 8 == 6 and dip.homogeneity.p_value < 1e-4
     control = results["control"]
     assert control.homogeneity.p_value > 0.001 and control.mean > 0.6
+
+
+def test_a_second_run_on_the_same_outcome_file_is_refused(tmp_path):
+    from phasekv.served.client import _Appender
+
+    held = _Appender(tmp_path / "o.jsonl")  # a run in progress
+    try:
+        client = served.CompletionClient(["http://127.0.0.1:9"], "m", progress=False)
+        with pytest.raises(served.ServedInputError, match="another run is writing"):
+            client.run(iter(()), tmp_path / "o.jsonl")
+    finally:
+        held.close()
+    assert served.CompletionClient(["http://127.0.0.1:9"], "m", progress=False).run(iter(()), tmp_path / "o.jsonl").done == 0

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.utils
+import fcntl
 import http.client
 import json
 import os
@@ -137,6 +138,12 @@ class _Appender:
 
     def __init__(self, path: str | os.PathLike):
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:  # one writer per file: a second run on the same directory would interleave and redo trials
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            raise ServedInputError(f"{path}: another run is writing this outcome file (wait for it, or use "
+                                   "another --out)") from None
         self._lock = threading.Lock()
 
     def write(self, record: Mapping[str, Any]) -> None:
@@ -319,11 +326,15 @@ class CompletionClient:
 
     def run(self, jobs: Iterable[Job], out: str | os.PathLike, *, total: int | None = None) -> RunSummary:
         """Runs every job not already finished in `out` and appends its line there."""
-        finished, _ = read_finished(out)
+        appender = _Appender(out)  # locks the file first: the finished set cannot change under us
+        try:
+            finished, _ = read_finished(out)
+        except BaseException:
+            appender.close()
+            raise
         self._stats = {"retries": 0, "done": 0, "errors": 0, "skipped": 0, "latency": 0.0}
         source = iter(jobs)
         source_lock = threading.Lock()
-        appender = _Appender(out)
         stop = threading.Event()
         failure: list[BaseException] = []
         started = time.monotonic()
