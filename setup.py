@@ -64,9 +64,9 @@ class CMakeBuild(build_ext):
 
 setup(
     version=version(),
-    packages=["phasekv"],
+    packages=["phasekv", "phasekv.served"],  # served: pure Python, with its example prompts
     package_dir={"": "python"},
-    package_data={"phasekv": ["*.pyi", "py.typed"]},
+    package_data={"phasekv": ["*.pyi", "py.typed"], "phasekv.served": ["examples/*.json"]},
     ext_modules=[Extension("phasekv._phasekv", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
     zip_safe=False,

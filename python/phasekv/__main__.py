@@ -1,9 +1,11 @@
-"""python -m phasekv plan|analyze|probe: the sweep protocol from the command line (phasekv.sweep).
+"""python -m phasekv plan|analyze|probe|measure: the sweep protocol from the command line (phasekv.sweep).
 
     plan      writes a sweep's trials as JSONL (optionally in shards) for an engine to run
     analyze   reads the plan and the outcome files and reports by residue (table, CSV, JSON, SVG)
     probe     answers a plan with phasekv's synthetic needle probe (a reference engine), serially
               or on a Dask cluster
+    measure   measures a model behind an OpenAI-compatible completions server (needle sweep or
+              padding experiment; phasekv.served, docs/SERVED.md)
 
 Exit status: 0 done (analyze: a valid sweep), 1 analyze of an invalid sweep (too few valid
 trials in some residue; the report says why), 2 bad arguments or files.
@@ -68,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m phasekv", description=__doc__.split("\n\n")[0],
                                   formatter_class=argparse.RawDescriptionHelpFormatter,
                                   epilog=__doc__.split("\n\n")[2] + "\n\nEach command's --help lists its options.")
-    commands = top.add_subparsers(dest="command", required=True, metavar="plan|analyze|probe")
+    commands = top.add_subparsers(dest="command", required=True, metavar="plan|analyze|probe|measure")
 
     p = commands.add_parser("plan", formatter_class=defaults, help="write a sweep's trials as JSONL",
                             description="Writes every trial of a phase sweep (residue, target, query, haystack "
@@ -141,6 +143,10 @@ def _parser() -> argparse.ArgumentParser:
     cluster.add_argument("--scheduler", help="a Dask scheduler address (tcp://host:port) to run on")
     cluster.add_argument("--workers", type=_positive, help="run on a local Dask cluster of this many processes")
     r.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+    from .served import measure  # pure Python; imported here so plan/analyze/probe need nothing more
+
+    measure.add_parser(commands, defaults, _positive, _non_negative)
     return top
 
 
@@ -225,10 +231,21 @@ def _probe(args) -> int:
     return 0
 
 
+def _measure(args) -> int:
+    from .served import measure
+
+    try:
+        return measure.run(args)
+    except KeyboardInterrupt:
+        print("python -m phasekv measure: interrupted; the finished trials are on disk: run the same command to "
+              "resume", file=sys.stderr)
+        return 130
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"plan": _plan, "analyze": _analyze, "probe": _probe}[args.command](args)
+        return {"plan": _plan, "analyze": _analyze, "probe": _probe, "measure": _measure}[args.command](args)
     except (pk.Error, OSError) as e:
         print(f"python -m phasekv {args.command}: error: {e}", file=sys.stderr)
         return 2
