@@ -275,6 +275,64 @@ TEST_CASE("sparse_reader: host indices equal to its own selection read the same 
   for (i64 i = 0; i < B; ++i) CHECK(same_bits(outs[sz(i)], own[sz(i)].out));
 }
 
+TEST_CASE("sparse_reader: physical host indices (selected_physical fed back) read what their logical ids read",
+          "[read][selection][host]") {
+  const W world;
+  std::mt19937 rng(5160);
+  selection_cache cache = world.make(storage_type::f32, 5161);
+  // Two sequences appended in turn, so each one's pages interleave with the other's: its page
+  // table is not the identity, and physical ids differ from logical ones.
+  const sequence_id other = cache.create(), seq = cache.create();
+  const i64 T = 45, top_k = 6;
+  const auto in = world.make_inputs(rng, T, 3), in_other = world.make_inputs(rng, T, 3);
+  for (i64 t = 0; t < T; ++t) {
+    world.append(cache, other, in_other, t, 1);
+    world.append(cache, seq, in, t, 1);
+  }
+  sparse_reader reader(cache, W::reader("csa", top_k, true));
+  const sequence_view view = cache.view_of(seq);
+  const i64 t = T - 1;
+  const query_inputs qi = random_query(rng, true);
+  const read_result own = read_one(reader, view, qi.at(t));
+  REQUIRE(own.physical != own.logical);
+  read_request back = qi.at(t);
+  back.indexer_queries = {};
+  back.indexer_weights = {};
+  back.indices = own.physical;
+  back.indices_kind = index_kind::physical;
+  const read_result got = read_one(reader, view, back);
+  CHECK(same_bits(got.out, own.out));
+  CHECK(same_bits(got.lse, own.lse));
+  CHECK(got.logical == own.logical);
+  CHECK(got.physical == own.physical);
+  // The same numbers taken as logical ids name other entries (or none the query sees).
+  back.indices_kind = index_kind::logical;
+  bool differs = true;
+  try {
+    differs = !same_bits(read_one(reader, view, back).out, own.out);
+  } catch (const input_error&) {
+  }
+  CHECK(differs);
+  // A page the sequence does not hold, and an id past what the query sees, are refused by name.
+  const std::int32_t stranger = static_cast<std::int32_t>(cache.page_table(other, 0)[0] * view.streams[0].layout.page_size);
+  back.indices_kind = index_kind::physical;
+  back.indices = span<const std::int32_t>(&stranger, 1);
+  std::vector<float> out(sz(reader.output_floats()), 7.0f);
+  CHECK_THAT(message_of<input_error>([&] { reader.read(view, back, out.data()); }),
+             Contains("request.indices[0] = " + std::to_string(stranger) + ": is a physical id of page") &&
+                 Contains("which is not in the sequence's page table"));
+  const std::int32_t last_page = cache.page_table(seq, 0).back();
+  const std::int32_t beyond = static_cast<std::int32_t>(last_page * view.streams[0].layout.page_size +
+                                                         view.streams[0].layout.page_size - 1);
+  back.indices = span<const std::int32_t>(&beyond, 1);
+  if (view.streams[0].entries % view.streams[0].layout.page_size != 0)
+    CHECK_THAT(message_of<input_error>([&] { reader.read(view, back, out.data()); }), Contains("which a query at request.position cannot see"));
+  back.indices_kind = static_cast<index_kind>(7);
+  CHECK_THAT(message_of<input_error>([&] { reader.read(view, back, out.data()); }),
+             Contains("request.indices_kind = 7: is not an index_kind"));
+  for (float x : out) CHECK(x == 7.0f);
+}
+
 TEST_CASE("sparse_reader: host indices in any order, padded and cut, read exactly those entries",
           "[read][selection][host][oracle]") {
   const W world;

@@ -430,6 +430,17 @@ class IndexerPrecision:
     @property
     def value(self) -> int: ...
 
+class IndexKind:
+    logical: ClassVar[IndexKind]
+    physical: ClassVar[IndexKind]
+    __members__: ClassVar[dict[str, IndexKind]]
+    def __init__(self, value: int) -> None: ...
+    def __int__(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
+
 class LseConvention:
     with_sink: ClassVar[LseConvention]
     flashmla: ClassVar[LseConvention]
@@ -523,6 +534,7 @@ class SparseReader:
         indexer_queries: FloatInput | None = None, indexer_weights: FloatInput | None = None,
         sinks: FloatInput | None = None, *, top_k: int = -1, out: FloatArray | None = None,
         trace: ReadTrace | None = None, indices: NDArray[np.int32] | None = None,
+        indices_kind: IndexKind = ...,
     ) -> FloatArray: ...
     def read_batch(
         self, cache: PagedCache, seqs: Sequence[int], positions: Sequence[int], queries: FloatInput,
@@ -530,7 +542,7 @@ class SparseReader:
         sinks: FloatInput | None = None, *, top_k: Sequence[int] | None = None, out: FloatArray | None = None,
         lse: FloatArray | None = None, selected_logical: NDArray[np.int32] | bool | None = None,
         selected_physical: NDArray[np.int32] | bool | None = None, traces: Sequence[ReadTrace] | None = None,
-        indices: NDArray[np.int32] | None = None,
+        indices: NDArray[np.int32] | None = None, indices_kind: IndexKind = ...,
     ) -> Tuple[FloatArray, FloatArray, NDArray[np.int32] | None, NDArray[np.int32] | None]: ...
 
 # ---- diagnostics --------------------------------------------------------------------------------

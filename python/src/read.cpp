@@ -161,6 +161,11 @@ void init_read(const modules& m) {
       .value("bf16", indexer_precision::bf16)
       .value("fp4", indexer_precision::fp4);
 
+  py::enum_<index_kind>(root, "IndexKind",
+                        "What host indices count: logical entry ids, or FlashMLA's physical ids "
+                        "(page * page_size + slot, as selected_physical returns them).")
+      .value("logical", index_kind::logical)
+      .value("physical", index_kind::physical);
   py::enum_<lse_convention>(root, "LseConvention", "What a read reports as its log-sum-exp.")
       .value("with_sink", lse_convention::with_sink, "ln(Σ exp ℓ + exp(sink)): an exact softmax state; −inf when empty")
       .value("flashmla", lse_convention::flashmla, "FlashMLA's: ln Σ exp ℓ over the keys only; +inf when no key");
@@ -249,7 +254,7 @@ void init_read(const modules& m) {
           "read",
           [](reader& r, const layer_cache& c, sequence_id seq, std::int64_t position, py::object queries,
              py::object indexer_queries, py::object indexer_weights, py::object sinks,
-             std::int64_t top_k, py::object out, read_trace* trace, py::object indices) {
+             std::int64_t top_k, py::object out, read_trace* trace, py::object indices, index_kind indices_kind) {
             std::vector<py::array> keep;
             check_read_shapes(r, keep, queries, indexer_queries, indexer_weights, sinks, -1);
             const index_rows host = indices_of(indices, -1, keep);
@@ -261,6 +266,7 @@ void init_read(const modules& m) {
             request.sinks = optional_input<float>(sinks, "sinks", keep);
             request.top_k = top_k;
             request.indices = host.item(0);
+            request.indices_kind = indices_kind;
             float* to = output<float>(out, "out", {r.sparse.config().query_heads, value_channels(r)},
                                       "query_heads × value channels",
                                       {{"query_heads", r.sparse.config().query_heads}, {"channels", value_channels(r)}});
@@ -271,11 +277,13 @@ void init_read(const modules& m) {
           py::arg("indexer_queries") = py::none(), py::arg("indexer_weights") = py::none(),
           py::arg("sinks") = py::none(), py::kw_only(), py::arg("top_k") = -1, py::arg("out") = py::none(),
           py::arg("trace") = static_cast<read_trace*>(nullptr), py::arg("indices") = py::none(),
+          py::arg("indices_kind") = index_kind::logical,
           "Attention output of one query at `position` (already appended): queries [query_heads][key channels] "
           "RoPE'd at position; indexer_queries [indexer_heads][indexer channels] and indexer_weights "
           "[indexer_heads] with top_k; sinks [query_heads] with the sink. indices: int32 entry ids the host "
           "selected (−1 padding, at most the reader's top_k), read in their order instead of running the "
-          "indexer (indexer inputs None). Returns out [query_heads][value channels] (the array passed as "
+          "indexer (indexer inputs None); indices_kind says whether they are logical entry ids (the default) "
+          "or physical ids as selected_physical returns them. Returns out [query_heads][value channels] (the array passed as "
           "out=, or a new one).")
       .def(
           "read_batch",
@@ -283,7 +291,7 @@ void init_read(const modules& m) {
              const std::vector<std::int64_t>& positions, py::object queries, py::object indexer_queries,
              py::object indexer_weights, py::object sinks, const py::object& top_k, py::object out,
              py::object lse, py::object selected_logical, py::object selected_physical, const py::object& traces,
-             py::object indices) {
+             py::object indices, index_kind indices_kind) {
             const std::size_t batch = seqs.size();
             detail::require<input_error>(positions.size() == batch, "read_batch: len(positions)", positions.size(),
                                          "must be len(seqs) = " + std::to_string(batch));
@@ -325,7 +333,7 @@ void init_read(const modules& m) {
               for (std::size_t i = 0; i < batch; ++i) {
                 read_item& item = items[i];
                 item.view = &views[i];
-                item.request = {positions[i], q.item(i), iq.item(i), iw.item(i), s.item(i), k[i], host.item(i)};
+                item.request = {positions[i], q.item(i), iq.item(i), iw.item(i), s.item(i), k[i], host.item(i), indices_kind};
                 item.out = o + i * static_cast<std::size_t>(r.sparse.output_floats());
                 item.lse = l + i * static_cast<std::size_t>(rc.query_heads);
                 if (logical) item.selected_logical = logical + i * static_cast<std::size_t>(rc.top_k);
@@ -341,9 +349,11 @@ void init_read(const modules& m) {
           py::arg("sinks") = py::none(), py::kw_only(), py::arg("top_k") = py::none(), py::arg("out") = py::none(),
           py::arg("lse") = py::none(), py::arg("selected_logical") = py::none(),
           py::arg("selected_physical") = py::none(), py::arg("traces") = py::none(), py::arg("indices") = py::none(),
+          py::arg("indices_kind") = index_kind::logical,
           "B sequences in one call, bit-identical to B single reads. Inputs are stacked [B][...] arrays; top_k "
           "a list of B (None: the reader's), the per-sequence length of host indices [B][n] (int32, −1 "
-          "padded; FlashMLA's indices and topk_length, as logical entry ids). Returns (out [B][query_heads][value channels], lse "
+          "padded; FlashMLA's indices and topk_length, logical entry ids or, with indices_kind=IndexKind.physical, "
+          "physical ids). Returns (out [B][query_heads][value channels], lse "
           "[B][query_heads], selected_logical, selected_physical): the selections are int32 [B][reader top_k] "
           "when asked for (True, or an array to fill), else None.");
 

@@ -104,3 +104,36 @@ def test_flashmla_lse_excludes_the_sink(rng):
     np.testing.assert_allclose(a[1][0], lse, rtol=1e-5)
     # FlashMLA's: ln of the keys' sum alone; ours = logaddexp(theirs, sink).
     np.testing.assert_allclose(np.logaddexp(b[1][0].astype(np.float64), sinks), lse, rtol=1e-5)
+
+
+def test_physical_indices_read_what_their_logical_ids_read(rng):
+    """selected_physical fed back with indices_kind=physical reads bit-identically to the logical ids;
+    the same numbers taken as logical ids read other entries (the confusion the kind prevents)."""
+    layer = csa_layer(rng)
+    cache = layer.cache
+    other = cache.create()
+    layer.append(other, 300)  # another sequence first, so this one's pages do not start at 0
+    parent = cache.create()
+    layer.append(parent, 500)
+    seq = cache.fork(parent)  # shares the parent's pages, then copies its last one on write
+    layer.append(seq, 301)
+    rc = P.deepseek_v4_csa_reader()
+    rc.top_k = 32
+    reader = pk.SparseReader(cache, rc)
+    t = cache.tokens(seq) - 1
+    q, iq, iw, sinks = csa_inputs(rng, rc)
+    _, _, logical, physical = reader.read_batch(cache, [seq], [t], q[None], iq[None], iw[None], sinks[None],
+                                                selected_logical=True, selected_physical=True)
+    logical, physical = logical[0], physical[0]
+    assert not np.array_equal(logical, physical)
+    want = reader.read(cache, seq, t, q, sinks=sinks, indices=logical)
+    got = reader.read(cache, seq, t, q, sinks=sinks, indices=physical, indices_kind=pk.IndexKind.physical)
+    assert np.array_equal(got, want)
+    outs, _, again, _ = reader.read_batch(cache, [seq], [t], q[None], sinks=sinks[None], indices=physical[None],
+                                          indices_kind=pk.IndexKind.physical, selected_logical=True)
+    assert np.array_equal(outs[0], want) and np.array_equal(again[0], logical)
+    # A physical id of a page the sequence does not hold (the other sequence's first page) is refused.
+    stranger = np.array([cache.page_table(other, rc.key_stream)[0] * cache.config.page_size], dtype=np.int32)
+    with pytest.raises(pk.InputError, match=r"request.indices\[0\] = \d+: is a physical id of page \d+ .* not in the "
+                                             r"sequence's page table"):
+        reader.read(cache, seq, t, q, sinks=sinks, indices=stranger, indices_kind=pk.IndexKind.physical)

@@ -361,5 +361,39 @@ inline void check_host_indices(span<const std::int32_t> indices, std::int64_t ca
     fail<input_error>(field, "entry " + std::to_string(*repeat) + " twice", "must name each entry at most once");
 }
 
+// Physical ids (index_kind::physical: page · page_size + slot in `keys`' pages, −1 padding) as
+// the sequence's logical entry ids into `out`: page p at position r of the sequence's page table
+// holds entries r · page_size … Each id must name a page of the table, and an entry a query at the
+// position may see (below `candidates`); an input_error names the id otherwise. A page appears
+// once in a table, so the translation is one-to-one.
+inline void physical_to_logical(span<const std::int32_t> ids, const stream_view& keys, std::int64_t candidates,
+                                std::vector<std::int32_t>& out, const std::string& field) {
+  const std::int64_t page_size = keys.layout.page_size;
+  std::vector<std::pair<page_id, std::int64_t>> position;  // (page, its index in the table), by page
+  position.reserve(keys.pages.size());
+  for (std::size_t r = 0; r < keys.pages.size(); ++r) position.emplace_back(keys.pages[r], static_cast<std::int64_t>(r));
+  std::sort(position.begin(), position.end());
+  out.assign(ids.size(), -1);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::int32_t id = ids[i];
+    if (id == -1) continue;
+    const std::string at = field + "[" + std::to_string(i) + "]";
+    if (id < 0 || page_size <= 0)
+      fail<input_error>(at, id, "must be −1 (padding) or a physical id page · page_size + slot (indices_kind = physical)");
+    const page_id page = static_cast<page_id>(id / page_size);
+    const auto hit = std::lower_bound(position.begin(), position.end(), std::make_pair(page, std::int64_t{0}));
+    if (hit == position.end() || hit->first != page)
+      fail<input_error>(at, id,
+                        "is a physical id of page " + std::to_string(page) + " (page_size " + std::to_string(page_size) +
+                            "), which is not in the sequence's page table (indices_kind = physical)");
+    const std::int64_t logical = hit->second * page_size + id % page_size;
+    if (logical >= candidates)
+      fail<input_error>(at, id,
+                        "names entry " + std::to_string(logical) + " of the sequence, which a query at request.position "
+                        "cannot see (it sees entries [0, " + std::to_string(candidates) + "); indices_kind = physical)");
+    out[i] = static_cast<std::int32_t>(logical);
+  }
+}
+
 }  // namespace detail
 }  // namespace phasekv

@@ -73,6 +73,22 @@ struct selection_request {
   std::int64_t top_k = -1;             // in [0, selection_config::top_k]; −1 takes the config's
 };
 
+// What the ids in read_request::indices count.
+enum class index_kind : std::uint8_t {
+  logical,   // the sequence's entry ids j, in [0, entries a query at the position may see)
+  physical,  // FlashMLA's sparse-decode ids: page · page_size + slot in the key stream's pages, as
+             // read_item::selected_physical returns them; translated through the sequence's page
+             // table, and an id of a page the sequence does not hold is an input_error
+};
+
+inline const char* to_string(index_kind kind) {
+  switch (kind) {
+    case index_kind::logical: return "logical";
+    case index_kind::physical: return "physical";
+  }
+  return "unknown";
+}
+
 struct read_request {
   std::int64_t position = 0;             // t: the query token, already appended
   span<const float> queries;             // [query_heads][key channels], RoPE'd at t
@@ -83,12 +99,15 @@ struct read_request {
   // selection on, 0 reads the window (and sink) alone. Without selection (config top_k = 0), only
   // −1 or 0.
   std::int64_t top_k = -1;
-  // Entries the host selected (FlashMLA's sparse-decode `indices`, here logical entry ids): when
-  // not empty, the read attends to these, in this order, and runs no indexer (indexer inputs
-  // empty). At most the config's top_k ids, −1 for padding; only the first top_k (above) are
-  // read, so top_k is the per-sequence length. A reader without an indexer stream
-  // (indexer_stream = no_stream, top_k > 0) reads only such selections.
+  // Entries the host selected (FlashMLA's sparse-decode `indices`): when not empty, the read
+  // attends to these, in this order, and runs no indexer (indexer inputs empty). At most the
+  // config's top_k ids, −1 for padding; only the first top_k (above) are read, so top_k is the
+  // per-sequence length. A reader without an indexer stream (indexer_stream = no_stream,
+  // top_k > 0) reads only such selections. `indices_kind` says what the ids count: logical entry
+  // ids (the default), or physical ids as the reader's own selected_physical gives them — the two
+  // coincide only by accident, so a host that feeds one back as the other must say which.
   span<const std::int32_t> indices = {};
+  index_kind indices_kind = index_kind::logical;
 };
 
 // What one read looked at, for the diagnostics. Masses are means over query heads; for each

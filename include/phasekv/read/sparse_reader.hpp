@@ -199,6 +199,7 @@ class sparse_reader {
     bool scored = false;                        // the indexer selected (not the host, not "all")
     entry_selector::state selection;            // the indexer's stages (selection.hpp)
     std::vector<scored_entry> host_selection;   // read_request::indices, in their order
+    std::vector<std::int32_t> host_logical;     // physical read_request::indices, as logical ids
     span<const scored_entry> selected;          // what the read attends to: one of the two
     std::vector<float> rope_cos;
     std::vector<piece> pieces;
@@ -270,8 +271,17 @@ class sparse_reader {
     if (!it.request.indices.empty()) {
       const std::int64_t k = std::min<std::int64_t>(effective_top_k(config_, it.request),
                                                     static_cast<std::int64_t>(it.request.indices.size()));
-      detail::check_host_indices(it.request.indices.subspan(0, static_cast<std::size_t>(k)), candidates,
-                                 field("request.indices"));
+      const span<const std::int32_t> ids = it.request.indices.subspan(0, static_cast<std::size_t>(k));
+      const index_kind kind = it.request.indices_kind;
+      if (kind == index_kind::logical) {
+        detail::check_host_indices(ids, candidates, field("request.indices"));
+      } else if (kind == index_kind::physical) {
+        std::vector<std::int32_t> logical;
+        detail::physical_to_logical(ids, v.streams[config_.key_stream], candidates, logical, field("request.indices"));
+        detail::check_host_indices(logical, candidates, field("request.indices"));
+      } else {
+        detail::fail<input_error>(field("request.indices_kind"), static_cast<int>(kind), "is not an index_kind");
+      }
     }
     if (it.selected_physical) detail::check_physical_ids(v, config_.key_stream, field("selected_physical"));
     detail::check_window(v, t, shape_.window, field);
@@ -394,8 +404,13 @@ class sparse_reader {
       selector_->rank(w.selection);
       w.selected = span<const scored_entry>(w.selection.selection.data(), w.selection.selection.size());
     } else if (selecting) {
-      const span<const std::int32_t> indices = it.request.indices;
+      span<const std::int32_t> indices = it.request.indices;
       const auto k = static_cast<std::size_t>(std::min<std::int64_t>(w.top_k, static_cast<std::int64_t>(indices.size())));
+      if (it.request.indices_kind == index_kind::physical) {  // checked: every id translates
+        detail::physical_to_logical(indices.subspan(0, k), it.view->streams[config_.key_stream], w.candidates,
+                                    w.host_logical, "request.indices");
+        indices = w.host_logical;
+      }
       w.host_selection.clear();
       for (std::size_t r = 0; r < k; ++r)
         if (indices[r] >= 0) w.host_selection.push_back({indices[r], std::numeric_limits<float>::quiet_NaN()});
