@@ -170,7 +170,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t seed = in.byte();
   phasekv_fuzz::setup() = "tokens=" + std::to_string(tokens) + ((shape & 1) ? " bf16" : " f32") + (sink ? " sink" : "");
 
-  static phasekv_fuzz::memo<std::tuple<int, int, i64, int>, world> worlds(2048);
+  static phasekv_fuzz::memo<std::tuple<int, int, i64, int>, world> worlds(512);
   world& w = worlds.get(std::tuple<int, int, i64, int>{shape & 1, sink, tokens, seed},
                         [&] { return std::make_unique<world>(kv_storage, sink, tokens, seed); });
   std::vector<std::vector<page_id>> tables = w.tables;
