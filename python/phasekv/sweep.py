@@ -592,6 +592,46 @@ def cochran_q(table: Any) -> dict:
             "discordant_blocks": discordant}
 
 
+def _average_ranks(row: np.ndarray) -> np.ndarray:
+    """Ranks 1 … k of one row, tied values sharing the mean of their ranks."""
+    order = np.argsort(row, kind="stable")
+    ranks = np.empty(len(row))
+    sorted_row = row[order]
+    i = 0
+    while i < len(row):
+        j = i
+        while j + 1 < len(row) and sorted_row[j + 1] == sorted_row[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def friedman(table: Any) -> dict:
+    """Friedman's test that k paired continuous outcomes (probabilities) have one distribution:
+    `table` is blocks × k. Ranks r_ij within each block (ties: mean ranks), R_j = Σ_i r_ij,
+    A = Σ r_ij², C = n k (k + 1)² / 4:
+
+        T = (k − 1) (ΣR_j² − n C) / (A − C),
+
+    referred to χ² with k − 1 degrees of freedom; without ties T is 12/(n k (k+1)) ΣR_j² − 3n(k+1).
+    Every block tied throughout: T = 0, p = 1."""
+    x = np.asarray(table, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] < 2 or x.shape[0] < 1 or not np.isfinite(x).all():
+        raise _pk.InputError(f"friedman: table of shape {x.shape}: must be blocks × k (k >= 2) of finite numbers")
+    n, k = x.shape
+    ranks = np.array([_average_ranks(row) for row in x])
+    column = ranks.sum(axis=0)
+    c = n * k * (k + 1) ** 2 / 4.0
+    denominator = float((ranks * ranks).sum()) - c
+    if denominator <= 1e-12 * c:
+        statistic, p_value = 0.0, 1.0
+    else:
+        statistic = (k - 1) * (float((column * column).sum()) - n * c) / denominator
+        p_value = _pk.stats.chi_square_upper_tail(statistic, k - 1)
+    return {"statistic": float(statistic), "dof": k - 1, "p_value": float(p_value), "blocks": n}
+
+
 def mcnemar(a: Sequence[Any], b: Sequence[Any]) -> dict:
     """McNemar's exact test of two paired binary outcomes (a[i], b[i] of one content): under the null
     each discordant pair is a (1, 0) or a (0, 1) with probability 1/2; p is the two-sided binomial
@@ -634,26 +674,31 @@ class Analysis:
         return len(self.missing) / max(1, len(self.plan.trials))
 
     def paired(self) -> dict | None:
-        """Paired statistics of a "paired" plan's binary outcomes (None for other designs or for
-        probabilities): Cochran's Q across the planned residues over the contents measured validly at
-        every residue (a content with any errored or missing residue is dropped: the test needs
-        complete blocks), and McNemar's exact test when the plan has two residues."""
-        if self.plan.design != "paired" or self.result.kind != _pk.OutcomeKind.binary:
+        """Paired statistics of a "paired" plan (None for other designs): across the planned residues,
+        over the contents measured validly at every residue (a content with any errored or missing
+        residue is dropped: the tests need complete blocks), Cochran's Q of binary outcomes (and
+        McNemar's exact test when the plan has two residues), Friedman's test of probabilities."""
+        if self.plan.design != "paired":
             return None
+        binary = self.result.kind == _pk.OutcomeKind.binary
         residues = list(self.plan.config.planned_residues())
         column = {r: j for j, r in enumerate(residues)}
         blocks: dict[int, list] = {}
         for t in self.plan.trials:
             blocks.setdefault(t["trial"], [None] * len(residues))[column[t["residue"]]] = self.outcomes[t["trial_id"]]
-        complete = [row for _, row in sorted(blocks.items()) if all(isinstance(v, bool) for v in row)]
+        def valid(v):  # as run_sweep counts it: a bool, or a probability in [0, 1]
+            return isinstance(v, bool) if binary else (v is not None and 0.0 <= v <= 1.0)
+
+        complete = [row for _, row in sorted(blocks.items()) if all(valid(v) for v in row)]
         out = {"residues": residues, "contents": len(blocks), "complete_contents": len(complete)}
+        test = "cochran_q" if binary else "friedman"
         if len(complete) < 2:
-            out["cochran_q"] = None
+            out[test] = None
             return out
-        table = np.array(complete, dtype=np.int64)
-        out["cochran_q"] = cochran_q(table)
+        table = np.array(complete, dtype=np.int64 if binary else np.float64)
+        out[test] = cochran_q(table) if binary else friedman(table)
         out["accuracy"] = [float(v) for v in table.mean(axis=0)]
-        if len(residues) == 2:
+        if binary and len(residues) == 2:
             out["mcnemar"] = mcnemar(table[:, 0], table[:, 1])
         return out
 
@@ -863,15 +908,17 @@ class Analysis:
             text += "\n"
         paired = self.paired()
         if paired is not None:
-            q = paired["cochran_q"]
+            name = "Cochran's Q" if "cochran_q" in paired else "Friedman's test"
+            q = paired.get("cochran_q", paired.get("friedman"))
             text += (f"paired design: {paired['complete_contents']} of {paired['contents']} contents measured at every "
                      f"residue")
             if q is None:
-                text += "; too few for Cochran's Q\n"
+                text += f"; too few for {name}\n"
             else:
-                text += (f"; Cochran's Q = {q['statistic']:.2f} (dof {q['dof']}, {q['discordant_blocks']} discordant "
-                         f"contents), p = {q['p_value']:.3g} — the paired test of this design (the χ² above treats "
-                         "the residues as independent samples)\n")
+                detail = (f", {q['discordant_blocks']} discordant contents" if "discordant_blocks" in q else "")
+                text += (f"; {name} = {q['statistic']:.2f} (dof {q['dof']}{detail}), p = {q['p_value']:.3g} — the "
+                         "paired test of this design (the homogeneity test above treats the residues as independent "
+                         "samples)\n")
                 if "mcnemar" in paired:
                     m = paired["mcnemar"]
                     text += (f"McNemar (exact): residue {paired['residues'][0]} only {m['a_only']}, residue "
@@ -1222,7 +1269,7 @@ class NeedleEvaluate:
 
 __all__ = [
     "Analysis", "NeedleEvaluate", "Plan", "ProtocolError", "OUTCOME_FORMAT", "TRIAL_FORMAT", "TRIAL_FORMAT_2",
-    "DESIGNS", "analyze", "cochran_q", "mcnemar",
+    "DESIGNS", "analyze", "cochran_q", "friedman", "mcnemar",
     "evaluate_trials", "haystack_seed", "outcome_record", "plan", "read_outcomes", "read_plan", "read_shards",
     "run", "write_outcomes",
 ]

@@ -886,3 +886,58 @@ def test_a_plan_states_its_grids_and_analyze_reports_by_each(tmp_path):
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
     # Plans without grids keep format /1 and their ids.
     assert sweep.plan(toy_config()).trials[0]["format"] == sweep.TRIAL_FORMAT
+
+
+def test_plans_of_the_first_format_keep_their_ids_and_fields():
+    # Sweep ids computed by the protocol before designs and grids existed: a plan file written then
+    # is read back (read_shards compares every line with what its sweep section plans).
+    config = toy_config()
+    assert sweep.plan(config, configuration={"model": "old"}, needle_tokens=3).sweep_id == "aea51ff5565c6eb6"
+    config.query_jitter = 4
+    p = sweep.plan(config, configuration={"model": "old"}, needle_tokens=3)
+    assert p.sweep_id == "bf936006459994e7"
+    assert set(p.trials[0]) == {"format", "sweep_id", "trial_id", "residue", "phase", "trial", "target_position",
+                                "query_position", "distance", "haystack", "seed", "layout", "record_layout", "sweep",
+                                "configuration"}
+    assert p.trials[0]["format"] == sweep.TRIAL_FORMAT and "design" not in p.sweep and "grids" not in p.sweep
+
+
+def _friedman_by_formula(rows):
+    """Friedman's statistic without ties: 12/(n k (k+1)) ΣR_j² − 3n(k+1), ranks by sorting."""
+    n, k = len(rows), len(rows[0])
+    totals = [0.0] * k
+    for row in rows:
+        for rank, j in enumerate(sorted(range(k), key=lambda j: row[j]), 1):
+            totals[j] += rank
+    return 12.0 / (n * k * (k + 1)) * sum(r * r for r in totals) - 3.0 * n * (k + 1)
+
+
+def test_friedman_is_its_formula_and_holds_its_level_on_paired_probabilities():
+    rng = random.Random(5)
+    for _ in range(100):
+        k = rng.choice((3, 5))
+        rows = [[rng.random() for _ in range(k)] for _ in range(rng.randint(2, 30))]
+        got = sweep.friedman(rows)
+        want = _friedman_by_formula(rows)
+        assert got["statistic"] == pytest.approx(want, rel=1e-10, abs=1e-10)
+        assert got["p_value"] == pytest.approx(_chi2_tail_even(want, k - 1), rel=1e-9, abs=1e-12)
+    # Ties take mean ranks: a row of equal values adds nothing; all tied: T = 0, p = 1.
+    assert sweep.friedman([[0.5, 0.5, 0.5]] * 4) == {"statistic": 0.0, "dof": 2, "p_value": 1.0, "blocks": 4}
+    tied = sweep.friedman([[0.1, 0.2, 0.3], [0.1, 0.2, 0.3], [0.7, 0.7, 0.7]])
+    assert tied["statistic"] == pytest.approx(sweep.friedman([[0.1, 0.2, 0.3], [0.1, 0.2, 0.3]])["statistic"])
+    # Level and power on a paired plan of probabilities: a content's log-odds ~ N(0.8, 2²), residue 1
+    # shifted by `effect`, the outcome the probability plus noise.
+    p = sweep.plan(paired_config(trials_per_residue=32), design="paired")
+
+    def outcomes(effect, seed):
+        r = random.Random(seed)
+        base = {i: r.gauss(0.8, 2.0) for i in {t["trial"] for t in p.trials}}
+        return [sweep.outcome_record(t, min(1.0, max(0.0, 1 / (1 + math.exp(-(base[t["trial"]] + (
+            effect if t["residue"] == 1 else 0.0)))) + r.gauss(0, 0.05)))) for t in p.trials]
+
+    null = [sweep.analyze(p, outcomes(0.0, s), kind=pk.OutcomeKind.probability).paired()["friedman"]["p_value"]
+            for s in range(100)]
+    assert sum(x < 0.05 for x in null) / len(null) <= 0.10
+    hit = [sweep.analyze(p, outcomes(-1.0, 500 + s), kind=pk.OutcomeKind.probability) for s in range(20)]
+    assert sum(a.paired()["friedman"]["p_value"] < 0.05 for a in hit) / len(hit) >= 0.8
+    assert "Friedman's test" in hit[0].report()
