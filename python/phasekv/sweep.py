@@ -1162,7 +1162,10 @@ class NeedleEvaluate:
     ``needle_tokens=evaluate.needle_tokens()``: the record's length, plus 2W for isolated targets,
     and the sweep's ``record`` the probe's). ``outcome``: ``success``, ``probability``, or
     ``attributed`` (success, and the cause of each failure: ``NeedleProbe.explain``). Picklable: only
-    the configuration travels; each process builds its probe on first use."""
+    the configuration travels; each process builds its probe on first use. A trial of a "single" or
+    "paired" plan is its own prompt (its one needle, its query); the probe has no padding, so a
+    paired plan's residues of one content are answered as separate haystacks of the same salt, not
+    as one content shifted (phasekv.served's NeedleBuilder builds the shifted prompts)."""
 
     def __init__(self, config: Any = None, *, outcome: str = "success", **fields: Any):
         if outcome not in _OUTCOMES:
