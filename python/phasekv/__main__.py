@@ -8,7 +8,8 @@
               padding experiment; phasekv.served, docs/SERVED.md)
 
 Exit status: 0 done (analyze: a valid sweep), 1 analyze of an invalid sweep (too few valid
-trials in some residue; the report says why), 2 bad arguments or files.
+trials in some residue; the report says why) or of more than --max-missing of its trials without
+an outcome line, 2 bad arguments or files.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ model elsewhere (vLLM, SGLang, a cluster) instead gets the plan as data and answ
 The command line does the same: ``python -m phasekv plan|analyze|probe`` (``--help`` on each).
 
 Trial line (a JSON object, format ``phasekv.sweep.trial/1``; ``/2`` when the plan's design is not
-"haystacks": the same fields, plus ``content`` in a paired plan, so a /1 reader refuses it)::
+"haystacks" or it states other grids: the same fields plus ``content`` and ``grids``, so a /1
+reader refuses what it would misread)::
 
     format, sweep_id, trial_id      trial_id = the trial's place in the plan's shuffled run order
     shard, shards                   which shard file holds it
@@ -31,10 +32,13 @@ Trial line (a JSON object, format ``phasekv.sweep.trial/1``; ``/2`` when the pla
                                     haystack_needles (every needle of this haystack, in plan order)
     sweep                           stride, modulus, trials_per_residue, query_position, span,
                                     min_distance, seed, needle_tokens, query_jitter when it is not 1,
-                                    design when it is not "haystacks" (the plan is a function of these)
+                                    design when it is not "haystacks", grids when given (the plan is
+                                    a function of these)
     configuration                   the host's own description of what it runs (model, preset, ...)
     content                         (paired design) the unpadded content: needle [start, end), query,
                                     and padding p, the tokens put before it (target = needle start + p)
+    grids                           (plans with other grids) per grid name: residue, phase, class,
+                                    covering_entries and crowding of the record on that grid
 
 Designs (``plan(..., design=)``, ``plan --design``): "haystacks" (below); "single": one needle per
 prompt, every prompt built from the same haystack content (one seed) so a prefix cache serves them;
