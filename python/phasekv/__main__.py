@@ -132,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", type=_grid, action="append", default=[], metavar="NAME:S[:W[:ORIGIN]]",
                    help="another compression grid of the model (e.g. hca:128 beside a CSA sweep at --stride 4); "
                         "every trial carries its residue and layout on it, and analyze reports by its phases; "
-                        "repeatable")
+                        "repeatable (default: none)")
     p.add_argument("--configuration", type=_json_object, default={},
                    help="JSON object describing what the host runs (goes into every line)")
     p.add_argument("--shards", type=_positive, default=1, help="number of shard files")
@@ -151,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="auto: binary when every outcome is true/false")
     a.add_argument("--grid", action="append", default=[], metavar="NAME",
                    help="also print the outcomes by this grid's phases and residues as CSV (the plan's grids: "
-                        "'sweep' and those of plan --grid); repeatable")
+                        "'sweep' and those of plan --grid); repeatable (default: none)")
     a.add_argument("--max-missing", type=_fraction, default=0.05,
                    help="refuse (exit 1) a sweep with more than this fraction of its trials without an outcome "
                         "line; 1 analyzes whatever arrived")
