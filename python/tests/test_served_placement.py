@@ -144,6 +144,22 @@ def test_a_paired_plan_builds_one_content_shifted_by_its_padding(byte_fallback, 
         builder.build(t)
 
 
+def test_single_needle_prompts_share_their_haystack_up_to_the_earlier_needles_block():
+    tok = served_models.tokenizer("bpe", False)
+    config = pk.SweepConfig(stride=4, trials_per_residue=10, query_position=12000, span=11000, min_distance=64, seed=3,
+                            record=pk.RecordShape(key_tokens=2, value_tokens=2))
+    plan = sweep.plan(config, design="single")
+    builder = served.NeedleBuilder(tok, served.RecordTemplate(density=0.05))
+    prompts = list(builder.prompts(plan.trials[:24]))
+    for a, b in zip(prompts, prompts[1:]):
+        assert len(a.ids) == len(b.ids) == 12001
+        # One needle each, the same content everywhere else: equal ids up to the (4096-token) block of
+        # the earlier needle, so a prefix cache serves that much of every prompt.
+        block = min(a.needle[0], b.needle[0]) // builder._BLOCK * builder._BLOCK
+        assert np.array_equal(a.ids[:block], b.ids[:block])
+        assert a.needle != b.needle
+
+
 def test_a_needle_before_the_prefix_or_into_the_question_is_refused():
     tok = served_models.tokenizer("bpe", True)
     plan = plan_for(4, 1, 2, query=600, trials=10)
