@@ -636,6 +636,85 @@ def friedman(table: Any) -> dict:
     return {"statistic": float(statistic), "dof": k - 1, "p_value": float(p_value), "blocks": n}
 
 
+def conditional_logistic(table: Any, *, max_subsets: int = 100_000, max_iterations: int = 100) -> dict:
+    """The conditional logistic fit of paired binary outcomes, stratified by block (content):
+    P(y_ij = 1) = σ(α_i + β_j) with a free α_i per content, conditioned away: given a block's total
+    m_i, the chance of its observed set of successes is exp(Σ_{j∈set} β_j) / Σ_{|T| = m_i}
+    exp(Σ_{j∈T} β_j) (every m_i-subset T of the k columns enumerated). β_0 = 0 (the first column
+    is the reference), β_j the log odds ratio of column j against it within a content. Newton–Raphson
+    on the exact score and information; blocks with m = 0 or k carry no information. The
+    likelihood-ratio test of β = 0 is referred to χ² with k − 1 degrees of freedom. A column whose
+    every informative outcome is a success (or a failure) makes β run off (separation):
+    converged = False and that β large. For k = 2, β_1 = log(n01 / n10), McNemar's odds ratio."""
+    x = np.asarray(table, dtype=np.int64)
+    if x.ndim != 2 or x.shape[1] < 2 or not np.isin(x, (0, 1)).all():
+        raise _pk.InputError(f"conditional_logistic: table of shape {x.shape}: must be blocks × k (k >= 2) of 0/1")
+    k = x.shape[1]
+    totals = x.sum(axis=1)
+    informative = (totals > 0) & (totals < k)
+    groups = {}
+    for m in sorted(set(totals[informative].tolist())):
+        if math.comb(k, m) > max_subsets:
+            raise _pk.InputError(f"conditional_logistic: {math.comb(k, m)} subsets of {m} of {k} columns: more than "
+                                 f"max_subsets = {max_subsets} (use Cochran's Q)")
+        import itertools
+
+        subsets = np.zeros((math.comb(k, m), k))
+        for row, chosen in enumerate(itertools.combinations(range(k), m)):
+            subsets[row, list(chosen)] = 1.0
+        rows = x[informative & (totals == m)]
+        groups[m] = (subsets, float(rows.shape[0]), rows.sum(axis=0).astype(np.float64))
+
+    def evaluate(beta):
+        loglik, score, info = 0.0, np.zeros(k), np.zeros((k, k))
+        for subsets, count, observed in groups.values():
+            eta = subsets @ beta
+            top = eta.max()
+            w = np.exp(eta - top)
+            total = w.sum()
+            p = w / total
+            expected = p @ subsets
+            loglik += float(observed @ beta) - count * (top + math.log(total))
+            score += observed - count * expected
+            info += count * ((subsets * p[:, None]).T @ subsets - np.outer(expected, expected))
+        return loglik, score[1:], info[1:, 1:]
+
+    beta = np.zeros(k)
+    null_loglik = evaluate(beta)[0]
+    loglik, score, info = null_loglik, *evaluate(beta)[1:]
+    converged = not groups
+    iterations = 0
+    for iterations in range(1, max_iterations + 1):
+        if not groups:
+            break
+        try:
+            step = np.linalg.solve(info, score)
+        except np.linalg.LinAlgError:
+            step = np.linalg.lstsq(info, score, rcond=None)[0]
+        scale = 1.0
+        while True:
+            trial = beta.copy()
+            trial[1:] += scale * step
+            new = evaluate(trial)
+            if new[0] >= loglik - 1e-12 or scale < 1e-6:
+                break
+            scale /= 2
+        beta, (loglik, score, info) = trial, new
+        if np.max(np.abs(scale * step)) < 1e-10:
+            converged = True
+            break
+    try:
+        se = np.sqrt(np.diag(np.linalg.inv(info))) if groups else np.full(k - 1, np.nan)
+    except np.linalg.LinAlgError:
+        se = np.full(k - 1, np.nan)
+    converged = converged and bool(np.all(np.abs(beta) < 20))
+    statistic = max(0.0, 2.0 * (loglik - null_loglik))
+    return {"coefficients": [0.0] + beta[1:].tolist(), "standard_errors": [0.0] + se.tolist(),
+            "log_likelihood": float(loglik), "statistic": float(statistic), "dof": k - 1,
+            "p_value": float(_pk.stats.chi_square_upper_tail(statistic, k - 1)) if groups else 1.0,
+            "informative_blocks": int(informative.sum()), "converged": bool(converged), "iterations": iterations}
+
+
 def mcnemar(a: Sequence[Any], b: Sequence[Any]) -> dict:
     """McNemar's exact test of two paired binary outcomes (a[i], b[i] of one content): under the null
     each discordant pair is a (1, 0) or a (0, 1) with probability 1/2; p is the two-sided binomial
@@ -681,7 +760,9 @@ class Analysis:
         """Paired statistics of a "paired" plan (None for other designs): across the planned residues,
         over the contents measured validly at every residue (a content with any errored or missing
         residue is dropped: the tests need complete blocks), Cochran's Q of binary outcomes (and
-        McNemar's exact test when the plan has two residues), Friedman's test of probabilities."""
+        McNemar's exact test when the plan has two residues, and the conditional logistic fit
+        stratified by content: each residue's log odds ratio against the first), Friedman's test of
+        probabilities."""
         if self.plan.design != "paired":
             return None
         binary = self.result.kind == _pk.OutcomeKind.binary
@@ -704,6 +785,11 @@ class Analysis:
         out["accuracy"] = [float(v) for v in table.mean(axis=0)]
         if binary and len(residues) == 2:
             out["mcnemar"] = mcnemar(table[:, 0], table[:, 1])
+        if binary:
+            try:
+                out["conditional_logistic"] = conditional_logistic(table)
+            except _pk.InputError as e:  # too many residues to enumerate: Cochran's Q alone
+                out["conditional_logistic"] = {"error": str(e)}
         return out
 
     def logistic(self) -> dict | None:
@@ -923,6 +1009,14 @@ class Analysis:
                 text += (f"; {name} = {q['statistic']:.2f} (dof {q['dof']}{detail}), p = {q['p_value']:.3g} — the "
                          "paired test of this design (the homogeneity test above treats the residues as independent "
                          "samples)\n")
+                fit = paired.get("conditional_logistic") or {}
+                if "coefficients" in fit:
+                    worst = int(np.argmin(fit["coefficients"]))
+                    text += (f"conditional logistic fit (stratified by content; residue {paired['residues'][0]} the "
+                             f"reference): likelihood-ratio p = {fit['p_value']:.3g}; lowest residue "
+                             f"{paired['residues'][worst]} at log odds ratio {fit['coefficients'][worst]:+.2f}"
+                             + (f" (se {fit['standard_errors'][worst]:.2f})" if worst else "")
+                             + ("" if fit["converged"] else " (not converged: separation)") + "\n")
                 if "mcnemar" in paired:
                     m = paired["mcnemar"]
                     text += (f"McNemar (exact): residue {paired['residues'][0]} only {m['a_only']}, residue "
@@ -1276,7 +1370,7 @@ class NeedleEvaluate:
 
 __all__ = [
     "Analysis", "NeedleEvaluate", "Plan", "ProtocolError", "OUTCOME_FORMAT", "TRIAL_FORMAT", "TRIAL_FORMAT_2",
-    "DESIGNS", "analyze", "cochran_q", "friedman", "mcnemar",
+    "DESIGNS", "analyze", "cochran_q", "conditional_logistic", "friedman", "mcnemar",
     "evaluate_trials", "haystack_seed", "outcome_record", "plan", "read_outcomes", "read_plan", "read_shards",
     "run", "write_outcomes",
 ]

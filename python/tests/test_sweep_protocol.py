@@ -941,3 +941,36 @@ def test_friedman_is_its_formula_and_holds_its_level_on_paired_probabilities():
     hit = [sweep.analyze(p, outcomes(-1.0, 500 + s), kind=pk.OutcomeKind.probability) for s in range(20)]
     assert sum(a.paired()["friedman"]["p_value"] < 0.05 for a in hit) / len(hit) >= 0.8
     assert "Friedman's test" in hit[0].report()
+
+
+def test_the_conditional_logistic_fit_is_mcnemars_odds_ratio_at_two_and_recovers_a_known_effect():
+    rng = random.Random(3)
+    for _ in range(50):
+        rows = [[int(rng.random() < 0.6), int(rng.random() < 0.4)] for _ in range(rng.randint(10, 60))]
+        n10 = sum(a and not b for a, b in rows)
+        n01 = sum(b and not a for a, b in rows)
+        if not n10 or not n01:
+            continue
+        fit = sweep.conditional_logistic(rows)
+        assert fit["converged"] and fit["coefficients"][1] == pytest.approx(math.log(n01 / n10), abs=1e-8)
+        # Its standard error is the familiar sqrt(1/n01 + 1/n10).
+        assert fit["standard_errors"][1] == pytest.approx(math.sqrt(1 / n01 + 1 / n10), rel=1e-6)
+    # Known truth: contents differ (log-odds sd 2), residue 1 is 2 log-odds harder, others equal.
+    estimates, covered, rejected = [], 0, 0
+    for s in range(60):
+        rows = _simulated_paired(random.Random(100 + s), 64, 4, -2.0)
+        fit = sweep.conditional_logistic(rows)
+        b, se = fit["coefficients"][1], fit["standard_errors"][1]
+        estimates.append(b)
+        covered += abs(b + 2.0) < 1.96 * se
+        rejected += fit["p_value"] < 0.05
+    assert abs(float(np.median(estimates)) + 2.0) < 0.3 and covered >= 50 and rejected >= 55
+    null = sum(sweep.conditional_logistic(_simulated_paired(random.Random(900 + s), 48, 4, 0.0))["p_value"] < 0.05
+               for s in range(200)) / 200
+    assert 0.01 <= null <= 0.10, null
+    # Separation (a residue that never succeeds where others do) is flagged, not hidden.
+    sep = sweep.conditional_logistic([[1, 0, 1], [1, 0, 0], [0, 0, 1], [1, 0, 1]])
+    assert not sep["converged"] and sep["coefficients"][1] < -5
+    p = sweep.plan(paired_config(trials_per_residue=32), design="paired")
+    a = sweep.analyze(p, _content_outcomes(p, -2.5, 3))
+    assert "conditional logistic fit" in a.report() and a.paired()["conditional_logistic"]["p_value"] < 1e-3
