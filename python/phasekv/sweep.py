@@ -796,8 +796,9 @@ class Analysis:
         """The logistic fit the lab uses (lab/host/lab_host.cpp), of a binary sweep's valid trials:
         success on an intercept, straddle (the record crosses a block boundary), crowding (other
         needles' tokens in the target's entries), distance / 100 and the contained phases 1 … S − L
-        (phase 0 the reference), by phasekv.stats.fit_logistic (Firth-penalised), with the
-        penalised likelihood-ratio test of each group of columns held at 0. A column that does not
+        (phase 0 the reference), and for each other grid of the plan whether the record straddles
+        one of its blocks (straddle_<name>), by phasekv.stats.fit_logistic (Firth-penalised), with
+        the penalised likelihood-ratio test of each group of columns held at 0. A column that does not
         vary over the trials is left out (named in left_out). None for a probability sweep."""
         if self.result.kind != _pk.OutcomeKind.binary:
             return None
@@ -814,6 +815,11 @@ class Analysis:
         for phase in range(1, stride - length + 1):
             columns.append((f"phase_{phase}", lambda t, phase=phase: float(t["record_layout"]["class"] == "contained"
                                                                             and t["phase"] == phase)))
+        # Each other grid's boundary: whether the record straddles a block of that grid too (a model
+        # with several grids can lose a record at either).
+        for grid in self.plan.grids[1:]:
+            columns.append((f"straddle_{grid['name']}",
+                            lambda t, name=grid["name"]: float(t["grids"][name]["class"] != "contained")))
         used, left_out = [], []
         for name, value in columns:
             values = {value(t) for t, _ in rows}
@@ -834,9 +840,13 @@ class Analysis:
         out["converged"] = bool(fit.converged)
         out["coefficients"] = {n: {"estimate": b, "se": se, "p": p}
                                for n, b, se, p in zip(names, fit.coefficients, fit.standard_errors, fit.p_values)}
-        for label, prefix in (("phase_test", "phase_"), ("straddle_test", "straddle"), ("crowding_test", "crowding"),
-                              ("distance_test", "distance")):
-            held = [j for j in range(1, k) if names[j].startswith(prefix)]
+        tests = [("phase_test", "phase_"), ("straddle_test", "straddle"), ("crowding_test", "crowding"),
+                 ("distance_test", "distance")]
+        tests += [(f"straddle_{g['name']}_test", f"straddle_{g['name']}") for g in self.plan.grids[1:]]
+        for label, prefix in tests:
+            # "straddle" is the sweep's own grid's column alone; a grid's is its own column.
+            held = [j for j in range(1, k) if (names[j] == prefix if prefix.startswith("straddle") else
+                                               names[j].startswith(prefix))]
             if held:
                 lr = _pk.stats.likelihood_ratio_test(fit, _pk.stats.fit_logistic(x, y, k, names, zero=held))
                 out[label] = {"statistic": lr.statistic, "dof": lr.dof, "p": lr.p_value}
@@ -980,8 +990,7 @@ class Analysis:
         if fit and "coefficients" in fit:
             text += f"logistic fit (Firth) of {fit['observations']} valid trials, log-odds:"
             text += "".join(f" {n} {c['estimate']:+.3g} (se {c['se']:.2g})" for n, c in fit["coefficients"].items())
-            tests = [f"{label[:-5]} p = {fit[label]['p']:.3g}" for label in
-                     ("phase_test", "straddle_test", "crowding_test", "distance_test") if label in fit]
+            tests = [f"{label[:-5]} p = {fit[label]['p']:.3g}" for label in fit if label.endswith("_test")]
             text += ("; likelihood-ratio " + ", ".join(tests) if tests else "") + "\n"
         for grid in self.plan.grids[1:]:
             g = self.by_grid(grid["name"])

@@ -974,3 +974,19 @@ def test_the_conditional_logistic_fit_is_mcnemars_odds_ratio_at_two_and_recovers
     p = sweep.plan(paired_config(trials_per_residue=32), design="paired")
     a = sweep.analyze(p, _content_outcomes(p, -2.5, 3))
     assert "conditional logistic fit" in a.report() and a.paired()["conditional_logistic"]["p_value"] < 1e-3
+
+
+def test_the_logistic_fit_separates_another_grids_boundary():
+    # A 12-token record at S = 4 always straddles the CSA grid; on an HCA grid of S = 128 it straddles
+    # 11 of 128 phases. A model that loses 2.5 log-odds at an HCA boundary, and nothing else.
+    config = pk.SweepConfig(stride=4, trials_per_residue=96, query_position=32767, min_distance=256, span=30000, seed=8,
+                            record=pk.RecordShape(key_tokens=10, value_tokens=2))
+    p = sweep.plan(config, grids=[{"name": "hca", "stride": 128}], design="single")
+    rng = np.random.default_rng(6)
+    records = [sweep.outcome_record(t, bool(rng.random() < 1 / (1 + math.exp(
+        -(2.0 - 2.5 * (t["grids"]["hca"]["class"] != "contained")))))) for t in p.trials]
+    fit = sweep.analyze(p, records).logistic()
+    assert "straddle" in fit["left_out"]  # every record straddles the sweep's own grid
+    c = fit["coefficients"]["straddle_hca"]
+    assert abs(c["estimate"] + 2.5) < 3.5 * c["se"] and fit["straddle_hca_test"]["p"] < 1e-6
+    assert fit["distance_test"]["p"] > 1e-3
