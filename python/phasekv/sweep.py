@@ -729,6 +729,17 @@ def mcnemar(a: Sequence[Any], b: Sequence[Any]) -> dict:
     return {"a_only": n10, "b_only": n01, "statistic": float(statistic), "p_value": float(min(1.0, 2 * tail))}
 
 
+def _json_safe(value: Any) -> Any:
+    """value with every non-finite float as None (null): the files are strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 class _TrialFailed(Exception):
     """What the lookup trial raises for a trial without a usable outcome; run_sweep records the
     message alone as the trial's error (phasekv_message_only: no class name in reports)."""
@@ -1059,7 +1070,7 @@ class Analysis:
             ".summary.csv": self.result.to_summary_csv(),
             ".json": self.result.to_json() + "\n",
             ".svg": self.svg(label),
-            ".protocol.json": json.dumps(self.protocol(), indent=1) + "\n",
+            ".protocol.json": json.dumps(_json_safe(self.protocol()), indent=1, allow_nan=False) + "\n",
             ".trials.csv": self.trial_table(),
         }
         for grid in self.plan.grids[1:]:
