@@ -997,13 +997,13 @@ def test_the_protocol_file_is_strict_json_even_when_a_fit_has_no_finite_value(tm
     records = [sweep.outcome_record(t, t["residue"] != 1 and (t["trial"] + t["residue"]) % 3 != 0) for t in p.trials]
     a = sweep.analyze(p, records)
     # A fit whose standard error is not finite (an information matrix that does not invert).
-    monkeypatch.setattr(sweep.Analysis, "logistic", lambda self: {"coefficients": {"x": {"se": float("nan"),
-                                                                                         "z": float("inf")}}})
+    monkeypatch.setattr(sweep.Analysis, "logistic", lambda self: {
+        "observations": 96, "coefficients": {"x": {"estimate": 0.5, "se": float("nan"), "p": float("inf")}}})
     a.write(tmp_path)
 
     def refuse(name):
         raise AssertionError(f"{name} in a JSON file")
 
     data = json.loads((tmp_path / "sweep.protocol.json").read_text(), parse_constant=refuse)
-    assert data["logistic"] == {"coefficients": {"x": {"se": None, "z": None}}}
+    assert data["logistic"]["coefficients"] == {"x": {"estimate": 0.5, "se": None, "p": None}}
     assert data["design"] == "paired" and data["paired"]["cochran_q"]["p_value"] < 0.05
