@@ -8,7 +8,8 @@
               padding experiment; phasekv.served, docs/SERVED.md)
 
 Exit status: 0 done (analyze: a valid sweep), 1 analyze of an invalid sweep (too few valid
-trials in some residue; the report says why), 2 bad arguments or files.
+trials in some residue; the report says why) or of more than --max-missing of its trials without
+an outcome line, 2 bad arguments or files.
 """
 
 from __future__ import annotations
@@ -42,6 +43,29 @@ def _positive(text: str) -> int:
 
 def _non_negative(text: str) -> int:
     return _integer(text, 0, "non-negative")
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a fraction in [0, 1]")
+    return value
+
+
+def _grid(text: str) -> dict:
+    parts = text.split(":")
+    if not 2 <= len(parts) <= 4 or not parts[0]:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be NAME:STRIDE[:WINDOW[:ORIGIN]]")
+    grid: dict = {"name": parts[0]}
+    for field, value in zip(("stride", "window", "origin"), parts[1:]):
+        try:
+            grid[field] = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: {field} {value!r} is not an integer") from None
+    return grid
 
 
 def _json_object(text: str) -> dict:
@@ -81,18 +105,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--query-position", type=_non_negative, required=True, help="the query's position")
     p.add_argument("--span", type=_positive, required=True, help="width of the target range (at least 3M)")
     p.add_argument("--min-distance", type=_positive, default=1, help="targets at least this far before the query")
+    p.add_argument("--query-jitter", type=_positive, default=1,
+                   help="J: trial i queries at query_position - o_i, o_i in [0, J), the same o_i at every residue; "
+                        "J = 1 moves phase and distance mod S together (confounded); a multiple of S separates them")
     p.add_argument("--seed", type=_non_negative, default=0, help="run order and haystack seeds")
     p.add_argument("--window", type=_non_negative, default=0,
                    help="W of the stream the records' layouts are classified against; 0 means S")
     p.add_argument("--origin", type=_non_negative, default=0, help="the stream's chunk origin")
-    p.add_argument("--key-tokens", type=_positive, default=1, help="tokens of a record's key")
-    p.add_argument("--value-tokens", type=_positive, default=1, help="tokens of a record's value")
-    p.add_argument("--gap", type=_non_negative, default=0, help="tokens between a record's key and value")
+    p.add_argument("--key-tokens", type=_positive, help="tokens of a record's key (default: 1)")
+    p.add_argument("--value-tokens", type=_positive, help="tokens of a record's value (default: 1)")
+    p.add_argument("--gap", type=_non_negative, help="tokens between a record's key and value (default: 0)")
     p.add_argument("--layout", choices=("any", "contained", "straddle"), default="any",
                    help="plan every residue, only those whose record fits in one block (the within-window "
                         "test), or only those whose record crosses a block boundary")
     p.add_argument("--needle-tokens", type=_positive,
-                   help="positions a needle takes (default: the record's length, key + gap + value)")
+                   help="tokens of a needle: must equal the record's length (key + gap + value); with only this "
+                        "given, the record is --needle-tokens - 1 key tokens and 1 value token (default: the "
+                        "record's length)")
+    p.add_argument("--needle-spacing", type=_positive,
+                   help="positions reserved per needle when more than the record (the probe's --isolate: record "
+                        "length + 2W); default: the needle's length")
+    p.add_argument("--design", choices=sweep.DESIGNS, default="haystacks",
+                   help="haystacks: several needles share each haystack; single: one needle per prompt, one shared "
+                        "haystack content (prefix caching); paired: each content shifted by padding to every residue "
+                        "(analyze: Cochran's Q)")
+    p.add_argument("--grid", type=_grid, action="append", default=[], metavar="NAME:S[:W[:ORIGIN]]",
+                   help="another compression grid of the model (e.g. hca:128 beside a CSA sweep at --stride 4); "
+                        "every trial carries its residue and layout on it, and analyze reports by its phases; "
+                        "repeatable (default: none)")
     p.add_argument("--configuration", type=_json_object, default={},
                    help="JSON object describing what the host runs (goes into every line)")
     p.add_argument("--shards", type=_positive, default=1, help="number of shard files")
@@ -109,6 +149,12 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--label", help="the plot's series label (default: configuration's 'label', else S)")
     a.add_argument("--kind", choices=("auto", "binary", "probability"), default="auto",
                    help="auto: binary when every outcome is true/false")
+    a.add_argument("--grid", action="append", default=[], metavar="NAME",
+                   help="also print the outcomes by this grid's phases and residues as CSV (the plan's grids: "
+                        "'sweep' and those of plan --grid); repeatable (default: none)")
+    a.add_argument("--max-missing", type=_fraction, default=0.05,
+                   help="refuse (exit 1) a sweep with more than this fraction of its trials without an outcome "
+                        "line; 1 analyzes whatever arrived")
 
     r = commands.add_parser("probe", formatter_class=defaults, help="answer a plan with the synthetic needle probe",
                             description="Runs phasekv's needle probe (a haystack of key->value records read through "
@@ -166,14 +212,36 @@ def _progress(what: str, quiet: bool):
     return report
 
 
+def _record(args) -> "pk.RecordShape":
+    """The record from --key-tokens/--gap/--value-tokens, or from --needle-tokens alone (key = n − 1,
+    value = 1): the record's layout is classified on the needle's real length, and a needle length
+    that disagrees with a stated record is a bad argument naming both."""
+    given = {f: getattr(args, f) for f in ("key_tokens", "gap", "value_tokens") if getattr(args, f) is not None}
+    n = args.needle_tokens
+    if n is not None and not given:
+        if n < 2:
+            raise pk.ConfigError(f"--needle-tokens {n}: a record needs a key and a value token (at least 2)")
+        return pk.RecordShape(key_tokens=n - 1, gap=0, value_tokens=1)
+    record = pk.RecordShape(key_tokens=given.get("key_tokens", 1), gap=given.get("gap", 0),
+                            value_tokens=given.get("value_tokens", 1))
+    if n is not None and n != record.length():
+        raise pk.ConfigError(
+            f"--needle-tokens {n} disagrees with the record's length {record.length()} (--key-tokens "
+            f"{record.key_tokens} + --gap {record.gap} + --value-tokens {record.value_tokens}): give a record that "
+            f"sums to {n}, or drop --needle-tokens (--needle-spacing reserves room beyond the record)")
+    return record
+
+
 def _plan(args) -> int:
+    record = _record(args)
     config = pk.SweepConfig(stride=args.stride, modulus=args.modulus, trials_per_residue=args.trials,
                             query_position=args.query_position, span=args.span, min_distance=args.min_distance,
-                            seed=args.seed, window=args.window, origin=args.origin,
-                            record=pk.RecordShape(key_tokens=args.key_tokens, value_tokens=args.value_tokens,
-                                                  gap=args.gap),
-                            layout=pk.LayoutMode.__members__[args.layout])
-    p = sweep.plan(config, configuration=args.configuration, needle_tokens=args.needle_tokens)
+                            query_jitter=args.query_jitter, seed=args.seed, window=args.window, origin=args.origin,
+                            record=record, layout=pk.LayoutMode.__members__[args.layout])
+    if args.needle_spacing is not None and args.needle_spacing < record.length():
+        raise pk.ConfigError(f"--needle-spacing {args.needle_spacing}: less than the record's length {record.length()}")
+    p = sweep.plan(config, configuration=args.configuration, needle_tokens=args.needle_spacing or record.length(),
+                   design=args.design, grids=args.grid)
     files = p.write(args.out, shards=args.shards)
     print(f"sweep {p.sweep_id}: {len(p.trials)} trials ({len(config.planned_residues())} residues x {args.trials}) in "
           f"{len(p.haystacks())} haystacks, {len(files)} file(s):")
@@ -186,7 +254,18 @@ def _analyze(args) -> int:
     p = sweep.read_plan(args.plan)
     kind = None if args.kind == "auto" else pk.OutcomeKind.__members__[args.kind]
     analysis = sweep.analyze(p, args.outcomes, kind=kind)
+    if analysis.missing_fraction > args.max_missing:
+        print(f"python -m phasekv analyze: refused: {len(analysis.missing)} of {len(p.trials)} trials "
+              f"({100 * analysis.missing_fraction:.1f}%) have no outcome line, more than --max-missing "
+              f"{args.max_missing:g}; run the missing trials (first: trial_id {analysis.missing[0]}), or pass "
+              f"--max-missing {analysis.missing_fraction:.3f} to analyze what arrived", file=sys.stderr)
+        return 1
+    for name in args.grid:
+        analysis.by_grid(name)  # an unknown grid: exit 2 before any output
     print(analysis.report(), end="")
+    for name in args.grid:
+        print(f"grid {name}:")
+        print(analysis.grid_table(name), end="")
     if args.out_dir:
         for f in analysis.write(args.out_dir, stem=args.stem, label=args.label):
             print(f"wrote {f}")

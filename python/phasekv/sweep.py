@@ -16,7 +16,9 @@ model elsewhere (vLLM, SGLang, a cluster) instead gets the plan as data and answ
 
 The command line does the same: ``python -m phasekv plan|analyze|probe`` (``--help`` on each).
 
-Trial line (a JSON object, format ``phasekv.sweep.trial/1``)::
+Trial line (a JSON object, format ``phasekv.sweep.trial/1``; ``/2`` when the plan's design is not
+"haystacks" or it states other grids: the same fields plus ``content`` and ``grids``, so a /1
+reader refuses what it would misread)::
 
     format, sweep_id, trial_id      trial_id = the trial's place in the plan's shuffled run order
     shard, shards                   which shard file holds it
@@ -29,9 +31,21 @@ Trial line (a JSON object, format ``phasekv.sweep.trial/1``)::
                                     [start, end) (end = start + needle_tokens), query, and
                                     haystack_needles (every needle of this haystack, in plan order)
     sweep                           stride, modulus, trials_per_residue, query_position, span,
-                                    min_distance, seed, needle_tokens, query_jitter when it is not 1
-                                    (the plan is a function of these)
+                                    min_distance, seed, needle_tokens, query_jitter when it is not 1,
+                                    design when it is not "haystacks", grids when given (the plan is
+                                    a function of these)
     configuration                   the host's own description of what it runs (model, preset, ...)
+    content                         (paired design) the unpadded content: needle [start, end), query,
+                                    and padding p, the tokens put before it (target = needle start + p)
+    grids                           (plans with other grids) per grid name: residue, phase, class,
+                                    covering_entries and crowding of the record on that grid
+
+Designs (``plan(..., design=)``, ``plan --design``): "haystacks" (below); "single": one needle per
+prompt, every prompt built from the same haystack content (one seed) so a prefix cache serves them;
+"paired": trial index i is one content shifted by padding to each residue (the study's padding
+design), so a content's residues are paired outcomes: ``analyze`` adds Cochran's Q across residues
+over the contents measured at every residue (McNemar's exact test for two residues), the test for
+this design where the χ² of the table treats residues as independent samples.
 
 Haystacks (``assign_haystacks``): one context can hold many needles, none overlapping, so a host
 can serve many trials with one prefill; repeated placements go to different haystacks. A host that
@@ -49,7 +63,11 @@ Outcome files may come in any order and split any way. A trial reported twice wi
 outcome is a duplicate (reported, counted once); with an error and an outcome, the outcome counts
 (a retry); with different outcomes it is a conflict (errored). A trial with no line is missing
 (errored). A line of another sweep, of an unknown trial, or that is not an outcome line is a
-``ProtocolError`` naming the file and line.
+``ProtocolError`` naming the file and line. Any other field of an outcome line (answer text,
+candidate logprobs, prompt hash, latency, ...) is the host's: kept, and written to the per-trial
+table (``Analysis.trial_table``, <stem>.trials.csv) beside the trial's plan fields. A binary sweep's
+report adds the lab's logistic fit (``Analysis.logistic``: Firth, with straddle, crowding, distance
+and the contained phases as covariates).
 """
 
 from __future__ import annotations
@@ -60,6 +78,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
@@ -68,7 +87,15 @@ import numpy as np
 from . import _phasekv as _pk
 
 TRIAL_FORMAT = "phasekv.sweep.trial/1"
+# Lines of a plan with a design other than "haystacks" carry fields a /1 reader would ignore and so
+# misplace needles (padding, one needle per prompt): they are written as /2, which a /1 reader refuses.
+TRIAL_FORMAT_2 = "phasekv.sweep.trial/2"
+TRIAL_FORMATS = (TRIAL_FORMAT, TRIAL_FORMAT_2)
 OUTCOME_FORMAT = "phasekv.sweep.outcome/1"
+# How trials share content: "haystacks" (several needles per haystack, assign_haystacks), "single"
+# (one needle per prompt, every prompt the same haystack content: one seed, prefix caching), or
+# "paired" (each content is one prompt shifted by p padding tokens to every residue).
+DESIGNS = ("haystacks", "single", "paired")
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -136,6 +163,7 @@ class Plan:
     needle_tokens: int
     sweep_id: str
     trials: tuple  # of dicts, without the shard fields, in trial_id order (all, or a shard's)
+    design: str = "haystacks"  # DESIGNS
 
     @property
     def total(self) -> int:
@@ -153,6 +181,14 @@ class Plan:
         """The plan's parameters as they appear in every trial line."""
         return dict(self.trials[0]["sweep"]) if self.trials else {}
 
+    @property
+    def grids(self) -> list[dict]:
+        """The plan's grids: its own (name "sweep") first, then those given to plan(grids=)."""
+        c = self.config
+        own = {"name": "sweep", "stride": c.stride, "window": c.resolved_window(), "origin": c.origin,
+               "modulus": c.modulus}
+        return [own] + list(self.sweep.get("grids", []))
+
     def haystacks(self) -> list[list[dict]]:
         """The trials of each haystack (in haystack order; trials in trial_id order)."""
         groups: list[list[dict]] = []
@@ -161,6 +197,17 @@ class Plan:
                 groups.append([])
             groups[t["haystack"]].append(t)
         return groups
+
+    def prompts(self) -> list[list[dict]]:
+        """The trials of each prompt (one haystack with its needles and query), in haystack order: a
+        host's prefill. In the "haystacks" design a haystack's trials share one prompt; in "single"
+        and "paired" each trial is its own prompt."""
+        groups: dict[tuple, list[dict]] = {}
+        for group in self.haystacks():
+            for t in group:
+                key = (t["haystack"], tuple(t["layout"]["haystack_needles"]), t["query_position"])
+                groups.setdefault(key, []).append(t)
+        return list(groups.values())
 
     def shards(self, count: int) -> list[list[dict]]:
         """The trials cut into `count` shards of equal size (±1), whole haystacks wherever the count
@@ -196,20 +243,80 @@ def _with_shard(trial: dict, shard: int, shards: int) -> dict:
     return line
 
 
+_GRID_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
+
+
+def _grids(grids: Any) -> list[dict]:
+    """The resolved list of extra grids: name, stride, window (0: the stride), origin, modulus (0: 2S)."""
+    out, names = [], set()
+    for g in grids or ():
+        if not isinstance(g, Mapping):
+            raise _pk.ConfigError(f"grid {g!r}: must be a mapping of name, stride, window, origin, modulus")
+        unknown = set(g) - {"name", "stride", "window", "origin", "modulus"}
+        if unknown:
+            raise _pk.ConfigError(f"grid {g!r}: unknown field(s) {sorted(unknown)}")
+        name = g.get("name")
+        if not isinstance(name, str) or not _GRID_NAME.match(name) or name in names:
+            raise _pk.ConfigError(f"grid name = {name!r}: must be a unique name of letters, digits, '_', '.', '-'")
+        names.add(name)
+        values = {}
+        for field, low, default in (("stride", 1, None), ("window", 0, 0), ("origin", 0, 0), ("modulus", 0, 0)):
+            v = g.get(field, default)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise _pk.ConfigError(f"grid {name}: {field} = {v!r}: must be an integer >= {low}")
+            values[field] = v
+        stride = values["stride"]
+        window = values["window"] or stride
+        modulus = values["modulus"] or 2 * stride
+        if modulus % stride:
+            raise _pk.ConfigError(f"grid {name}: modulus = {modulus}: must be a multiple of stride = {stride}")
+        geometry = _pk.Geometry(stride=stride, window=window, origin=values["origin"])
+        geometry.validate()
+        out.append({"name": name, "stride": stride, "window": window, "origin": values["origin"] % stride,
+                    "modulus": modulus})
+    return out
+
+
 def plan(
-    config: Any, *, configuration: Mapping[str, Any] | None = None, needle_tokens: int | None = None
+    config: Any, *, configuration: Mapping[str, Any] | None = None, needle_tokens: int | None = None,
+    design: str = "haystacks", grids: Sequence[Mapping[str, Any]] | None = None,
 ) -> Plan:
     """Every trial of the sweep `config` (a phasekv.SweepConfig) with its haystack layout.
 
     `needle_tokens`: how many positions a needle takes from its target position on (by default the
-    config's record length: key, gap and value); needles of one haystack never overlap, and every
-    needle ends before the query (so min_distance >= needle_tokens). `configuration`: any JSON object
-    describing what the host runs; it goes into every line and into the sweep id."""
+    config's record length: key, gap and value; never fewer, since the needle holds the record, and
+    more only as spacing, e.g. the probe's isolated targets); needles of one haystack never overlap,
+    and every needle ends before the query (so min_distance >= needle_tokens). `configuration`: any
+    JSON object describing what the host runs; it goes into every line and into the sweep id.
+
+    `design` (DESIGNS): "haystacks" puts several needles in each haystack; "single" one needle per
+    prompt, all prompts built from one haystack content (one seed: a prefix cache serves them);
+    "paired" makes trial index i one content — a prompt with its needle at c_i and its query at Q_i —
+    shifted by p = (r − c_i) mod M padding tokens to put the needle at each residue r, so the
+    residues of one content are paired outcomes (analyze: Cochran's Q) and the distance is the same
+    at every residue of a content. c_i = t_i − (M − 1) − s_i and Q_i = q_i − (M − 1), from the
+    C++ plan's trial i at the first planned residue (t_i, q_i) and s_i ∈ [0, M) from the content's
+    seed (so padding and residue are not the same numbers across contents); every padded query is at
+    most query_position and every distance at least min_distance.
+
+    `grids`: the other compression grids the model has (e.g. DeepSeek-V4's HCA at S = 128 beside a
+    CSA sweep at S = 4), each {name, stride, window = stride, origin = 0, modulus = 2·stride}: the
+    plan states them, every trial carries its residue, phase, layout class and crowding on each
+    (``grids``), and analyze reports the outcomes by each grid's residues and phases too. The trials
+    are placed to balance the sweep's own grid (config); on another grid they fall where they fall."""
     config.validate()
+    if design not in DESIGNS:
+        raise _pk.ConfigError(f"design = {design!r}: must be one of {', '.join(DESIGNS)}")
     if needle_tokens is None:
         needle_tokens = config.record.length()
     if not isinstance(needle_tokens, int) or isinstance(needle_tokens, bool) or needle_tokens < 1:
         raise _pk.ConfigError(f"needle_tokens = {needle_tokens!r}: must be a positive integer")
+    if needle_tokens < config.record.length():
+        r = config.record
+        raise _pk.ConfigError(
+            f"needle_tokens = {needle_tokens}: shorter than the record it holds (key_tokens {r.key_tokens} + gap "
+            f"{r.gap} + value_tokens {r.value_tokens} = {r.length()}); give the record's shape or omit needle_tokens"
+        )
     if needle_tokens > config.min_distance:
         raise _pk.ConfigError(
             f"needle_tokens = {needle_tokens}: must be at most min_distance = {config.min_distance} "
@@ -230,53 +337,90 @@ def plan(
     sweep["record"] = {f: getattr(resolved.record, f) for f in _RECORD_FIELDS}
     sweep["layout_mode"] = resolved.layout.name
     sweep["needle_tokens"] = needle_tokens
+    if design != "haystacks":  # absent for the original design: its plans keep their ids
+        sweep["design"] = design
+    extra_grids = _grids(grids)
+    if extra_grids:
+        sweep["grids"] = extra_grids
     sweep_id = hashlib.sha256(_canonical({"sweep": sweep, "configuration": configuration}).encode()).hexdigest()[:16]
+    line_format = TRIAL_FORMAT if design == "haystacks" and not extra_grids else TRIAL_FORMAT_2
 
     placements = _pk.plan_sweep(resolved)
-    haystack_of = _pk.assign_haystacks(placements, needle_tokens)
+    modulus = resolved.modulus
+    if design == "haystacks":
+        haystack_of = _pk.assign_haystacks(placements, needle_tokens)
+    else:  # single: one content for every prompt; paired: content i is trial index i
+        haystack_of = [0 if design == "single" else p.trial for p in placements]
+    positions: list[tuple[int, int, dict | None]] = []  # (target, query, content) per placement
+    if design == "paired":
+        first = resolved.planned_residues()[0]
+        base = {p.trial: (p.target_position, p.query_position) for p in placements if p.residue == first}
+        if resolved.first_target() < 2 * (modulus - 1):
+            raise _pk.ConfigError(
+                f"design = 'paired': the first target position {resolved.first_target()} must be at least 2(M − 1) = "
+                f"{2 * (modulus - 1)} (a content is shifted by up to M − 1 tokens each way); raise query_position")
+        for p in placements:
+            t0, q0 = base[p.trial]
+            shift = haystack_seed(resolved.seed, p.trial) % modulus
+            c, cq = t0 - (modulus - 1) - shift, q0 - (modulus - 1)
+            pad = (p.residue - c) % modulus
+            positions.append((c + pad, cq + pad, {"needle": [c, c + needle_tokens], "query": cq, "padding": pad}))
+    else:
+        positions = [(p.target_position, p.query_position, None) for p in placements]
     needles: dict[int, list[int]] = {}
-    for p, h in zip(placements, haystack_of):
-        needles.setdefault(h, []).append(p.target_position)
+    if design == "haystacks":
+        for p, h in zip(placements, haystack_of):
+            needles.setdefault(h, []).append(p.target_position)
     stream = _pk.Geometry(stride=resolved.stride, window=resolved.resolved_window(), origin=resolved.origin)
     length = resolved.record.length()
     trials = []
-    for trial_id, (p, h) in enumerate(zip(placements, haystack_of)):
-        t, q = p.target_position, p.query_position
-        lay = p.layout
-        trials.append(
-            {
-                "format": TRIAL_FORMAT,
-                "sweep_id": sweep_id,
-                "trial_id": trial_id,
-                "residue": p.residue,
-                "phase": lay.first_offset,
-                "trial": p.trial,
-                "target_position": t,
-                "query_position": q,
-                "distance": q - t,
-                "haystack": h,
-                "seed": haystack_seed(resolved.seed, h),
-                "layout": {
-                    "context_tokens": q + 1,
-                    "needle": [t, t + needle_tokens],
-                    "query": q,
-                    "haystack_needles": needles[h],
-                },
-                "record_layout": {
-                    "class": lay.kind.name,
-                    "first": lay.first,
-                    "last": lay.last,
-                    "first_offset": lay.first_offset,
-                    "last_offset": lay.last_offset,
-                    "boundaries": lay.boundaries,
-                    "covering_entries": lay.covering_entries,
-                    "crowding": _pk.crowding(stream, t, length, needles[h], length),
-                },
-                "sweep": sweep,
-                "configuration": configuration,
-            }
-        )
-    return Plan(resolved, configuration, needle_tokens, sweep_id, tuple(trials))
+    for trial_id, (p, h, (t, q, content)) in enumerate(zip(placements, haystack_of, positions)):
+        lay = p.layout if design != "paired" else _pk.classify_record(stream, t, length)
+        others = needles[h] if design == "haystacks" else [t]
+        line = {
+            "format": line_format,
+            "sweep_id": sweep_id,
+            "trial_id": trial_id,
+            "residue": p.residue,
+            "phase": lay.first_offset,
+            "trial": p.trial,
+            "target_position": t,
+            "query_position": q,
+            "distance": q - t,
+            "haystack": h,
+            "seed": haystack_seed(resolved.seed, h),
+            "layout": {
+                "context_tokens": q + 1,
+                "needle": [t, t + needle_tokens],
+                "query": q,
+                "haystack_needles": others,
+            },
+            "record_layout": {
+                "class": lay.kind.name,
+                "first": lay.first,
+                "last": lay.last,
+                "first_offset": lay.first_offset,
+                "last_offset": lay.last_offset,
+                "boundaries": lay.boundaries,
+                "covering_entries": lay.covering_entries,
+                "crowding": _pk.crowding(stream, t, length, others, length),
+            },
+            "sweep": sweep,
+            "configuration": configuration,
+        }
+        if content is not None:
+            line["content"] = content
+        if extra_grids:
+            line["grids"] = {}
+            for g in extra_grids:
+                geometry = _pk.Geometry(stride=g["stride"], window=g["window"], origin=g["origin"])
+                gl = _pk.classify_record(geometry, t, length)
+                line["grids"][g["name"]] = {
+                    "residue": (t - g["origin"]) % g["modulus"], "phase": gl.first_offset, "class": gl.kind.name,
+                    "covering_entries": gl.covering_entries,
+                    "crowding": _pk.crowding(geometry, t, length, others, length)}
+        trials.append(line)
+    return Plan(resolved, configuration, needle_tokens, sweep_id, tuple(trials), design)
 
 
 def _lines(paths: Iterable[PathLike] | PathLike):
@@ -308,7 +452,10 @@ def _plan_described_by(where: str, line: dict) -> Plan:
     try:
         section = dict(line["sweep"])
         needle_tokens = section.pop("needle_tokens")
-        whole = plan(_sweep_config(section), configuration=line["configuration"], needle_tokens=needle_tokens)
+        design = section.pop("design", "haystacks")
+        grids = section.pop("grids", None)
+        whole = plan(_sweep_config(section), configuration=line["configuration"], needle_tokens=needle_tokens,
+                     design=design, grids=grids)
     except (KeyError, TypeError, _pk.Error) as e:
         raise ProtocolError(f"{where}: its sweep section does not describe a plan ({e})") from None
     if whole.sweep_id != line.get("sweep_id"):
@@ -323,8 +470,12 @@ def read_shards(paths: Iterable[PathLike] | PathLike) -> Plan:
     whole, shards, mine, where_of = None, None, [], {}
     for path, number, line in _lines(paths):
         where = f"{path}:{number}"
-        if not isinstance(line, dict) or line.get("format") != TRIAL_FORMAT:
-            raise ProtocolError(f"{where}: not a trial line (format must be {TRIAL_FORMAT!r})")
+        if not isinstance(line, dict) or line.get("format") not in TRIAL_FORMATS:
+            known = " or ".join(map(repr, TRIAL_FORMATS))
+            if isinstance(line, dict) and str(line.get("format", "")).startswith("phasekv.sweep.trial/"):
+                raise ProtocolError(f"{where}: format = {line['format']!r}: this phasekv reads {known} "
+                                    "(a plan from a newer phasekv?)")
+            raise ProtocolError(f"{where}: not a trial line (format must be {known})")
         if whole is None:
             whole, shards = _plan_described_by(where, line), line.get("shards")
             shard_of = ({t["trial_id"]: k for k, piece in enumerate(whole.shards(shards)) for t in piece}
@@ -415,6 +566,180 @@ def read_outcomes(paths: Iterable[PathLike] | PathLike) -> list[tuple[str, dict]
     return [(f"{path}:{number}", line) for path, number, line in _lines(paths)]
 
 
+# ---- paired statistics ---------------------------------------------------------------------------
+
+
+def cochran_q(table: Any) -> dict:
+    """Cochran's Q test that k paired binary outcomes have one success probability: `table` is
+    blocks × k of 0/1 (a block: one content, measured at each of k residues). With column totals
+    C_j, row totals R_i and N = ΣC_j,
+
+        Q = (k − 1) (k ΣC_j² − N²) / (k N − ΣR_i²),
+
+    referred to χ² with k − 1 degrees of freedom (large-sample; blocks whose outcomes are all equal
+    add nothing to either sum but k N − ΣR_i²'s zero). No discordant block: Q = 0, p = 1.
+    For k = 2, Q is McNemar's (b − c)² / (b + c)."""
+    x = np.asarray(table, dtype=np.int64)
+    if x.ndim != 2 or x.shape[1] < 2 or not np.isin(x, (0, 1)).all():
+        raise _pk.InputError(f"cochran_q: table of shape {x.shape}: must be blocks × k (k >= 2) of 0/1")
+    k = x.shape[1]
+    columns, rows = x.sum(axis=0), x.sum(axis=1)
+    n = int(columns.sum())
+    denominator = k * n - int((rows * rows).sum())
+    discordant = int(((rows > 0) & (rows < k)).sum())
+    if denominator == 0:
+        statistic, p_value = 0.0, 1.0
+    else:
+        statistic = (k - 1) * (k * int((columns * columns).sum()) - n * n) / denominator
+        p_value = _pk.stats.chi_square_upper_tail(statistic, k - 1)
+    return {"statistic": float(statistic), "dof": k - 1, "p_value": float(p_value), "blocks": int(x.shape[0]),
+            "discordant_blocks": discordant}
+
+
+def _average_ranks(row: np.ndarray) -> np.ndarray:
+    """Ranks 1 … k of one row, tied values sharing the mean of their ranks."""
+    order = np.argsort(row, kind="stable")
+    ranks = np.empty(len(row))
+    sorted_row = row[order]
+    i = 0
+    while i < len(row):
+        j = i
+        while j + 1 < len(row) and sorted_row[j + 1] == sorted_row[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def friedman(table: Any) -> dict:
+    """Friedman's test that k paired continuous outcomes (probabilities) have one distribution:
+    `table` is blocks × k. Ranks r_ij within each block (ties: mean ranks), R_j = Σ_i r_ij,
+    A = Σ r_ij², C = n k (k + 1)² / 4:
+
+        T = (k − 1) (ΣR_j² − n C) / (A − C),
+
+    referred to χ² with k − 1 degrees of freedom; without ties T is 12/(n k (k+1)) ΣR_j² − 3n(k+1).
+    Every block tied throughout: T = 0, p = 1."""
+    x = np.asarray(table, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] < 2 or x.shape[0] < 1 or not np.isfinite(x).all():
+        raise _pk.InputError(f"friedman: table of shape {x.shape}: must be blocks × k (k >= 2) of finite numbers")
+    n, k = x.shape
+    ranks = np.array([_average_ranks(row) for row in x])
+    column = ranks.sum(axis=0)
+    c = n * k * (k + 1) ** 2 / 4.0
+    denominator = float((ranks * ranks).sum()) - c
+    if denominator <= 1e-12 * c:
+        statistic, p_value = 0.0, 1.0
+    else:
+        statistic = (k - 1) * (float((column * column).sum()) - n * c) / denominator
+        p_value = _pk.stats.chi_square_upper_tail(statistic, k - 1)
+    return {"statistic": float(statistic), "dof": k - 1, "p_value": float(p_value), "blocks": n}
+
+
+def conditional_logistic(table: Any, *, max_subsets: int = 100_000, max_iterations: int = 100) -> dict:
+    """The conditional logistic fit of paired binary outcomes, stratified by block (content):
+    P(y_ij = 1) = σ(α_i + β_j) with a free α_i per content, conditioned away: given a block's total
+    m_i, the chance of its observed set of successes is exp(Σ_{j∈set} β_j) / Σ_{|T| = m_i}
+    exp(Σ_{j∈T} β_j) (every m_i-subset T of the k columns enumerated). β_0 = 0 (the first column
+    is the reference), β_j the log odds ratio of column j against it within a content. Newton–Raphson
+    on the exact score and information; blocks with m = 0 or k carry no information. The
+    likelihood-ratio test of β = 0 is referred to χ² with k − 1 degrees of freedom. A column whose
+    every informative outcome is a success (or a failure) makes β run off (separation):
+    converged = False and that β large. For k = 2, β_1 = log(n01 / n10), McNemar's odds ratio."""
+    x = np.asarray(table, dtype=np.int64)
+    if x.ndim != 2 or x.shape[1] < 2 or not np.isin(x, (0, 1)).all():
+        raise _pk.InputError(f"conditional_logistic: table of shape {x.shape}: must be blocks × k (k >= 2) of 0/1")
+    k = x.shape[1]
+    totals = x.sum(axis=1)
+    informative = (totals > 0) & (totals < k)
+    groups = {}
+    for m in sorted(set(totals[informative].tolist())):
+        if math.comb(k, m) > max_subsets:
+            raise _pk.InputError(f"conditional_logistic: {math.comb(k, m)} subsets of {m} of {k} columns: more than "
+                                 f"max_subsets = {max_subsets} (use Cochran's Q)")
+        import itertools
+
+        subsets = np.zeros((math.comb(k, m), k))
+        for row, chosen in enumerate(itertools.combinations(range(k), m)):
+            subsets[row, list(chosen)] = 1.0
+        rows = x[informative & (totals == m)]
+        groups[m] = (subsets, float(rows.shape[0]), rows.sum(axis=0).astype(np.float64))
+
+    def evaluate(beta):
+        loglik, score, info = 0.0, np.zeros(k), np.zeros((k, k))
+        for subsets, count, observed in groups.values():
+            eta = subsets @ beta
+            top = eta.max()
+            w = np.exp(eta - top)
+            total = w.sum()
+            p = w / total
+            expected = p @ subsets
+            loglik += float(observed @ beta) - count * (top + math.log(total))
+            score += observed - count * expected
+            info += count * ((subsets * p[:, None]).T @ subsets - np.outer(expected, expected))
+        return loglik, score[1:], info[1:, 1:]
+
+    beta = np.zeros(k)
+    null_loglik = evaluate(beta)[0]
+    loglik, score, info = null_loglik, *evaluate(beta)[1:]
+    converged = not groups
+    iterations = 0
+    for iterations in range(1, max_iterations + 1):
+        if not groups:
+            break
+        try:
+            step = np.linalg.solve(info, score)
+        except np.linalg.LinAlgError:
+            step = np.linalg.lstsq(info, score, rcond=None)[0]
+        scale = 1.0
+        while True:
+            trial = beta.copy()
+            trial[1:] += scale * step
+            new = evaluate(trial)
+            if new[0] >= loglik - 1e-12 or scale < 1e-6:
+                break
+            scale /= 2
+        beta, (loglik, score, info) = trial, new
+        if np.max(np.abs(scale * step)) < 1e-10:
+            converged = True
+            break
+    try:
+        se = np.sqrt(np.diag(np.linalg.inv(info))) if groups else np.full(k - 1, np.nan)
+    except np.linalg.LinAlgError:
+        se = np.full(k - 1, np.nan)
+    converged = converged and bool(np.all(np.abs(beta) < 20))
+    statistic = max(0.0, 2.0 * (loglik - null_loglik))
+    return {"coefficients": [0.0] + beta[1:].tolist(), "standard_errors": [0.0] + se.tolist(),
+            "log_likelihood": float(loglik), "statistic": float(statistic), "dof": k - 1,
+            "p_value": float(_pk.stats.chi_square_upper_tail(statistic, k - 1)) if groups else 1.0,
+            "informative_blocks": int(informative.sum()), "converged": bool(converged), "iterations": iterations}
+
+
+def mcnemar(a: Sequence[Any], b: Sequence[Any]) -> dict:
+    """McNemar's exact test of two paired binary outcomes (a[i], b[i] of one content): under the null
+    each discordant pair is a (1, 0) or a (0, 1) with probability 1/2; p is the two-sided binomial
+    tail, min(1, 2 P(X <= min(n10, n01))) with X ~ Bin(n10 + n01, 1/2)."""
+    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    if a.shape != b.shape or a.ndim != 1:
+        raise _pk.InputError(f"mcnemar: a and b must be equal-length vectors (shapes {a.shape}, {b.shape})")
+    n10, n01 = int((a & ~b).sum()), int((~a & b).sum())
+    n = n10 + n01
+    tail = sum(math.comb(n, i) for i in range(min(n10, n01) + 1)) / 2.0**n if n else 1.0
+    statistic = (n10 - n01) ** 2 / n if n else 0.0
+    return {"a_only": n10, "b_only": n01, "statistic": float(statistic), "p_value": float(min(1.0, 2 * tail))}
+
+
+def _json_safe(value: Any) -> Any:
+    """value with every non-finite float as None (null): the files are strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 class _TrialFailed(Exception):
     """What the lookup trial raises for a trial without a usable outcome; run_sweep records the
     message alone as the trial's error (phasekv_message_only: no class name in reports)."""
@@ -435,6 +760,214 @@ class Analysis:
     duplicates: list  # trial ids with more than one line
     conflicts: list  # trial ids with different outcomes
     host_errors: list  # trial ids whose only lines are errors
+    lines_of: dict = dataclasses.field(default_factory=dict)  # trial_id -> its outcome records, in order
+
+    @property
+    def missing_fraction(self) -> float:
+        """The fraction of planned trials with no outcome line at all."""
+        return len(self.missing) / max(1, len(self.plan.trials))
+
+    def paired(self) -> dict | None:
+        """Paired statistics of a "paired" plan (None for other designs): across the planned residues,
+        over the contents measured validly at every residue (a content with any errored or missing
+        residue is dropped: the tests need complete blocks), Cochran's Q of binary outcomes (and
+        McNemar's exact test when the plan has two residues, and the conditional logistic fit
+        stratified by content: each residue's log odds ratio against the first), Friedman's test of
+        probabilities."""
+        if self.plan.design != "paired":
+            return None
+        binary = self.result.kind == _pk.OutcomeKind.binary
+        residues = list(self.plan.config.planned_residues())
+        column = {r: j for j, r in enumerate(residues)}
+        blocks: dict[int, list] = {}
+        for t in self.plan.trials:
+            blocks.setdefault(t["trial"], [None] * len(residues))[column[t["residue"]]] = self.outcomes[t["trial_id"]]
+        def valid(v):  # as run_sweep counts it: a bool, or a probability in [0, 1]
+            return isinstance(v, bool) if binary else (v is not None and 0.0 <= v <= 1.0)
+
+        complete = [row for _, row in sorted(blocks.items()) if all(valid(v) for v in row)]
+        out = {"residues": residues, "contents": len(blocks), "complete_contents": len(complete)}
+        test = "cochran_q" if binary else "friedman"
+        if len(complete) < 2:
+            out[test] = None
+            return out
+        table = np.array(complete, dtype=np.int64 if binary else np.float64)
+        out[test] = cochran_q(table) if binary else friedman(table)
+        out["accuracy"] = [float(v) for v in table.mean(axis=0)]
+        if binary and len(residues) == 2:
+            out["mcnemar"] = mcnemar(table[:, 0], table[:, 1])
+        if binary:
+            try:
+                out["conditional_logistic"] = conditional_logistic(table)
+            except _pk.InputError as e:  # too many residues to enumerate: Cochran's Q alone
+                out["conditional_logistic"] = {"error": str(e)}
+        return out
+
+    def logistic(self) -> dict | None:
+        """The logistic fit the lab uses (lab/host/lab_host.cpp), of a binary sweep's valid trials:
+        success on an intercept, straddle (the record crosses a block boundary), crowding (other
+        needles' tokens in the target's entries), distance / 100 and the contained phases 1 … S − L
+        (phase 0 the reference), and for each other grid of the plan whether the record straddles
+        one of its blocks (straddle_<name>), by phasekv.stats.fit_logistic (Firth-penalised), with
+        the penalised likelihood-ratio test of each group of columns held at 0. A column that does not
+        vary over the trials is left out (named in left_out). None for a probability sweep."""
+        if self.result.kind != _pk.OutcomeKind.binary:
+            return None
+        stride = self.plan.config.stride
+        length = self.plan.config.record.length()
+        rows = [(t, self.outcomes[t["trial_id"]]) for t in self.plan.trials
+                if isinstance(self.outcomes.get(t["trial_id"]), bool)]
+        columns: list[tuple[str, Callable[[dict], float]]] = [
+            ("intercept", lambda t: 1.0),
+            ("straddle", lambda t: float(t["record_layout"]["class"] != "contained")),
+            ("crowding", lambda t: float(t["record_layout"]["crowding"])),
+            ("distance_per_100", lambda t: t["distance"] / 100.0),
+        ]
+        for phase in range(1, stride - length + 1):
+            columns.append((f"phase_{phase}", lambda t, phase=phase: float(t["record_layout"]["class"] == "contained"
+                                                                            and t["phase"] == phase)))
+        # Each other grid's boundary: whether the record straddles a block of that grid too (a model
+        # with several grids can lose a record at either).
+        for grid in self.plan.grids[1:]:
+            columns.append((f"straddle_{grid['name']}",
+                            lambda t, name=grid["name"]: float(t["grids"][name]["class"] != "contained")))
+        used, left_out = [], []
+        for name, value in columns:
+            values = {value(t) for t, _ in rows}
+            (used if name == "intercept" or len(values) > 1 else left_out).append((name, value))
+        out: dict = {"observations": len(rows), "left_out": [name for name, _ in left_out]}
+        if len({y for _, y in rows}) < 2:
+            out["note"] = "every valid trial had the same outcome: nothing to fit"
+            return out
+        names = [name for name, _ in used]
+        x = [value(t) for t, _ in rows for _, value in used]
+        y = [1.0 if ok else 0.0 for _, ok in rows]
+        k = len(names)
+        try:
+            fit = _pk.stats.fit_logistic(x, y, k, names)
+        except _pk.Error as e:
+            out["error"] = str(e)
+            return out
+        out["converged"] = bool(fit.converged)
+        out["coefficients"] = {n: {"estimate": b, "se": se, "p": p}
+                               for n, b, se, p in zip(names, fit.coefficients, fit.standard_errors, fit.p_values)}
+        tests = [("phase_test", "phase_"), ("straddle_test", "straddle"), ("crowding_test", "crowding"),
+                 ("distance_test", "distance")]
+        tests += [(f"straddle_{g['name']}_test", f"straddle_{g['name']}") for g in self.plan.grids[1:]]
+        for label, prefix in tests:
+            # "straddle" is the sweep's own grid's column alone; a grid's is its own column.
+            held = [j for j in range(1, k) if (names[j] == prefix if prefix.startswith("straddle") else
+                                               names[j].startswith(prefix))]
+            if held:
+                lr = _pk.stats.likelihood_ratio_test(fit, _pk.stats.fit_logistic(x, y, k, names, zero=held))
+                out[label] = {"statistic": lr.statistic, "dof": lr.dof, "p": lr.p_value}
+        return out
+
+    def by_grid(self, name: str) -> dict:
+        """The outcomes by the residues and by the phases (residue mod S) of one of the plan's grids
+        (Plan.grids; "sweep" is the sweep's own): per residue and per phase the valid trials, the
+        accuracy (binary: successes and a Wilson 95% interval; probabilities: the mean), and the
+        homogeneity across phases (binary: Pearson χ² over the phases with trials; probabilities:
+        one-way ANOVA). The phases pool residues, which is what a grid of large S needs: at S = 128
+        a sweep balanced on S = 4 gives each of its 256 residues a trial or two."""
+        grid = next((g for g in self.plan.grids if g["name"] == name), None)
+        if grid is None:
+            raise _pk.InputError(f"grid = {name!r}: the plan's grids are {[g['name'] for g in self.plan.grids]}")
+        binary = self.result.kind == _pk.OutcomeKind.binary
+
+        def place(t):
+            if name == "sweep":
+                return t["residue"], t["phase"], t["record_layout"]["class"]
+            g = t["grids"][name]
+            return g["residue"], g["phase"], g["class"]
+
+        residues: dict[int, list] = {}
+        phases: dict[int, list] = {}
+        for t in self.plan.trials:
+            v = self.outcomes.get(t["trial_id"])
+            if v is None:
+                continue
+            r, ph, _ = place(t)
+            residues.setdefault(r, []).append(float(v))
+            phases.setdefault(ph, []).append(float(v))
+
+        def rows(groups):
+            out = []
+            for key in sorted(groups):
+                values = groups[key]
+                row = {"trials": len(values), "accuracy": sum(values) / len(values)}
+                if binary:
+                    ok = int(sum(values))
+                    w = _pk.stats.wilson_interval(ok, len(values))
+                    row.update(successes=ok, low=w.low, high=w.high)
+                out.append((key, row))
+            return out
+
+        phase_rows = rows(phases)
+        test = None
+        if len(phase_rows) >= 2:
+            if binary:
+                chi = _pk.stats.chi_square_homogeneity([r["successes"] for _, r in phase_rows],
+                                                       [r["trials"] for _, r in phase_rows])
+                test = {"test": "chi_square", "statistic": chi.statistic, "dof": chi.dof, "p_value": chi.p_value,
+                        "approximate": chi.min_expected < 5}
+            elif all(r["trials"] >= 2 for _, r in phase_rows):
+                anova = _pk.stats.anova_homogeneity([phases[k] for k, _ in phase_rows])
+                test = {"test": "anova", "statistic": anova.f_statistic, "dof": anova.dof_between,
+                        "p_value": anova.p_value}
+        return {"grid": grid, "residues": [dict(r, residue=k) for k, r in rows(residues)],
+                "phases": [dict(r, phase=k) for k, r in phase_rows], "phase_homogeneity": test}
+
+    def grid_table(self, name: str) -> str:
+        """by_grid(name) as CSV: one row per phase, then one per residue."""
+        g = self.by_grid(name)
+        lines = ["level,index,trials,accuracy,successes,low,high"]
+        for level, key in (("phase", "phases"), ("residue", "residues")):
+            for r in g[key]:
+                lines.append(",".join(str(x) for x in (level, r[level], r["trials"], f"{r['accuracy']:.6g}",
+                                                       r.get("successes", ""),
+                                                       f"{r['low']:.6g}" if "low" in r else "",
+                                                       f"{r['high']:.6g}" if "high" in r else "")))
+        return "\n".join(lines) + "\n"
+
+    def trial_table(self) -> str:
+        """Every planned trial as a CSV row, in trial_id order: the plan's fields (residue, phase,
+        trial index, haystack, positions, padding in the paired design, record class and crowding),
+        the status (ok, missing, errored, conflicting) and outcome, then every extra field the host
+        wrote in the trial's outcome line (answer text, logprobs, prompt hash, latency, ...; objects
+        and lists as JSON), under their own names, columns sorted."""
+        import csv
+        import io
+
+        own = {"format", "sweep_id", "trial_id", "outcome", "error", "failure"}
+        extra = sorted({k for rs in self.lines_of.values() for r in rs for k in r if k not in own})
+        head = ["trial_id", "residue", "phase", "trial", "haystack", "target_position", "query_position", "distance",
+                "padding", "record_class", "crowding", "status", "outcome", "failure", "error"]
+        clash = [k for k in extra if k in head]
+        extra_names = [("host_" + k if k in clash else k) for k in extra]
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(head + extra_names)
+        conflicts, missing = set(self.conflicts), set(self.missing)
+        for t in self.plan.trials:
+            i = t["trial_id"]
+            rs = self.lines_of.get(i, [])
+            value = self.outcomes.get(i)
+            status = ("missing" if i in missing else "conflicting" if i in conflicts else
+                      "errored" if value is None else "ok")
+            # The line whose outcome counted (the last such), else the last line: its extra fields.
+            used = next((r for r in reversed(rs) if "outcome" in r), rs[-1] if rs else {})
+            error = next((r["error"] for r in reversed(rs) if "error" in r), "") if status != "ok" else ""
+            row = [i, t["residue"], t["phase"], t["trial"], t["haystack"], t["target_position"], t["query_position"],
+                   t["distance"], (t.get("content") or {}).get("padding", ""), t["record_layout"]["class"],
+                   t["record_layout"]["crowding"], status,
+                   "" if value is None else (str(value).lower() if isinstance(value, bool) else repr(value)),
+                   used.get("failure", ""), error]
+            for k in extra:
+                v = used.get(k, "")
+                row.append(v if isinstance(v, str) else _canonical(v))
+            writer.writerow(row)
+        return buffer.getvalue()
 
     def protocol(self) -> dict:
         """What the files held, as a JSON-able dict (the .protocol.json of write())."""
@@ -446,6 +979,11 @@ class Analysis:
             "duplicates": self.duplicates,
             "conflicts": self.conflicts,
             "host_errors": self.host_errors,
+            "missing_fraction": self.missing_fraction,
+            "design": self.plan.design,
+            "paired": self.paired(),
+            "logistic": self.logistic(),
+            "grids": {g["name"]: self.by_grid(g["name"]) for g in self.plan.grids[1:]},
         }
 
     def report(self) -> str:
@@ -459,6 +997,50 @@ class Analysis:
                           ("conflicting", self.conflicts), ("errored by the host", self.host_errors)):
             if ids:
                 text += f"{name}: {len(ids)} trials (trial_id {listed(ids)})\n"
+        fit = self.logistic()
+        if fit and "coefficients" in fit:
+            text += f"logistic fit (Firth) of {fit['observations']} valid trials, log-odds:"
+            text += "".join(f" {n} {c['estimate']:+.3g} (se {c['se']:.2g})" for n, c in fit["coefficients"].items())
+            tests = [f"{label[:-5]} p = {fit[label]['p']:.3g}" for label in fit if label.endswith("_test")]
+            text += ("; likelihood-ratio " + ", ".join(tests) if tests else "") + "\n"
+        for grid in self.plan.grids[1:]:
+            g = self.by_grid(grid["name"])
+            h = g["phase_homogeneity"]
+            text += (f"grid {grid['name']} (S = {grid['stride']}, W = {grid['window']}, origin {grid['origin']}, M = "
+                     f"{grid['modulus']}): {len(g['phases'])} phases with trials, {len(g['residues'])} residues")
+            if g["phases"]:
+                worst = min(g["phases"], key=lambda r: r["accuracy"])
+                best = max(g["phases"], key=lambda r: r["accuracy"])
+                text += (f"; phase {worst['phase']} lowest ({100 * worst['accuracy']:.1f}%), phase {best['phase']} "
+                         f"highest ({100 * best['accuracy']:.1f}%)")
+            if h:
+                text += f"; across phases {h['test']} p = {h['p_value']:.3g}" + (" (approximate)" if h.get("approximate") else "")
+            text += "\n"
+        paired = self.paired()
+        if paired is not None:
+            name = "Cochran's Q" if "cochran_q" in paired else "Friedman's test"
+            q = paired.get("cochran_q", paired.get("friedman"))
+            text += (f"paired design: {paired['complete_contents']} of {paired['contents']} contents measured at every "
+                     f"residue")
+            if q is None:
+                text += f"; too few for {name}\n"
+            else:
+                detail = (f", {q['discordant_blocks']} discordant contents" if "discordant_blocks" in q else "")
+                text += (f"; {name} = {q['statistic']:.2f} (dof {q['dof']}{detail}), p = {q['p_value']:.3g} — the "
+                         "paired test of this design (the homogeneity test above treats the residues as independent "
+                         "samples)\n")
+                fit = paired.get("conditional_logistic") or {}
+                if "coefficients" in fit:
+                    worst = int(np.argmin(fit["coefficients"]))
+                    text += (f"conditional logistic fit (stratified by content; residue {paired['residues'][0]} the "
+                             f"reference): likelihood-ratio p = {fit['p_value']:.3g}; lowest residue "
+                             f"{paired['residues'][worst]} at log odds ratio {fit['coefficients'][worst]:+.2f}"
+                             + (f" (se {fit['standard_errors'][worst]:.2f})" if worst else "")
+                             + ("" if fit["converged"] else " (not converged: separation)") + "\n")
+                if "mcnemar" in paired:
+                    m = paired["mcnemar"]
+                    text += (f"McNemar (exact): residue {paired['residues'][0]} only {m['a_only']}, residue "
+                             f"{paired['residues'][1]} only {m['b_only']}, p = {m['p_value']:.3g}\n")
         return text
 
     def svg(self, label: str | None = None) -> str:
@@ -478,7 +1060,8 @@ class Analysis:
         return plot.svg_line_plot([plot.phase_sweep_series(r, label + summary)], axes)
 
     def write(self, out_dir: PathLike, stem: str = "sweep", label: str | None = None) -> list[pathlib.Path]:
-        """<stem>.txt (report), .csv, .summary.csv, .json, .svg and .protocol.json in out_dir."""
+        """<stem>.txt (report), .csv, .summary.csv, .json, .svg, .protocol.json and .trials.csv (the
+        per-trial table, with the host's extra fields) in out_dir."""
         out = pathlib.Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         files = {
@@ -487,8 +1070,11 @@ class Analysis:
             ".summary.csv": self.result.to_summary_csv(),
             ".json": self.result.to_json() + "\n",
             ".svg": self.svg(label),
-            ".protocol.json": json.dumps(self.protocol(), indent=1) + "\n",
+            ".protocol.json": json.dumps(_json_safe(self.protocol()), indent=1, allow_nan=False) + "\n",
+            ".trials.csv": self.trial_table(),
         }
+        for grid in self.plan.grids[1:]:
+            files[f".grid-{grid['name']}.csv"] = self.grid_table(grid["name"])
         written = []
         for suffix, text in files.items():
             path = out / (stem + suffix)
@@ -590,7 +1176,8 @@ def analyze(
         return value
 
     result = _pk.run_sweep(plan.config, lookup, kind)
-    return Analysis(plan, result, resolved, [r for _, r in located], missing, duplicates, conflicts, host_errors)
+    return Analysis(plan, result, resolved, [r for _, r in located], missing, duplicates, conflicts, host_errors,
+                    by_trial)
 
 
 # ---- run -----------------------------------------------------------------------------------------
@@ -638,7 +1225,7 @@ def evaluate_trials(
     """run() without the analysis: the outcome records of the plan's trials (which may be a part of
     a plan, e.g. read_shards of one shard), in task order. What an engine instance given one shard
     runs; write them with write_outcomes."""
-    tasks = [group for group in plan.haystacks() if group]
+    tasks = plan.prompts()
     total = len(plan.trials)
     done = 0
     if client is None:
@@ -693,7 +1280,10 @@ class NeedleEvaluate:
     ``needle_tokens=evaluate.needle_tokens()``: the record's length, plus 2W for isolated targets,
     and the sweep's ``record`` the probe's). ``outcome``: ``success``, ``probability``, or
     ``attributed`` (success, and the cause of each failure: ``NeedleProbe.explain``). Picklable: only
-    the configuration travels; each process builds its probe on first use."""
+    the configuration travels; each process builds its probe on first use. A trial of a "single" or
+    "paired" plan is its own prompt (its one needle, its query); the probe has no padding, so a
+    paired plan's residues of one content are answered as separate haystacks of the same salt, not
+    as one content shifted (phasekv.served's NeedleBuilder builds the shifted prompts)."""
 
     def __init__(self, config: Any = None, *, outcome: str = "success", **fields: Any):
         if outcome not in _OUTCOMES:
@@ -767,7 +1357,10 @@ class NeedleEvaluate:
         with entry["lock"]:
             if entry["probe"] is None:
                 entry["probe"] = _pk.probe.NeedleProbe(self.config())
-            haystack = (trial["sweep_id"], trial["haystack"])
+            # A prompt is its haystack, needles and query (one haystack content holds many prompts
+            # in the single and paired designs).
+            haystack = (trial["sweep_id"], trial["haystack"], tuple(trial["layout"]["haystack_needles"]),
+                        trial["query_position"])
             if entry["haystack"] != haystack:
                 needles = np.asarray(trial["layout"]["haystack_needles"], dtype=np.int64)
                 entry["haystack"] = None  # a failed prepare leaves no stale outcomes behind
@@ -796,7 +1389,8 @@ class NeedleEvaluate:
 
 
 __all__ = [
-    "Analysis", "NeedleEvaluate", "Plan", "ProtocolError", "OUTCOME_FORMAT", "TRIAL_FORMAT", "analyze",
+    "Analysis", "NeedleEvaluate", "Plan", "ProtocolError", "OUTCOME_FORMAT", "TRIAL_FORMAT", "TRIAL_FORMAT_2",
+    "DESIGNS", "analyze", "cochran_q", "conditional_logistic", "friedman", "mcnemar",
     "evaluate_trials", "haystack_seed", "outcome_record", "plan", "read_outcomes", "read_plan", "read_shards",
     "run", "write_outcomes",
 ]

@@ -4,6 +4,7 @@
 // in the config, so outcomes recorded anywhere are replayed through run_sweep() by a trial that
 // looks them up by (residue, trial).
 
+#include <phasekv/diag/logistic.hpp>
 #include <phasekv/diag/phase_sweep.hpp>
 #include <phasekv/diag/statistics.hpp>
 #include <phasekv/diag/svg_plot.hpp>
@@ -305,6 +306,45 @@ void init_sweep(const modules& m) {
       .def_readonly("p_value", &stats::anova_test::p_value)
       .def_readonly("between_sum_squares", &stats::anova_test::between_sum_squares)
       .def_readonly("within_sum_squares", &stats::anova_test::within_sum_squares);
+  // The logistic fit (diag/logistic.hpp): x row-major n × k (the intercept column is the caller's).
+  py::class_<stats::logistic_fit>(stats, "LogisticFit")
+      .def_readonly("names", &stats::logistic_fit::names)
+      .def_property_readonly("held",
+                             [](const stats::logistic_fit& f) {
+                               py::list out;
+                               for (bool h : f.held) out.append(py::bool_(h));
+                               return out;
+                             })
+      .def_readonly("coefficients", &stats::logistic_fit::coefficients)
+      .def_readonly("standard_errors", &stats::logistic_fit::standard_errors)
+      .def_readonly("z", &stats::logistic_fit::z)
+      .def_readonly("p_values", &stats::logistic_fit::p_values)
+      .def_readonly("log_likelihood", &stats::logistic_fit::log_likelihood)
+      .def_readonly("penalized_log_likelihood", &stats::logistic_fit::penalized_log_likelihood)
+      .def_readonly("observations", &stats::logistic_fit::observations)
+      .def_readonly("iterations", &stats::logistic_fit::iterations)
+      .def_readonly("converged", &stats::logistic_fit::converged)
+      .def_readonly("firth", &stats::logistic_fit::firth);
+  py::class_<stats::likelihood_ratio>(stats, "LikelihoodRatio")
+      .def_readonly("statistic", &stats::likelihood_ratio::statistic)
+      .def_readonly("dof", &stats::likelihood_ratio::dof)
+      .def_readonly("p_value", &stats::likelihood_ratio::p_value);
+  stats.def(
+      "fit_logistic",
+      [](const std::vector<double>& x, const std::vector<double>& y, std::size_t k, std::vector<std::string> names,
+         bool firth, const std::vector<std::size_t>& zero, std::int64_t max_iterations) {
+        stats::logistic_options options;
+        options.firth = firth;
+        options.zero = zero;
+        options.max_iterations = max_iterations;
+        return stats::fit_logistic(x, y, k, std::move(names), options);
+      },
+      py::arg("x"), py::arg("y"), py::arg("k"), py::arg("names") = std::vector<std::string>{},
+      py::arg("firth") = true, py::arg("zero") = std::vector<std::size_t>{}, py::arg("max_iterations") = 100,
+      "Firth-penalised (firth=True) logistic regression of y on the n × k covariates x (row-major, flat); "
+      "zero: columns held at 0 (a null hypothesis for likelihood_ratio_test).");
+  stats.def("likelihood_ratio_test", &stats::likelihood_ratio_test, py::arg("free"), py::arg("held"),
+            "2 (l*_free − l*_held) against χ² with the columns held only by `held`.");
   py::class_<stats::periodicity>(stats, "Periodicity")
       .def_readonly("period", &stats::periodicity::period, "P, a divisor of M in [2, M]; 0 when flat")
       .def_readonly("frequency", &stats::periodicity::frequency)

@@ -308,3 +308,27 @@ def test_the_padding_experiment_through_phasekv_cache_finds_the_split_record(tok
     assert dip.anova_p < 1e-6 and dip.fold_p < 0.01 and dip.period == S
     control = profiles["control"]
     assert min(r["mean"] for r in control.residues) > 0.9 and not control.anova_p < 0.001
+
+
+def test_measure_a_paired_needle_design_reports_cochran_q(tok, model_file, tmp_path, capsys):
+    """The paired design over HTTP: every content is sent at every residue (shifted by padding after
+    the BOS), and the report's paired test finds the probe's gate-slot profile."""
+    config = pk.probe.NeedleConfig(tokens=2048, records=200, channels=64, stride=S, window=S,
+                                   policy=pk.probe.NeedlePolicy.concentrated_gates, gate_offset=3, seed=1)
+    p = probe_p(config)
+    builder = served.NeedleBuilder(tok, served.RecordTemplate(density=0.02))
+    builder.prepare(key_tokens=2, value_tokens=2)
+    with CompletionServer(RetrievalModel(builder, p), tok) as server:
+        code = main(["measure", "--endpoint", server.url, "--out", str(tmp_path), "--model", "m", "--tokenizer",
+                     str(model_file), "--stride", str(S), "--experiment", "needle", "--trials", "12",
+                     "--query-position", "2000", "--span", "1700", "--min-distance", "64", "--seed", "3",
+                     "--key-tokens", "2", "--value-tokens", "2", "--density", "0.02", "--quiet", "--backoff", "0.02",
+                     "--design", "paired", "--query-jitter", "8"])
+    out = capsys.readouterr().out
+    assert code == 0
+    written = sweep.read_plan([tmp_path / "plan.jsonl"])
+    assert written.design == "paired" and written.config.query_jitter == 8
+    analysis = sweep.analyze(written, [tmp_path / "outcomes.jsonl"])
+    paired = analysis.paired()
+    assert paired["complete_contents"] == 12 and paired["cochran_q"]["p_value"] < 1e-3
+    assert "Cochran's Q" in out

@@ -115,6 +115,51 @@ def test_trials_of_one_haystack_share_their_prompt_up_to_the_question():
     assert shared > 0
 
 
+@pytest.mark.parametrize("byte_fallback,system", [(False, None), (True, "You answer from the records.")])
+def test_a_paired_plan_builds_one_content_shifted_by_its_padding(byte_fallback, system):
+    tok = served_models.tokenizer("bpe", byte_fallback)
+    config = pk.SweepConfig(stride=4, trials_per_residue=12, query_position=2000, span=1500, min_distance=64, seed=3,
+                            record=pk.RecordShape(key_tokens=2, value_tokens=2))
+    plan = sweep.plan(config, design="paired")
+    prefix = served.model_prefix(tok, system=system)
+    builder = served.NeedleBuilder(tok, served.RecordTemplate(density=0.05), prefix)
+    prompts = {p.trial_id: p for p in builder.prompts(plan.trials)}
+    P = prefix.length
+    by_content = {}
+    for t in plan.trials:
+        prompt = prompts[t["trial_id"]]
+        check_landed(builder, prompt, t)  # the needle and question where the (padded) plan put them
+        pad = t["content"]["padding"]
+        assert np.all(prompt.ids[P:P + pad] == builder._vocab.filler[0])
+        unpadded = np.concatenate([prompt.ids[:P], prompt.ids[P + pad:]])
+        by_content.setdefault(t["trial"], []).append((unpadded, prompt.answer, prompt.key_text))
+    for shifted in by_content.values():
+        # Every residue of a content is the same prompt (ids, key and answer) with its padding removed.
+        assert len(shifted) == 8
+        for unpadded, answer, key in shifted:
+            assert np.array_equal(unpadded, shifted[0][0]) and (answer, key) == shifted[0][1:]
+    # A plan line whose content and layout disagree (an edited line) is refused, never built.
+    t = dict(plan.trials[0], content=dict(plan.trials[0]["content"], padding=plan.trials[0]["content"]["padding"] + 1))
+    with pytest.raises(served.PlacementError, match="an edited line"):
+        builder.build(t)
+
+
+def test_single_needle_prompts_share_their_haystack_up_to_the_earlier_needles_block():
+    tok = served_models.tokenizer("bpe", False)
+    config = pk.SweepConfig(stride=4, trials_per_residue=10, query_position=12000, span=11000, min_distance=64, seed=3,
+                            record=pk.RecordShape(key_tokens=2, value_tokens=2))
+    plan = sweep.plan(config, design="single")
+    builder = served.NeedleBuilder(tok, served.RecordTemplate(density=0.05))
+    prompts = list(builder.prompts(plan.trials[:24]))
+    for a, b in zip(prompts, prompts[1:]):
+        assert len(a.ids) == len(b.ids) == 12001
+        # One needle each, the same content everywhere else: equal ids up to the (4096-token) block of
+        # the earlier needle, so a prefix cache serves that much of every prompt.
+        block = min(a.needle[0], b.needle[0]) // builder._BLOCK * builder._BLOCK
+        assert np.array_equal(a.ids[:block], b.ids[:block])
+        assert a.needle != b.needle
+
+
 def test_a_needle_before_the_prefix_or_into_the_question_is_refused():
     tok = served_models.tokenizer("bpe", True)
     plan = plan_for(4, 1, 2, query=600, trials=10)

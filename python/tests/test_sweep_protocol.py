@@ -3,6 +3,7 @@ the in-process sweep on the same trials; the needle probe through the protocol e
 needle_sweep; a Dask run equals the serial run; every malformed file is named."""
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -176,7 +177,8 @@ def test_plan_shards_outcomes_analyze_equals_the_in_process_sweep(tmp_path):
     assert analysis.report().startswith(expected.to_table())
     written = analysis.write(tmp_path / "out", label="toy")
     assert sorted(f.name for f in written) == sorted(
-        ["sweep.txt", "sweep.csv", "sweep.summary.csv", "sweep.json", "sweep.svg", "sweep.protocol.json"])
+        ["sweep.txt", "sweep.csv", "sweep.summary.csv", "sweep.json", "sweep.svg", "sweep.protocol.json",
+         "sweep.trials.csv"])
     assert (tmp_path / "out" / "sweep.csv").read_text() == expected.to_csv()
     assert json.loads((tmp_path / "out" / "sweep.json").read_text()) == json.loads(expected.to_json())
     assert "<svg" in (tmp_path / "out" / "sweep.svg").read_text()
@@ -375,13 +377,14 @@ def test_needle_evaluate_is_picklable_and_refuses_a_plan_it_cannot_answer():
     clone = pickle.loads(pickle.dumps(evaluate))
     assert clone.fields == evaluate.fields and repr(clone) == repr(evaluate)
     assert "policy='mean_pool'" in repr(evaluate)
-    trial = sweep.plan(probe_sweep_config(), needle_tokens=1).trials[0]
-    with pytest.raises(pk.InputError, match=r"needle_tokens = 1: this needle probe's haystacks need 2"):
+    trial = sweep.plan(probe_sweep_config(), needle_tokens=3).trials[0]
+    with pytest.raises(pk.InputError, match=r"needle_tokens = 3: this needle probe's haystacks need 2"):
         evaluate(trial)
     other = sweep.plan(probe_sweep_config(record=pk.RecordShape(key_tokens=1, value_tokens=1, gap=1)),
-                       needle_tokens=2).trials[0]
+                       needle_tokens=3).trials[0]
+    three = sweep.NeedleEvaluate(**dict(PROBE, record=(2, 0, 1)))  # a 3-token record of another shape
     with pytest.raises(pk.InputError, match=r"sweep.record = .*must be the probe's record"):
-        evaluate(other)
+        three(other)
     with pytest.raises(pk.ConfigError, match=r"needle_config.records = 5000"):
         sweep.NeedleEvaluate(tokens=4096, records=5000)
     with pytest.raises(pk.InputError, match=r"outcome = 'maybe'"):
@@ -460,7 +463,7 @@ def test_the_command_line_plans_probes_and_analyzes(tmp_path):
     # A missing shard is an error naming it (exit 2); an invalid sweep exits 1.
     missing = cli("analyze", "--plan", shards[0], "--outcomes", tmp_path / "o0.jsonl", check=False)
     assert missing.returncode == 2 and "missing shards: [1]" in missing.stderr
-    half = cli("analyze", "--plan", *shards, "--outcomes", tmp_path / "o0.jsonl", check=False)
+    half = cli("analyze", "--plan", *shards, "--outcomes", tmp_path / "o0.jsonl", "--max-missing", 1, check=False)
     assert half.returncode == 1 and half.stdout.startswith("INVALID SWEEP") and "missing:" in half.stdout
 
 
@@ -485,7 +488,7 @@ def test_the_command_line_rejects_bad_arguments(tmp_path):
     # A plan the probe cannot answer (needles of 3 tokens for its 2-token records): exit 2 before any
     # trial, no outcome file.
     cli("plan", "--stride", 4, "--trials", 12, "--query-position", 4095, "--min-distance", 16, "--span", 3000,
-        "--needle-tokens", 3, "--out", tmp_path / "other.jsonl")
+        "--needle-spacing", 3, "--out", tmp_path / "other.jsonl")
     done = cli("probe", "--plan", tmp_path / "other.jsonl", "--out", tmp_path / "never.jsonl", "--quiet", check=False)
     assert done.returncode == 2 and "needle_tokens = 3" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "never.jsonl").exists()
@@ -531,3 +534,476 @@ def test_the_command_line_reports_unreadable_files_and_huge_integers_as_bad_inpu
         assert "Traceback" not in done.stderr
     done = cli("plan", "--stride", "four", "--query-position", 1, "--span", 50, "--out", tmp_path / "p", check=False)
     assert done.returncode == 2 and "'four': not an integer" in done.stderr
+
+
+# ---- designs, paired statistics, the per-trial table, --max-missing ---------------------------------
+
+
+def _cochran_by_formula(rows):
+    """Cochran's Q from its definition, in plain Python floats (rows: lists of 0/1)."""
+    k = len(rows[0])
+    columns = [sum(r[j] for r in rows) for j in range(k)]
+    row_totals = [sum(r) for r in rows]
+    n = float(sum(row_totals))
+    denominator = k * n - sum(float(r) ** 2 for r in row_totals)
+    if denominator == 0:
+        return 0.0
+    return (k - 1) * (k * sum(float(c) ** 2 for c in columns) - n * n) / denominator
+
+
+def _chi2_tail_even(x, dof):
+    """P(χ²_dof > x) for even dof: e^{−x/2} Σ_{j < dof/2} (x/2)^j / j! (closed form)."""
+    return math.exp(-x / 2) * sum((x / 2) ** j / math.factorial(j) for j in range(dof // 2))
+
+
+def test_cochran_q_is_its_formula_and_mcnemar_at_two_residues():
+    rng = random.Random(7)
+    for _ in range(200):
+        k = rng.choice((3, 5, 9))  # even dof: the tail has a closed form
+        rows = [[int(rng.random() < 0.3 + 0.4 * (j == 1)) for j in range(k)] for _ in range(rng.randint(2, 40))]
+        got = sweep.cochran_q(rows)
+        want = _cochran_by_formula(rows)
+        assert got["statistic"] == pytest.approx(want, rel=1e-12, abs=1e-12) and got["dof"] == k - 1
+        want_p = _chi2_tail_even(want, k - 1) if want > 0 else 1.0
+        assert got["p_value"] == pytest.approx(want_p, rel=1e-9, abs=1e-12)
+        assert got["discordant_blocks"] == sum(0 < sum(r) < k for r in rows)
+    for _ in range(100):
+        n = rng.randint(1, 60)
+        a = [rng.random() < 0.5 for _ in range(n)]
+        b = [rng.random() < 0.7 for _ in range(n)]
+        m = sweep.mcnemar(a, b)
+        n10 = sum(x and not y for x, y in zip(a, b))
+        n01 = sum(y and not x for x, y in zip(a, b))
+        assert (m["a_only"], m["b_only"]) == (n10, n01)
+        # Q at k = 2 is McNemar's statistic without continuity correction.
+        assert sweep.cochran_q([[int(x), int(y)] for x, y in zip(a, b)])["statistic"] == pytest.approx(m["statistic"])
+        # The exact p by enumerating every sign assignment of the discordant pairs (small n).
+        d = n10 + n01
+        if d <= 14:
+            import itertools
+            observed = abs(n10 - n01)
+            extreme = sum(1 for signs in itertools.product((0, 1), repeat=d) if abs(2 * sum(signs) - d) >= observed)
+            assert m["p_value"] == pytest.approx(min(1.0, extreme / 2**d), rel=1e-12)
+    with pytest.raises(pk.InputError, match="cochran_q"):
+        sweep.cochran_q([[0, 2], [1, 0]])
+
+
+def _simulated_paired(rng, contents, k, effect, spread=2.0):
+    """Binary outcomes of `contents` contents at k residues: a content's log-odds ~ N(0.8, spread²)
+    (contents differ a lot: the situation pairing is for), residue 1 shifted by `effect`."""
+    rows = []
+    for _ in range(contents):
+        base = rng.gauss(0.8, spread)
+        rows.append([int(rng.random() < 1 / (1 + math.exp(-(base + (effect if j == 1 else 0.0))))) for j in range(k)])
+    return rows
+
+
+def test_cochran_q_holds_its_level_under_the_null_and_finds_an_effect():
+    rng = random.Random(11)
+    sims = 600
+    null = sum(sweep.cochran_q(_simulated_paired(rng, 48, 8, 0.0))["p_value"] < 0.05 for _ in range(sims)) / sims
+    # Binomial se at 5% over 600 simulations is 0.9%: the level lies within ~3 se of nominal.
+    assert 0.025 <= null <= 0.075, null
+    power = sum(sweep.cochran_q(_simulated_paired(rng, 48, 8, -2.0))["p_value"] < 0.05 for _ in range(200)) / 200
+    assert power >= 0.8, power
+
+
+def paired_config(**changes):
+    fields = dict(stride=4, trials_per_residue=24, query_position=4095, min_distance=64, span=3000, seed=5)
+    fields.update(changes)
+    return pk.SweepConfig(**fields)
+
+
+def test_a_paired_plan_shifts_one_content_to_every_residue(tmp_path):
+    config = paired_config()
+    p = sweep.plan(config, design="paired", needle_tokens=3, configuration={"model": "m"})
+    assert p.design == "paired" and p.complete and len(p.trials) == 8 * 24
+    assert p.sweep_id != sweep.plan(config, needle_tokens=3, configuration={"model": "m"}).sweep_id
+    by_content = {}
+    for t in p.trials:
+        assert t["format"] == sweep.TRIAL_FORMAT_2 and t["sweep"]["design"] == "paired"
+        c = t["content"]
+        assert t["target_position"] == c["needle"][0] + c["padding"] and t["query_position"] == c["query"] + c["padding"]
+        assert 0 <= c["padding"] < 8 and t["target_position"] % 8 == t["residue"]
+        assert t["layout"]["haystack_needles"] == [t["target_position"]] and t["haystack"] == t["trial"]
+        assert t["query_position"] <= 4095 and t["distance"] >= 64 and c["needle"][0] >= 0
+        by_content.setdefault(t["trial"], []).append(t)
+    for trials in by_content.values():
+        # One content: one seed, one unpadded needle and query, the same distance at every residue.
+        assert len({t["seed"] for t in trials}) == 1 and len({tuple(t["content"]["needle"]) for t in trials}) == 1
+        assert len({t["distance"] for t in trials}) == 1 and sorted(t["residue"] for t in trials) == list(range(8))
+    # Padding is not the residue itself across contents.
+    assert len({(t["residue"], t["content"]["padding"]) for t in p.trials}) > 8
+    assert len(p.prompts()) == len(p.trials)
+    files = p.write(tmp_path / "paired.jsonl", shards=3)
+    assert sweep.read_plan(files) == p and sweep.read_plan(files).design == "paired"
+    with pytest.raises(pk.ConfigError, match="2\\(M − 1\\)"):
+        sweep.plan(paired_config(query_position=3073, span=3000, min_distance=64), design="paired")
+
+
+def _content_outcomes(p, effect, seed):
+    """Outcomes of a paired plan from a model whose success depends on the content (strongly) and on
+    residue 1 by `effect` (log-odds)."""
+    rng = random.Random(seed)
+    base = {i: rng.gauss(0.8, 2.0) for i in {t["trial"] for t in p.trials}}
+    records = []
+    for t in p.trials:
+        logit = base[t["trial"]] + (effect if t["residue"] == 1 else 0.0)
+        records.append(sweep.outcome_record(t, rng.random() < 1 / (1 + math.exp(-logit))))
+    return records
+
+
+def test_analyze_of_a_paired_plan_reports_cochran_q_with_its_level_and_power():
+    p = sweep.plan(paired_config(trials_per_residue=32), design="paired")
+    null_p = [sweep.analyze(p, _content_outcomes(p, 0.0, s)).paired()["cochran_q"]["p_value"] for s in range(120)]
+    assert 0.0 <= sum(x < 0.05 for x in null_p) / len(null_p) <= 0.10
+    hit = [sweep.analyze(p, _content_outcomes(p, -2.5, 1000 + s)).paired()["cochran_q"]["p_value"] for s in range(40)]
+    assert sum(x < 0.05 for x in hit) / len(hit) >= 0.8
+    records = _content_outcomes(p, -2.5, 3)
+    a = sweep.analyze(p, records)
+    paired = a.paired()
+    # The Q of analyze is Cochran's Q of the content × residue table built here by hand.
+    table = {}
+    for t, r in zip(p.trials, records):
+        table.setdefault(t["trial"], {})[t["residue"]] = int(r["outcome"])
+    rows = [[table[i][r] for r in range(8)] for i in sorted(table)]
+    assert paired["cochran_q"]["statistic"] == pytest.approx(_cochran_by_formula(rows), rel=1e-12)
+    assert paired["complete_contents"] == 32 and "Cochran's Q" in a.report()
+    # A content with a missing residue is dropped from the paired test (complete blocks only).
+    dropped = sweep.analyze(p, [r for r in records if r["trial_id"] != p.trials[0]["trial_id"]])
+    assert dropped.paired()["complete_contents"] == 31
+    assert dropped.protocol()["paired"]["complete_contents"] == 31
+    # Other designs have no paired section.
+    assert sweep.analyze(sweep.plan(toy_config()), [sweep.outcome_record(t, toy_evaluate(t))
+                                                    for t in sweep.plan(toy_config()).trials]).paired() is None
+
+
+def test_mcnemar_is_reported_for_a_paired_plan_of_two_residues():
+    config = pk.SweepConfig(stride=2, modulus=2, trials_per_residue=30, query_position=2047, min_distance=16, span=1000,
+                            seed=2)
+    p = sweep.plan(config, design="paired")
+    a = sweep.analyze(p, _content_outcomes(p, -3.0, 9))
+    paired = a.paired()
+    assert paired["residues"] == [0, 1] and "mcnemar" in paired and "McNemar" in a.report()
+    assert paired["mcnemar"]["b_only"] < paired["mcnemar"]["a_only"]
+
+
+def test_a_single_needle_plan_puts_one_needle_in_one_shared_haystack(tmp_path):
+    p = sweep.plan(probe_sweep_config(), design="single", needle_tokens=2)
+    assert {t["seed"] for t in p.trials} == {sweep.haystack_seed(9, 0)} and {t["haystack"] for t in p.trials} == {0}
+    assert all(t["layout"]["haystack_needles"] == [t["target_position"]] for t in p.trials)
+    assert all(t["record_layout"]["crowding"] == 0 for t in p.trials)
+    assert len(p.prompts()) == len(p.trials) and p.trials[0]["format"] == sweep.TRIAL_FORMAT_2
+    # Positions are the C++ plan's (only the sharing of haystacks differs).
+    same = sweep.plan(probe_sweep_config(), needle_tokens=2)
+    assert [(t["target_position"], t["query_position"]) for t in p.trials] == [
+        (t["target_position"], t["query_position"]) for t in same.trials]
+    assert sweep.read_plan(p.write(tmp_path / "single.jsonl")) == p
+    # The probe answers it prompt by prompt: one needle each, so nothing crowds a target.
+    analysis = sweep.run(p, sweep.NeedleEvaluate(**PROBE))
+    assert analysis.result.valid and not analysis.missing
+
+
+def test_a_trial_line_of_an_unknown_version_is_refused_by_name(tmp_path):
+    p = sweep.plan(toy_config())
+    line = dict(p.trials[0], format="phasekv.sweep.trial/9", shard=0, shards=1)
+    (tmp_path / "p.jsonl").write_text(json.dumps(line) + "\n")
+    with pytest.raises(sweep.ProtocolError, match=r"trial/9.*newer phasekv"):
+        sweep.read_plan(tmp_path / "p.jsonl")
+
+
+def test_the_per_trial_table_keeps_the_hosts_extra_fields(tmp_path):
+    p = sweep.plan(toy_config())
+    records = []
+    for t in p.trials:
+        r = sweep.outcome_record(t, toy_evaluate(t))
+        r.update(answer=f"value {t['trial_id']}", logprobs={"8": -0.5, "32": -1.25}, prompt_hash="ab" * 4,
+                 latency=0.25, residue="host's own")
+        records.append(r)
+    records[7] = sweep.outcome_record(p.trials[7], error="timeout")
+    a = sweep.analyze(p, records)
+    import csv
+    import io
+    rows = list(csv.DictReader(io.StringIO(a.trial_table())))
+    assert len(rows) == len(p.trials) and [int(r["trial_id"]) for r in rows] == list(range(len(p.trials)))
+    r0 = rows[0]
+    assert r0["answer"] == "value 0" and json.loads(r0["logprobs"]) == {"8": -0.5, "32": -1.25}
+    assert r0["prompt_hash"] == "abababab" and r0["latency"] == "0.25" and r0["host_residue"] == "host's own"
+    assert int(r0["residue"]) == p.trials[0]["residue"] and r0["status"] == "ok"
+    assert r0["outcome"] == str(toy_evaluate(p.trials[0])).lower()
+    assert int(r0["crowding"]) == p.trials[0]["record_layout"]["crowding"]
+    assert rows[7]["status"] == "errored" and rows[7]["error"] == "timeout" and rows[7]["outcome"] == ""
+    written = a.write(tmp_path / "out")
+    assert (tmp_path / "out" / "sweep.trials.csv") in written
+    assert (tmp_path / "out" / "sweep.trials.csv").read_text() == a.trial_table()
+
+
+def _plan_and_outcomes(tmp_path, keep):
+    cli("plan", "--stride", 4, "--trials", 16, "--query-position", 8191, "--min-distance", 64, "--span", 6000,
+        "--seed", 3, "--out", tmp_path / "plan.jsonl")
+    p = sweep.read_plan(tmp_path / "plan.jsonl")
+    sweep.write_outcomes(tmp_path / "o.jsonl", [sweep.outcome_record(t, toy_evaluate(t)) for t in p.trials
+                                                if keep(t)])
+    return p
+
+
+def test_analyze_refuses_a_sweep_with_too_many_missing_trials(tmp_path):
+    # A quarter of each residue's trials missing: still a valid sweep (12 of 16 per residue).
+    _plan_and_outcomes(tmp_path, lambda t: t["trial"] % 4 != 0)
+    args = ("analyze", "--plan", tmp_path / "plan.jsonl", "--outcomes", tmp_path / "o.jsonl")
+    refused = cli(*args, check=False)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert "32 of 128 trials (25.0%) have no outcome line, more than --max-missing 0.05" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    allowed = cli(*args, "--max-missing", 0.25, check=False)
+    assert allowed.returncode == 0 and "missing: 32 trials" in allowed.stdout
+    assert cli(*args, "--max-missing", 1.5, check=False).returncode == 2
+    # At or below the default fraction: analysed.
+    _plan_and_outcomes(tmp_path, lambda t: t["trial_id"] not in (1, 2, 3, 4, 5, 6))
+    assert cli(*args, check=False).returncode == 0
+
+
+def test_needle_tokens_and_the_record_cannot_disagree(tmp_path):
+    base = ("plan", "--stride", 4, "--trials", 12, "--query-position", 4095, "--min-distance", 16, "--span", 3000)
+    cli(*base, "--needle-tokens", 12, "--out", tmp_path / "twelve.jsonl")
+    t = sweep.read_plan(tmp_path / "twelve.jsonl").trials[0]
+    assert t["sweep"]["record"] == {"key_tokens": 11, "gap": 0, "value_tokens": 1} and t["sweep"]["needle_tokens"] == 12
+    layout = pk.classify_record(pk.Geometry(stride=4, window=4), t["target_position"], 12)
+    assert t["record_layout"]["last"] == layout.last and t["record_layout"]["class"] == layout.kind.name
+    assert t["record_layout"]["class"] != "contained"  # 12 tokens never fit a 4-token block
+    done = cli(*base, "--needle-tokens", 12, "--key-tokens", 1, "--out", tmp_path / "bad.jsonl", check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--needle-tokens 12 disagrees with the record's length 2 (--key-tokens 1 + --gap 0 + --value-tokens 1)" in (
+        done.stderr)
+    cli(*base, "--needle-tokens", 12, "--key-tokens", 9, "--gap", 1, "--value-tokens", 2, "--out", tmp_path / "ok.jsonl")
+    with pytest.raises(pk.ConfigError, match="shorter than the record it holds"):
+        sweep.plan(probe_sweep_config(record=pk.RecordShape(key_tokens=3, value_tokens=2)), needle_tokens=4)
+
+
+def test_the_query_jitter_is_a_plan_option_that_separates_phase_from_distance(tmp_path):
+    base = ("plan", "--stride", 4, "--trials", 16, "--query-position", 8191, "--min-distance", 64, "--span", 6000)
+    cli(*base, "--query-jitter", 8, "--out", tmp_path / "j.jsonl")
+    p = sweep.read_plan(tmp_path / "j.jsonl")
+    assert p.sweep["query_jitter"] == 8 and p.config.query_jitter == 8
+    # Each residue meets every distance phase (distance mod S), so phase and distance are not one variable.
+    for r in range(8):
+        assert {t["distance"] % 4 for t in p.trials if t["residue"] == r} == {0, 1, 2, 3}
+    cli(*base, "--out", tmp_path / "fixed.jsonl")
+    fixed = sweep.read_plan(tmp_path / "fixed.jsonl")
+    for r in range(8):  # without jitter: one distance phase per residue (the confounded design)
+        assert len({t["distance"] % 4 for t in fixed.trials if t["residue"] == r}) == 1
+
+
+def _newton_logistic(x, y, iterations=60):
+    """Plain maximum-likelihood logistic regression by Newton's method in NumPy float64: an
+    independent computation for fit_logistic(firth=False)."""
+    beta = np.zeros(x.shape[1])
+    for _ in range(iterations):
+        p = 1 / (1 + np.exp(-x @ beta))
+        beta += np.linalg.solve(x.T @ (x * (p * (1 - p))[:, None]), x.T @ (y - p))
+    return beta
+
+
+def test_the_logistic_fit_of_analyze_recovers_known_covariate_effects():
+    # Outcomes from a known logistic model of the plan's own covariates: distance / 100 at −0.4,
+    # crowding at −0.5 per token, straddle at −1, no phase effect.
+    config = toy_config(trials_per_residue=48, span=7000, query_position=8191, min_distance=64,
+                        record=pk.RecordShape(key_tokens=1, value_tokens=1))
+    p = sweep.plan(config, needle_tokens=2)
+    truth = {"intercept": 3.0, "straddle": -1.0, "crowding": -0.5, "distance_per_100": -0.04}
+    rng = np.random.default_rng(4)
+    records = []
+    for t in p.trials:
+        z = (truth["intercept"] + truth["straddle"] * (t["record_layout"]["class"] != "contained")
+             + truth["crowding"] * t["record_layout"]["crowding"] + truth["distance_per_100"] * t["distance"] / 100)
+        records.append(sweep.outcome_record(t, bool(rng.random() < 1 / (1 + math.exp(-z)))))
+    a = sweep.analyze(p, records)
+    fit = a.logistic()
+    assert fit["converged"] and fit["observations"] == len(p.trials)
+    for name, value in truth.items():
+        c = fit["coefficients"][name]
+        assert abs(c["estimate"] - value) < 3.5 * c["se"], (name, c, value)
+    assert {"phase_1", "phase_2", "distance_per_100", "crowding"} <= set(fit["coefficients"])
+    assert fit["distance_test"]["p"] < 0.01 and fit["phase_test"]["dof"] == 2
+    assert "logistic fit (Firth)" in a.report() and a.protocol()["logistic"]["observations"] == len(p.trials)
+    # The binding against an independent Newton fit without Firth's penalty, on the same columns.
+    names = list(fit["coefficients"])
+    used = [t for t in p.trials]
+    cols = {"intercept": lambda t: 1.0, "straddle": lambda t: float(t["record_layout"]["class"] != "contained"),
+            "crowding": lambda t: float(t["record_layout"]["crowding"]), "distance_per_100": lambda t: t["distance"] / 100,
+            "phase_1": lambda t: float(t["record_layout"]["class"] == "contained" and t["phase"] == 1),
+            "phase_2": lambda t: float(t["record_layout"]["class"] == "contained" and t["phase"] == 2)}
+    x = np.array([[cols[n](t) for n in names] for t in used])
+    y = np.array([1.0 if r["outcome"] else 0.0 for r in records])
+    plain = pk.stats.fit_logistic(x.ravel().tolist(), y.tolist(), len(names), names, firth=False)
+    assert plain.coefficients == pytest.approx(_newton_logistic(x, y).tolist(), rel=1e-7, abs=1e-9)
+    # Every outcome the same: nothing to fit, said so.
+    same = sweep.analyze(p, [sweep.outcome_record(t, True) for t in p.trials]).logistic()
+    assert "nothing to fit" in same["note"]
+
+
+def test_a_plan_states_its_grids_and_analyze_reports_by_each(tmp_path):
+    base = ("plan", "--stride", 4, "--trials", 64, "--query-position", 32767, "--min-distance", 256, "--span", 30000,
+            "--seed", 4, "--grid", "hca:128", "--grid", "odd:8:16:3")
+    cli(*base, "--out", tmp_path / "plan.jsonl")
+    p = sweep.read_plan(tmp_path / "plan.jsonl")
+    assert [g["name"] for g in p.grids] == ["sweep", "hca", "odd"]
+    assert p.grids[1] == {"name": "hca", "stride": 128, "window": 128, "origin": 0, "modulus": 256}
+    assert p.grids[2] == {"name": "odd", "stride": 8, "window": 16, "origin": 3, "modulus": 16}
+    for t in p.trials:
+        assert t["format"] == sweep.TRIAL_FORMAT_2
+        h = t["grids"]["hca"]
+        assert h["residue"] == t["target_position"] % 256 and h["phase"] == t["target_position"] % 128
+        assert h["class"] == ("contained" if t["target_position"] % 128 < 127 else "straddle_split")
+        o = t["grids"]["odd"]
+        assert o["residue"] == (t["target_position"] - 3) % 16 and o["phase"] == (t["target_position"] - 3) % 8
+    # A model that fails where the record crosses an HCA block boundary or sits in the last 8 slots of
+    # an HCA block, and nowhere else: the S = 4 sweep sees noise, the hca grid the dip.
+    rng = random.Random(2)
+    records = [sweep.outcome_record(t, rng.random() < (0.1 if t["grids"]["hca"]["phase"] >= 120 else 0.9))
+               for t in p.trials]
+    sweep.write_outcomes(tmp_path / "o.jsonl", records)
+    a = sweep.analyze(p, records)
+    hca = a.by_grid("hca")
+    assert hca["phase_homogeneity"]["p_value"] < 1e-6
+    low = [r for r in hca["phases"] if r["phase"] >= 120]
+    assert low and all(r["high"] < 0.9 or r["trials"] < 3 for r in low)
+    assert sum(r["trials"] for r in hca["phases"]) == len(p.trials) == sum(r["trials"] for r in hca["residues"])
+    own = a.by_grid("sweep")
+    assert [r["trials"] for r in own["residues"]] == [64] * 8
+    assert [r["successes"] for r in own["residues"]] == [x.successes for x in a.result.residues]
+    assert "grid hca (S = 128, W = 128, origin 0, M = 256)" in a.report()
+    with pytest.raises(pk.InputError, match="the plan's grids are"):
+        a.by_grid("csa")
+    done = cli("analyze", "--plan", tmp_path / "plan.jsonl", "--outcomes", tmp_path / "o.jsonl", "--grid", "hca",
+               "--out-dir", tmp_path / "out", check=False)
+    assert "grid hca:\nlevel,index,trials,accuracy,successes,low,high\nphase,0," in done.stdout
+    assert (tmp_path / "out" / "sweep.grid-hca.csv").read_text() == a.grid_table("hca")
+    assert cli("analyze", "--plan", tmp_path / "plan.jsonl", "--outcomes", tmp_path / "o.jsonl", "--grid", "x",
+               check=False).returncode == 2
+    for bad, message in (("hca", "NAME:STRIDE"), ("hca:x", "stride 'x'"), ("hca:0", "stride = 0")):
+        done = cli(*base[:-4], "--grid", bad, "--out", tmp_path / "bad.jsonl", check=False)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+    # Plans without grids keep format /1 and their ids.
+    assert sweep.plan(toy_config()).trials[0]["format"] == sweep.TRIAL_FORMAT
+
+
+def test_plans_of_the_first_format_keep_their_ids_and_fields():
+    # Sweep ids computed by the protocol before designs and grids existed: a plan file written then
+    # is read back (read_shards compares every line with what its sweep section plans).
+    config = toy_config()
+    assert sweep.plan(config, configuration={"model": "old"}, needle_tokens=3).sweep_id == "aea51ff5565c6eb6"
+    config.query_jitter = 4
+    p = sweep.plan(config, configuration={"model": "old"}, needle_tokens=3)
+    assert p.sweep_id == "bf936006459994e7"
+    assert set(p.trials[0]) == {"format", "sweep_id", "trial_id", "residue", "phase", "trial", "target_position",
+                                "query_position", "distance", "haystack", "seed", "layout", "record_layout", "sweep",
+                                "configuration"}
+    assert p.trials[0]["format"] == sweep.TRIAL_FORMAT and "design" not in p.sweep and "grids" not in p.sweep
+
+
+def _friedman_by_formula(rows):
+    """Friedman's statistic without ties: 12/(n k (k+1)) ΣR_j² − 3n(k+1), ranks by sorting."""
+    n, k = len(rows), len(rows[0])
+    totals = [0.0] * k
+    for row in rows:
+        for rank, j in enumerate(sorted(range(k), key=lambda j: row[j]), 1):
+            totals[j] += rank
+    return 12.0 / (n * k * (k + 1)) * sum(r * r for r in totals) - 3.0 * n * (k + 1)
+
+
+def test_friedman_is_its_formula_and_holds_its_level_on_paired_probabilities():
+    rng = random.Random(5)
+    for _ in range(100):
+        k = rng.choice((3, 5))
+        rows = [[rng.random() for _ in range(k)] for _ in range(rng.randint(2, 30))]
+        got = sweep.friedman(rows)
+        want = _friedman_by_formula(rows)
+        assert got["statistic"] == pytest.approx(want, rel=1e-10, abs=1e-10)
+        assert got["p_value"] == pytest.approx(_chi2_tail_even(want, k - 1), rel=1e-9, abs=1e-12)
+    # Ties take mean ranks: a row of equal values adds nothing; all tied: T = 0, p = 1.
+    assert sweep.friedman([[0.5, 0.5, 0.5]] * 4) == {"statistic": 0.0, "dof": 2, "p_value": 1.0, "blocks": 4}
+    tied = sweep.friedman([[0.1, 0.2, 0.3], [0.1, 0.2, 0.3], [0.7, 0.7, 0.7]])
+    assert tied["statistic"] == pytest.approx(sweep.friedman([[0.1, 0.2, 0.3], [0.1, 0.2, 0.3]])["statistic"])
+    # Level and power on a paired plan of probabilities: a content's log-odds ~ N(0.8, 2²), residue 1
+    # shifted by `effect`, the outcome the probability plus noise.
+    p = sweep.plan(paired_config(trials_per_residue=32), design="paired")
+
+    def outcomes(effect, seed):
+        r = random.Random(seed)
+        base = {i: r.gauss(0.8, 2.0) for i in {t["trial"] for t in p.trials}}
+        return [sweep.outcome_record(t, min(1.0, max(0.0, 1 / (1 + math.exp(-(base[t["trial"]] + (
+            effect if t["residue"] == 1 else 0.0)))) + r.gauss(0, 0.05)))) for t in p.trials]
+
+    null = [sweep.analyze(p, outcomes(0.0, s), kind=pk.OutcomeKind.probability).paired()["friedman"]["p_value"]
+            for s in range(100)]
+    assert sum(x < 0.05 for x in null) / len(null) <= 0.10
+    hit = [sweep.analyze(p, outcomes(-1.0, 500 + s), kind=pk.OutcomeKind.probability) for s in range(20)]
+    assert sum(a.paired()["friedman"]["p_value"] < 0.05 for a in hit) / len(hit) >= 0.8
+    assert "Friedman's test" in hit[0].report()
+
+
+def test_the_conditional_logistic_fit_is_mcnemars_odds_ratio_at_two_and_recovers_a_known_effect():
+    rng = random.Random(3)
+    for _ in range(50):
+        rows = [[int(rng.random() < 0.6), int(rng.random() < 0.4)] for _ in range(rng.randint(10, 60))]
+        n10 = sum(a and not b for a, b in rows)
+        n01 = sum(b and not a for a, b in rows)
+        if not n10 or not n01:
+            continue
+        fit = sweep.conditional_logistic(rows)
+        assert fit["converged"] and fit["coefficients"][1] == pytest.approx(math.log(n01 / n10), abs=1e-8)
+        # Its standard error is the familiar sqrt(1/n01 + 1/n10).
+        assert fit["standard_errors"][1] == pytest.approx(math.sqrt(1 / n01 + 1 / n10), rel=1e-6)
+    # Known truth: contents differ (log-odds sd 2), residue 1 is 2 log-odds harder, others equal.
+    estimates, covered, rejected = [], 0, 0
+    for s in range(60):
+        rows = _simulated_paired(random.Random(100 + s), 64, 4, -2.0)
+        fit = sweep.conditional_logistic(rows)
+        b, se = fit["coefficients"][1], fit["standard_errors"][1]
+        estimates.append(b)
+        covered += abs(b + 2.0) < 1.96 * se
+        rejected += fit["p_value"] < 0.05
+    assert abs(float(np.median(estimates)) + 2.0) < 0.3 and covered >= 50 and rejected >= 55
+    null = sum(sweep.conditional_logistic(_simulated_paired(random.Random(900 + s), 48, 4, 0.0))["p_value"] < 0.05
+               for s in range(200)) / 200
+    assert 0.01 <= null <= 0.10, null
+    # Separation (a residue that never succeeds where others do) is flagged, not hidden.
+    sep = sweep.conditional_logistic([[1, 0, 1], [1, 0, 0], [0, 0, 1], [1, 0, 1]])
+    assert not sep["converged"] and sep["coefficients"][1] < -5
+    p = sweep.plan(paired_config(trials_per_residue=32), design="paired")
+    a = sweep.analyze(p, _content_outcomes(p, -2.5, 3))
+    assert "conditional logistic fit" in a.report() and a.paired()["conditional_logistic"]["p_value"] < 1e-3
+
+
+def test_the_logistic_fit_separates_another_grids_boundary():
+    # A 12-token record at S = 4 always straddles the CSA grid; on an HCA grid of S = 128 it straddles
+    # 11 of 128 phases. A model that loses 2.5 log-odds at an HCA boundary, and nothing else.
+    config = pk.SweepConfig(stride=4, trials_per_residue=96, query_position=32767, min_distance=256, span=30000, seed=8,
+                            record=pk.RecordShape(key_tokens=10, value_tokens=2))
+    p = sweep.plan(config, grids=[{"name": "hca", "stride": 128}], design="single")
+    rng = np.random.default_rng(6)
+    records = [sweep.outcome_record(t, bool(rng.random() < 1 / (1 + math.exp(
+        -(2.0 - 2.5 * (t["grids"]["hca"]["class"] != "contained")))))) for t in p.trials]
+    fit = sweep.analyze(p, records).logistic()
+    assert "straddle" in fit["left_out"]  # every record straddles the sweep's own grid
+    c = fit["coefficients"]["straddle_hca"]
+    assert abs(c["estimate"] + 2.5) < 3.5 * c["se"] and fit["straddle_hca_test"]["p"] < 1e-6
+    assert fit["distance_test"]["p"] > 1e-3
+
+
+def test_the_protocol_file_is_strict_json_even_when_a_fit_has_no_finite_value(tmp_path, monkeypatch):
+    p = sweep.plan(paired_config(trials_per_residue=12), design="paired")
+    records = [sweep.outcome_record(t, t["residue"] != 1 and (t["trial"] + t["residue"]) % 3 != 0) for t in p.trials]
+    a = sweep.analyze(p, records)
+    # A fit whose standard error is not finite (an information matrix that does not invert).
+    monkeypatch.setattr(sweep.Analysis, "logistic", lambda self: {
+        "observations": 96, "coefficients": {"x": {"estimate": 0.5, "se": float("nan"), "p": float("inf")}}})
+    a.write(tmp_path)
+
+    def refuse(name):
+        raise AssertionError(f"{name} in a JSON file")
+
+    data = json.loads((tmp_path / "sweep.protocol.json").read_text(), parse_constant=refuse)
+    assert data["logistic"]["coefficients"] == {"x": {"estimate": 0.5, "se": None, "p": None}}
+    assert data["design"] == "paired" and data["paired"]["cochran_q"]["p_value"] < 0.05

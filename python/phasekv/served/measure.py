@@ -79,6 +79,12 @@ def add_parser(commands: Any, formatter: Any, positive: Any, non_negative: Any) 
     n.add_argument("--span", type=positive, default=6144, help="width of the target range")
     n.add_argument("--min-distance", type=positive, default=512, help="targets at least this far before the query")
     n.add_argument("--seed", type=non_negative, default=0, help="run order and haystack content")
+    n.add_argument("--query-jitter", type=positive, default=1,
+                   help="J: trial i asks at query_position - o_i, o_i in [0, J); a multiple of S separates phase "
+                        "from distance (1: one query position, phase and distance confounded)")
+    n.add_argument("--design", choices=sweep.DESIGNS, default="haystacks",
+                   help="haystacks: several needles per haystack; single: one needle per prompt, one shared "
+                        "haystack content; paired: one content shifted by padding to every residue (Cochran's Q)")
     n.add_argument("--key-tokens", type=positive, default=1, help="tokens of a record's key")
     n.add_argument("--gap", type=non_negative, default=0, help="tokens of the connective between key and value")
     n.add_argument("--value-tokens", type=positive, default=1, help="tokens of a record's value")
@@ -127,12 +133,13 @@ def _needle(args: Any, tokenizer: Any, out: pathlib.Path) -> int:
         config = _pk.SweepConfig(stride=options["stride"], modulus=options["modulus"],
                                  trials_per_residue=options["trials"], query_position=options["query_position"],
                                  span=options["span"], min_distance=options["min_distance"], seed=args.seed,
+                                 query_jitter=args.query_jitter,
                                  origin=args.origin % args.stride,
                                  record=_pk.RecordShape(key_tokens=args.key_tokens, gap=args.gap,
                                                         value_tokens=args.value_tokens))
         configuration = {"model": args.model, "tokenizer": getattr(tokenizer, "name", args.tokenizer),
                          "experiment": "served needle", "label": f"{args.model} S={args.stride}"}
-        plan = sweep.plan(config, configuration=configuration)
+        plan = sweep.plan(config, configuration=configuration, design=args.design)
     if plan_path.exists():
         held = sweep.read_plan([plan_path])
         if held.sweep_id != plan.sweep_id:

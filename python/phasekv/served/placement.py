@@ -392,6 +392,8 @@ class NeedleBuilder:
             start, end = layout["needle"]
             q = layout["query"]
             needles = layout.get("haystack_needles", [start])
+            if "content" in t:  # a paired plan: the content's own needle sits after the prefix too
+                needles = list(needles) + [t["content"]["needle"][0]]
             if min(needles) < self.prefix.length:
                 raise PlacementError(f"trial {t['trial_id']}: a needle at position {min(needles)} would overlap the "
                                      f"model's prefix ({self.prefix.length} tokens: {self.prefix.description}); plan "
@@ -516,6 +518,9 @@ class NeedleBuilder:
         v = self._vocab
         kt, gap, vt = self._shape
         sweep, layout = _trial_sections(trial)
+        content = trial.get("content")
+        if content is not None:
+            return self._build_padded(trial, layout, content, salt)
         q = int(layout["query"])
         start = int(layout["needle"][0])
         needles = [int(s) for s in layout.get("haystack_needles", [start])]
@@ -536,6 +541,33 @@ class NeedleBuilder:
             answer=v.value_texts[int(value_index[k])], answer_ids=tuple(int(i) for i in value),
             prefix_length=self.prefix.length, attempt=salt,
         )
+
+    def _build_padded(self, trial: Mapping[str, Any], layout: dict, content: Mapping[str, Any],
+                      salt: int) -> NeedlePrompt:
+        """A paired plan's trial (phasekv.sweep, design "paired"): the content's own prompt — its
+        needle and query unpadded, one needle, the same canvas for every residue of the content —
+        with `padding` one-token filler units put between the model's prefix and the content, so the
+        prompts of one content differ only by that run of filler and every position after it moves
+        by the padding."""
+        pad = int(content["padding"])
+        c, cq = int(content["needle"][0]), int(content["query"])
+        if c + pad != int(layout["needle"][0]) or cq + pad != int(layout["query"]):
+            raise PlacementError(f"trial {trial.get('trial_id')!r}: content needle {c} / query {cq} + padding {pad} is not "
+                                 f"the layout's needle {layout['needle'][0]} / query {layout['query']} (an edited line)")
+        inner = {k: v for k, v in trial.items() if k != "content"}
+        inner["layout"] = dict(layout, needle=[c, c + (int(layout["needle"][1]) - int(layout["needle"][0]))],
+                               query=cq, context_tokens=cq + 1, haystack_needles=[c])
+        base = self._build(inner, salt)
+        cut = self.prefix.length
+        # The unit: a one-token filler word, another one on each re-placement (salt) of a text prompt.
+        unit = self._vocab.filler[salt % len(self._vocab.filler)]
+        ids = np.concatenate([base.ids[:cut], np.full(pad, unit, np.int64), base.ids[cut:]])
+
+        def moved(span: tuple) -> tuple:
+            return (span[0] + pad, span[1] + pad)
+
+        return dataclasses.replace(base, ids=ids, needle=moved(base.needle), key_span=moved(base.key_span),
+                                   value_span=moved(base.value_span), question=moved(base.question))
 
     def build_text(self, trial: Mapping[str, Any], *, attempts: int = 8) -> tuple[NeedlePrompt, str]:
         """(prompt, text) for a server that takes text: the prompt whose text re-encodes to exactly
