@@ -13,8 +13,9 @@
 //   phase_sweep_figure   the figure of several sweeps (examples/phase_sweep's phase_sweep.svg)
 //
 // Layout, top to bottom: the title (wrapped to the width), the plot area, the x tick labels, the
-// x label (wrapped), then the legend — a key to the markers when any point is open, and one entry
-// per series, in as many columns as the width holds, each label wrapped to at most three lines —
+// x label (wrapped), then the legend — a key to the markers when any point is open (one row when
+// it fits), and one entry per series, in as many columns as the width holds, each label wrapped to
+// at most three lines —
 // so nothing but the data is drawn in the plot area and no text leaves the picture at any size the
 // axes allow. Text is measured with detail::text_width (an upper estimate for DejaVu Sans and
 // Helvetica: 0.64 em a character); a height that leaves the plot area under 60 px throws.
@@ -222,11 +223,14 @@ constexpr double marker_px = 3.5;       // marker radius
 constexpr double sample_px = 30.0;      // a legend entry's line sample
 constexpr double column_gap_px = 24.0;  // between legend columns
 
-// One legend entry: its sample (series index, or the filled / open marker key) and its lines.
+// One legend entry: its sample (series index, or the filled / open marker key), its lines, and
+// where it goes (x of its sample, its row).
 struct legend_entry {
   enum class kind { series, filled_key, open_key } what = kind::series;
   std::size_t series = 0;
   std::vector<std::string> lines;
+  double x = 0;
+  std::size_t row = 0;
 };
 
 // Where everything goes; svg_line_plot draws it, the tests read it.
@@ -235,9 +239,8 @@ struct plot_layout {
   std::string y_label;
   double left = 0, top = 0, plot_width = 0, plot_height = 0;
   double x_ticks_y = 0, x_label_y = 0, legend_y = 0;  // baselines of their first lines
-  std::size_t legend_columns = 1;
-  double legend_column_px = 0;
   std::vector<legend_entry> legend;
+  std::vector<std::size_t> legend_row_lines;  // lines of text in each legend row
   std::vector<std::pair<double, std::string>> x_ticks, y_ticks;
 
   double px(const plot_axes& axes, double x) const {
@@ -279,35 +282,44 @@ inline plot_layout layout_of(const std::vector<plot_series>& series, const plot_
   bool any_open = false;
   for (const plot_series& one : series)
     for (const plot_point& p : one.points) any_open = any_open || (p.hollow && !std::isnan(p.y));
+  // The key's two entries share a row when they fit side by side; the series follow in a grid of
+  // as many columns as the widest label allows.
   const double entry_text_room = text_room - sample_px - 6;
-  std::vector<std::pair<legend_entry::kind, std::string>> texts;
-  if (any_open) {
-    texts.emplace_back(legend_entry::kind::filled_key, "filled: " + axes.filled_marker_meaning);
-    texts.emplace_back(legend_entry::kind::open_key, "open: " + axes.open_marker_meaning);
-  }
-  for (const plot_series& one : series) texts.emplace_back(legend_entry::kind::series, one.label);
-  double widest = 0;
-  for (const auto& text : texts) widest = std::max(widest, std::min(entry_text_room, text_width(text.second, font_px)));
-  L.legend_column_px = sample_px + 6 + widest;
-  L.legend_columns = std::max<std::size_t>(
-      1, static_cast<std::size_t>(std::floor((text_room + column_gap_px) / (L.legend_column_px + column_gap_px))));
-  L.legend_columns = std::min<std::size_t>(L.legend_columns, std::max<std::size_t>(1, texts.size()));
-  std::size_t series_index = 0;
-  for (const auto& [kind, text] : texts) {
+  auto add = [&](legend_entry::kind kind, std::size_t index, const std::string& text, double text_px, double x,
+                 std::size_t row) {
     legend_entry entry;
     entry.what = kind;
-    if (kind == legend_entry::kind::series) entry.series = series_index++;
-    entry.lines = wrapped(text, widest, font_px, 3);
+    entry.series = index;
+    entry.lines = wrapped(text, text_px, font_px, 3);
     if (entry.lines.empty()) entry.lines.emplace_back();
+    entry.x = x;
+    entry.row = row;
+    if (L.legend_row_lines.size() <= row) L.legend_row_lines.resize(row + 1, 1);
+    L.legend_row_lines[row] = std::max(L.legend_row_lines[row], entry.lines.size());
     L.legend.push_back(std::move(entry));
+  };
+  std::size_t next_row = 0;
+  if (any_open) {
+    const std::string filled = "filled: " + axes.filled_marker_meaning, open = "open: " + axes.open_marker_meaning;
+    const double filled_px = std::min(entry_text_room, text_width(filled, font_px));
+    const double open_px = std::min(entry_text_room, text_width(open, font_px));
+    const bool one_row = 2 * (sample_px + 6) + filled_px + column_gap_px + open_px <= text_room;
+    add(legend_entry::kind::filled_key, 0, filled, filled_px, outer_px, 0);
+    add(legend_entry::kind::open_key, 0, open, open_px,
+        one_row ? outer_px + sample_px + 6 + filled_px + column_gap_px : outer_px, one_row ? 0 : 1);
+    next_row = one_row ? 1 : 2;
   }
+  double widest = 0;
+  for (const plot_series& one : series) widest = std::max(widest, std::min(entry_text_room, text_width(one.label, font_px)));
+  const double column_px = sample_px + 6 + widest;
+  const std::size_t columns = std::max<std::size_t>(
+      1, std::min<std::size_t>(series.size(), static_cast<std::size_t>(
+                                                  std::floor((text_room + column_gap_px) / (column_px + column_gap_px)))));
+  for (std::size_t s = 0; s < series.size(); ++s)
+    add(legend_entry::kind::series, s, series[s].label, widest,
+        outer_px + static_cast<double>(s % columns) * (column_px + column_gap_px), next_row + s / columns);
   double legend_px = 0;
-  for (std::size_t row = 0; row * L.legend_columns < L.legend.size(); ++row) {
-    std::size_t lines = 1;
-    for (std::size_t c = 0; c < L.legend_columns && row * L.legend_columns + c < L.legend.size(); ++c)
-      lines = std::max(lines, L.legend[row * L.legend_columns + c].lines.size());
-    legend_px += static_cast<double>(lines) * line_px + 4;
-  }
+  for (std::size_t lines : L.legend_row_lines) legend_px += static_cast<double>(lines) * line_px + 4;
 
   L.top = outer_px + static_cast<double>(L.title_lines.size()) * title_line_px + (L.title_lines.empty() ? 4 : 10);
   const double below = 8 + line_px                                                   // x tick labels
@@ -424,32 +436,28 @@ inline std::string svg_line_plot(const std::vector<plot_series>& series, const p
   }
 
   // Legend, below the x label: the marker key, then the series, row by row.
-  double row_y = L.legend_y;
-  for (std::size_t row = 0; row * L.legend_columns < L.legend.size(); ++row) {
-    std::size_t lines = 1;
-    for (std::size_t c = 0; c < L.legend_columns && row * L.legend_columns + c < L.legend.size(); ++c) {
-      const detail::legend_entry& entry = L.legend[row * L.legend_columns + c];
-      lines = std::max(lines, entry.lines.size());
-      const double x = detail::outer_px + static_cast<double>(c) * (L.legend_column_px + detail::column_gap_px);
-      const double y = row_y - 4;  // the sample sits at the first line's middle
-      using kind = detail::legend_entry::kind;
-      if (entry.what == kind::series) {
-        const char* colour = detail::series_colour(entry.series);
-        out << "<line x1=\"" << svg_number(x) << "\" y1=\"" << svg_number(y) << "\" x2=\"" << svg_number(x + detail::sample_px - 2)
-            << "\" y2=\"" << svg_number(y) << "\" stroke=\"" << colour << "\" stroke-width=\"2\""
-            << (series[entry.series].dashed ? " stroke-dasharray=\"7 5\"" : "") << "/>\n"
-            << "<circle cx=\"" << svg_number(x + detail::sample_px / 2 - 1) << "\" cy=\"" << svg_number(y) << "\" r=\"3.5\" fill=\""
-            << colour << "\" stroke=\"" << colour << "\"/>\n";
-      } else {
-        out << "<circle cx=\"" << svg_number(x + detail::sample_px / 2 - 1) << "\" cy=\"" << svg_number(y)
-            << "\" r=\"3.5\" stroke=\"#333333\" stroke-width=\"1.5\" fill=\""
-            << (entry.what == kind::open_key ? "#ffffff" : "#333333") << "\"/>\n";
-      }
-      for (std::size_t k = 0; k < entry.lines.size(); ++k)
-        out << text_element(x + detail::sample_px + 6, row_y + detail::line_px * static_cast<double>(k), "start",
-                            detail::font_px, entry.lines[k]);
+  std::vector<double> row_y(L.legend_row_lines.size(), L.legend_y);
+  for (std::size_t row = 1; row < row_y.size(); ++row)
+    row_y[row] = row_y[row - 1] + static_cast<double>(L.legend_row_lines[row - 1]) * detail::line_px + 4;
+  for (const detail::legend_entry& entry : L.legend) {
+    const double x = entry.x, baseline = row_y[entry.row];
+    const double y = baseline - 4;  // the sample sits at the first line's middle
+    using kind = detail::legend_entry::kind;
+    if (entry.what == kind::series) {
+      const char* colour = detail::series_colour(entry.series);
+      out << "<line x1=\"" << svg_number(x) << "\" y1=\"" << svg_number(y) << "\" x2=\"" << svg_number(x + detail::sample_px - 2)
+          << "\" y2=\"" << svg_number(y) << "\" stroke=\"" << colour << "\" stroke-width=\"2\""
+          << (series[entry.series].dashed ? " stroke-dasharray=\"7 5\"" : "") << "/>\n"
+          << "<circle cx=\"" << svg_number(x + detail::sample_px / 2 - 1) << "\" cy=\"" << svg_number(y) << "\" r=\"3.5\" fill=\""
+          << colour << "\" stroke=\"" << colour << "\"/>\n";
+    } else {
+      out << "<circle cx=\"" << svg_number(x + detail::sample_px / 2 - 1) << "\" cy=\"" << svg_number(y)
+          << "\" r=\"3.5\" stroke=\"#333333\" stroke-width=\"1.5\" fill=\""
+          << (entry.what == kind::open_key ? "#ffffff" : "#333333") << "\"/>\n";
     }
-    row_y += static_cast<double>(lines) * detail::line_px + 4;
+    for (std::size_t k = 0; k < entry.lines.size(); ++k)
+      out << text_element(x + detail::sample_px + 6, baseline + detail::line_px * static_cast<double>(k), "start",
+                          detail::font_px, entry.lines[k]);
   }
   out << "</svg>\n";
   return out.str();
