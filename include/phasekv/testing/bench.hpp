@@ -11,7 +11,12 @@
 //
 //   prefill write  each stream's write path over one chunk of `prefill_tokens` tokens into a fresh
 //                  state, its inputs streamed from memory (write_fixture); floor: the inputs read
-//                  and the fp32 entries written, at the bandwidth
+//                  and the fp32 entries written, at the bandwidth — and, for a pooling of the
+//                  host's, its arithmetic at the FMA peak when it states it (a member
+//                  `double flops_per_entry(std::int64_t window, std::int64_t channels) const`: the
+//                  FLOPs, a multiply-add counting 2, of one entry of one KV head); a host pooling
+//                  that does not has no floor (NaN: JSON null, bound "unknown"), since its
+//                  arithmetic may outweigh the bytes by any factor
 //   decode write   each stream's write path over `decode_tokens` one-token appends; the same floor
 //                  (for comparison only: an engine hands a decode step's inputs over from cache)
 //   read           one read at the last token of a `context`-token sequence (read_workload: the
@@ -51,10 +56,12 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -584,8 +591,9 @@ struct results {
       const double spread = f.seconds > 0.0 ? (f.seconds_max - f.seconds_min) / f.seconds : 0.0;
       out += f_left(f.name, width) + right(duration(f.seconds), 12) + right(fixed(100.0 * spread, 1) + "%", 8) +
              right(duration(f.seconds_per_token()), 11) + right(std::to_string(f.tokens), 9) +
-             right(fixed(f.bytes_per_token(), 1), 12) + right(duration(f.floor_seconds), 11) +
-             right(fixed(f.of_roofline, 3), 9) + "  " + f.bound + "\n";
+             right(fixed(f.bytes_per_token(), 1), 12) +
+             right(std::isfinite(f.floor_seconds) ? duration(f.floor_seconds) : "n/a", 11) +
+             right(std::isfinite(f.of_roofline) ? fixed(f.of_roofline, 3) : "n/a", 9) + "  " + f.bound + "\n";
     }
     return out;
   }
@@ -643,6 +651,41 @@ struct results {
 
 namespace run_detail {
 
+// phasekv's own poolings (whose writes the floor prices by their bytes), and whether a host's
+// states its arithmetic.
+template <class P>
+struct is_builtin_pooling : std::false_type {};
+template <>
+struct is_builtin_pooling<mean_pool> : std::true_type {};
+template <>
+struct is_builtin_pooling<fixed_weight_pool> : std::true_type {};
+template <gate_width Width>
+struct is_builtin_pooling<gated_pool<Width>> : std::true_type {};
+template <class P, class = void>
+struct states_flops : std::false_type {};
+template <class P>
+struct states_flops<P, std::void_t<decltype(std::declval<const P&>().flops_per_entry(std::int64_t{}, std::int64_t{}))>>
+    : std::true_type {};
+
+// What one pass of `tokens` tokens through `compressor` must move and compute; `known` false
+// when the floor cannot be priced (a host pooling that does not state its FLOPs).
+template <class Compressor, class Fixture>
+roofline write_work(const Compressor& compressor, const Fixture& f, std::int64_t tokens, bool& known) {
+  using pooling = std::decay_t<decltype(compressor.pool())>;
+  roofline work{f.bytes_moved(tokens)};
+  known = true;
+  if constexpr (!is_builtin_pooling<pooling>::value) {
+    if constexpr (states_flops<pooling>::value) {
+      const stream_config& c = compressor.config();
+      work.flops = static_cast<double>(compressor.geom().completed_entries(tokens)) * static_cast<double>(c.kv_heads) *
+                   compressor.pool().flops_per_entry(compressor.geom().window, c.channels);
+    } else {
+      known = false;
+    }
+  }
+  return work;
+}
+
 // `bandwidth`: read_bandwidth() as the figure's Google Benchmark twin takes it (before the writes,
 // after the reads).
 inline figure make_figure(std::string name, std::string kind, std::string stream, std::int64_t tokens,
@@ -663,6 +706,14 @@ inline figure make_figure(std::string name, std::string kind, std::string stream
   f.floor_seconds = std::max(memory, compute) / static_cast<double>(threads);
   f.of_roofline = seconds > 0.0 ? f.floor_seconds / seconds : 0.0;
   f.bound = memory >= compute ? "bandwidth" : "compute";
+  return f;
+}
+
+// A figure whose floor is unknown: NaN floor and fraction, bound "unknown".
+inline figure without_floor(figure f) {
+  f.floor_seconds = std::numeric_limits<double>::quiet_NaN();
+  f.of_roofline = std::numeric_limits<double>::quiet_NaN();
+  f.bound = "unknown (the pooling states no flops_per_entry)";
   return f;
 }
 
@@ -717,7 +768,7 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
     std::string streams = "[";
     auto describe = [&](std::size_t k, const auto& compressor) {
       const stream_config& sc = compressor.config();
-      const storage_type st = k < cache.stream_storage.size() ? cache.stream_storage[k] : storage_type::f32;
+      const storage_type st = k < cache.stream_storage.size() ? cache.stream_storage[k] : cache.storage;
       streams += std::string(k ? ", " : "") + "{\"name\": " + json_string(sc.name) + ", \"role\": " +
                  json_string(sc.role == stream_role::indexer ? "indexer" : "kv") + ", \"kv_heads\": " +
                  std::to_string(sc.kv_heads) + ", \"channels\": " + std::to_string(sc.channels) +
@@ -762,8 +813,11 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
       fixture f(compressor, config.prefill_tokens, config.bf16_inputs);
       const repeated_timing s =
           time_repetitions([&] { f.prefill(config.prefill_tokens); }, config.min_time, config.repetitions);
-      r.figures.push_back(run_detail::make_figure("prefill write '" + name + "'", "prefill_write", name, config.prefill_tokens,
-                                                  s, roofline{f.bytes_moved(config.prefill_tokens)}, 1, bandwidth));
+      bool known = true;
+      const roofline work = run_detail::write_work(compressor, f, config.prefill_tokens, known);
+      figure one = run_detail::make_figure("prefill write '" + name + "'", "prefill_write", name, config.prefill_tokens, s,
+                                           work, 1, bandwidth);
+      r.figures.push_back(known ? one : run_detail::without_floor(one));
     }
     if (config.decode_tokens > 0) {
       say("decode write '" + name + "': " + std::to_string(config.decode_tokens) + " one-token appends");
@@ -773,8 +827,11 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
       fixture f(compressor, config.decode_tokens);
       const repeated_timing s =
           time_repetitions([&] { f.decode(config.decode_tokens); }, config.min_time, config.repetitions);
-      r.figures.push_back(run_detail::make_figure("decode write '" + name + "'", "decode_write", name, config.decode_tokens, s,
-                                                  roofline{f.bytes_moved(config.decode_tokens)}, 1, bandwidth));
+      bool known = true;
+      const roofline work = run_detail::write_work(compressor, f, config.decode_tokens, known);
+      figure one = run_detail::make_figure("decode write '" + name + "'", "decode_write", name, config.decode_tokens, s,
+                                           work, 1, bandwidth);
+      r.figures.push_back(known ? one : run_detail::without_floor(one));
     }
   };
   run_detail::for_each_stream(layer, writes);
