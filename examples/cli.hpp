@@ -110,10 +110,15 @@ class parser {
   // default is the name of `target`'s value now.
   template <class T>
   void choice(std::string name, std::string help, T& target, std::vector<std::pair<std::string, T>> choices) {
-    std::string names, fallback;
+    std::string names, fallback, listed_names;
     for (const auto& [choice_name, value] : choices) {
       names += (names.empty() ? "" : "|") + choice_name;
+      listed_names += (listed_names.empty() ? "" : ", ") + choice_name;
       if (value == target) fallback = choice_name;
+    }
+    if (names.size() > 24) {  // too long for the name column: NAME there, the names in the text
+      names = "NAME";
+      help += "; one of " + listed_names;
     }
     option(std::move(name), names, std::move(help), fallback, [&target, choices](const std::string& text) {
       std::string listed;
@@ -198,15 +203,52 @@ class parser {
     for (const positional_spec& p : positionals_) rows.emplace_back(p.name, p.help);
     for (const spec& o : options_) rows.emplace_back(o.spelled(), o.help + " (default " + o.fallback + ")");
     rows.emplace_back("--help", "this text");
+    // Names in a column of at most 26 characters (a longer one takes a line of its own), the
+    // descriptions wrapped at word boundaries to end by column 100.
+    constexpr std::size_t columns = 100, widest_name = 26;
     std::size_t width = 0;
-    for (const auto& row : rows) width = std::max(width, row.first.size());
+    for (const auto& row : rows)
+      if (row.first.size() <= widest_name) width = std::max(width, row.first.size());
+    const std::size_t indent = 2 + width + 3;
     std::string text = usage() + "\n" + about_ + "\n\n";
-    for (const auto& [left, right] : rows)
-      text += "  " + left + std::string(width + 3 - left.size(), ' ') + right + "\n";
+    for (const auto& [left, right] : rows) {
+      std::string line = "  " + left;
+      if (left.size() > width) {
+        text += line + "\n";
+        line.clear();
+      }
+      line += std::string(indent - line.size(), ' ');
+      bool first = true;
+      for (const std::string& word : words_of(right)) {
+        if (!first && line.size() + 1 + word.size() > columns) {
+          text += line + "\n";
+          line = std::string(indent, ' ');
+          first = true;
+        }
+        line += (first ? "" : " ") + word;
+        first = false;
+      }
+      text += line + "\n";
+    }
     return text;
   }
 
  private:
+  static std::vector<std::string> words_of(const std::string& text) {
+    std::vector<std::string> words;
+    std::string word;
+    for (char c : text) {
+      if (c == ' ' || c == '\n') {
+        if (!word.empty()) words.push_back(word);
+        word.clear();
+      } else {
+        word += c;
+      }
+    }
+    if (!word.empty()) words.push_back(word);
+    return words;
+  }
+
   struct spec {
     std::string name, value_name, help, fallback;  // value_name empty: a flag
     std::function<void(const std::string&)> keep;

@@ -1,8 +1,10 @@
 # cmake -DPROGRAM=path "-DARGS=--smoke --json -" -DFIGURES=6 -P expect_json.cmake
 #
 # Runs PROGRAM (phasekv-bench) with ARGS and fails unless it exits 0 and its standard output is JSON
-# that parses — a "phasekv.bench/1" document with FIGURES figures, each with a positive time and floor
-# and a fraction of the floor, and the machine's measured bandwidth.
+# that parses — a "phasekv.bench/2" document with FIGURES figures, each with a positive median time,
+# a spread around it (fastest <= median <= slowest), repetitions, a time per token, a floor and a
+# fraction of the floor; the machine's measured bandwidth; the configuration as fields (stride,
+# window, streams, reader, run) and the environment (version, compiler, kernels, command, date).
 separate_arguments(args UNIX_COMMAND "${ARGS}")
 execute_process(COMMAND "${PROGRAM}" ${args} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT "${status}" STREQUAL "0")
@@ -13,9 +15,17 @@ if(CMAKE_VERSION VERSION_LESS 3.19)
   return()
 endif()
 string(JSON format ERROR_VARIABLE problem GET "${out}" format)
-if(problem OR NOT format STREQUAL "phasekv.bench/1")
-  message(FATAL_ERROR "${PROGRAM} ${ARGS}: not a phasekv.bench/1 JSON document (${problem})\n${out}")
+if(problem OR NOT format STREQUAL "phasekv.bench/2")
+  message(FATAL_ERROR "${PROGRAM} ${ARGS}: not a phasekv.bench/2 JSON document (${problem})\n${out}")
 endif()
+foreach(path "configuration;stride" "configuration;window" "configuration;policy" "configuration;reader;top_k"
+             "configuration;run;repetitions" "configuration;streams;0;storage" "environment;phasekv_version"
+             "environment;compiler" "environment;kernels" "environment;command" "environment;date_utc")
+  string(JSON value ERROR_VARIABLE problem GET "${out}" ${path})
+  if(problem OR "${value}" STREQUAL "")
+    message(FATAL_ERROR "${PROGRAM} ${ARGS}: no ${path} (${problem})\n${out}")
+  endif()
+endforeach()
 string(JSON bandwidth GET "${out}" machine read_bandwidth_bytes_per_s)
 if(NOT bandwidth GREATER 0)
   message(FATAL_ERROR "${PROGRAM} ${ARGS}: machine.read_bandwidth_bytes_per_s = ${bandwidth}")
@@ -27,10 +37,16 @@ endif()
 math(EXPR last "${count} - 1")
 foreach(i RANGE ${last})
   string(JSON name GET "${out}" figures ${i} name)
-  foreach(key seconds floor_seconds of_roofline bytes_per_token)
+  foreach(key seconds seconds_min seconds_max seconds_per_token repetitions calls floor_seconds of_roofline bytes_per_token)
     string(JSON value GET "${out}" figures ${i} ${key})
     if(NOT value GREATER 0)
       message(FATAL_ERROR "${PROGRAM} ${ARGS}: figure '${name}': ${key} = ${value}, expected a positive number\n${out}")
     endif()
   endforeach()
+  string(JSON fastest GET "${out}" figures ${i} seconds_min)
+  string(JSON median GET "${out}" figures ${i} seconds)
+  string(JSON slowest GET "${out}" figures ${i} seconds_max)
+  if(fastest GREATER median OR median GREATER slowest)
+    message(FATAL_ERROR "${PROGRAM} ${ARGS}: figure '${name}': not fastest ${fastest} <= median ${median} <= slowest ${slowest}")
+  endif()
 endforeach()

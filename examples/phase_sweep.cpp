@@ -7,7 +7,8 @@
 //   phase_sweep [--tokens N] [--records N] [--channels C] [--stride S[,S…]] [--window W|double]
 //               [--policy mean|gates|rope|dsv4|fixed|ape|control[,…]] [--slot-profile P,P,…]
 //               [--key-tokens K] [--value-tokens V] [--gap G] [--isolate] [--top-k K] [--attribute]
-//               [--trials N] [--seed K] [--layout any|contained|straddle] [--out DIR] [--quiet]
+//               [--trials N] [--seed K] [--layout any|contained|straddle] [--out DIR]
+//               [--plot-width PX] [--plot-height PX] [--quiet]
 //
 // Defaults (close to the study's 128K-token, 16,000-record needle test): --tokens 131072
 // --records 16000 (that density, 16000 per 131072 tokens, for another --tokens) --channels 512
@@ -26,10 +27,14 @@
 //
 // Outputs in DIR, per configuration (name e.g. mean_S4_W4, control): <name>.csv (one row per
 // residue), <name>.summary.csv (key,value: gap, p-value, period, the probe's settings) and
-// <name>.json (all of it); and phase_sweep.svg. The plot's x axis is (residue + 1) / S
-// (plot::phase_sweep_series), the target's place within two chunks in strides: chunk boundaries
-// at 0, 1 and 2 (drawn as lines), and every stride's boundary phase S − 1 on 1 and 2, so strides
-// 2, 4 and 8 share one axis and line up at the boundary; the control uses the largest stride.
+// <name>.json (all of it); and phase_sweep.svg (plot::phase_sweep_figure, --plot-width ×
+// --plot-height pixels). The plot's x axis is (residue + 1) / S, the target's place within two
+// chunks in strides: chunk boundaries at 0, 1 and 2 (drawn as lines), and every stride's boundary
+// phase S − 1 on 1 and 2, so strides 2, 4 and 8 share one axis and line up at the boundary; the
+// control uses the largest stride. Filled markers are records within one chunk, open ones records
+// across a boundary (not joined by the line); the legend states each configuration's accuracy
+// within and across, its gap and p-value. For a PNG: rsvg-convert phase_sweep.svg > phase_sweep.png
+// (Debian's librsvg2-bin), or any browser.
 
 #include <unistd.h>
 
@@ -70,6 +75,7 @@ struct options {
   bool isolate = false, attribute = false;
   std::int64_t top_k = 0;
   bool quiet = false;
+  std::int64_t plot_width = 1100, plot_height = 640;
 };
 
 const std::vector<std::pair<std::string, needle_policy>> policy_names = {
@@ -148,6 +154,8 @@ options parse(int argc, char** argv) {
                {"contained", phasekv::diag::layout_mode::contained},
                {"straddle", phasekv::diag::layout_mode::straddle}});
   args.option("--out", "DIR", "output folder", o.out, [&o](const std::string& text) { o.out = text; });
+  args.integer("--plot-width", "PX", "width of phase_sweep.svg in pixels", o.plot_width, 400, 10000);
+  args.integer("--plot-height", "PX", "height of phase_sweep.svg in pixels", o.plot_height, 250, 10000);
   args.flag("--quiet", "no progress line on stderr", o.quiet);
   args.parse(argc, argv);
   if (o.strides.empty()) o.strides = {2, 4, 8};
@@ -255,31 +263,17 @@ class progress {
 
 std::string sweep_plot(const std::vector<job>& jobs, const std::vector<phasekv::diag::sweep_result>& results,
                        const options& o) {
-  std::vector<phasekv::diag::plot::plot_series> series;
-  for (std::size_t i = 0; i < jobs.size(); ++i) {
-    const auto& r = results[i];
-    char summary[96];
-    if (r.valid)
-      std::snprintf(summary, sizeof summary, "  gap %.1f pts, p=%.2g", r.gap_points, r.homogeneity.p_value);
-    else
-      std::snprintf(summary, sizeof summary, "  INVALID");
-    // x = (residue + 1) / S: every stride's boundary phase S − 1 on the chunk boundaries 1 and 2.
-    phasekv::diag::plot::plot_series one = phasekv::diag::plot::phase_sweep_series(r, jobs[i].label + summary);
-    one.dashed = jobs[i].probe.policy == needle_policy::full_attention;
-    series.push_back(std::move(one));
-  }
-  phasekv::diag::plot::plot_axes axes;
-  axes.title = "Needle accuracy by residue (" + std::to_string(o.tokens) + " tokens, " + std::to_string(o.records) +
-               " records, " + std::to_string(o.trials) + " trials/residue, 95% Wilson bars; open markers: the record "
-               "crosses a chunk boundary)";
-  axes.x_label = "(t mod 2S + 1) / S: the target's place in two chunks, in strides (chunks end at 1 and 2)";
-  axes.y_label = "accuracy (%)";
-  axes.x_min = -0.05;  // a margin, so the boundary lines at 0 and 2 stand clear of the frame
-  axes.x_max = 2.05;
-  axes.x_boundaries = {0, 1, 2};  // the default ticks: 0, 0.25, …, 2
-  axes.width = 1100;
-  axes.height = 560;
-  return phasekv::diag::plot::svg_line_plot(series, axes);
+  namespace plot = phasekv::diag::plot;
+  std::vector<plot::sweep_figure_entry> entries;
+  for (std::size_t i = 0; i < jobs.size(); ++i)
+    entries.push_back({jobs[i].label, &results[i], jobs[i].probe.policy != needle_policy::full_attention});
+  plot::sweep_figure_options figure;
+  figure.title = "Needle retrieval accuracy by the target's position in its chunk (" + std::to_string(o.tokens) +
+                 " tokens, " + std::to_string(o.records) + " records, " + std::to_string(o.trials) +
+                 " trials per position, 95% Wilson intervals)";
+  figure.width = static_cast<int>(o.plot_width);
+  figure.height = static_cast<int>(o.plot_height);
+  return plot::phase_sweep_figure(entries, figure);
 }
 
 int run(const options& o) {

@@ -2,7 +2,10 @@
 // policy, shape, storage and indexer of your own — against this machine's roofline, measured in
 // the same run (phasekv::bench::run, include/phasekv/testing/bench.hpp): prefill and decode writes
 // of every stream, a read at the end of a long context, and a batched read. It prints a table, or
-// JSON (--json), with each figure's time, bytes per token and fraction of its floor.
+// JSON (--json, "phasekv.bench/2": the configuration as fields, the environment — version, compiler,
+// flags, kernels, CPU, command line, date — and per figure the median time of --repetitions runs,
+// their range, time per token, bytes per token and fraction of its floor). --json to a file that
+// cannot be written fails before anything is measured.
 //
 //   phasekv-bench                                   # the DeepSeek-V4 CSA preset, as bench/run_all measures it
 //   phasekv-bench --preset deepseek_v4_hca_precision --context 32768
@@ -30,6 +33,10 @@
 
 #include "cli.hpp"
 #include "phasekv_bench/layer_choice.hpp"
+
+#ifndef PHASEKV_BENCH_FLAGS  // the compile flags, as examples/CMakeLists.txt states them
+#define PHASEKV_BENCH_FLAGS ""
+#endif
 
 namespace {
 
@@ -84,7 +91,7 @@ int main(int argc, char** argv) try {
   storage_type storage = storage_type::f32;
   indexer_choice indexer = indexer_choice::f32;
   bench::run_config rc;
-  std::int64_t threads = 1, min_time_ms = 300;
+  std::int64_t threads = 1, min_time_ms = 300, repetitions = rc.repetitions;
   bool smoke = false, quiet = false, bf16_inputs = false;
   std::string json;
 
@@ -138,7 +145,10 @@ int main(int argc, char** argv) try {
   args.integer("--decode", "N", "one-token appends of the decode write (0: none)", rc.decode_tokens, 0, 1 << 24);
   args.flag("--bf16-inputs", "the prefill's payload and logits as bf16 bits", bf16_inputs);
   args.integer("--threads", "N", "threads the reads run on (OpenMP)", threads, 1, 1024);
-  args.integer("--min-time", "MS", "milliseconds each figure is timed for, at least", min_time_ms, 0, 3600000);
+  args.integer("--min-time", "MS", "milliseconds each figure is timed for, at least, over all its repetitions",
+               min_time_ms, 0, 3600000);
+  args.integer("--repetitions", "N", "timed runs of each figure: its time is their median, their range its spread",
+               repetitions, 1, 1000);
   args.option("--json", "FILE", "write the results as JSON to FILE ('-': stdout, instead of the table)", "none",
               [&](const std::string& v) {
                 if (v.empty()) throw cli::bad_value("is not a file name");
@@ -165,6 +175,15 @@ int main(int argc, char** argv) try {
     if (!given.count("--min-time")) min_time_ms = 10;
   }
   rc.min_time = static_cast<double>(min_time_ms) * 1e-3;
+  rc.repetitions = repetitions;
+  // The output file must be writable before minutes are spent measuring: opened for appending, so
+  // an existing file keeps its contents until the results replace them; a file created here for
+  // the check is removed again.
+  if (!json.empty() && json != "-") {
+    const bool existed = static_cast<bool>(std::ifstream(json));
+    if (!std::ofstream(json, std::ios::app)) args.fail("--json '" + json + "': cannot write to this file");
+    if (!existed) std::remove(json.c_str());
+  }
   rc.bf16_inputs = bf16_inputs;
   rc.threads = threads;
   openmp_executor pool(static_cast<int>(threads));
@@ -242,7 +261,12 @@ int main(int argc, char** argv) try {
   }
   l.name += "; threads " + std::to_string(threads) + (bf16_inputs ? ", bf16 inputs" : "");
 
-  const bench::results r = run_layer(l, rc);
+  bench::results r = run_layer(l, rc);
+  std::string command;
+  for (int k = 0; k < argc; ++k) command += (k ? " " : "") + std::string(argv[k]);
+  r.environment = bench::environment_of(command, PHASEKV_BENCH_FLAGS);
+  r.set("preset", shaped ? std::string("null") : phasekv::detail::json_string(preset));
+  r.set("policy", phasekv::detail::json_string(policy_name(l.policy)));
   if (json == "-") {
     std::fputs(r.json().c_str(), stdout);
   } else {

@@ -17,6 +17,11 @@ struct max_pool {
   static constexpr std::uint32_t version = 1;
   static constexpr std::int64_t gate_channels(std::int64_t) { return 0; }  // reads no logits
 
+  // For phasekv::bench's floor: one comparison per slot and channel (priced as a FLOP).
+  double flops_per_entry(std::int64_t window, std::int64_t channels) const {
+    return static_cast<double>(window) * static_cast<double>(channels);
+  }
+
   void pool(const phasekv::window_rows& w, float* out) const {
     const std::int64_t n = w.count(), c_count = w.channels;
     for (std::int64_t c = 0; c < c_count; ++c) {

@@ -47,6 +47,13 @@ class nsa_mlp_pool {
 
   phasekv::span<const float> parameters() const { return phasekv::span<const float>(weights_.data(), weights_.size()); }
 
+  // For phasekv::bench's floor: the two layers' multiply-adds (2 FLOPs each), D·W·C and C·D, plus
+  // the position embedding's and biases' additions, for one entry of one KV head.
+  double flops_per_entry(std::int64_t window, std::int64_t channels) const {
+    const double in = static_cast<double>(window) * static_cast<double>(channels), d = static_cast<double>(hidden_);
+    return 2.0 * d * in + 2.0 * static_cast<double>(channels) * d + in + d + static_cast<double>(channels);
+  }
+
   void pool(const phasekv::window_rows& w, float* out) const {
     if (w.window != window_ || w.channels != channels_)
       throw std::invalid_argument("nsa_mlp_pool: built for W = " + std::to_string(window_) + ", C = " +

@@ -669,8 +669,8 @@ int run_measure(const arguments& a) {
     }
     j << "]}";
     kx.title = label + ": accuracy change when a KV head's query group is knocked out";
-    kx.x_label = "residue of the target key position (mod " + std::to_string(d.modulus) + ")";
-    kx.y_label = "change in accuracy (points)";
+    kx.x_label = "Residue of the target key's position (t mod " + std::to_string(d.modulus) + ")";
+    kx.y_label = "Change in accuracy (points)";
     kx.x_min = 0;
     kx.x_max = double(d.modulus - 1);
     kx.y_min = -100;
@@ -697,8 +697,10 @@ int run_measure(const arguments& a) {
   {
     diag::plot::plot_axes ax;
     ax.title = label + ": retrieval accuracy by target residue (t mod " + std::to_string(d.modulus) + ")";
-    ax.x_label = "residue of the target key position (open markers: the record straddles a block boundary)";
-    ax.y_label = "accuracy (%)";
+    ax.x_label = "Residue of the target key's position (t mod " + std::to_string(d.modulus) + ")";
+    ax.y_label = "Retrieval accuracy (%)";
+    ax.open_marker_meaning = "record straddles a block boundary (not joined)";
+    ax.filled_marker_meaning = "record within one block";
     ax.x_min = 0;
     ax.x_max = double(d.modulus - 1);
     ax.y_min = 0;

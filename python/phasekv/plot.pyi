@@ -31,14 +31,18 @@ class PlotAxes:
     x_boundaries: list[float]
     width: int
     height: int
+    dodge_px: float
+    filled_marker_meaning: str
+    open_marker_meaning: str
     def __init__(
         self, *, title: str = "", x_label: str = "", y_label: str = "", x_min: float = 0.0, x_max: float = 1.0,
         y_min: float = 0.0, y_max: float = 100.0, x_ticks: list[tuple[float, str]] = ...,
         y_ticks: list[tuple[float, str]] = ..., x_boundaries: list[float] = ..., width: int = 960,
-        height: int = 540,
+        height: int = 540, dodge_px: float = 0.0, filled_marker_meaning: str = ..., open_marker_meaning: str = ...,
     ) -> None: ...
     def validate(self) -> None: ...
 
 def svg_line_plot(series: Sequence[PlotSeries], axes: PlotAxes) -> str: ...
 def svg_escape(text: str) -> str: ...
+def format_p_value(p: float) -> str: ...
 def phase_sweep_series(result: SweepResult, label: str, profile: str = "all") -> PlotSeries: ...

@@ -1048,14 +1048,16 @@ class Analysis:
         plot = _pk.plot
         r = self.result
         label = label or self.plan.configuration.get("label") or f"S = {r.config.stride}"
-        summary = f"  gap {r.gap_points:.1f} pts, p={r.homogeneity.p_value:.2g}" if r.valid else "  INVALID"
+        summary = (f": gap {r.gap_points:.1f} pts, {plot.format_p_value(r.homogeneity.p_value)}" if r.valid
+                   else ": invalid sweep")
         axes = plot.PlotAxes(
-            title=f"Accuracy by residue ({r.config.trials_per_residue} trials/residue, 95% bars; sweep {self.plan.sweep_id})",
-            x_label="(t mod M + 1) / S: the target's place in the chunks, in strides",
-            y_label="accuracy (%)" if r.kind == _pk.OutcomeKind.binary else "mean probability (%)",
+            title=f"Accuracy by the target's position in its chunk ({r.config.trials_per_residue} trials per "
+                  f"position, 95% Wilson intervals; sweep {self.plan.sweep_id})",
+            x_label="Target's position across consecutive chunks, in chunk lengths (a chunk ends at each whole number)",
+            y_label="Retrieval accuracy (%)" if r.kind == _pk.OutcomeKind.binary else "Mean probability (%)",
             x_min=-0.05, x_max=r.config.modulus / r.config.stride + 0.05,
             x_boundaries=[float(b) for b in range(0, r.config.modulus // r.config.stride + 1)],
-            width=1100, height=560,
+            width=1100, height=600,
         )
         return plot.svg_line_plot([plot.phase_sweep_series(r, label + summary)], axes)
 

@@ -443,10 +443,15 @@ void init_sweep(const modules& m) {
       .field("x_boundaries", &plot::plot_axes::x_boundaries, "x of vertical boundary lines (a list)")
       .field("width", &plot::plot_axes::width)
       .field("height", &plot::plot_axes::height)
+      .field("dodge_px", &plot::plot_axes::dodge_px, "sideways distance between neighbouring series' markers (px)")
+      .field("filled_marker_meaning", &plot::plot_axes::filled_marker_meaning, "the legend's key to filled markers")
+      .field("open_marker_meaning", &plot::plot_axes::open_marker_meaning, "the legend's key to open markers")
       .done()
       .def("validate", &plot::plot_axes::validate);
   plot.def("svg_line_plot", &plot::svg_line_plot, py::arg("series"), py::arg("axes"), "The SVG document as a string.");
   plot.def("svg_escape", &plot::svg_escape, py::arg("text"));
+  plot.def("format_p_value", &plot::format_p_value, py::arg("p"),
+           "A p-value for a legend: 'p=0.042' from 0.001 up, else a bound 'p<1e-3' … 'p<1e-6'.");
   plot.def("phase_sweep_series", &plot::phase_sweep_series, py::arg("result"), py::arg("label"),
            py::arg("profile") = "all",
            "A sweep's accuracy (%) by residue with its 95% interval at x = (residue + 1) / stride: chunk "

@@ -301,6 +301,11 @@ def test_svg_line_plot():
     assert plot.svg_escape("a<'b'>") == "a&lt;&apos;b&apos;&gt;"
     with pytest.raises(pk.ConfigError, match=r"^width = 10: must be in \[400, 10000\] pixels$"):
         plot.svg_line_plot([], plot.PlotAxes(width=10))
+    assert [plot.format_p_value(p) for p in (0.042, 2e-5, 1e-63)] == ["p=0.042", "p<1e-4", "p<1e-6"]
+    # An open marker is not joined, and the legend explains it.
+    hollow = [plot.PlotPoint(x=i, y=50, hollow=(i == 2)) for i in range(4)]
+    svg = plot.svg_line_plot([plot.PlotSeries(label="s", points=hollow)], plot.PlotAxes(x_max=4.0, dodge_px=3.0))
+    assert svg.count("<polyline") == 1 and "open: " + plot.PlotAxes().open_marker_meaning in svg
 
 
 def test_a_sweep_as_a_plot_series():

@@ -23,6 +23,7 @@ struct type_layout {
 struct layout_report {
   std::string arch;            // the xsimd architecture the file was compiled for
   bool bf16_dot = false;       // whether the bf16 indexer kernel was compiled in
+  unsigned isa = 0;            // simd::compiled_isa() in that file (the PHASEKV_SIMD_* bits)
   std::vector<type_layout> types;
 };
 
@@ -53,6 +54,7 @@ layout_report PHASEKV_LAYOUT_PROBE() {
   layout_report r;
   r.arch = simd::default_arch::name();
   r.bf16_dot = kernels::has_bf16_dot;
+  r.isa = simd::compiled_isa();
 #define PHASEKV_LAYOUT(...) r.types.push_back({#__VA_ARGS__, sizeof(__VA_ARGS__), alignof(__VA_ARGS__)})
   PHASEKV_LAYOUT(sparse_reader);
   PHASEKV_LAYOUT(reader_config);

@@ -2,6 +2,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <string>
+
+#include <phasekv/simd/config.hpp>
+
 #include "layout_probe.hpp"
 
 TEST_CASE("public types have the same size and alignment under every -march", "[layout]") {
@@ -21,4 +25,23 @@ TEST_CASE("public types have the same size and alignment under every -march", "[
     CHECK(generic.types[i].size == native.types[i].size);
     CHECK(generic.types[i].alignment == native.types[i].alignment);
   }
+}
+
+// A host detects a build without the vector ISAs it expects (simd/config.hpp): the baseline file
+// reports no kernel path and the whole CPU unused; the native file, the CPU's own paths.
+TEST_CASE("each file reports the kernel paths compiled into it", "[layout][simd]") {
+  const phasekv_test::layout_report generic = phasekv_test::layout_generic();
+  const phasekv_test::layout_report native = phasekv_test::layout_native();
+  INFO("generic: " << phasekv::simd::compiled_isa_report(generic.isa));
+  INFO("native: " << phasekv::simd::compiled_isa_report(native.isa));
+  CHECK(generic.isa == 0u);  // -march=x86-64: SSE2 only
+  CHECK(phasekv::simd::unused_cpu_isa(generic.isa) == phasekv::simd::cpu_isa());
+  CHECK(phasekv::simd::compiled_isa_report(generic.isa).find("128-bit") != std::string::npos);
+  CHECK(native.isa == phasekv::simd::cpu_isa());  // -march=native compiles in every path this CPU has
+  CHECK(phasekv::simd::unused_cpu_isa(native.isa) == 0u);
+  CHECK(native.bf16_dot == ((native.isa & phasekv::simd::bf16_dot) != 0));
+  CHECK(phasekv::simd::compiled_isa_report(native.isa).find("unused by this build") == std::string::npos);
+  if (phasekv::simd::cpu_isa() != 0)
+    CHECK(phasekv::simd::compiled_isa_report(generic.isa).find("unused by this build (compile with -march=native)") !=
+          std::string::npos);
 }

@@ -11,7 +11,12 @@
 //
 //   prefill write  each stream's write path over one chunk of `prefill_tokens` tokens into a fresh
 //                  state, its inputs streamed from memory (write_fixture); floor: the inputs read
-//                  and the fp32 entries written, at the bandwidth
+//                  and the fp32 entries written, at the bandwidth — and, for a pooling of the
+//                  host's, its arithmetic at the FMA peak when it states it (a member
+//                  `double flops_per_entry(std::int64_t window, std::int64_t channels) const`: the
+//                  FLOPs, a multiply-add counting 2, of one entry of one KV head); a host pooling
+//                  that does not has no floor (NaN: JSON null, bound "unknown"), since its
+//                  arithmetic may outweigh the bytes by any factor
 //   decode write   each stream's write path over `decode_tokens` one-token appends; the same floor
 //                  (for comparison only: an engine hands a decode step's inputs over from cache)
 //   read           one read at the last token of a `context`-token sequence (read_workload: the
@@ -25,7 +30,14 @@
 // each as time per operation, bytes per token (moved, by the floor's count) and the fraction of
 // its floor reached (floor / time: 1 would be the machine's limit). Times are CPU time of the
 // calling thread, or wall time when the reads run on an executor of several threads (whose floor
-// is then shared among them).
+// is then shared among them). Each figure is timed in `repetitions` runs of `min_time /
+// repetitions` seconds (at least one call each): its time is the median of the runs' times per
+// call, with their minimum and maximum as the spread, and per token (time / tokens).
+//
+// results::json() ("phasekv.bench/2") holds the configuration as fields (geometry, each stream's
+// shape and storage, the reader, the run's sizes; a program adds its own, e.g. the policy), the
+// environment (environment_of: phasekv's version, the compiler, its flags as the program states
+// them, the kernels compiled in, the CPU, the command line, the UTC date) and every figure.
 //
 // One measurement code: bench/'s Google Benchmark programs (bench_write.cpp, bench_read.cpp) time the
 // DeepSeek-V4 CSA shape with these same workloads, inputs and floors, so `phasekv-bench --preset
@@ -41,10 +53,15 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
+#include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -55,7 +72,9 @@
 #include "phasekv/core/text.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/read/sparse_reader.hpp"
+#include "phasekv/simd/config.hpp"
 #include "phasekv/testing/machine_limits.hpp"
+#include "phasekv/version.hpp"
 
 namespace phasekv::bench {
 
@@ -404,6 +423,91 @@ double seconds_per_call(F&& f, double min_time, bool wall = false) {
   return elapsed / static_cast<double>(calls);
 }
 
+// Per-call times of `repetitions` runs of f, each run calling f until `min_time / repetitions`
+// seconds have passed (at least once), after one untimed call; sorted, so the median, minimum and
+// maximum are at hand.
+struct repeated_timing {
+  std::vector<double> per_call;  // seconds per call of each run, ascending
+  std::int64_t calls = 0;        // timed calls in all
+  double median() const {
+    const std::size_t n = per_call.size();
+    return n == 0 ? 0.0 : n % 2 ? per_call[n / 2] : 0.5 * (per_call[n / 2 - 1] + per_call[n / 2]);
+  }
+};
+
+template <class F>
+repeated_timing time_repetitions(F&& f, double min_time, std::int64_t repetitions, bool wall = false) {
+  auto now = [wall] {
+    return wall ? std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count()
+                : thread_seconds();
+  };
+  f();
+  repeated_timing t;
+  const double each = min_time / static_cast<double>(std::max<std::int64_t>(1, repetitions));
+  for (std::int64_t r = 0; r < std::max<std::int64_t>(1, repetitions); ++r) {
+    std::int64_t calls = 0;
+    const double t0 = now();
+    double elapsed = 0.0;
+    do {
+      f();
+      ++calls;
+      elapsed = now() - t0;
+    } while (elapsed < each);
+    t.per_call.push_back(elapsed / static_cast<double>(calls));
+    t.calls += calls;
+  }
+  std::sort(t.per_call.begin(), t.per_call.end());
+  return t;
+}
+
+// ---- environment -------------------------------------------------------------------------------
+
+// Where and how a result was measured, for a results file that stands alone.
+struct environment_info {
+  std::string version = PHASEKV_VERSION_STRING;  // phasekv's
+  std::string compiler;   // e.g. "GCC 12.2.0", "Clang 14.0.6"
+  std::string flags;      // the compile flags, as the program states them (empty: not stated)
+  std::string kernels;    // simd::compiled_isa_report() of the measuring code
+  std::string cpu;        // the CPU's model name (Linux: /proc/cpuinfo), "" where unknown
+  std::int64_t hardware_threads = 0;
+  std::string command;    // the command line
+  std::string date_utc;   // ISO 8601, e.g. "2026-01-31T12:00:00Z"
+};
+
+// This process's environment; `compiled` is the caller's PHASEKV_SIMD_KERNELS (simd/config.hpp).
+inline environment_info environment_of(std::string command, std::string flags,
+                                       unsigned compiled = PHASEKV_SIMD_KERNELS) {
+  environment_info e;
+#if defined(__clang__)
+  e.compiler = "Clang " __clang_version__;
+#elif defined(__GNUC__)
+  e.compiler = "GCC " __VERSION__;
+#endif
+  e.flags = std::move(flags);
+  e.kernels = simd::compiled_isa_report(compiled);
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      e.cpu = line.substr(line.find(':') + 1);
+      e.cpu.erase(0, e.cpu.find_first_not_of(' '));
+      break;
+    }
+  }
+  e.hardware_threads = static_cast<std::int64_t>(std::thread::hardware_concurrency());
+  e.command = std::move(command);
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+#if defined(_WIN32)
+  gmtime_s(&utc, &now);
+#else
+  gmtime_r(&now, &utc);
+#endif
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  e.date_utc = text;
+  return e;
+}
+
 // ---- run ---------------------------------------------------------------------------------------
 
 struct run_config {
@@ -413,7 +517,8 @@ struct run_config {
   std::int64_t context = 131072;        // the read's sequence
   std::int64_t batch = 32;              // sequences of the batched read (0: none)
   std::int64_t batch_context = 32768;   // tokens of each
-  double min_time = 0.3;                // seconds each figure is timed for, at least
+  double min_time = 0.3;                // seconds each figure is timed for, at least, over all repetitions
+  std::int64_t repetitions = 5;         // timed runs per figure: the median and the spread over them
   executor* reads_on = nullptr;         // the reads' executor (null: this thread)
   std::int64_t threads = 1;             // the executor's threads: wall time, the floor shared
   // Called with a line of progress (a phase starting, a long fill's share done); null: silent.
@@ -432,6 +537,7 @@ struct run_config {
     require(std::isfinite(min_time) && min_time >= 0.0 && min_time <= 3600.0, "run_config.min_time", min_time,
             "must lie in [0, 3600] seconds");
     require(threads >= 1 && threads <= 1024, "run_config.threads", threads, "must lie in [1, 1024]");
+    require(repetitions >= 1 && repetitions <= 1000, "run_config.repetitions", repetitions, "must lie in [1, 1000]");
   }
 };
 
@@ -441,12 +547,15 @@ struct figure {
   std::string kind;           // prefill_write, decode_write, read, batched_read
   std::string stream;         // the stream written (writes)
   std::int64_t tokens = 0;    // tokens per operation: written, or of the context read (× sequences)
-  double seconds = 0.0;       // per operation
+  double seconds = 0.0;       // per operation: the median over the repetitions
+  double seconds_min = 0.0, seconds_max = 0.0;  // the fastest and slowest repetition
+  std::int64_t repetitions = 0, calls = 0;      // timed runs, and calls in all
   roofline work;              // what one operation must move and compute
   double floor_seconds = 0.0;
   double of_roofline = 0.0;   // floor / seconds
   std::string bound;          // "bandwidth" or "compute": which side of the floor is longer
   double bytes_per_token() const { return tokens > 0 ? work.bytes / static_cast<double>(tokens) : 0.0; }
+  double seconds_per_token() const { return tokens > 0 ? seconds / static_cast<double>(tokens) : 0.0; }
 };
 
 struct machine {
@@ -454,7 +563,11 @@ struct machine {
 };
 
 struct results {
-  std::string configuration;
+  std::string configuration;  // a description in words
+  // The configuration as fields: (name, a JSON value), in order; run() fills the layer's and the
+  // run's, a program appends its own (set()).
+  std::vector<std::pair<std::string, std::string>> settings;
+  environment_info environment;  // run() leaves the command and flags empty: environment_of(...)
   bench::machine limits;
   std::vector<figure> figures;
   double cache_bytes_per_token = 0.0;  // stored entries of every stream, per token (the read's sequence)
@@ -469,19 +582,45 @@ struct results {
     if (cache_bytes_per_token > 0.0) out += "cache: " + fixed(cache_bytes_per_token, 1) + " bytes of entries per token\n";
     std::size_t width = 11;
     for (const figure& f : figures) width = std::max(width, f.name.size());
-    out += "\n" + f_left("measurement", width) + right("time", 12) + right("tokens", 10) + right("bytes/token", 13) +
-           right("floor", 12) + right("of floor", 10) + "  bound\n";
-    for (const figure& f : figures)
-      out += f_left(f.name, width) + right(duration(f.seconds), 12) + right(std::to_string(f.tokens), 10) +
-             right(fixed(f.bytes_per_token(), 1), 13) + right(duration(f.floor_seconds), 12) + right(fixed(f.of_roofline, 3), 10) +
-             "  " + f.bound + "\n";
+    std::int64_t repeated = 0;
+    for (const figure& f : figures) repeated = std::max(repeated, f.repetitions);
+    out += "time: the median of " + std::to_string(repeated) + " repetitions; spread: (slowest - fastest) / median\n";
+    out += "\n" + f_left("measurement", width) + right("time", 12) + right("spread", 8) + right("per token", 11) +
+           right("tokens", 9) + right("bytes/token", 12) + right("floor", 11) + right("of floor", 9) + "  bound\n";
+    for (const figure& f : figures) {
+      const double spread = f.seconds > 0.0 ? (f.seconds_max - f.seconds_min) / f.seconds : 0.0;
+      out += f_left(f.name, width) + right(duration(f.seconds), 12) + right(fixed(100.0 * spread, 1) + "%", 8) +
+             right(duration(f.seconds_per_token()), 11) + right(std::to_string(f.tokens), 9) +
+             right(fixed(f.bytes_per_token(), 1), 12) +
+             right(std::isfinite(f.floor_seconds) ? duration(f.floor_seconds) : "n/a", 11) +
+             right(std::isfinite(f.of_roofline) ? fixed(f.of_roofline, 3) : "n/a", 9) + "  " + f.bound + "\n";
+    }
     return out;
+  }
+
+  // Appends (or replaces) a configuration field; `json_value` is JSON text (a number, a quoted
+  // string from json_string, an object, …).
+  void set(const std::string& name, std::string json_value) {
+    for (auto& [key, value] : settings)
+      if (key == name) {
+        value = std::move(json_value);
+        return;
+      }
+    settings.emplace_back(name, std::move(json_value));
   }
 
   std::string json() const {
     using phasekv::detail::json_number;
     using phasekv::detail::json_string;
-    std::string out = "{\n  \"format\": \"phasekv.bench/1\",\n  \"configuration\": " + json_string(configuration) + ",\n";
+    std::string out = "{\n  \"format\": \"phasekv.bench/2\",\n  \"configuration\": {\"description\": " +
+                      json_string(configuration);
+    for (const auto& [key, value] : settings) out += ",\n    " + json_string(key) + ": " + value;
+    const environment_info& e = environment;
+    out += "},\n  \"environment\": {\"phasekv_version\": " + json_string(e.version) +
+           ", \"compiler\": " + json_string(e.compiler) + ", \"flags\": " + json_string(e.flags) +
+           ",\n    \"kernels\": " + json_string(e.kernels) + ",\n    \"cpu\": " + json_string(e.cpu) +
+           ", \"hardware_threads\": " + std::to_string(e.hardware_threads) + ",\n    \"command\": " +
+           json_string(e.command) + ", \"date_utc\": " + json_string(e.date_utc) + "},\n";
     out += "  \"machine\": {\"read_bandwidth_bytes_per_s\": " + json_number(limits.read_bandwidth) +
            ", \"fma_peak_flops\": " + json_number(limits.fma_peak) + ", \"bf16_dot_peak_flops\": " +
            json_number(limits.bf16_dot_peak) + ", \"int8_dot_peak_ops\": " + json_number(limits.int8_dot_peak) + "},\n";
@@ -490,7 +629,10 @@ struct results {
       const figure& f = figures[i];
       out += std::string(i ? "," : "") + "\n    {\"name\": " + json_string(f.name) + ", \"kind\": " + json_string(f.kind) +
              ", \"stream\": " + json_string(f.stream) + ", \"tokens\": " + std::to_string(f.tokens) +
-             ", \"seconds\": " + json_number(f.seconds) + ", \"bytes\": " + json_number(f.work.bytes) +
+             ",\n     \"seconds\": " + json_number(f.seconds) + ", \"seconds_min\": " + json_number(f.seconds_min) +
+             ", \"seconds_max\": " + json_number(f.seconds_max) + ", \"seconds_per_token\": " +
+             json_number(f.seconds_per_token()) + ", \"repetitions\": " + std::to_string(f.repetitions) +
+             ", \"calls\": " + std::to_string(f.calls) + ",\n     \"bytes\": " + json_number(f.work.bytes) +
              ", \"bytes_per_token\": " + json_number(f.bytes_per_token()) + ", \"flops\": " + json_number(f.work.flops) +
              ", \"bf16_flops\": " + json_number(f.work.bf16_flops) + ", \"int8_ops\": " + json_number(f.work.int8_ops) +
              ", \"floor_seconds\": " + json_number(f.floor_seconds) + ", \"of_roofline\": " + json_number(f.of_roofline) +
@@ -509,21 +651,69 @@ struct results {
 
 namespace run_detail {
 
+// phasekv's own poolings (whose writes the floor prices by their bytes), and whether a host's
+// states its arithmetic.
+template <class P>
+struct is_builtin_pooling : std::false_type {};
+template <>
+struct is_builtin_pooling<mean_pool> : std::true_type {};
+template <>
+struct is_builtin_pooling<fixed_weight_pool> : std::true_type {};
+template <gate_width Width>
+struct is_builtin_pooling<gated_pool<Width>> : std::true_type {};
+template <class P, class = void>
+struct states_flops : std::false_type {};
+template <class P>
+struct states_flops<P, std::void_t<decltype(std::declval<const P&>().flops_per_entry(std::int64_t{}, std::int64_t{}))>>
+    : std::true_type {};
+
+// What one pass of `tokens` tokens through `compressor` must move and compute; `known` false
+// when the floor cannot be priced (a host pooling that does not state its FLOPs).
+template <class Compressor, class Fixture>
+roofline write_work(const Compressor& compressor, const Fixture& f, std::int64_t tokens, bool& known) {
+  using pooling = std::decay_t<decltype(compressor.pool())>;
+  roofline work{f.bytes_moved(tokens)};
+  known = true;
+  if constexpr (!is_builtin_pooling<pooling>::value) {
+    if constexpr (states_flops<pooling>::value) {
+      const stream_config& c = compressor.config();
+      work.flops = static_cast<double>(compressor.geom().completed_entries(tokens)) * static_cast<double>(c.kv_heads) *
+                   compressor.pool().flops_per_entry(compressor.geom().window, c.channels);
+    } else {
+      known = false;
+    }
+  }
+  return work;
+}
+
 // `bandwidth`: read_bandwidth() as the figure's Google Benchmark twin takes it (before the writes,
 // after the reads).
-inline figure make_figure(std::string name, std::string kind, std::string stream, std::int64_t tokens, double seconds,
-                          const roofline& work, std::int64_t threads, double bandwidth) {
+inline figure make_figure(std::string name, std::string kind, std::string stream, std::int64_t tokens,
+                          const repeated_timing& timing, const roofline& work, std::int64_t threads, double bandwidth) {
   figure f;
   f.name = std::move(name);
   f.kind = std::move(kind);
   f.stream = std::move(stream);
   f.tokens = tokens;
+  const double seconds = timing.median();
   f.seconds = seconds;
+  f.seconds_min = timing.per_call.empty() ? 0.0 : timing.per_call.front();
+  f.seconds_max = timing.per_call.empty() ? 0.0 : timing.per_call.back();
+  f.repetitions = static_cast<std::int64_t>(timing.per_call.size());
+  f.calls = timing.calls;
   f.work = work;
   const double memory = work.bytes / bandwidth, compute = work.compute_seconds();
   f.floor_seconds = std::max(memory, compute) / static_cast<double>(threads);
   f.of_roofline = seconds > 0.0 ? f.floor_seconds / seconds : 0.0;
   f.bound = memory >= compute ? "bandwidth" : "compute";
+  return f;
+}
+
+// A figure whose floor is unknown: NaN floor and fraction, bound "unknown".
+inline figure without_floor(figure f) {
+  f.floor_seconds = std::numeric_limits<double>::quiet_NaN();
+  f.of_roofline = std::numeric_limits<double>::quiet_NaN();
+  f.bound = "unknown (the pooling states no flops_per_entry)";
   return f;
 }
 
@@ -535,14 +725,23 @@ std::vector<std::int64_t> entry_strides(const Cache& cache) {
 }
 
 // "12% of 131072 tokens" lines, at most every tenth.
+// With the time so far and, from the rate so far, the time left: "read: filled 30% (12 s, about
+// 28 s left)".
 inline std::function<void(std::int64_t)> share_reporter(const run_config& c, const std::string& what, std::int64_t total) {
   if (!c.progress || total <= 0) return {};
   auto last = std::make_shared<std::int64_t>(-1);
-  return [&c, what, total, last](std::int64_t done) {
+  const auto start = std::chrono::steady_clock::now();
+  return [&c, what, total, last, start](std::int64_t done) {
     const std::int64_t tenth = done * 10 / total;
     if (tenth == *last) return;
     *last = tenth;
-    c.progress(what + ": " + std::to_string(done * 100 / total) + "%");
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string line = what + ": " + std::to_string(done * 100 / total) + "%";
+    if (done > 0 && done < total && elapsed >= 1.0)
+      line += " (" + phasekv::detail::fixed(elapsed, 0) + " s, about " +
+              phasekv::detail::fixed(elapsed * static_cast<double>(total - done) / static_cast<double>(done), 0) +
+              " s left)";
+    c.progress(line);
   };
 }
 
@@ -568,6 +767,43 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
   };
   results r;
   r.configuration = configuration;
+  {
+    using phasekv::detail::json_number;
+    using phasekv::detail::json_string;
+    const geometry& geom = layer.geom();
+    r.set("stride", std::to_string(geom.stride));
+    r.set("window", std::to_string(geom.window));
+    r.set("origin", std::to_string(geom.origin));
+    std::string streams = "[";
+    auto describe = [&](std::size_t k, const auto& compressor) {
+      const stream_config& sc = compressor.config();
+      const storage_type st = k < cache.stream_storage.size() ? cache.stream_storage[k] : cache.storage;
+      streams += std::string(k ? ", " : "") + "{\"name\": " + json_string(sc.name) + ", \"role\": " +
+                 json_string(sc.role == stream_role::indexer ? "indexer" : "kv") + ", \"kv_heads\": " +
+                 std::to_string(sc.kv_heads) + ", \"channels\": " + std::to_string(sc.channels) +
+                 ", \"rope_channels\": " + std::to_string(sc.rope.channels) + ", \"storage\": " +
+                 json_string(to_string(st)) + "}";
+    };
+    run_detail::for_each_stream(layer, describe);
+    r.set("streams", streams + "]");
+    r.set("page_size", std::to_string(cache.page_size));
+    r.set("window_tokens", std::to_string(cache.window.tokens));
+    r.set("window_storage", json_string(to_string(cache.window.precision)));
+    const char* precision = reader.precision == indexer_precision::bf16 ? "bf16"
+                            : reader.precision == indexer_precision::fp4 ? "fp4" : "f32";
+    r.set("reader", "{\"query_heads\": " + std::to_string(reader.query_heads) + ", \"top_k\": " +
+                        std::to_string(reader.top_k) + ", \"indexer_heads\": " + std::to_string(reader.indexer_heads) +
+                        ", \"indexer_precision\": " + json_string(reader.top_k > 0 ? precision : "none") +
+                        ", \"sink\": " + (reader.sink ? "true" : "false") + "}");
+    r.set("run", "{\"prefill_tokens\": " + std::to_string(config.prefill_tokens) + ", \"decode_tokens\": " +
+                     std::to_string(config.decode_tokens) + ", \"context\": " + std::to_string(config.context) +
+                     ", \"batch\": " + std::to_string(config.batch) + ", \"batch_context\": " +
+                     std::to_string(config.batch_context) + ", \"bf16_inputs\": " +
+                     (config.bf16_inputs ? "true" : "false") + ", \"threads\": " + std::to_string(config.threads) +
+                     ", \"min_time_seconds\": " + json_number(config.min_time) + ", \"repetitions\": " +
+                     std::to_string(config.repetitions) + "}");
+  }
+  r.environment = environment_of("", "");
   say("measuring this machine's limits");
   r.limits = {read_bandwidth(), fma_peak(), bf16_dot_peak(), int8_dot_peak()};
   const geometry& g = layer.geom();
@@ -584,9 +820,13 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
       // percent faster here than the first, so the two measure the same.
       fixture(compressor, config.prefill_tokens, config.bf16_inputs).prefill(config.prefill_tokens);
       fixture f(compressor, config.prefill_tokens, config.bf16_inputs);
-      const double s = seconds_per_call([&] { f.prefill(config.prefill_tokens); }, config.min_time);
-      r.figures.push_back(run_detail::make_figure("prefill write '" + name + "'", "prefill_write", name, config.prefill_tokens,
-                                                  s, roofline{f.bytes_moved(config.prefill_tokens)}, 1, bandwidth));
+      const repeated_timing s =
+          time_repetitions([&] { f.prefill(config.prefill_tokens); }, config.min_time, config.repetitions);
+      bool known = true;
+      const roofline work = run_detail::write_work(compressor, f, config.prefill_tokens, known);
+      figure one = run_detail::make_figure("prefill write '" + name + "'", "prefill_write", name, config.prefill_tokens, s,
+                                           work, 1, bandwidth);
+      r.figures.push_back(known ? one : run_detail::without_floor(one));
     }
     if (config.decode_tokens > 0) {
       say("decode write '" + name + "': " + std::to_string(config.decode_tokens) + " one-token appends");
@@ -594,9 +834,13 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
       using fixture = write_fixture<std::decay_t<decltype(compressor)>>;
       fixture(compressor, config.decode_tokens).decode(config.decode_tokens);  // as for the prefill
       fixture f(compressor, config.decode_tokens);
-      const double s = seconds_per_call([&] { f.decode(config.decode_tokens); }, config.min_time);
-      r.figures.push_back(run_detail::make_figure("decode write '" + name + "'", "decode_write", name, config.decode_tokens, s,
-                                                  roofline{f.bytes_moved(config.decode_tokens)}, 1, bandwidth));
+      const repeated_timing s =
+          time_repetitions([&] { f.decode(config.decode_tokens); }, config.min_time, config.repetitions);
+      bool known = true;
+      const roofline work = run_detail::write_work(compressor, f, config.decode_tokens, known);
+      figure one = run_detail::make_figure("decode write '" + name + "'", "decode_write", name, config.decode_tokens, s,
+                                           work, 1, bandwidth);
+      r.figures.push_back(known ? one : run_detail::without_floor(one));
     }
   };
   run_detail::for_each_stream(layer, writes);
@@ -614,7 +858,7 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
     const std::int64_t candidates = g.visible_entries(config.context - 1);
     const read_cost cost = read_cost::of(w.cache.shape(), reader, run_detail::entry_strides(w.cache));
     say("read: timing");
-    const double s = seconds_per_call([&] { w.step(); }, config.min_time, wall);
+    const repeated_timing s = time_repetitions([&] { w.step(); }, config.min_time, config.repetitions, wall);
     r.figures.push_back(run_detail::make_figure("read at " + std::to_string(config.context), "read", "", config.context, s,
                                                 cost.floor(candidates), config.threads, read_bandwidth()));
     r.cache_bytes_per_token = static_cast<double>(w.cache.memory(w.seq).entry_bytes) / static_cast<double>(config.context);
@@ -653,7 +897,7 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
       batch_reader.read_batch(items);
     };
     say("batched read: timing");
-    const double s = seconds_per_call(step, config.min_time, wall);
+    const repeated_timing s = time_repetitions(step, config.min_time, config.repetitions, wall);
     roofline floor = read_cost::of(shape, reader, run_detail::entry_strides(batch_cache)).floor(g.visible_entries(tokens - 1));
     floor.bytes *= static_cast<double>(count);
     floor.flops *= static_cast<double>(count);

@@ -1,0 +1,101 @@
+// phasekv::bench (testing/bench.hpp): each figure's repetitions, median and spread; the layer as
+// configuration fields; and the write floor of a pooling of the host's, which counts the FLOPs
+// the pooling states (flops_per_entry) and is unknown — not a bandwidth floor — when it states none.
+// Tiny sizes and min_time 0: nothing here is a measurement worth reading, only its bookkeeping.
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <phasekv/testing/bench.hpp>
+
+namespace {
+
+// Mean pooling written as a host's pooling, without and with a statement of its arithmetic.
+struct silent_pool {
+  static constexpr const char* name = "silent_mean";
+  static constexpr std::uint32_t version = 1;
+  static constexpr std::int64_t gate_channels(std::int64_t) { return 0; }
+  void pool(const phasekv::window_rows& w, float* out) const {
+    const std::int64_t n = w.count();
+    for (std::int64_t c = 0; c < w.channels; ++c) {
+      float sum = 0.0f;
+      for (std::int64_t k = 0; k < n; ++k) sum += w.payload[k][c];
+      out[c] = sum / static_cast<float>(n);
+      if (w.slot_weights && c == 0)
+        for (std::int64_t k = 0; k < n; ++k) w.slot_weights[k] = 1.0f / static_cast<float>(n);
+    }
+  }
+};
+struct stated_pool : silent_pool {
+  static constexpr const char* name = "stated_mean";
+  double flops_per_entry(std::int64_t window, std::int64_t channels) const {
+    return 1000.0 * static_cast<double>(window * channels);  // inflated, so the floor is compute-bound
+  }
+};
+
+template <class Pool>
+phasekv::bench::results tiny_run() {
+  using namespace phasekv;
+  const geometry g{4, 8};
+  stream_config config;
+  config.name = "kv";
+  config.channels = 16;
+  cache_config cache;
+  cache.page_size = 16;
+  reader_config reader;
+  reader.query_heads = 2;
+  bench::run_config rc;
+  rc.prefill_tokens = 256;
+  rc.decode_tokens = 16;
+  rc.context = 0;
+  rc.batch = 0;
+  rc.min_time = 0.0;
+  rc.repetitions = 3;
+  return bench::run<compressor_policy<Pool>>(g, config, cache, reader, rc);
+}
+
+}  // namespace
+
+TEST_CASE("bench::run times each figure in repetitions and records the layer as fields", "[testing][bench]") {
+  const phasekv::bench::results r = tiny_run<stated_pool>();
+  REQUIRE(r.figures.size() == 2u);  // prefill and decode writes of the one stream
+  for (const auto& f : r.figures) {
+    INFO(f.name);
+    CHECK(f.repetitions == 3);
+    CHECK(f.calls >= 3);
+    CHECK(f.seconds_min <= f.seconds);
+    CHECK(f.seconds <= f.seconds_max);
+    CHECK(f.seconds_per_token() == Approx(f.seconds / static_cast<double>(f.tokens)));
+  }
+  const std::string json = r.json();
+  CHECK(json.find("\"format\": \"phasekv.bench/2\"") != std::string::npos);
+  CHECK(json.find("\"stride\": 4") != std::string::npos);
+  CHECK(json.find("\"window\": 8") != std::string::npos);
+  CHECK(json.find("\"channels\": 16") != std::string::npos);
+  CHECK(json.find("\"repetitions\": 3") != std::string::npos);
+  CHECK(json.find("\"phasekv_version\": \"" PHASEKV_VERSION_STRING "\"") != std::string::npos);
+  CHECK(json.find("\"date_utc\": \"20") != std::string::npos);
+}
+
+TEST_CASE("a host pooling's write floor counts the FLOPs it states, and is unknown without them", "[testing][bench]") {
+  const phasekv::bench::results stated = tiny_run<stated_pool>();
+  const auto& prefill = stated.figures[0];
+  // 256 tokens at S = 4, W = 8: 64 complete entries (the first one padded) of one KV head.
+  REQUIRE(phasekv::geometry{4, 8}.completed_entries(256) == 64);
+  CHECK(prefill.work.flops == Approx(64.0 * 1000.0 * 8 * 16));
+  CHECK(prefill.bound == "compute");
+  CHECK(prefill.floor_seconds > 0.0);
+
+  const phasekv::bench::results silent = tiny_run<silent_pool>();
+  for (const auto& f : silent.figures) {
+    INFO(f.name);
+    CHECK(std::isnan(f.floor_seconds));
+    CHECK(std::isnan(f.of_roofline));
+    CHECK(f.bound.rfind("unknown", 0) == 0);
+  }
+  CHECK(silent.json().find("\"floor_seconds\": null") != std::string::npos);
+  CHECK(silent.table().find("n/a") != std::string::npos);
+}
