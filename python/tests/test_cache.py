@@ -85,8 +85,15 @@ def test_read_entry_into_a_preallocated_array(csa):
 def test_cache_errors_name_the_field(csa):
     cache = csa.cache
     seq = cache.create()
-    with pytest.raises(pk.InputError, match=r"^dsv4.tokens\(sequence\) = 12345: is not a live sequence of this cache$"):
+    with pytest.raises(pk.InputError, match=r"^dsv4.tokens\(sequence\) = 12345: is not a live sequence of this cache: an id "
+                                             r"of another cache or model, or not one the library made$"):
         cache.tokens(12345)
+    # A freed id says whose it was: the cache's tag in the top bits, its sequence number below.
+    gone = cache.create()
+    cache.free(gone)
+    with pytest.raises(pk.InputError, match=rf"^dsv4.tokens\(sequence\) = {gone}: is not a live sequence of this cache: its "
+                                             rf"sequence #{gone % 2**40}, freed \(or dropped by keep/clear\) since$"):
+        cache.tokens(gone)
     with pytest.raises(pk.InputError, match=r"^append: len\(chunks\) = 1: must be the layer's stream count, 2"):
         cache.append(seq, [np.zeros((1, 1, 2, 512), dtype=np.float32)])
     with pytest.raises(pk.InputError, match=r"^dsv4.append: window_keys.size\(\) = 0: must be 512"):

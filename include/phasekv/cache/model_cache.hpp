@@ -427,7 +427,7 @@ class model_cache {
     });
   }
   [[noreturn]] void fail_unknown(sequence_id id, const char* operation) const {
-    detail::fail<input_error>(name_ + "." + operation + "(sequence)", id, "is not a live sequence of this model cache");
+    detail::fail<input_error>(name_ + "." + operation + "(sequence)", id, detail::unknown_sequence(id, tag_, "model cache"));
   }
 
   // f(cache, model layer index) for every layer, kind after kind.

@@ -72,6 +72,18 @@ inline sequence_id next_sequence_tag() noexcept {
   static std::atomic<std::int64_t> owners{0};
   return ((owners.fetch_add(1, std::memory_order_relaxed) % (std::int64_t{1} << 22)) + 1) << 40;
 }
+
+// Why `id` names no live sequence of the owner tagged `tag`, for the error message: an id is the
+// owner's tag with the slot of the sequence below it, so a user who holds only the number learns
+// whose it was (2199023255553 is sequence #1 of the cache tagged 2).
+inline std::string unknown_sequence(sequence_id id, sequence_id tag, const char* owner) {
+  constexpr sequence_id slot_mask = (std::int64_t{1} << 40) - 1;
+  if (id >= 0 && (id & ~slot_mask) == tag)
+    return std::string("is not a live sequence of this ") + owner + ": its sequence #" + std::to_string(id & slot_mask) +
+           ", freed (or dropped by keep/clear) since";
+  return std::string("is not a live sequence of this ") + owner +
+         ": an id of another cache or model, or not one the library made";
+}
 }  // namespace detail
 
 struct cache_config {
@@ -1126,7 +1138,7 @@ class paged_cache {
   }
 
   [[noreturn]] void fail_unknown(sequence_id id, const char* operation) const {
-    detail::fail<input_error>(config_.name + "." + operation + "(sequence)", id, "is not a live sequence of this cache");
+    detail::fail<input_error>(config_.name + "." + operation + "(sequence)", id, detail::unknown_sequence(id, id_tag_, "cache"));
   }
   sequence& find(sequence_id id, const char* operation) {
     std::lock_guard<std::mutex> lock(table_mutex_);
