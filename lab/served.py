@@ -487,7 +487,10 @@ def measure_padding(a, endpoint) -> dict:
     client = make_client(a, [endpoint])
     for i, (spec, key, answer) in enumerate(padding_specs(task, tok, prompts=a.padding_prompts, periods=a.periods,
                                                           stride=S, seed=a.seed)):
-        ex = _padding.PaddingExperiment(spec, tok, stride=S, periods=a.periods, reps=a.reps)
+        # scoring "top": one request per trial, the candidates read from the generated position's
+        # logprobs over the whole vocabulary (no echo needed)
+        ex = _padding.PaddingExperiment(spec, tok, stride=S, periods=a.periods, reps=a.reps, scoring="top",
+                                        top=tok.vocab_size)
         path = out / f"padding{i}.jsonl"
         client.run(ex.jobs(), path, total=ex.total)
         lines = _padding.read_padding_lines([path], ex.sweep_id)
@@ -501,8 +504,10 @@ def measure_padding(a, endpoint) -> dict:
     rows = []
     for r in range(S):
         v = np.asarray(aligned[r])
-        rows.append({"key_residue": r, "n": len(v), "mean": float(v.mean()) if len(v) else math.nan,
-                     "sd": float(v.std(ddof=1)) if len(v) > 1 else math.nan})
+        mean = float(v.mean()) if len(v) else math.nan
+        half = _padding._t_quantile(len(v) - 1) * float(v.std(ddof=1)) / math.sqrt(len(v)) if len(v) > 1 else math.nan
+        rows.append({"key_residue": r, "n": len(v), "mean": mean, "low": max(0.0, mean - half),
+                     "high": min(1.0, mean + half)})
     groups = [aligned[r] for r in range(S) if aligned[r]]
     anova = _pk.stats.anova_homogeneity(groups)
     result = {"by_key_residue": rows, "worst_key_residue": int(np.nanargmin([r["mean"] for r in rows])),
@@ -512,10 +517,11 @@ def measure_padding(a, endpoint) -> dict:
 
 
 def format_padding(title: str, result: dict) -> str:
-    out = [title, f"{'key residue':>12} {'n':>5} {'P(right)%':>10} {'sd':>7}"]
+    out = [title, f"{'key residue':>12} {'n':>5} {'P(right)%':>10} {'95% CI':>18}"]
     for r in result["by_key_residue"]:
         mark = " worst" if r["key_residue"] == result["worst_key_residue"] else ""
-        out.append(f"{r['key_residue']:>12} {r['n']:>5} {100 * r['mean']:>10.2f} {100 * r['sd']:>7.2f}{mark}")
+        out.append(f"{r['key_residue']:>12} {r['n']:>5} {100 * r['mean']:>10.2f}  "
+                   f"[{100 * r['low']:6.2f}, {100 * r['high']:6.2f}]{mark}")
     out.append(f"one-way ANOVA across residues: F = {result['anova_f']:.2f}, p = {result['anova_p']:.3g}")
     return "\n".join(out)
 
@@ -551,12 +557,17 @@ def cmd_run(a) -> int:
         pad = measure_padding(a, server.url)
         server.lab_host.close()
     print(format_table(f"lab_host measure (the lab's own sweep): {a.model}", lab))
+    lines = read_lines(out / "needle" / "outcomes.jsonl", needle_id(a.model, a.trials, a.seed))
+    http = sorted((x["target"], x["query"], x["outcome"]) for x in lines.values() if "outcome" in x)
+    ref = sorted((t, q, v) for (t, q, _), v in lab["per_trial"].items())
+    same = sum(1 for x, y in zip(http, ref) if x == y)
     print(format_table(f"needle through HTTP: {a.model}", needle))
+    print(f"trials answered alike over HTTP and in the lab's sweep: {same} of {len(ref)}")
     print(format_padding(f"padding through HTTP: {a.model}", pad))
     return 0
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="lab/served.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     for name in ("serve", "measure", "run"):
@@ -580,7 +591,11 @@ def main(argv=None) -> int:
         p.add_argument("--retries", type=int, default=6, help="(default: %(default)s)")
         p.add_argument("--backoff", type=float, default=0.05, help="seconds, doubled per retry (default: %(default)s)")
         p.add_argument("--quiet", action="store_true")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
     try:
         return {"serve": cmd_serve, "measure": cmd_measure, "run": cmd_run}[a.command](a)
     except ServedInputError as e:
