@@ -144,3 +144,18 @@ def test_served_logprobs_equal_torch(tmp_path):
         parity = lab_served.served_parity(GATED, server.url, prompts=8)
         server.lab_host.close()
     assert parity["relative_diff"] <= 1e-4, parity
+
+
+def test_the_padding_experiment_through_faults_gives_the_clean_runs_outcomes(runs, tmp_path):
+    faults = Faults(rate_limit_every=5, retry_after=0.01, server_error_every=7, drop_every=9)
+    with lab_served.make_server(GATED, HOST, faults=faults) as server:
+        a = options("run", GATED, tmp_path / "padding", "--concurrency", "4", "--backoff", "0.01", "--retries", "8")
+        lab_served.measure_padding(a, server.url)
+        injected = dict(server.faults_injected)
+        server.lab_host.close()
+    assert all(injected.get(k, 0) > 0 for k in ("rate_limit", "server_error", "drop")), injected
+    clean_dir = runs["gated"]["dir"] / "padding"
+    for path in sorted(clean_dir.glob("padding*.jsonl")):
+        clean = {x["trial_id"]: x["outcome"] for x in map(json.loads, open(path))}
+        faulty = [json.loads(x) for x in open(tmp_path / "padding" / path.name)]
+        assert len(faulty) == len(clean) and {x["trial_id"]: x["outcome"] for x in faulty} == clean
