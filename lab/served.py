@@ -224,8 +224,13 @@ def lab_plan(host, model_dir, *, trials: int, seed: int) -> tuple[dict, list[Tri
     config, _ = read_export(model_dir)
     stride = int(config["stride"])
     M = 2 * (stride if stride > 1 else 8)
-    out = subprocess.run([str(host), "plan", "--model", str(model_dir), "--trials", str(trials), "--seed", str(seed),
-                          "--count", str(trials * M)], check=True, capture_output=True, text=True).stdout.splitlines()
+    if not os.access(host, os.X_OK):
+        raise ServedInputError(f"--host: {host} is not an executable lab_host")
+    run = subprocess.run([str(host), "plan", "--model", str(model_dir), "--trials", str(trials), "--seed", str(seed),
+                          "--count", str(trials * M)], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise ServedInputError("lab_host plan refused the sweep: " + run.stderr.strip().splitlines()[0])
+    out = run.stdout.splitlines()
     task = json.loads(out[0].removeprefix("task "))
     plan = [Trial(i, int(s), int(t), int(u)) for i, (s, t, u) in enumerate(line.split() for line in out[1:] if line.strip())]
     return task, plan, M
