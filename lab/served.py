@@ -56,7 +56,7 @@ from task import TaskConfig, generate  # noqa: E402
 from phasekv import _phasekv as _pk  # noqa: E402
 from phasekv.served import client as _client  # noqa: E402
 from phasekv.served import padding as _padding  # noqa: E402
-from phasekv.served.errors import ServedInputError  # noqa: E402
+from phasekv.served.errors import EndpointError, PlacementError, ServedInputError  # noqa: E402
 from phasekv.served.responses import parse_completion  # noqa: E402
 from phasekv.served.testserver import CompletionServer, Faults  # noqa: E402
 
@@ -471,7 +471,17 @@ def measure_needle(a, endpoint) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "outcomes.jsonl"
     read_lines(path, sweep_id)  # refuses another sweep's file
-    make_client(a, [endpoint]).run(needle_jobs(task, plan, tok, M, sweep_id), path, total=len(plan))
+    client = make_client(a, [endpoint])
+    # Preflight: the first trial's request (with the run's retries: a resumed run meets the same
+    # faults as any other request) must come back with a generated token and its logprobs,
+    # before any outcome is written.
+    try:
+        response, _ = client.request(_needle_job(task, plan[0], tok, M, sweep_id).body())
+    except _client.RequestFailed as e:
+        raise EndpointError(f"endpoint {endpoint}: {e}") from None
+    if not parse_completion(response).generated:
+        raise EndpointError(f"endpoint {endpoint}: no logprobs in its response")
+    client.run(needle_jobs(task, plan, tok, M, sweep_id), path, total=len(plan))
     lines = read_lines(path, sweep_id)
     table = needle_table(lines, M)
     table["errored"] = sum(1 for x in lines.values() if "outcome" not in x)
@@ -490,12 +500,16 @@ def measure_padding(a, endpoint) -> dict:
     pooled: dict[int, list[float]] = {r: [] for r in range(S)}
     aligned: dict[int, list[float]] = {r: [] for r in range(S)}  # by the target key's residue
     client = make_client(a, [endpoint])
+    checked = False
     for i, (spec, key, answer) in enumerate(padding_specs(task, tok, prompts=a.padding_prompts, periods=a.periods,
                                                           stride=S, seed=a.seed)):
         # scoring "top": one request per trial, the candidates read from the generated position's
         # logprobs over the whole vocabulary (no echo needed)
         ex = _padding.PaddingExperiment(spec, tok, stride=S, periods=a.periods, reps=a.reps, scoring="top",
                                         top=tok.vocab_size)
+        if not checked:
+            ex.preflight(client)
+            checked = True
         path = out / f"padding{i}.jsonl"
         client.run(ex.jobs(), path, total=ex.total)
         lines = _padding.read_padding_lines([path], ex.sweep_id)
@@ -603,7 +617,7 @@ def main(argv=None) -> int:
     a = parse(argv)
     try:
         return {"serve": cmd_serve, "measure": cmd_measure, "run": cmd_run}[a.command](a)
-    except ServedInputError as e:
+    except (ServedInputError, EndpointError, PlacementError) as e:
         print(f"lab/served.py: {e}", file=sys.stderr)
         return 2
 
