@@ -507,8 +507,13 @@ def measure_padding(a, endpoint) -> dict:
         # logprobs over the whole vocabulary (no echo needed)
         ex = _padding.PaddingExperiment(spec, tok, stride=S, periods=a.periods, reps=a.reps, scoring="top",
                                         top=tok.vocab_size)
-        if not checked:
-            ex.preflight(client)
+        if not checked:  # preflight, with the run's retries: the candidates must be readable
+            first = next(ex.trials())
+            try:
+                response, _ = client.request(ex.bodies(first)[0])
+            except _client.RequestFailed as e:
+                raise EndpointError(f"endpoint {endpoint}: {e}") from None
+            ex.candidate_logprobs(first, [response])
             checked = True
         path = out / f"padding{i}.jsonl"
         client.run(ex.jobs(), path, total=ex.total)
