@@ -80,6 +80,24 @@ def test_the_gated_models_dip_over_http_is_the_labs_own(runs):
     assert http["p"] < 1e-6
 
 
+def test_fresh_trials_over_http_find_the_same_dip_and_a_flat_control(runs, tmp_path):
+    # Trials the lab's sweep did not run (seed 2): the dip is the model's, not the sample's.
+    tables = {}
+    for name, model in (("gated", GATED), ("control", CONTROL)):
+        with lab_served.make_server(model, HOST) as server:
+            a = lab_served.parse(["run", "--model", str(model), "--host", str(HOST), "--out", str(tmp_path / name),
+                                  "--trials", str(TRIALS), "--seed", "2", "--quiet"])
+            tables[name] = lab_served.measure_needle(a, server.url)
+            server.lab_host.close()
+    g, c = tables["gated"], tables["control"]
+    assert g["worst"] % 8 == runs["gated"]["lab"]["worst"] % 8
+    dips = [x for x in g["residues"] if x["residue"] % 8 == 7]
+    others = [x for x in g["residues"] if x["residue"] % 8 != 7]
+    assert max(x["high"] for x in dips) < min(x["low"] for x in others)
+    assert not c["p"] < 0.01
+    assert max(x["low"] for x in c["residues"]) < min(x["high"] for x in c["residues"])
+
+
 def test_the_full_attention_control_is_flat_over_http(runs):
     r = runs["control"]
     http = r["needle"]
