@@ -26,9 +26,11 @@ as the lab's sweep; Wilson intervals, chi-square homogeneity).
 **padding**: phasekv.served.padding's experiment on lab prompts: a prompt of the task (one
 per --padding-prompts, the lab's task scaled to T − periods·S tokens so the longest padding fits
 the trained length), filler words as padding units in front, candidates the target's value and
-another record's value; P(right | candidates) by the answer position's residue. The whole prompt
-shifts with the padding, so the residue where the target record straddles a boundary is the
-record's dip moved by (answer − key) mod S: `expected_padding_dip` gives it.
+another record's value, read from the generated position's logprobs over the whole vocabulary;
+P(right | candidates) per trial. Each prompt's own table (DIR/paddingI.txt) is by the answer
+position's residue, as the padding analysis reports it; the prompts are pooled by the residue of
+the target's key, (key + padding) mod S — the whole prompt shifts with the padding, so that is
+the answer's residue moved by a constant per prompt, and the frame the lab's sweep reports in.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import struct
 import subprocess
 import sys
 import threading
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -381,11 +383,6 @@ def padding_specs(task: TaskConfig, tok: LabTokenizer, *, prompts: int, periods:
                                     description=f"lab task sequence, seed {(1 << 63) + (1 << 59) + (seed << 32) + k - 1}")
         out.append((spec, s.record_starts[target], s.query_position + 1))
     return out
-
-
-def expected_padding_dip(key: int, answer: int, stride: int, straddle_residue: int) -> int:
-    """The answer residue at which the record's key sits at `straddle_residue` (mod S)."""
-    return (straddle_residue + answer - key) % stride
 
 
 # ---- parity with PyTorch on the served path ---------------------------------------------------------
