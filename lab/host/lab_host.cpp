@@ -3,6 +3,12 @@
 //   lab_host logits  --model DIR --input FILE --output FILE
 //       FILE in: int32 count, int32 length, then count·length int32 token ids (little-endian);
 //       FILE out: float32 logits [count][length][vocab] at every position.
+//   lab_host serve   --model DIR [--max-tokens N]
+//       one model, many prompts (what lab/served.py's HTTP server drives): reads from stdin
+//       int32 length, then length int32 token ids (little-endian), and writes to stdout float32
+//       logits [length][vocab] at every position, computed by the same forward as `logits`
+//       (phasekv's caches, made anew for each prompt); a length of 0 or end of input stops it.
+//       N (default 512) is the longest prompt.
 //   lab_host task    --model DIR --seed K [--target P] [--trail U]
 //       prints one generated sequence as JSON, for the parity test against lab/task.py.
 //   lab_host plan    --model DIR [measurement options] [--sweep uniform|isolated|gapped] [--count N]
@@ -61,6 +67,7 @@ namespace diag = phasekv::diag;
 
 constexpr const char* usage =
     "usage: lab_host logits  --model DIR --input FILE --output FILE\n"
+    "       lab_host serve   --model DIR [--max-tokens N]\n"
     "       lab_host task    --model DIR --seed K [--target P] [--trail U]\n"
     "       lab_host plan    --model DIR [measurement options] [--sweep uniform|isolated|gapped] [--count N]\n"
     "       lab_host queries --model DIR --input FILE --output FILE [measurement options] [--sweep NAME]\n"
@@ -175,6 +182,46 @@ int run_logits(const arguments& a) {
     out.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(4 * length * vocab));
   }
   return out ? 0 : 1;
+}
+
+int run_serve(const arguments& a) {
+  lab::model_weights w = load_or_exit(a.text("--model"));
+  std::int64_t max_tokens = 512;
+  if (a.has("--max-tokens")) {
+    try {
+      max_tokens = std::stoll(a.text("--max-tokens"));
+    } catch (const std::exception&) {
+      max_tokens = 0;
+    }
+    if (max_tokens < 1) bad_option("--max-tokens", "must be a positive integer");
+  }
+  const std::int64_t vocab = w.config.vocab;
+  auto model = lab::make_engine(std::move(w), max_tokens);
+  std::vector<std::int32_t> tokens;
+  std::vector<std::int64_t> all;
+  for (;;) {
+    std::int32_t length = 0;
+    if (std::fread(&length, 4, 1, stdin) != 1 || length == 0) return 0;
+    if (length < 0 || length > max_tokens) {
+      std::fprintf(stderr, "lab_host serve: prompt of %d tokens (at most %lld)\n", length, static_cast<long long>(max_tokens));
+      return 1;
+    }
+    tokens.resize(static_cast<std::size_t>(length));
+    if (std::fread(tokens.data(), 4, tokens.size(), stdin) != tokens.size()) {
+      std::fputs("lab_host serve: input ends inside a prompt\n", stderr);
+      return 1;
+    }
+    for (std::int32_t t : tokens)
+      if (t < 0 || t >= vocab) {
+        std::fprintf(stderr, "lab_host serve: token id %d outside the vocabulary of %lld\n", t, static_cast<long long>(vocab));
+        return 1;
+      }
+    all.resize(tokens.size());
+    for (std::size_t t = 0; t < all.size(); ++t) all[t] = static_cast<std::int64_t>(t);
+    const lab::matrix logits = model->forward(tokens, all);
+    std::fwrite(logits.data(), 4, static_cast<std::size_t>(length * vocab), stdout);
+    std::fflush(stdout);
+  }
 }
 
 // ---- task ------------------------------------------------------------------------------------
@@ -723,6 +770,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   try {
     if (command == "logits") return run_logits(parse(argc, argv, {"--model", "--input", "--output"}, {}));
+    if (command == "serve") return run_serve(parse(argc, argv, {"--model", "--max-tokens"}, {}));
     if (command == "task") return run_task(parse(argc, argv, {"--model", "--seed", "--target", "--trail"}, {}));
     if (command == "queries") {
       std::vector<std::string> options = measurement_options;
