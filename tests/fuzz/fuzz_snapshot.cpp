@@ -1,4 +1,4 @@
-// libFuzzer target for snapshot restore from hostile bytes (issue 35): a valid snapshot of a small
+// libFuzzer target for snapshot restore from hostile bytes: a valid snapshot of a small
 // sequence, edited by the input, restored into a destination that holds other sequences, and
 // checked against a twin destination that never sees a hostile restore. tests/fuzz/README.md says
 // how to run it; scripts/fuzz --target snapshot builds and runs it.

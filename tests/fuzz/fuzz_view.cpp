@@ -1,4 +1,4 @@
-// libFuzzer target for host-built views (issue 35): a host that owns its KV memory describes it
+// libFuzzer target for host-built views: a host that owns its KV memory describes it
 // to the reader with a sequence_view of its own. This harness copies a real cache's sequence into
 // host arenas of exactly the size their views state (so a read a byte outside them is an ASan
 // report), then lets the input corrupt what the reader promises to validate — page ids, entry
