@@ -1,5 +1,5 @@
 #pragma once
-// A synthetic needle-in-a-haystack probe (issue 5): a fixed-seed retrieval task that runs
+// A synthetic needle-in-a-haystack probe: a fixed-seed retrieval task that runs
 // through the real write path (layer_compressor → paged_cache) and the real reader
 // (sparse_reader), so a phase sweep of it shows what chunked compression does to retrieval by
 // phase — the study's effect without a model.

@@ -1,5 +1,5 @@
 #pragma once
-// FP4 indexer keys: DeepSeek-V4's lightning-indexer format (issue 13, docs/DESIGN.md §9), and
+// FP4 indexer keys: DeepSeek-V4's lightning-indexer format (docs/DESIGN.md §9), and
 // the scalar functions it is made of.
 //
 // The indexer stream's policy pools its keys and rotates them by RoPE; the write path then

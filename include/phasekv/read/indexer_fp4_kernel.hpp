@@ -1,6 +1,6 @@
 #pragma once
 // The lightning indexer on FP4 keys and queries (reader_config::precision = indexer_precision::fp4),
-// as DeepSeek-V4 runs it (issue 13, docs/DESIGN.md §9):
+// as DeepSeek-V4 runs it (docs/DESIGN.md §9):
 //
 //   I_j = Σ_h w_h · ReLU(q̂_h · k̂_j)
 //
