@@ -8,20 +8,26 @@
 //   3. a host's pooling policy: gate_channels() of 2^62, a null parameters() span (at construction
 //      and at snapshot time), NaN output under check_finite
 //   6. a failed append that made earlier views stale; softmax_state given a NaN or +inf LSE
+//   7. (the snapshot campaign's finding) a resealed snapshot whose FP8 window row reads back as
+//      ±inf: restored, it did not snapshot to what it was, and its requantized block turned NaN
 
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
+#include "oracle/snapshot_format.hpp"
 #include "support/deepseek_layer.hpp"
 #include "support/message_of.hpp"
 #include "support/read_result.hpp"
+#include "support/small_layers.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
@@ -391,6 +397,56 @@ TEST_CASE("reliability 3: softmax_state takes FlashMLA's +inf as empty and refus
   std::vector<float> fk(4);
   kept.finish(fk.data());
   CHECK(fk == fb);  // unchanged by the refused calls
+}
+
+// The FP8 window's section of a snapshot of a 2-stream layer: its offset (docs/SNAPSHOT.md).
+std::size_t window_section(const std::vector<std::byte>& snap) {
+  std::size_t at = 160 + 200 * 2;
+  for (std::size_t k = 0; k < 4; ++k) at += phasekv_test::get_u64(snap, phasekv_test::table_at(2) + 24 * k + 8);
+  return at;
+}
+
+TEST_CASE("reliability 3: a snapshot's FP8 window row that would read back as inf is refused by restore",
+          "[reliability][snapshot]") {
+  using phasekv_test::precise_cache;
+  auto make = [] { return precise_cache(phasekv_test::precise_layer(), phasekv_test::precise_config("cache", 24)); };
+  precise_cache source = make();
+  const sequence_id s = source.create();
+  phasekv_test::append_tokens(source, s, 8, 3);
+  const std::vector<std::byte> valid = snapshot(source, s);
+  const std::size_t window = window_section(valid);
+  const i64 rows = static_cast<i64>(phasekv_test::get_u64(valid, window + 8)), keys = 64;  // 56 e4m3 + 8 bf16 RoPE
+  REQUIRE(rows == 3);  // window 2 + history 1
+  // Element e of the key row of token 7 (the last, kept) set to v, the checksums recomputed.
+  auto edited = [&](i64 element, float v) {
+    std::vector<std::byte> b = valid;
+    std::memcpy(b.data() + window + 16 + ((7 % rows) * keys + element) * 4, &v, 4);
+    phasekv_test::reseal(b, 2);
+    return b;
+  };
+  precise_cache destination = make();
+  phasekv_test::populate(destination);
+  const phasekv_test::cache_dump before = phasekv_test::dump(destination);
+  const float beyond_e4m3 = -0x1.f4p+127f;  // ≥ 1.9375 · 2^127: its block's scale 2^120 times code 256
+  const float beyond_bf16 = 3.4e38f;       // rounds to bf16's +inf
+  for (const auto& [element, value, sign] : {std::tuple<i64, float, const char*>{10, beyond_e4m3, "-inf"},
+                                             {60, beyond_bf16, "+inf"},
+                                             {62, -inf, "-inf"}}) {  // a RoPE channel keeps ±inf
+    INFO("element " << element << " = " << value);
+    CHECK_THAT(message_of<input_error>([&] { restore(destination, edited(element, value)); }),
+               Contains("snapshot: raw window key row of token 7, element " + std::to_string(element)) &&
+                   Contains(std::string("reads back as ") + sign + " from the window's fp8_e4m3_block storage"));
+    CHECK(phasekv_test::dump(destination) == before);
+  }
+  // Values it can hold — a NaN or an inf in an e4m3 block (the block reads NaN, and so again after
+  // a round trip), a value just below the bound — restore and snapshot to what they became.
+  for (float held : {std::numeric_limits<float>::quiet_NaN(), inf, 240.0f * 0x1p120f}) {
+    const sequence_id r = restore(destination, edited(10, held));
+    const std::vector<std::byte> own = snapshot(destination, r);
+    precise_cache fresh = make();
+    CHECK(snapshot(fresh, restore(fresh, own)) == own);
+    destination.free(r);
+  }
 }
 
 }  // namespace

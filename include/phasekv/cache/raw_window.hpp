@@ -268,7 +268,13 @@ class raw_window {
   // fresh window, of a sequence of `tokens` tokens. Rings of other sizes are re-laid: this one
   // keeps the rows it has room for (token t in row t mod rows()). An FP8 window quantizes the rows
   // as write() does: rows an FP8 window wrote come back as the same values (bytes too, but for a
-  // block whose amax had rounded down to 224 · s: its scale halves and its codes double).
+  // block whose amax had rounded down to 224 · s: its scale halves and its codes double). A kept
+  // row that would read back as ±inf — a finite value of magnitude 1.9375 · 2^127 or more in an
+  // e4m3 block, or beyond bf16's range (or ±inf) in a RoPE channel, as an FP8 window fed such
+  // values without check_finite holds and snapshots — is refused (input_error naming the token and
+  // the element): its codes cannot be recovered from the values, so the restored sequence would
+  // not snapshot to what it was given (requantized, ±inf turns its whole block into NaN). NaN, and
+  // ±inf in an e4m3 block, make the block NaN, which a round trip keeps.
   void state_read(byte_reader& r, const saved_fields& f, std::int64_t tokens) {
     const bool sized = fp8() ? key_bytes_.size() == static_cast<std::size_t>(rows_ * key_row_bytes()) &&
                                    value_bytes_.size() == static_cast<std::size_t>(rows_ * value_row_bytes())
@@ -287,6 +293,26 @@ class raw_window {
     read_ring_rows(r, f.rows, values.data(), rows_, value_floats(), first_, tokens);
     for (std::int64_t row = 0; row < rows_; ++row)
       write_row(row, keys.data() + row * key_floats(), tied() ? nullptr : values.data() + row * value_floats());
+    std::vector<float> back(static_cast<std::size_t>(std::max(key_floats(), value_floats())));
+    const auto check = [&](const std::byte* stored, const float* given, const fp8_head_layout& head, std::int64_t channels,
+                           std::int64_t floats, std::int64_t t, const char* what) {
+      decode_row(stored, head, channels, back.data());
+      for (std::int64_t i = 0; i < floats; ++i)
+        if (std::isinf(back[static_cast<std::size_t>(i)]))
+          detail::fail<input_error>(std::string("snapshot: raw window ") + what + " row of token " + std::to_string(t) +
+                                        ", element " + std::to_string(i),
+                                    given[i],
+                                    "reads back as " + std::string(back[static_cast<std::size_t>(i)] > 0 ? "+" : "-") +
+                                        "inf from the window's fp8_e4m3_block storage: an FP8 window cannot hold it");
+    };
+    for (std::int64_t t = first_; t < tokens && rows_ > 0; ++t) {
+      const std::int64_t row = t % rows_;
+      check(key_bytes_.data() + row * key_row_bytes(), keys.data() + row * key_floats(), key_head(), config_.key_channels,
+            key_floats(), t, "key");
+      if (!tied())
+        check(value_bytes_.data() + row * value_row_bytes(), values.data() + row * value_floats(), value_head(),
+              config_.value_channels, value_floats(), t, "value");
+    }
   }
 
  private:
