@@ -209,6 +209,70 @@ TEST_CASE("kit: the DeepSeek-V4 presets conform, in fp32 and at DeepSeek-V4's pr
   }
 }
 
+TEST_CASE("kit: a report says what each property exercised", "[testing][kit][coverage]") {
+  const kit::options o = kit_options();
+  SECTION("DeepSeek-V4 CSA at the default sizes: its selection drops entries, the window wraps, forks share pages") {
+    const kit::report r = kit::check_preset(presets::deepseek_v4_csa_layer, false, {}, o);
+    INFO(r.to_string());
+    REQUIRE_THAT(r, kit::conforms());
+    REQUIRE_FALSE(r.selection_unexercised());
+    for (kit::property p : {kit::property::streaming, kit::property::round_trips, kit::property::reads}) {
+      const kit::coverage& c = r.result(p).exercised;
+      CHECK(c.top_k == 512);
+      CHECK(c.selecting_reads > 0);
+      CHECK(c.selecting_reads <= c.reads);
+      CHECK(c.most_candidates > 512);  // a read that selected had more candidates than it read
+    }
+    const kit::coverage& streaming = r.result(kit::property::streaming).exercised;
+    CHECK(streaming.wrapped_windows > 0);  // 128-token window, history 0: sequences of 384 tokens wrap it
+    CHECK(streaming.wrapped_windows <= streaming.sequences);
+    const kit::coverage& trips = r.result(kit::property::round_trips).exercised;
+    CHECK(trips.forks > 0);
+    CHECK(trips.sharing_forks == trips.forks);  // paged_cache's fork takes no page: it shares them all
+    CHECK(trips.shared_page_writes > 0);
+    CHECK(r.result(kit::property::entries).exercised.reads == 0);  // the entries property reads nothing
+    CHECK(r.to_string().find("selecting top_k 512 of up to") != std::string::npos);
+  }
+  SECTION("the ring wraps exactly when a sequence outgrows window + history") {
+    kit::layer_under_test<mean> tight = small_mean_layer("tight");  // window 3, history 0 (the kit's: W + S = 6)
+    kit::layer_under_test<mean> roomy = small_mean_layer("roomy");
+    roomy.cache.history = 1000;
+    const kit::report a = kit::check(tight, o), b = kit::check(roomy, o);
+    REQUIRE_THAT(a, kit::conforms());
+    REQUIRE_THAT(b, kit::conforms());
+    for (kit::property p : {kit::property::streaming, kit::property::round_trips}) {
+      CHECK(a.result(p).exercised.sequences > 0);
+      CHECK(a.result(p).exercised.sequences == b.result(p).exercised.sequences);  // the same cases
+      CHECK(b.result(p).exercised.wrapped_windows == 0);
+    }
+    CHECK(a.result(kit::property::streaming).exercised.wrapped_windows > 0);
+    CHECK(a.result(kit::property::streaming).exercised.top_k == 0);  // no selection: nothing to flag
+    CHECK_FALSE(a.selection_unexercised());
+  }
+  SECTION("a selection no case of the kit's can reach is flagged, not passed silently") {
+    stream_config kv = stream("kv", 8), ix = stream("indexer", 8);
+    ix.role = stream_role::indexer;
+    cache_config cc;
+    cc.name = "wide";
+    cc.page_size = 4;
+    reader_config rc;
+    rc.name = "wide.reader";
+    rc.query_heads = 2;
+    rc.indexer_stream = 1;
+    rc.indexer_heads = 2;
+    rc.top_k = 40000;  // 2 · 40,000 tokens: beyond the kit's longest case (2^16)
+    rc.precision = indexer_precision::f32;
+    kit::layer_under_test<mean, mean> layer(layer_compressor<mean, mean>(mean(geometry{2, 4}, kv), mean(geometry{2, 4}, ix)),
+                                            cc, rc);
+    const kit::report r = kit::check(layer, o);
+    INFO(r.to_string());
+    REQUIRE(r.passed());
+    CHECK(r.selection_unexercised());
+    CHECK(r.result(kit::property::reads).exercised.selecting_reads == 0);
+    CHECK(r.result(kit::property::reads).note.find("never dropped an entry") != std::string::npos);
+  }
+}
+
 TEST_CASE("kit: NSA's compressor (a pooling of the host's) on models/nsa.hpp's geometry conforms", "[testing][kit][presets]") {
   std::mt19937 rng(5);
   const geometry g = presets::nsa_compressed_geometry();

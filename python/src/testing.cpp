@@ -139,6 +139,7 @@ void init_testing(const modules& m) {
       .field("max_tokens", &kit::options::max_tokens, "longest sequence; 0: from the geometry and page size")
       .field("shrink_runs", &kit::options::shrink_runs, "candidates the shrinker may run; 0: the effort's")
       .field("tolerance", &kit::options::tolerance)
+      .checked_when_built([](const kit::options& o) { o.validate(); })
       .done()
       .def("validate", &kit::options::validate, "Raises ConfigError naming the field that is wrong.")
       .def_static("from_environment", py::overload_cast<kit::options>(&kit::options::from_environment),
@@ -189,11 +190,25 @@ void init_testing(const modules& m) {
       .def("describe", &kit::describe)
       .def("__str__", &kit::describe);
 
+  py::class_<kit::coverage>(t, "Coverage", "What a property's cases exercised (testing/report.hpp).")
+      .def_readonly("top_k", &kit::coverage::top_k, "the reader's (0: no selection)")
+      .def_readonly("reads", &kit::coverage::reads, "reads checked")
+      .def_readonly("selecting_reads", &kit::coverage::selecting_reads,
+                    "of them, reads whose selection left a visible entry out")
+      .def_readonly("most_candidates", &kit::coverage::most_candidates, "the most entries one read could select from")
+      .def_readonly("sequences", &kit::coverage::sequences, "sequences appended under the host's history, with a window")
+      .def_readonly("wrapped_windows", &kit::coverage::wrapped_windows, "of them, sequences longer than their window ring")
+      .def_readonly("forks", &kit::coverage::forks, "forks of a sequence holding entries")
+      .def_readonly("sharing_forks", &kit::coverage::sharing_forks, "of them, forks that shared the parent's pages")
+      .def_readonly("shared_page_writes", &kit::coverage::shared_page_writes, "copy-on-write of a shared page")
+      .def("selection_unexercised", &kit::coverage::selection_unexercised)
+      .def("__str__", &kit::coverage::to_string);
   py::class_<kit::property_result>(t, "PropertyResult")
       .def_readonly("property", &kit::property_result::property)
       .def_readonly("outcome", &kit::property_result::outcome)
       .def_readonly("cases", &kit::property_result::cases)
-      .def_readonly("note", &kit::property_result::note);
+      .def_readonly("note", &kit::property_result::note)
+      .def_readonly("exercised", &kit::property_result::exercised);
 
   py::class_<kit::failure>(t, "Failure", "The first property that failed: its shrunk counterexample and first difference.")
       .def_readonly("property", &kit::failure::property)
@@ -211,6 +226,8 @@ void init_testing(const modules& m) {
       .def_readonly("properties", &kit::report::properties)
       .def_readonly("failure", &kit::report::failure)
       .def("result", &kit::report::result, py::arg("property"))
+      .def("selection_unexercised", &kit::report::selection_unexercised,
+           "A property passed with a selecting reader whose selection never dropped an entry.")
       .def("to_string", &kit::report::to_string)
       .def("__str__", &kit::report::to_string)
       .def("__bool__", &kit::report::passed);

@@ -56,6 +56,25 @@ def test_the_deepseek_v4_presets_conform_in_both_precisions():
             assert report.passed, str(report)
 
 
+def test_a_report_says_what_each_property_exercised():
+    report = T.check_preset("deepseek_v4_csa")
+    assert report.passed and not report.selection_unexercised()
+    reads = report.result(T.Property.reads).exercised
+    assert reads.top_k == 512 and 0 < reads.selecting_reads <= reads.reads and reads.most_candidates > 512
+    trips = report.result(T.Property.round_trips).exercised
+    assert trips.forks > 0 and trips.sharing_forks == trips.forks and trips.shared_page_writes > 0
+    assert 0 < trips.wrapped_windows <= trips.sequences
+    assert "selecting top_k 512 of up to" in str(reads) and "exercised: " in str(report)
+    # A small layer's top-2 selection is exercised by its ordinary cases; without selection nothing
+    # is flagged.
+    g, streams, cache, reader = small_layer(pk.Policy.mean, streams=2)
+    small = T.check(pk.Policy.mean, g, streams, cache, reader)
+    assert small.result(T.Property.reads).exercised.selecting_reads > 0
+    g, streams, cache, reader = small_layer(pk.Policy.mean)
+    plain = T.check(pk.Policy.mean, g, streams, cache, reader)
+    assert plain.result(T.Property.reads).exercised.top_k == 0 and not plain.selection_unexercised()
+
+
 def test_a_failure_is_named_with_a_shrunk_counterexample():
     # Tolerance 0 against double precision: fp32 pooling cannot meet it, the entries' oracle fails.
     g, streams, cache, reader = small_layer(pk.Policy.deepseek_v4)

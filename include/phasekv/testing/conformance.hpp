@@ -39,15 +39,24 @@
 //
 // Cases are generated from options::seed — the same seed gives the same cases, failures and
 // counterexamples on every run. effort::quick (the default) is sized for a test suite: a few
-// cases per property, sequences of a few hundred tokens, about half a second for a DeepSeek-V4
+// cases per property, sequences of a few hundred tokens, under a second for a DeepSeek-V4
 // layer (optimised build); effort::thorough runs twenty times the cases on sequences four times as
 // long (half a minute for it), and
 // options::from_environment() picks it when PHASEKV_CONFORMANCE=thorough (PHASEKV_CONFORMANCE_SEED=N
 // sets the seed): phasekv's own tests and the Catch2/GoogleTest adapters read it.
 //
+// Each property's result says what its cases exercised (coverage in report.hpp): reads, and how
+// many of them selected fewer entries than were visible; how often the raw window's ring wrapped;
+// forks that shared pages and the copy-on-write of a shared page. With a selecting reader the
+// first case of streaming, round trips and reads (every 20th when thorough) is long enough for the
+// selection to drop entries (2,048+ tokens for DeepSeek-V4's CSA: top_k = 512 at S = 4); when no
+// case is (top_k beyond 2^16 tokens), the property's note flags the selection as not exercised.
+//
 // The kit gives the cache its own pools (pages enough for its cases, no host memory or shared
-// pools) and a history long enough to read any earlier position and roll back any junk; page size,
-// storage types and the raw window are yours. A configuration that cannot be built throws the
+// pools). Streaming and round trips run under your history (at least the junk they roll back), so
+// the raw window's ring wraps as it does in your engine; references, and the properties that read
+// earlier positions, get a history long enough to read any of them. Page size, storage types and
+// the raw window are yours. A configuration that cannot be built throws the
 // config_error the cache or reader throws, naming the field; a case that throws is a failure of its
 // property, reported with the exception's message.
 
@@ -223,6 +232,14 @@ class conformance_run {
     max_junk_ = W + S;
     max_pad_ = 2 * S + W;
     track_rows_ = opt_.max_tokens + std::max(max_junk_, max_pad_) + 1;
+    // A selecting reader drops entries only past top_k visible ones, which the sizes above may
+    // never reach (a DeepSeek-V4 CSA layer selects 512 of S = 4 entries: 2,048 tokens): then the
+    // first case of streaming, round trips and reads (and every 20th when thorough) is that long.
+    if (spec.reader.top_k > 0) {
+      const std::int64_t needed = tokens_past_top_k(spec.reader.top_k);
+      if (needed > opt_.max_tokens / 2 && needed <= max_selecting_tokens) selecting_tokens_ = needed;
+    }
+    track0_rows_ = std::max(track_rows_, selecting_tokens_ + std::max(max_junk_, max_pad_) + 1);
 
     for_each_stream([&](auto k, const auto& c) {
       payload_[k] = c.payload_floats_per_token();
@@ -232,17 +249,24 @@ class conformance_run {
     window_key_floats_ = w.tokens > 0 ? w.kv_heads * w.key_channels : 0;
     window_value_floats_ = w.tokens > 0 && w.value_channels > 0 ? w.kv_heads * w.value_channels : 0;
 
-    // The kit's cache: your config with its own pools, and history for every read and rollback.
+    // The kit's caches: your config with its own pools. References, and the properties that read
+    // earlier positions, get history for every read and rollback (a longer one for the selecting
+    // cases); streaming and round trips run under your history (at least the junk they roll back),
+    // so that the raw window's ring wraps as it does for you.
     kit_cache_ = spec.cache;
     kit_cache_.memory = nullptr;
     kit_cache_.shared_pools.clear();
-    kit_cache_.history = std::max(kit_cache_.history, track_rows_ + max_pad_);
-    const std::int64_t entries_per_sequence = (track_rows_ + max_pad_) / S + 2;
+    const std::int64_t entries_per_sequence = (track0_rows_ + max_pad_) / S + 2;
     const std::int64_t page = std::max<std::int64_t>(1, spec.cache.page_size);
     kit_cache_.pages = std::max(kit_cache_.pages, 16 * ((entries_per_sequence + page - 1) / page + 1) + 16);
+    host_history_cache_ = kit_cache_;
+    host_history_cache_.history = std::max(kit_cache_.history, max_junk_);
+    selecting_cache_ = kit_cache_;
+    selecting_cache_.history = std::max(kit_cache_.history, track0_rows_ + max_pad_);
+    kit_cache_.history = std::max(kit_cache_.history, track_rows_ + max_pad_);
 
     // Building them checks the configuration (config_error naming the field) before any case.
-    auto probe = make_subject();
+    auto probe = make_subject(kit_cache_);
     shape_ = probe->shape();
     reader_.emplace(shape_, spec.reader);
     fill_bank();
@@ -262,11 +286,15 @@ class conformance_run {
       }
       pr.note = note(p);
       pr.outcome = outcome::passed;
+      cov_ = coverage{};
+      cov_.top_k = selection_checked(p) ? spec_.reader.top_k : 0;
       for (std::int64_t i = 0; i < opt_.cases; ++i) {
         std::uint64_t rng = mix64(opt_.seed, static_cast<std::uint64_t>(p) * 1000003u + static_cast<std::uint64_t>(i));
-        const scenario sc = generate(p, rng);
+        const scenario sc = generate(p, rng, selecting_case(p, i));
         pr.cases = i + 1;
-        if (result f = run_guarded(p, sc)) {
+        result f = run_guarded(p, sc);
+        pr.exercised = cov_;
+        if (f) {
           pr.outcome = outcome::failed;
           failure fl;
           fl.property = p;
@@ -282,6 +310,8 @@ class conformance_run {
           break;
         }
       }
+      if (pr.outcome == outcome::passed && pr.exercised.selection_unexercised())
+        pr.note += (pr.note.empty() ? "" : "; ") + selection_flag();
       r.properties.push_back(pr);
       if (r.failure) break;
     }
@@ -306,8 +336,22 @@ class conformance_run {
     }
   }
 
-  scenario generate(property p, std::uint64_t& rng) const {
+  // A case of property p; `selecting`: one long enough for the reader's selection to drop entries.
+  scenario generate(property p, std::uint64_t& rng, bool selecting = false) const {
     scenario s;
+    if (selecting) {
+      add_sequence(s, rng, selecting_tokens_ + below(rng, static_cast<std::uint64_t>(geom_.stride)));
+      const std::int64_t n = s.tokens(0);
+      if (p == property::reads) {
+        s.reads = {n - 1 - geom_.stride - below(rng, static_cast<std::uint64_t>(geom_.stride)), n - 1};
+      } else if (p == property::round_trips) {
+        for (std::int64_t k = 0, count = 1 + below(rng, 3); k < count; ++k)
+          s.steps.push_back(step{all_operations[below(rng, std::size(all_operations))], near_boundary(rng, n),
+                                 1 + below(rng, static_cast<std::uint64_t>(max_junk_))});
+        std::stable_sort(s.steps.begin(), s.steps.end(), [](const step& a, const step& b) { return a.at < b.at; });
+      }
+      return s;
+    }
     switch (p) {
       case property::streaming: {
         const std::int64_t sequences = below(rng, 2) == 0 ? 1 : 2 + below(rng, 3);
@@ -365,9 +409,23 @@ class conformance_run {
     for_each_stream_impl(f, std::index_sequence_for<Compressors...>{});
   }
 
-  std::unique_ptr<subject_type> make_subject() const {
-    if (spec_.subject) return spec_.subject(spec_.compressors, kit_cache_);
-    return std::make_unique<subject_type>(spec_.compressors, kit_cache_);
+  std::unique_ptr<subject_type> make_subject(const cache_config& config) const {
+    if (spec_.subject) return spec_.subject(spec_.compressors, config);
+    return std::make_unique<subject_type>(spec_.compressors, config);
+  }
+  // The cache for a reference (or a property reading earlier positions) of n tokens.
+  const cache_config& reference_cache(std::int64_t n) const {
+    return n + max_pad_ <= kit_cache_.history ? kit_cache_ : selecting_cache_;
+  }
+
+  // The fewest tokens after which a read sees more than top_k entries (a few more, so that
+  // several reads near the end select).
+  std::int64_t tokens_past_top_k(std::int64_t top_k) const {
+    const std::int64_t S = geom_.stride;
+    if (top_k > max_selecting_tokens / S) return max_selecting_tokens + 1;
+    std::int64_t n = (top_k + 1) * S + geom_.window;
+    while (n <= max_selecting_tokens && geom_.visible_entries(n - 1) <= top_k) n += S;
+    return n + 4 * S;
   }
 
   bool has_rope_table() const {
@@ -388,6 +446,22 @@ class conformance_run {
       if (!any) return "no stream has an oracle (pass one in layer_under_test::oracles for a pooling of yours)";
     }
     return "";
+  }
+
+  // The properties that compare reads, and so would exercise a selecting reader.
+  static bool reads_property(property p) {
+    return p == property::streaming || p == property::round_trips || p == property::reads;
+  }
+  bool selection_checked(property p) const { return reads_property(p) && spec_.reader.top_k > 0; }
+  bool selecting_case(property p, std::int64_t i) const {
+    return selecting_tokens_ > 0 && selection_checked(p) && i % 20 == 0;
+  }
+  std::string selection_flag() const {
+    const std::int64_t needed = tokens_past_top_k(spec_.reader.top_k);
+    return "the selection never dropped an entry (top_k " + std::to_string(spec_.reader.top_k) +
+           "): not exercised; " +
+           (needed <= max_selecting_tokens ? "options.max_tokens = " + std::to_string(2 * needed) + " would"
+                                           : std::string("no sequence the kit runs is long enough"));
   }
 
   std::string note(property p) const {
@@ -437,7 +511,8 @@ class conformance_run {
     out += "; reader " + std::to_string(r.query_heads) + " query heads, top_k " + std::to_string(r.top_k) +
            (r.sink ? ", sink" : "") + (r.derotate_output ? ", de-rotated output" : "");
     out += "; seed " + std::to_string(opt_.seed) + ", " + (opt_.effort == effort::thorough ? "thorough" : "quick") +
-           " (" + std::to_string(opt_.cases) + " cases a property, up to " + std::to_string(opt_.max_tokens) + " tokens)";
+           " (" + std::to_string(opt_.cases) + " cases a property, up to " + std::to_string(opt_.max_tokens) + " tokens" +
+           (selecting_tokens_ > 0 ? ", selecting cases of " + std::to_string(selecting_tokens_) + "+" : std::string()) + ")";
     return out;
   }
 
@@ -506,15 +581,30 @@ class conformance_run {
 
   // ---- inputs ----------------------------------------------------------------------------------
   //
-  // Track r, token t: row r·track_rows + t of each array. Track 0 is the sequence under test, 1–3
-  // other sequences, 4–5 junk and padding. Values are uniform in [−1, 1) rounded to bf16, so any
-  // chunk can go over as bf16 bits and mean exactly the same; logits are scaled by 3 so gates are
-  // far from uniform.
+  // Tracks 1–5 hold track_rows rows each, then track 0 track0_rows (longer for the selecting
+  // cases). Track 0 is the sequence under test, 1–3 other sequences, 4–5 junk and padding; junk
+  // positions past its rows wrap around (junk is anything but the sequence's own tokens). Values
+  // are uniform in [−1, 1) rounded to bf16, so any chunk can go over as bf16 bits and mean exactly
+  // the same; logits are scaled by 3 so gates are far from uniform.
 
   static constexpr int tracks = 6, junk_track = 4, pad_track = 5;
 
+  // Where a sequence's tokens come from: track `track`, behind `pad` tokens of the padding track.
+  struct source {
+    int track = 0;
+    std::int64_t pad = 0;
+  };
+
+  std::int64_t track_start(int track) const { return track == 0 ? (tracks - 1) * track_rows_ : (track - 1) * track_rows_; }
+  // The bank row of token t of `src`.
+  std::int64_t bank_row(const source& src, std::int64_t t) const {
+    if (t < src.pad) return track_start(pad_track) + t;
+    const std::int64_t u = t - src.pad;
+    return track_start(src.track) + (src.track == junk_track ? u % track_rows_ : u);
+  }
+
   void fill_bank() {
-    const std::int64_t rows = tracks * track_rows_;
+    const std::int64_t rows = (tracks - 1) * track_rows_ + track0_rows_;
     std::uint64_t state = mix64(opt_.seed, 0x6b616e6b);
     auto value = [&](float scale) {
       const float u = static_cast<float>(phasekv::detail::splitmix64(state) >> 40) * (2.0f / 16777216.0f) - 1.0f;
@@ -537,14 +627,6 @@ class conformance_run {
     for (float& x : bank_window_values_) x = value(1.0f);
   }
 
-  // Where a sequence's tokens come from: track `track`, behind `pad` tokens of the padding track.
-  struct source {
-    int track = 0;
-    std::int64_t pad = 0;
-    std::int64_t row(std::int64_t t, std::int64_t track_rows) const {
-      return t < pad ? pad_track * track_rows + t : track * track_rows + (t - pad);
-    }
-  };
 
   struct chunk_data {
     std::array<std::vector<float>, N> payload, logits;
@@ -567,7 +649,7 @@ class conformance_run {
       d.payload16[k].clear();
       d.logits16[k].clear();
       for (std::int64_t t = first; t < first + count; ++t) {
-        const std::int64_t row = src.row(t, track_rows_);
+        const std::int64_t row = bank_row(src, t);
         const float* p = bank_payload_[k].data() + row * payload_[k];
         const float* l = bank_logits_[k].data() + row * logits_[k];
         d.payload[k].insert(d.payload[k].end(), p, p + payload_[k]);
@@ -592,7 +674,7 @@ class conformance_run {
     d.window_keys.clear();
     d.window_values.clear();
     for (std::int64_t t = first; t < first + count; ++t) {
-      const std::int64_t row = src.row(t, track_rows_);
+      const std::int64_t row = bank_row(src, t);
       const float* wk = bank_window_keys_.data() + row * window_key_floats_;
       const float* wv = bank_window_values_.data() + row * window_value_floats_;
       d.window_keys.insert(d.window_keys.end(), wk, wk + window_key_floats_);
@@ -703,6 +785,22 @@ class conformance_run {
     return r;
   }
 
+  // A read of the sequence under test, counted in the property's coverage.
+  read_output read_counted(const subject_type& s, sequence_id id, std::int64_t t) {
+    read_output r = read(s, id, t);
+    ++cov_.reads;
+    cov_.most_candidates = std::max(cov_.most_candidates, r.trace.candidates);
+    if (static_cast<std::int64_t>(r.trace.selected.size()) < r.trace.candidates) ++cov_.selecting_reads;
+    return r;
+  }
+  // A sequence of n tokens under the host's history: did its raw window ring wrap?
+  void count_window(const subject_type& s, std::int64_t n) {
+    const std::int64_t rows = s.cache().window_rows();
+    if (rows == 0) return;
+    ++cov_.sequences;
+    if (n > rows) ++cov_.wrapped_windows;
+  }
+
   // Two reads at t, bit for bit.
   result same_read(const read_output& got, const read_output& want, std::int64_t t, const std::string& what) const {
     const std::int64_t cv = static_cast<std::int64_t>(got.out.size()) / spec_.reader.query_heads;
@@ -782,8 +880,10 @@ class conformance_run {
 
   result run_streaming(const scenario& sc) {
     const std::size_t B = sc.chunks.size();
-    auto ref = make_subject();
-    auto sub = make_subject();
+    std::int64_t longest = 0;
+    for (std::size_t b = 0; b < B; ++b) longest = std::max(longest, sc.tokens(b));
+    auto ref = make_subject(reference_cache(longest));
+    auto sub = make_subject(host_history_cache_);
     std::vector<sequence_id> rid(B), sid(B);
     for (std::size_t b = 0; b < B; ++b) {
       rid[b] = ref->create();
@@ -820,9 +920,10 @@ class conformance_run {
         auto key = std::make_pair(b, t);
         if (!reference_reads.count(key)) reference_reads.emplace(key, read(*ref, rid[b], t));
         const std::string what = B > 1 ? "sequence " + std::to_string(sc.track(b)) + " after step " + std::to_string(k) : "after chunk " + std::to_string(k);
-        if (result d = same_read(read(*sub, sid[b], t), reference_reads.at(key), t, what)) return d;
+        if (result d = same_read(read_counted(*sub, sid[b], t), reference_reads.at(key), t, what)) return d;
       }
     }
+    for (std::size_t b = 0; b < B; ++b) count_window(*sub, sc.tokens(b));
     for (std::size_t b = 0; b < B; ++b)
       if (result d = same_sequence(*sub, sid[b], *ref, rid[b], B > 1 ? "sequence " + std::to_string(sc.track(b)) : "the sequence"))
         return d;
@@ -831,10 +932,26 @@ class conformance_run {
 
   result run_round_trips(const scenario& sc) {
     const std::int64_t n = sc.tokens(0);
-    auto ref = make_subject();
+    auto ref = make_subject(reference_cache(n));
     const sequence_id rid = ref->create();
     append(*ref, rid, source{0}, 0, n);
-    std::array<std::unique_ptr<subject_type>, 2> caches = {make_subject(), make_subject()};
+    std::array<std::unique_ptr<subject_type>, 2> caches = {make_subject(host_history_cache_),
+                                                           make_subject(host_history_cache_)};
+    const std::int64_t page = std::max<std::int64_t>(1, kit_cache_.page_size);
+    // A fork of `parent` (holding `entries` entries of stream 0 in `used` pages of its pool before
+    // it): did it share the pages, and does the write that follows copy a shared one?
+    auto fork_counted = [&](subject_type& s, sequence_id parent) {
+      const std::int64_t entries = s.entries(parent, 0), used = s.cache().pool(0).used_pages();
+      const sequence_id f = s.fork(parent);
+      if (entries > 0) {
+        ++cov_.forks;
+        if (s.cache().pool(0).used_pages() == used) ++cov_.sharing_forks;
+      }
+      return std::make_pair(f, entries);
+    };
+    auto count_shared_write = [&](subject_type& s, sequence_id written, std::int64_t entries_at_fork) {
+      if (entries_at_fork % page != 0 && s.entries(written, 0) > entries_at_fork) ++cov_.shared_page_writes;
+    };
     int current = 0;
     sequence_id cur = caches[0]->create();
     std::int64_t pos = 0;
@@ -847,13 +964,15 @@ class conformance_run {
       subject_type& s = *caches[static_cast<std::size_t>(current)];
       switch (st.op) {
         case operation::fork_write_fork: {
-          const sequence_id f = s.fork(cur);
+          const auto [f, entries] = fork_counted(s, cur);
           append(s, f, junk, pos, st.junk);
+          count_shared_write(s, f, entries);
           break;
         }
         case operation::fork_follow_fork: {
-          const sequence_id f = s.fork(cur);
+          const auto [f, entries] = fork_counted(s, cur);
           append(s, cur, junk, pos, st.junk);
+          count_shared_write(s, cur, entries);
           cur = f;
           break;
         }
@@ -872,8 +991,9 @@ class conformance_run {
         case operation::keep_only: {
           const sequence_id other = s.create();
           append(s, other, junk, 0, st.junk);
-          const sequence_id f = s.fork(cur);
+          const auto [f, entries] = fork_counted(s, cur);
           append(s, f, junk, pos, st.junk);
+          count_shared_write(s, f, entries);
           s.keep(cur);
           break;
         }
@@ -916,7 +1036,7 @@ class conformance_run {
       }
       if (!read_after(k, sc.chunks[0].size()) || pos == 0) continue;
       if (!reference_reads.count(pos - 1)) reference_reads.emplace(pos - 1, read(*ref, rid, pos - 1));
-      if (result d = same_read(read(*caches[static_cast<std::size_t>(current)], cur, pos - 1), reference_reads.at(pos - 1),
+      if (result d = same_read(read_counted(*caches[static_cast<std::size_t>(current)], cur, pos - 1), reference_reads.at(pos - 1),
                                pos - 1, "after chunk " + std::to_string(k)))
         return d;
     }
@@ -924,8 +1044,9 @@ class conformance_run {
       if (result d = apply_checked(steps[next++])) return d;
     if (result d = same_sequence(*caches[static_cast<std::size_t>(current)], cur, *ref, rid, "the sequence at the end"))
       return d;
+    count_window(*caches[static_cast<std::size_t>(current)], n);
     if (n > 0)
-      if (result d = same_read(read(*caches[static_cast<std::size_t>(current)], cur, n - 1), read(*ref, rid, n - 1), n - 1,
+      if (result d = same_read(read_counted(*caches[static_cast<std::size_t>(current)], cur, n - 1), read(*ref, rid, n - 1), n - 1,
                                "at the end"))
         return d;
     return std::nullopt;
@@ -1010,7 +1131,8 @@ class conformance_run {
       if (diff || oracle == nullptr) return;
       const stream_config& cfg = c.config();
       const std::vector<oracle_entry> want = oracle_entries<typename C::policy>(
-          geom_, cfg, c.params(), *oracle, bank_payload_[k].data(), bank_logits_[k].data(), n);
+          geom_, cfg, c.params(), *oracle, bank_payload_[k].data() + track_start(0) * payload_[k],
+          bank_logits_[k].data() + track_start(0) * logits_[k], n);
       if (want.size() != w.index[k].size()) {
         diff = "stream '" + cfg.name + "': " + std::to_string(w.index[k].size()) + " entries after " + std::to_string(n) +
                " tokens, the oracle " + std::to_string(want.size());
@@ -1034,7 +1156,7 @@ class conformance_run {
   }
 
   result run_reads(const scenario& sc) {
-    auto sub = make_subject();
+    auto sub = make_subject(reference_cache(sc.tokens(0)));
     const sequence_id id = sub->create();
     append_sequence_0(*sub, id, sc);
     const reader_config& rc = spec_.reader;
@@ -1043,7 +1165,7 @@ class conformance_run {
     const std::int64_t kvh = keys.kv_heads, ck = keys.channels, cv = values.channels;
     const double scale = rc.scale > 0.0f ? rc.scale : 1.0 / std::sqrt(static_cast<double>(ck));
     for (std::int64_t t : sc.reads) {
-      const read_output got = read(*sub, id, t);
+      const read_output got = read_counted(*sub, id, t);
       const read_trace& tr = got.trace;
       const std::int64_t candidates = geom_.visible_entries(t);
       const std::string at = "read at token " + std::to_string(t);
@@ -1214,7 +1336,7 @@ class conformance_run {
   }
 
   result run_storage(const scenario& sc) {
-    auto sub = make_subject();
+    auto sub = make_subject(kit_cache_);
     const sequence_id id = sub->create();
     append_sequence_0(*sub, id, sc);
     const written w = write_alone(spec_.compressors, source{0}, sc.chunks[0], sc.forms[0]);
@@ -1243,7 +1365,7 @@ class conformance_run {
     const std::int64_t n = sc.tokens(0);
     std::vector<float> row(static_cast<std::size_t>(window_key_floats_)), vrow(static_cast<std::size_t>(window_value_floats_));
     for (std::int64_t t = std::max({std::int64_t{0}, n - wc.tokens, sub->window_first(id)}); t < n; ++t) {
-      const float* given = bank_window_keys_.data() + t * window_key_floats_;
+      const float* given = bank_window_keys_.data() + (track_start(0) + t) * window_key_floats_;
       sub->copy_window_key(id, t, span<float>(row));
       for (std::int64_t h = 0; h < wc.kv_heads; ++h) {
         const std::string m = storage_mismatch(wc.precision, given + h * wc.key_channels, row.data() + h * wc.key_channels,
@@ -1251,7 +1373,7 @@ class conformance_run {
         if (!m.empty()) return "the window's key row of token " + std::to_string(t) + " head " + std::to_string(h) + ": " + m;
       }
       if (window_value_floats_ == 0) continue;
-      const float* vgiven = bank_window_values_.data() + t * window_value_floats_;
+      const float* vgiven = bank_window_values_.data() + (track_start(0) + t) * window_value_floats_;
       sub->copy_window_value(id, t, span<float>(vrow));
       for (std::int64_t h = 0; h < wc.kv_heads; ++h) {
         const std::string m = storage_mismatch(wc.precision, vgiven + h * wc.value_channels, vrow.data() + h * wc.value_channels,
@@ -1269,6 +1391,12 @@ class conformance_run {
   layer_shape shape_;
   std::optional<sparse_reader> reader_;
   std::int64_t max_junk_ = 0, max_pad_ = 0, track_rows_ = 0;
+  // Tokens of the selecting cases (0: none; the sizes above exercise the selection or it has none)
+  // and the rows of track 0, which holds them.
+  std::int64_t selecting_tokens_ = 0, track0_rows_ = 0;
+  static constexpr std::int64_t max_selecting_tokens = std::int64_t{1} << 16;
+  cache_config host_history_cache_, selecting_cache_;
+  coverage cov_;
   std::array<std::int64_t, N> payload_{}, logits_{};
   std::int64_t window_key_floats_ = 0, window_value_floats_ = 0;
   std::array<std::vector<float>, N> bank_payload_, bank_logits_;

@@ -62,11 +62,49 @@ inline const char* to_string(outcome o) noexcept {
   return "unknown";
 }
 
+// What a property's cases exercised, so that a pass says what it covers: a selection that never
+// dropped an entry, a raw window ring that never wrapped or a fork that never shared a page
+// leaves that part of the layer unchecked by the property.
+struct coverage {
+  std::int64_t top_k = 0;                // the reader's (0: no selection)
+  std::int64_t reads = 0;                // reads checked
+  std::int64_t selecting_reads = 0;      // of them, reads whose selection left a visible entry out
+  std::int64_t most_candidates = 0;      // the most entries one read could select from
+  std::int64_t sequences = 0;            // sequences appended under the host's history, with a raw window
+  std::int64_t wrapped_windows = 0;      // of them, sequences longer than their raw window ring
+  std::int64_t forks = 0;                // forks of a sequence holding entries
+  std::int64_t sharing_forks = 0;        // of them, forks that shared the parent's pages (no page taken)
+  std::int64_t shared_page_writes = 0;   // entries written into a page a fork shared (copy on write)
+
+  // Reads were checked with a selecting reader, and none of them dropped an entry.
+  bool selection_unexercised() const noexcept { return top_k > 0 && reads > 0 && selecting_reads == 0; }
+
+  std::string to_string() const {
+    std::string out;
+    auto add = [&](const std::string& s) { out += (out.empty() ? "" : "; ") + s; };
+    if (reads > 0) {
+      std::string r = std::to_string(reads) + (reads == 1 ? " read" : " reads");
+      if (top_k > 0)
+        r += ", " + std::to_string(selecting_reads) + " of them selecting top_k " + std::to_string(top_k) + " of up to " +
+             std::to_string(most_candidates) + " candidates";
+      add(r);
+    }
+    if (sequences > 0)
+      add("raw window ring wrapped in " + std::to_string(wrapped_windows) + " of " + std::to_string(sequences) +
+          (sequences == 1 ? " sequence" : " sequences"));
+    if (forks > 0)
+      add(std::to_string(forks) + (forks == 1 ? " fork, " : " forks, ") + std::to_string(sharing_forks) + " sharing pages, " +
+          std::to_string(shared_page_writes) + " copy-on-write of a shared page");
+    return out;
+  }
+};
+
 struct property_result {
   testing::property property = property::streaming;
   testing::outcome outcome = outcome::not_run;
   std::int64_t cases = 0;  // cases run (the failing one included)
   std::string note;        // why it was skipped, or what it could not check
+  coverage exercised;      // what its cases exercised (up to the failing one)
 };
 
 struct failure {
@@ -86,11 +124,18 @@ struct report {
   std::optional<testing::failure> failure;
 
   bool passed() const noexcept { return !failure.has_value(); }
+  // A property that passed with a selecting reader whose selection never dropped an entry: the
+  // selection was not exercised (the property's note says what sizes would).
+  bool selection_unexercised() const noexcept {
+    for (const property_result& r : properties)
+      if (r.outcome == outcome::passed && r.exercised.selection_unexercised()) return true;
+    return false;
+  }
   // The result of one property (outcome::not_run when the check stopped before it).
   property_result result(property p) const {
     for (const property_result& r : properties)
       if (r.property == p) return r;
-    return {p, outcome::not_run, 0, ""};
+    return {p, outcome::not_run, 0, "", {}};
   }
 
   std::string to_string() const {
@@ -101,6 +146,7 @@ struct report {
              std::to_string(r.cases) + (r.cases == 1 ? " case" : " cases") + ")";
       if (!r.note.empty()) out += ": " + r.note;
       out += "\n";
+      if (const std::string e = r.exercised.to_string(); !e.empty()) out += "      exercised: " + e + "\n";
     }
     if (failure) {
       const testing::failure& f = *failure;
