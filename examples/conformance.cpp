@@ -1,11 +1,16 @@
-// The conformance kit (phasekv/testing/conformance.hpp) on a pooling policy of your own: max
-// pooling (examples/pools/max_pool.hpp) on a geometry and shape from the command line, held to its
-// double-precision oracle (the maximum of the window's real rows) and to every property phasekv
-// promises — streaming ≡ prefill, round trips, origin and padding, entries, reads, the dense
-// control, storage. It prints the report and exits 0 when every property held, 1 when one failed.
+// The conformance kit (phasekv/testing/conformance.hpp) on a layer: by default a pooling policy of
+// your own — max pooling (examples/pools/max_pool.hpp) on a geometry and shape from the command
+// line, held to its double-precision oracle (the maximum of the window's real rows) — or, with
+// --layer, a whole DeepSeek-V4 layer (models/deepseek_v4.hpp: K/V stream, indexer stream, raw
+// window and top-k reader, in fp32 or at DeepSeek-V4's precision) with seeded learned gate biases
+// and norm weights. Every property phasekv promises is checked — streaming ≡ prefill, round trips,
+// origin and padding, entries, reads, the dense control, storage — and the report says what each
+// exercised (selection dropping entries, the window ring wrapping, forks sharing pages). It exits
+// 0 when every property held, 1 when one failed.
 //
 //   conformance [--stride S] [--window W] [--channels C] [--heads H] [--storage T] [--seed N]
 //               [--thorough] [--drop-oldest-slot]
+//   conformance --layer max|v4-csa|v4.1-csa|v4-hca [--precision] [--seed N] [--thorough]
 //
 // --drop-oldest-slot plants an off-by-one window in the policy (it skips a full window's first
 // row), to show what the kit reports when something is wrong: the entries' oracle fails, and the
@@ -15,6 +20,9 @@
 #include <cstdio>
 #include <exception>
 #include <limits>
+#include <random>
+#include <string>
+#include <vector>
 
 #include <phasekv/phasekv.hpp>
 #include <phasekv/testing/conformance.hpp>
@@ -49,13 +57,38 @@ phasekv::testing::pooled_head max_oracle(const phasekv::testing::oracle_window& 
 
 }  // namespace
 
+// A DeepSeek-V4 layer's learned parameters per stream (K/V, then the indexer): gate biases in
+// [-1, 1) and norm weights in [0.5, 1.5), drawn from `seed`.
+std::vector<phasekv::stream_params> deepseek_parameters(const phasekv::presets::deepseek_layer& layer, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto draw = [&](std::size_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = u(rng);
+    return v;
+  };
+  const auto preset = phasekv::presets::deepseek_preset(layer, 1);
+  std::vector<phasekv::stream_params> out;
+  for (const phasekv::stream_config* c : {&preset.kv, preset.indexer ? &*preset.indexer : nullptr}) {
+    if (c == nullptr) continue;
+    phasekv::stream_params p;
+    const std::size_t slots = static_cast<std::size_t>(c->kv_heads * layer.geom.window);  // vector gates
+    p.slot_bias = draw(slots * static_cast<std::size_t>(c->channels), -1.0f, 1.0f);
+    p.norm_weight = draw(static_cast<std::size_t>(c->channels), 0.5f, 1.5f);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 int main(int argc, char** argv) try {
   using namespace phasekv;
   std::int64_t stride = 4, window = 8, channels = 32, heads = 2;
   std::uint64_t seed = 1;
   storage_type storage = storage_type::f32;
-  bool thorough = false, drop_oldest = false;
-  cli::parser args("conformance", "The conformance kit on max pooling, a pooling policy of the host's (examples/pools/).\n"
+  bool thorough = false, drop_oldest = false, precision = false;
+  const presets::deepseek_layer* layer_preset = nullptr;
+  cli::parser args("conformance", "The conformance kit on max pooling, a pooling policy of the host's (examples/pools/),\n"
+                                  "or on a whole DeepSeek-V4 layer (--layer).\n"
                                   "Exits 0 when every property holds, 1 when one fails (the report says which).");
   args.integer("--stride", "S", "stride", stride, 1, 256);
   args.integer("--window", "W", "window", window, 1, 1024);
@@ -66,7 +99,25 @@ int main(int argc, char** argv) try {
   args.integer("--seed", "N", "seed of the cases", seed, std::uint64_t{0});
   args.flag("--thorough", "run long: twenty times the cases on sequences four times as long", thorough);
   args.flag("--drop-oldest-slot", "plant an off-by-one window in the policy", drop_oldest);
+  args.choice("--layer", "max pooling (max) or a whole DeepSeek-V4 layer (K/V, indexer, window, reader)", layer_preset,
+              {{"max", nullptr},
+               {"v4-csa", &presets::deepseek_v4_csa_layer},
+               {"v4.1-csa", &presets::deepseek_v4_1_csa_layer},
+               {"v4-hca", &presets::deepseek_v4_hca_layer}});
+  args.flag("--precision", "with --layer: DeepSeek-V4's precision (FP8 entries and window, FP4 indexer)", precision);
   args.parse(argc, argv);
+
+  testing::options options = testing::options::from_environment();
+  options.seed = seed;
+  if (thorough) options.effort = testing::effort::thorough;
+  if (layer_preset != nullptr) {
+    if (drop_oldest) throw input_error("--drop-oldest-slot plants a bug in max pooling; it does not go with --layer");
+    const testing::report report =
+        testing::check_preset(*layer_preset, precision, deepseek_parameters(*layer_preset, seed), options);
+    std::fputs(report.to_string().c_str(), stdout);
+    return report.passed() ? 0 : 1;
+  }
+  if (precision) throw input_error("--precision is for --layer");
 
   using stream = stream_compressor<compressor_policy<max_pool_under_test>>;
   const geometry g{stride, window};
@@ -90,9 +141,6 @@ int main(int argc, char** argv) try {
   testing::layer_under_test<stream> layer(layer_compressor<stream>(stream(g, config, {}, pool)), cache, reader);
   layer.oracles[0] = max_oracle;
 
-  testing::options options = testing::options::from_environment();
-  options.seed = seed;
-  if (thorough) options.effort = testing::effort::thorough;
   const testing::report report = testing::check(layer, options);
   std::fputs(report.to_string().c_str(), stdout);
   return report.passed() ? 0 : 1;
