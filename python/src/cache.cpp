@@ -82,7 +82,8 @@ void init_cache(const modules& m) {
       .value("fp8_e4m3_block", storage_type::fp8_e4m3_block)
       .value("fp4_e2m1_hadamard", storage_type::fp4_e2m1_hadamard);
 
-  struct_binding<raw_window_config>(root, "RawWindowConfig", "The raw local window a sequence keeps.")
+  struct_binding<raw_window_config>(root, "RawWindowConfig",
+                                    "The raw local window a sequence keeps. Built invalid, it raises ConfigError.")
       .field("tokens", &raw_window_config::tokens, "N_win; 0 keeps no window")
       .field("kv_heads", &raw_window_config::kv_heads)
       .field("key_channels", &raw_window_config::key_channels)
@@ -91,6 +92,7 @@ void init_cache(const modules& m) {
              "f32, or fp8_e4m3_block: rows rounded to DeepSeek-V4's FP8 values on append")
       .field("rope_channels", &raw_window_config::rope_channels,
              "fp8_e4m3_block: the last channels of a key head, kept in bf16 (else 0)")
+      .checked_when_built([](const raw_window_config& w) { w.validate(); })
       .done();
   struct_binding<cache_config>(root, "CacheConfig",
                                "A paged cache's pools, history and raw window (cache/paged_cache.hpp). The host "
@@ -102,6 +104,7 @@ void init_cache(const modules& m) {
       .field("stream_storage", &cache_config::stream_storage, "per stream, overriding storage (a list)")
       .field("history", &cache_config::history, "tokens remove_suffix may roll back beyond the minimum")
       .field("window", &cache_config::window)
+      .checked_when_built([](const cache_config& c) { c.validate(); })
       .done()
       .def("validate", &cache_config::validate);
 

@@ -211,8 +211,10 @@ class struct_binding {
     return *this;
   }
 
-  // A check the keyword constructor runs once every field is set: an object that cannot be valid
-  // is refused when it is built (ConfigError naming the field), not when it is first used.
+  // A check the keyword constructor runs once every field given is set: an object built invalid is
+  // refused when it is built (ConfigError naming the field), not when it is first used. Built with
+  // no fields it is a blank to fill in (some blanks, e.g. StreamConfig's 0 channels, are not yet
+  // valid) and is checked where it is used.
   struct_binding& checked_when_built(std::function<void(const T&)> check) {
     check_ = std::move(check);
     return *this;
@@ -234,7 +236,7 @@ class struct_binding {
                                "() got an unexpected keyword argument '" + name + "'");
         py::setattr(target, key, value);
       }
-      if (check) check(*made);
+      if (check && !fields.empty()) check(*made);
       return made;
     }),
              signature().c_str());

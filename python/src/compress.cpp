@@ -143,7 +143,9 @@ void init_compress(const modules& m) {
       .value(policy_names[0], policy_kind::mean)
       .value(policy_names[1], policy_kind::deepseek_v4);
 
-  struct_binding<stream_config>(root, "StreamConfig", "Shape of one compressed stream (compress/stream_config.hpp).")
+  struct_binding<stream_config>(root, "StreamConfig",
+                                "Shape of one compressed stream (compress/stream_config.hpp). Built invalid (e.g. 0 channels), "
+                                "it raises ConfigError; what depends on the policy and geometry is checked where it is used.")
       .field("name", &stream_config::name, "used in error messages")
       .field("role", &stream_config::role)
       .field("channels", &stream_config::channels, "channels per entry and head")
@@ -151,6 +153,7 @@ void init_compress(const modules& m) {
       .field("inputs", &stream_config::inputs)
       .field("rope", &stream_config::rope, "read only by policies with RoPE")
       .field("norm_eps", &stream_config::norm_eps, "read only by RMSNorm")
+      .checked_when_built([](const stream_config& c) { c.validate(); })
       .done();
 
   // The vectors are copied in and out (the compressor keeps its own copy anyway); any array-like

@@ -70,6 +70,7 @@ void init_probe(const modules& m) {
       .field("top_k", &needle_config::top_k, "entries the key stream selects; 0 reads every entry")
       .field("isolate_targets", &needle_config::isolate_targets,
              "keep the other records out of the targets' entries (the control for crowding)")
+      .checked_when_built([](const needle_config& c) { c.validate(); })
       .done()
       .def("resolved_slot_profile", &needle_config::resolved_slot_profile)
       .def("haystack_spacing", &needle_config::haystack_spacing,

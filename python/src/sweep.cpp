@@ -75,6 +75,7 @@ void init_sweep(const modules& m) {
       .field("key_tokens", &record_shape::key_tokens)
       .field("value_tokens", &record_shape::value_tokens)
       .field("gap", &record_shape::gap, "tokens between the key and the value")
+      .checked_when_built([](const record_shape& r) { r.validate(); })
       .done()
       .def("length", &record_shape::length)
       .def("validate", &record_shape::validate);
@@ -133,6 +134,7 @@ void init_sweep(const modules& m) {
       .field("record", &sweep_config::record, "RecordShape of each trial's record")
       .field("layout", &sweep_config::layout, "LayoutMode: any, contained (within-window test) or straddle")
       .field("permutations", &sweep_config::permutations, "of the phase fold's permutation null")
+      .checked_when_built([](const sweep_config& c) { c.validate(); })
       .done()
       .def("resolved_window", &sweep_config::resolved_window)
       .def("stream", &sweep_config::stream, "the Geometry layouts are classified against")
@@ -446,6 +448,7 @@ void init_sweep(const modules& m) {
       .field("dodge_px", &plot::plot_axes::dodge_px, "sideways distance between neighbouring series' markers (px)")
       .field("filled_marker_meaning", &plot::plot_axes::filled_marker_meaning, "the legend's key to filled markers")
       .field("open_marker_meaning", &plot::plot_axes::open_marker_meaning, "the legend's key to open markers")
+      .checked_when_built([](const plot::plot_axes& a) { a.validate(); })
       .done()
       .def("validate", &plot::plot_axes::validate);
   plot.def("svg_line_plot", &plot::svg_line_plot, py::arg("series"), py::arg("axes"), "The SVG document as a string.");

@@ -103,7 +103,10 @@ def test_version():
 def test_entry_range_and_config_validation():
     r = pk.EntryRange(2, 5)
     assert len(r) == 3 and 4 in r and 5 not in r and r == pk.EntryRange(2, 5) and repr(r) == "EntryRange(2, 5)"
-    config = pk.CacheConfig(page_size=0)
+    with pytest.raises(pk.ConfigError, match=r"^cache.page_size = 0: must be at least 1$"):
+        pk.CacheConfig(page_size=0)  # refused when built
+    config = pk.CacheConfig(page_size=4)
+    config.page_size = 0  # made invalid afterwards: validate() (and every use) names it
     with pytest.raises(pk.ConfigError, match=r"^cache.page_size = 0: must be at least 1$"):
         config.validate()
     shape = pk.LayerShape(geometry=pk.Geometry(stride=2, window=2),

@@ -338,7 +338,10 @@ def test_remaining_sweep_accessors():
     assert result.residues[0].ci_high == 1.0
     from phasekv import plot
 
-    axes = plot.PlotAxes(y_min=5.0, y_max=1.0)
+    with pytest.raises(pk.ConfigError, match=r"^y_max = 1: must be finite and greater than y_min = 5$"):
+        plot.PlotAxes(y_min=5.0, y_max=1.0)  # refused when built
+    axes = plot.PlotAxes(y_min=0.0, y_max=1.0)
+    axes.y_min = 5.0
     with pytest.raises(pk.ConfigError, match=r"^y_max = 1: must be finite and greater than y_min = 5$"):
         axes.validate()
 

@@ -220,6 +220,32 @@ def test_hostile_calls_from_threads_leave_good_reads_intact(world):
 # ---- the third adversarial probe: calls that killed the interpreter (SIGFPE) -------------------
 
 
+def test_config_objects_built_invalid_are_refused_when_built():
+    cases = [
+        (lambda: pk.StreamConfig(name="kv", channels=0), r"kv\.channels = 0"),
+        (lambda: pk.StreamConfig(name="kv", channels=8, kv_heads=0), r"kv\.kv_heads = 0"),
+        (lambda: pk.RawWindowConfig(tokens=8), r"window\.key_channels = 0"),
+        (lambda: pk.RawWindowConfig(tokens=8, key_channels=4, rope_channels=2), r"window\.rope_channels = 2"),
+        (lambda: pk.CacheConfig(name="c", page_size=0), r"c\.page_size = 0"),
+        (lambda: pk.CacheConfig(name="c", history=-1), r"c\.history = -1"),
+        (lambda: pk.RecordShape(key_tokens=0), r"record_shape\.key_tokens = 0"),
+        (lambda: pk.SweepConfig(stride=0), r"stride = 0"),
+        (lambda: pk.probe.NeedleConfig(channels=6), r"channels"),
+        (lambda: pk.testing.Options(cases=-1), r"options\.cases = -1"),
+        (lambda: pk.plot.PlotAxes(x_min=1.0, x_max=0.0), r"x_max"),
+    ]
+    for build, message in cases:
+        with pytest.raises(pk.ConfigError, match=message):
+            build()
+    # Built with no fields, a config is a blank to fill in (StreamConfig's 0 channels are not yet
+    # valid), checked where it is used; built with valid fields it is accepted.
+    blank = pk.StreamConfig()
+    blank.channels = 8
+    assert pk.StreamConfig(name="kv", channels=8).channels == 8
+    assert pk.CacheConfig(name="c", page_size=4, window=pk.RawWindowConfig(tokens=8, key_channels=4)).page_size == 4
+    assert pk.SweepConfig(stride=4, trials_per_residue=20, query_position=10_000, span=4096).stride == 4
+
+
 def test_an_invalid_geometry_is_refused_when_built_and_when_used():
     with pytest.raises(pk.ConfigError, match=r"geometry\.window = 4: must be at least geometry\.stride \(6\)"):
         pk.Geometry(stride=6, window=4)

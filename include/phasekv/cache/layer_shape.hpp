@@ -19,7 +19,9 @@
 
 #include "phasekv/format/storage.hpp"
 #include "phasekv/compress/stream_config.hpp"
+#include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
+#include "phasekv/core/limits.hpp"
 #include "phasekv/core/rope.hpp"
 
 namespace phasekv {
@@ -40,6 +42,27 @@ struct raw_window_config {
   std::int64_t value_channels = 0;  // 0: tied K/V, the keys are also the values
   storage_type precision = storage_type::f32;  // f32 or fp8_e4m3_block
   std::int64_t rope_channels = 0;   // fp8_e4m3_block: the last ones of a key head, kept in bf16
+
+  static constexpr std::int64_t max_tokens = std::int64_t{1} << 32;
+
+  // Throws config_error naming `field`.<member> (a cache's: "<cache>.window").
+  void validate(const std::string& field = "window") const {
+    using detail::require;
+    require(tokens >= 0 && tokens <= max_tokens, field + ".tokens", tokens, "must lie in [0, 2^32]");
+    if (tokens == 0) return;
+    require(kv_heads >= 1 && kv_heads <= limits::max_heads, field + ".kv_heads", kv_heads, "must lie in [1, 2^16]");
+    require(key_channels >= 1 && key_channels <= limits::max_channels, field + ".key_channels", key_channels,
+            "must lie in [1, 2^20]");
+    require(value_channels >= 0 && value_channels <= limits::max_channels, field + ".value_channels", value_channels,
+            "must lie in [0, 2^20] (0 = tied K/V)");
+    require(precision == storage_type::f32 || precision == storage_type::fp8_e4m3_block, field + ".precision",
+            static_cast<int>(precision), "must be f32 or fp8_e4m3_block");
+    require(precision == storage_type::fp8_e4m3_block ? rope_channels >= 0 && rope_channels <= key_channels
+                                                      : rope_channels == 0,
+            field + ".rope_channels", rope_channels,
+            precision == storage_type::fp8_e4m3_block ? "must lie in [0, window.key_channels]"
+                                                      : "must be 0 unless window.precision is fp8_e4m3_block");
+  }
 };
 
 // One stream's entries: kv_heads × channels elements of `storage`, and whether the policy that

@@ -120,23 +120,8 @@ struct cache_config {
       require(is_valid(stream_storage[k]), name + ".stream_storage[" + std::to_string(k) + "]",
               static_cast<int>(stream_storage[k]), "is not a storage_type");
     require(history >= 0 && history <= limits::max_history, name + ".history", history, "must lie in [0, 2^40]");
-    require(window.tokens >= 0 && window.tokens <= max_window_tokens, name + ".window.tokens", window.tokens,
-            "must lie in [0, 2^32]");
+    window.validate(name + ".window");
     if (window.tokens > 0) {
-      require(window.kv_heads >= 1 && window.kv_heads <= limits::max_heads, name + ".window.kv_heads",
-              window.kv_heads, "must lie in [1, 2^16]");
-      require(window.key_channels >= 1 && window.key_channels <= limits::max_channels, name + ".window.key_channels",
-              window.key_channels, "must lie in [1, 2^20]");
-      require(window.value_channels >= 0 && window.value_channels <= limits::max_channels,
-              name + ".window.value_channels", window.value_channels, "must lie in [0, 2^20] (0 = tied K/V)");
-      require(window.precision == storage_type::f32 || window.precision == storage_type::fp8_e4m3_block,
-              name + ".window.precision", static_cast<int>(window.precision), "must be f32 or fp8_e4m3_block");
-      require(window.precision == storage_type::fp8_e4m3_block
-                  ? window.rope_channels >= 0 && window.rope_channels <= window.key_channels
-                  : window.rope_channels == 0,
-              name + ".window.rope_channels", window.rope_channels,
-              window.precision == storage_type::fp8_e4m3_block ? "must lie in [0, window.key_channels]"
-                                                                : "must be 0 unless window.precision is fp8_e4m3_block");
       // Rows × (key + value floats) × 4 bytes: the ring every sequence allocates.
       const std::int64_t floats = window.kv_heads * (window.key_channels + window.value_channels);
       detail::checked_product(window.tokens + history, floats, limits::max_bytes / 4, name + ".window.tokens",
@@ -144,7 +129,7 @@ struct cache_config {
     }
   }
 
-  static constexpr std::int64_t max_window_tokens = std::int64_t{1} << 32;
+  static constexpr std::int64_t max_window_tokens = raw_window_config::max_tokens;
 };
 
 // What one sequence occupies.

@@ -44,6 +44,19 @@ struct stream_config {
   input_layout inputs = input_layout::per_branch;
   rope_config rope;             // read only by policies with RoPE; ignored (never validated) otherwise
   double norm_eps = 1e-6;       // read only by rms_norm
+
+  // What holds for every policy and geometry (validate_stream checks the rest); throws
+  // config_error naming the field.
+  void validate() const {
+    using detail::require;
+    require(channels >= 1 && channels <= limits::max_channels, name + ".channels", channels, "must lie in [1, 2^20]");
+    require(kv_heads >= 1 && kv_heads <= limits::max_heads, name + ".kv_heads", kv_heads, "must lie in [1, 2^16]");
+    require(inputs == input_layout::per_branch || inputs == input_layout::per_slot, name + ".inputs",
+            static_cast<int>(inputs), "is not an input_layout");
+    require(role == stream_role::key || role == stream_role::value || role == stream_role::key_value ||
+                role == stream_role::indexer,
+            name + ".role", static_cast<int>(role), "is not a stream_role");
+  }
 };
 
 // Learned or static parameters. Empty vectors take the documented default.
@@ -79,15 +92,7 @@ void validate_stream(const geometry& geom, const stream_config& config, const st
   using detail::require;
   geom.validate();
   const std::string& n = config.name;
-  require(config.channels >= 1 && config.channels <= limits::max_channels, n + ".channels", config.channels,
-          "must lie in [1, 2^20]");
-  require(config.kv_heads >= 1 && config.kv_heads <= limits::max_heads, n + ".kv_heads", config.kv_heads,
-          "must lie in [1, 2^16]");
-  require(config.inputs == input_layout::per_branch || config.inputs == input_layout::per_slot, n + ".inputs",
-          static_cast<int>(config.inputs), "is not an input_layout");
-  require(config.role == stream_role::key || config.role == stream_role::value || config.role == stream_role::key_value ||
-              config.role == stream_role::indexer,
-          n + ".role", static_cast<int>(config.role), "is not a stream_role");
+  config.validate();
   // Every per-token size the compressor derives is at most this product (vector gates have as
   // many logits as channels), so checking it once keeps all of them in range.
   detail::checked_product(config.channels, config.kv_heads * views_per_token(config.inputs, geom),
