@@ -949,8 +949,8 @@ class conformance_run {
       }
       return std::make_pair(f, entries);
     };
-    auto count_shared_write = [&](subject_type& s, sequence_id written, std::int64_t entries_at_fork) {
-      if (entries_at_fork % page != 0 && s.entries(written, 0) > entries_at_fork) ++cov_.shared_page_writes;
+    auto count_shared_write = [&](subject_type& s, sequence_id writer, std::int64_t entries_at_fork) {
+      if (entries_at_fork % page != 0 && s.entries(writer, 0) > entries_at_fork) ++cov_.shared_page_writes;
     };
     int current = 0;
     sequence_id cur = caches[0]->create();
