@@ -429,9 +429,12 @@ TEST_CASE("reliability 3: a snapshot's FP8 window row that would read back as in
   const phasekv_test::cache_dump before = phasekv_test::dump(destination);
   const float beyond_e4m3 = -0x1.f4p+127f;  // ≥ 1.9375 · 2^127: its block's scale 2^120 times code 256
   const float beyond_bf16 = 3.4e38f;       // rounds to bf16's +inf
-  for (const auto& [element, value, sign] : {std::tuple<i64, float, const char*>{10, beyond_e4m3, "-inf"},
-                                             {60, beyond_bf16, "+inf"},
-                                             {62, -inf, "-inf"}}) {  // a RoPE channel keeps ±inf
+  for (const auto& bad : {std::tuple<i64, float, const char*>{10, beyond_e4m3, "-inf"},
+                          {60, beyond_bf16, "+inf"},
+                          {62, -inf, "-inf"}}) {  // a RoPE channel keeps ±inf
+    const i64 element = std::get<0>(bad);  // copies: a lambda cannot capture a structured binding in C++17
+    const float value = std::get<1>(bad);
+    const char* sign = std::get<2>(bad);
     INFO("element " << element << " = " << value);
     CHECK_THAT(message_of<input_error>([&] { restore(destination, edited(element, value)); }),
                Contains("snapshot: raw window key row of token 7, element " + std::to_string(element)) &&
