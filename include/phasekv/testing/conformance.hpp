@@ -345,10 +345,7 @@ class conformance_run {
       if (p == property::reads) {
         s.reads = {n - 1 - geom_.stride - below(rng, static_cast<std::uint64_t>(geom_.stride)), n - 1};
       } else if (p == property::round_trips) {
-        for (std::int64_t k = 0, count = 1 + below(rng, 3); k < count; ++k)
-          s.steps.push_back(step{all_operations[below(rng, std::size(all_operations))], near_boundary(rng, n),
-                                 1 + below(rng, static_cast<std::uint64_t>(max_junk_))});
-        std::stable_sort(s.steps.begin(), s.steps.end(), [](const step& a, const step& b) { return a.at < b.at; });
+        add_steps(s, rng, n);
       }
       return s;
     }
@@ -361,15 +358,7 @@ class conformance_run {
       case property::round_trips: {
         const std::int64_t n = tokens(rng, 1);
         add_sequence(s, rng, n);
-        const std::int64_t count = 1 + below(rng, 3);
-        for (std::int64_t k = 0; k < count; ++k) {
-          step st;
-          st.op = all_operations[below(rng, std::size(all_operations))];
-          st.at = near_boundary(rng, n);
-          st.junk = 1 + below(rng, max_junk_);
-          s.steps.push_back(st);
-        }
-        std::stable_sort(s.steps.begin(), s.steps.end(), [](const step& a, const step& b) { return a.at < b.at; });
+        add_steps(s, rng, n);
         break;
       }
       case property::origin_padding: {
@@ -545,6 +534,19 @@ class conformance_run {
     const std::int64_t lead = geom_.lead();
     const std::int64_t j = below(rng, static_cast<std::uint64_t>(n / geom_.stride + 1));
     return std::min(n, std::max<std::int64_t>(0, j * geom_.stride - lead + below(rng, 3) - 1));
+  }
+
+  // One to three round-trip operations on a sequence of n tokens, by position.
+  void add_steps(scenario& s, std::uint64_t& rng, std::int64_t n) const {
+    const std::int64_t count = 1 + below(rng, 3);
+    for (std::int64_t k = 0; k < count; ++k) {
+      step st;
+      st.op = all_operations[below(rng, std::size(all_operations))];
+      st.at = near_boundary(rng, n);
+      st.junk = 1 + below(rng, max_junk_);
+      s.steps.push_back(st);
+    }
+    std::stable_sort(s.steps.begin(), s.steps.end(), [](const step& a, const step& b) { return a.at < b.at; });
   }
 
   // A chunking of n tokens in one of several styles, with some chunks as bf16.
