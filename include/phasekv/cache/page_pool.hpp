@@ -1,7 +1,7 @@
 #pragma once
 // The page pool: one allocation holding `capacity` fixed-size pages of compressed entries, a free
-// list and a reference count per page (vLLM's block pool). Sequences hold page
-// tables of page ids; the pool owns the memory.
+// list and a reference count per page (vLLM's block pool) — a page_allocator (the ids) paired with
+// a page_arena (the memory). Sequences hold page tables of page ids; the pool owns the memory.
 //
 // Page layout — entry-major, "NHD" (FlashInfer's paged_kv_t convention, see page_layout):
 //
@@ -64,6 +64,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -77,12 +78,16 @@
 
 #include "phasekv/format/fp4.hpp"
 #include "phasekv/format/fp8.hpp"
+#include "phasekv/cache/page_allocator.hpp"
+#include "phasekv/cache/page_arena.hpp"
 #include "phasekv/cache/page_layout.hpp"
 #include "phasekv/cache/page_memory.hpp"
+#include "phasekv/compress/entry_view.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/limits.hpp"
 #include "phasekv/core/types.hpp"
+#include "phasekv/simd/finite.hpp"
 
 namespace phasekv {
 
@@ -125,12 +130,43 @@ inline void load_entries(const page_layout& layout, const std::byte* src, std::i
 }
 
 namespace detail {
-// Gives a pool's block back to the page_memory it came from.
-struct block_release {
-  page_memory* source = nullptr;
-  std::size_t bytes = 0;
-  void operator()(std::byte* block) const noexcept { source->deallocate(block, bytes, page_layout::page_alignment); }
-};
+// Under append_options::check_finite, an entry is stored only if what a read will see of it is
+// finite: its values (a finite input can pool to ±inf, a host's entry may hold NaN) and their
+// stored form — f16 rounds |x| ≥ 65520 to ±inf, bf16 beyond about 3.39e38, FP8 its bf16 RoPE
+// channels likewise and its e4m3 blocks from |x| ≥ 1.9375 · 2^127, FP4 wherever the Hadamard
+// transform of finite keys leaves fp32's range. One rule for every storage type: the entry is
+// stored into scratch and loaded back. field() names the entry ("cache.append: stream 0 entry 7");
+// called from a sink before the entry is written, so the append changes nothing.
+template <class Field>
+void check_storable(const page_layout& layout, const entry_view& e, Field&& field) {
+  const std::int64_t n = e.kv_heads * e.channels;
+  // Whole floats, so a 16-bit or fp32 store has its alignment.
+  std::vector<float> stored(static_cast<std::size_t>((layout.entry_stride_bytes + 3) / 4)), back(static_cast<std::size_t>(n));
+  const float* seen = e.values;
+  if (kernels::all_finite(e.values, n)) {
+    store_entries(layout, e.values, 1, reinterpret_cast<std::byte*>(stored.data()));
+    load_entries(layout, reinterpret_cast<const std::byte*>(stored.data()), 1, back.data());
+    if (kernels::all_finite(back.data(), n)) return;
+    seen = back.data();
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(seen[i])) continue;
+    if (seen == e.values)
+      fail<input_error>(field() + " value[" + std::to_string(i) + "]", e.values[i],
+                        "must be finite (append_options.check_finite is on)");
+    if (layout.storage != storage_type::fp4_e2m1_hadamard)
+      fail<input_error>(field() + " value[" + std::to_string(i) + "]", e.values[i],
+                        std::string("is not representable in ") + to_string(layout.storage) +
+                            " storage (append_options.check_finite is on)");
+    // FP4 stores the head's transform, which mixes every channel: name the head's largest value.
+    const std::int64_t head = i / e.channels;
+    const float* h = e.values + head * e.channels;
+    const std::int64_t big = std::max_element(h, h + e.channels, [](float a, float b) { return std::fabs(a) < std::fabs(b); }) - h;
+    fail<input_error>(field() + " value[" + std::to_string(head * e.channels + big) + "]", h[big],
+                      "makes its head's Hadamard transform leave fp32's range in fp4_e2m1_hadamard storage "
+                      "(append_options.check_finite is on)");
+  }
+}
 }  // namespace detail
 
 class page_pool {
@@ -139,25 +175,9 @@ class page_pool {
 
   explicit page_pool(page_pool_config config) : config_(std::move(config)) {
     config_.validate();
-    layout_ = page_layout::for_config(config_);
-    const std::int64_t total_bytes = config_.capacity * layout_.page_stride_bytes;
-    page_memory& source = config_.memory ? *config_.memory : system_page_memory();
-    const std::size_t room = source.capacity(page_layout::page_alignment);
-    if (static_cast<std::uint64_t>(total_bytes) > room)
-      detail::fail<capacity_error>(config_.name + ".capacity", config_.capacity,
-                                   "needs " + std::to_string(total_bytes) + " bytes; its memory holds " +
-                                       std::to_string(room) + " (page_memory::capacity)");
-    detail::allocate_or_fail(
-        [&] {
-          book_ = std::make_unique<bookkeeping>(config_.capacity);
-          void* block = source.allocate(static_cast<std::size_t>(total_bytes), page_layout::page_alignment);
-          if (!block) throw std::bad_alloc();
-          memory_ = block_ptr(static_cast<std::byte*>(block), block_release{&source, static_cast<std::size_t>(total_bytes)});
-        },
-        config_.name + ".capacity", config_.capacity, total_bytes);
-    if (reinterpret_cast<std::uintptr_t>(memory_.get()) % page_layout::page_alignment != 0)
-      detail::fail(config_.name + ".memory", "a block at " + std::to_string(reinterpret_cast<std::uintptr_t>(memory_.get())),
-                   "must be aligned to 64 bytes");
+    detail::allocate_or_fail([&] { ids_ = page_allocator(config_.name, config_.capacity); }, config_.name + ".capacity",
+                             config_.capacity, config_.capacity * 8);
+    arena_ = page_arena(config_);
   }
 
   page_pool(const page_pool&) = delete;
@@ -168,209 +188,96 @@ class page_pool {
 
   const page_pool_config& config() const noexcept { return config_; }
   const std::string& name() const noexcept { return config_.name; }
-  const page_layout& layout() const noexcept { return layout_; }
+  const page_layout& layout() const noexcept { return arena_.layout(); }
 
-  // ---- allocation and reference counts (thread-safe) ---------------------------------------
+  // ---- allocation and reference counts (thread-safe; page_allocator.hpp) ---------------------
 
   // A free page with reference count 1. Throws capacity_error when none is left.
-  page_id allocate() {
-    std::lock_guard<std::mutex> lock(book_->mutex);
-    if (book_->free_head < 0) {
-      detail::fail<capacity_error>(config_.name + ".capacity", config_.capacity,
-                                   "no free page left (all pages are in use)");
-    }
-    return pop_free_locked();
-  }
-
+  page_id allocate() { return ids_.allocate(); }
   // `count` pages into out[0 … count), or capacity_error with the pool unchanged.
-  void allocate(std::int64_t count, page_id* out) {
-    if (count < 0) detail::fail<input_error>(config_.name + ".allocate(count)", count, "must be non-negative");
-    if (count > 0 && out == nullptr) {
-      detail::fail<input_error>(config_.name + ".allocate(count)", count, "needs a non-null output array");
-    }
-    std::lock_guard<std::mutex> lock(book_->mutex);
-    const std::int64_t free = config_.capacity - book_->used;
-    if (count > free) {
-      detail::fail<capacity_error>(
-          config_.name + ".capacity", config_.capacity,
-          "cannot allocate " + std::to_string(count) + (count == 1 ? " page" : " pages") + ", only " +
-              std::to_string(free) + " free");
-    }
-    for (std::int64_t i = 0; i < count; ++i) out[i] = pop_free_locked();
-  }
-
+  void allocate(std::int64_t count, page_id* out) { ids_.allocate(count, out); }
   // Adds a holder to an allocated page.
-  void retain(page_id id) {
-    std::lock_guard<std::mutex> lock(book_->mutex);
-    const std::int32_t count = allocated_refcount(id, "retain");
-    if (count == std::numeric_limits<std::int32_t>::max()) {
-      detail::fail<capacity_error>(config_.name + ".retain(page)", id, "reference count is at its maximum");
-    }
-    book_->refcounts[index(id)].store(count + 1, std::memory_order_release);
-  }
-
+  void retain(page_id id) { ids_.retain(id); }
   // Drops a holder; the page returns to the free list when the last holder is gone.
-  void release(page_id id) {
-    std::lock_guard<std::mutex> lock(book_->mutex);
-    const std::int32_t count = allocated_refcount(id, "release");
-    book_->refcounts[index(id)].store(count - 1, std::memory_order_release);
-    if (count == 1) push_free_locked(id);
-  }
-
+  void release(page_id id) { ids_.release(id); }
   // 0 for a free page. A snapshot: other threads may change it right after.
-  std::int32_t refcount(page_id id) const {
-    require_in_range(id, "refcount");
-    return book_->refcounts[index(id)].load(std::memory_order_acquire);
-  }
+  std::int32_t refcount(page_id id) const { return ids_.refcount(id); }
 
   std::int64_t capacity() const noexcept { return config_.capacity; }
-  std::int64_t used_pages() const {
-    std::lock_guard<std::mutex> lock(book_->mutex);
-    return book_->used;
-  }
-  std::int64_t free_pages() const { return capacity() - used_pages(); }
+  std::int64_t used_pages() const { return ids_.used_pages(); }
+  std::int64_t free_pages() const { return ids_.free_pages(); }
   // Memory one page occupies, including the padding to 64 bytes.
-  std::int64_t bytes_per_page() const noexcept { return layout_.page_stride_bytes; }
+  std::int64_t bytes_per_page() const noexcept { return arena_.bytes_per_page(); }
   std::int64_t bytes_used() const { return used_pages() * bytes_per_page(); }
   // Pages ever handed out: [0, pages_touched()). Freed pages are reused before untouched ones, so
   // this is the most memory the pool can have made resident (the rest was never written).
-  std::int64_t pages_touched() const {
-    std::lock_guard<std::mutex> lock(book_->mutex);
-    return book_->touched;
-  }
+  std::int64_t pages_touched() const { return ids_.pages_touched(); }
   // The whole block: capacity × bytes_per_page().
-  std::int64_t bytes_reserved() const noexcept { return capacity() * bytes_per_page(); }
+  std::int64_t bytes_reserved() const noexcept { return arena_.bytes_reserved(); }
 
   // ---- page contents (one writer per page; full pages may be read concurrently) -----------
 
   // Page 0; page p starts at base() + p · layout().page_stride_bytes. For interop views.
-  std::byte* base() noexcept { return memory_.get(); }
-  const std::byte* base() const noexcept { return memory_.get(); }
+  std::byte* base() noexcept { return arena_.base(); }
+  const std::byte* base() const noexcept { return arena_.base(); }
 
   // First byte of an allocated page.
   std::byte* data(page_id id) {
-    require_allocated(id, "data");
-    return page_bytes(id);
+    ids_.require_allocated(id, "data");
+    return arena_.page(id);
   }
   const std::byte* data(page_id id) const {
-    require_allocated(id, "data");
-    return page_bytes(id);
+    ids_.require_allocated(id, "data");
+    return arena_.page(id);
   }
 
   // Stores one entry (kv_heads × channels fp32, head-major) at `slot`, converted to the storage
   // type (fp8_e4m3_block: quantized, format/fp8.hpp; fp4_e2m1_hadamard: transformed and
   // quantized, format/fp4.hpp).
   void write_entry(page_id id, std::int64_t slot, const float* values) {
-    require_allocated(id, "write_entry");
+    ids_.require_allocated(id, "write_entry");
     require_slot(slot, "write_entry");
     require_pointer(values, "write_entry", "values");
-    store_entries(layout_, values, 1, page_bytes(id) + slot * layout_.entry_stride_bytes);
+    store_entries(layout(), values, 1, arena_.entry(id, slot));
   }
 
   // Loads the entry at `slot` into out (kv_heads × channels fp32; fp4_e2m1_hadamard: the stored,
   // transformed values).
   void read_entry(page_id id, std::int64_t slot, float* out) const {
-    require_allocated(id, "read_entry");
+    ids_.require_allocated(id, "read_entry");
     require_slot(slot, "read_entry");
     require_pointer(out, "read_entry", "out");
-    load_entries(layout_, page_bytes(id) + slot * layout_.entry_stride_bytes, 1, out);
+    load_entries(layout(), arena_.entry(id, slot), 1, out);
   }
 
   // Copies entries [0, count) of page `source` to the same slots of page `destination`: the
   // copy-on-write of a shared, partially filled last page.
   void copy_entries(page_id source, page_id destination, std::int64_t count) {
-    require_allocated(source, "copy_entries");
-    require_allocated(destination, "copy_entries");
-    if (count < 0 || count > layout_.page_size) {
+    ids_.require_allocated(source, "copy_entries");
+    ids_.require_allocated(destination, "copy_entries");
+    if (count < 0 || count > layout().page_size)
       detail::fail<input_error>(config_.name + ".copy_entries(count)", count,
-                                "must lie in [0, page_size = " + std::to_string(layout_.page_size) + "]");
-    }
-    if (source == destination || count == 0) return;
-    std::memcpy(page_bytes(destination), page_bytes(source),
-                static_cast<std::size_t>(count * layout_.entry_stride_bytes));
+                                "must lie in [0, page_size = " + std::to_string(layout().page_size) + "]");
+    arena_.copy_entries(source, destination, count);
   }
 
  private:
-  using block_release = detail::block_release;
-  using block_ptr = std::unique_ptr<std::byte, block_release>;
-
-  // Everything threads contend on, behind a pointer so the pool can move (a mutex cannot).
-  struct bookkeeping {
-    explicit bookkeeping(std::int64_t capacity)
-        : refcounts(static_cast<std::size_t>(capacity)), next_free(static_cast<std::size_t>(capacity)) {
-      // Free list 0 → 1 → … → capacity−1, so a fresh pool hands out pages in order.
-      for (std::int64_t i = 0; i < capacity; ++i) {
-        refcounts[static_cast<std::size_t>(i)].store(0, std::memory_order_relaxed);
-        next_free[static_cast<std::size_t>(i)] = static_cast<page_id>(i + 1 < capacity ? i + 1 : -1);
-      }
-    }
-    std::mutex mutex;
-    std::vector<std::atomic<std::int32_t>> refcounts;  // modified only under `mutex`
-    std::vector<page_id> next_free;                    // under `mutex`; −1 ends the list
-    page_id free_head = 0;                             // under `mutex`; −1 when empty
-    std::int64_t used = 0;                             // under `mutex`
-    std::int64_t touched = 0;                          // under `mutex`: pages [0, touched) were handed out
-  };
-
-  static std::size_t index(page_id id) noexcept { return static_cast<std::size_t>(id); }
-
-  std::byte* page_bytes(page_id id) const noexcept { return memory_.get() + id * layout_.page_stride_bytes; }
-
-  page_id pop_free_locked() {
-    const page_id id = book_->free_head;
-    book_->free_head = book_->next_free[index(id)];
-    book_->refcounts[index(id)].store(1, std::memory_order_release);
-    ++book_->used;
-    book_->touched = std::max<std::int64_t>(book_->touched, id + 1);
-    return id;
-  }
-
-  void push_free_locked(page_id id) {
-    book_->next_free[index(id)] = book_->free_head;
-    book_->free_head = id;
-    --book_->used;
-  }
-
   // The checks below run on every data access, so they build their messages only on failure.
-
-  void require_in_range(page_id id, const char* operation) const {
-    if (id < 0 || id >= config_.capacity) {
-      detail::fail<input_error>(config_.name + "." + operation + "(page)", id,
-                                "must lie in [0, capacity = " + std::to_string(config_.capacity) + ")");
-    }
-  }
-
-  // The page's reference count, or input_error if it is out of range or free.
-  std::int32_t allocated_refcount(page_id id, const char* operation) const {
-    require_in_range(id, operation);
-    const std::int32_t count = book_->refcounts[index(id)].load(std::memory_order_acquire);
-    if (count <= 0) {
-      detail::fail<input_error>(config_.name + "." + operation + "(page)", id, "is not allocated (reference count 0)");
-    }
-    return count;
-  }
-
-  void require_allocated(page_id id, const char* operation) const { (void)allocated_refcount(id, operation); }
-
   void require_slot(std::int64_t slot, const char* operation) const {
-    if (slot < 0 || slot >= layout_.page_size) {
+    if (slot < 0 || slot >= layout().page_size)
       detail::fail<input_error>(config_.name + "." + operation + "(slot)", slot,
-                                "must lie in [0, page_size = " + std::to_string(layout_.page_size) + ")");
-    }
+                                "must lie in [0, page_size = " + std::to_string(layout().page_size) + ")");
   }
-
   void require_pointer(const void* pointer, const char* operation, const char* argument) const {
-    if (pointer == nullptr) {
+    if (pointer == nullptr)
       detail::fail<input_error>(config_.name + "." + operation + "(" + argument + ")", "null",
-                                "must point to kv_heads × channels = " + std::to_string(layout_.values_per_entry()) +
+                                "must point to kv_heads × channels = " + std::to_string(layout().values_per_entry()) +
                                     " floats");
-    }
   }
 
   page_pool_config config_;
-  page_layout layout_;
-  block_ptr memory_;
-  std::unique_ptr<bookkeeping> book_;
+  page_allocator ids_;  // before the arena: a pool that cannot count its pages allocates no memory
+  page_arena arena_;
 };
 
 }  // namespace phasekv

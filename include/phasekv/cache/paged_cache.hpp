@@ -104,7 +104,7 @@ struct cache_config {
   // null = system_page_memory(), committed by the OS as pages are first written.
   page_memory* memory = nullptr;
   // Per stream, a pool shared with other caches — the other layers of a model draw their pages
-  // from one budget, as vLLM's layers share one block pool (model_cache.hpp). Empty, or a null
+  // from one budget, as vLLM's layers share one block pool. Empty, or a null
   // element, gives the stream a pool of its own (`pages` pages from `memory`). A shared pool's
   // page_size, kv_heads, channels and storage must be the stream's; its capacity and memory are
   // its own. Pages never move between caches: each cache holds, retains and releases only the
@@ -1006,57 +1006,13 @@ class paged_cache {
     else
       s.window.copy_key(row, out.data());
   }
-  // Under check_finite, an entry is stored only if what a read will see of it is finite: its
-  // values (a finite input can pool to ±inf, a host's entry may hold NaN) and their stored form —
-  // f16 rounds |x| ≥ 65520 to ±inf, bf16 beyond about 3.39e38, FP8 its bf16 RoPE channels likewise
-  // and its e4m3 blocks from |x| ≥ 1.9375 · 2^127, FP4 wherever the Hadamard transform of finite
-  // keys leaves fp32's range. One rule for every storage type: the entry is stored into scratch and
-  // loaded back. Thrown from the sink before the entry is written, so the append changes nothing.
   void check_storable(std::size_t k, const entry_view& e) const {
-    const page_layout& layout = pools_[k]->layout();
-    const std::int64_t n = e.kv_heads * e.channels;
-    // Whole floats, so a 16-bit or fp32 store has its alignment.
-    std::vector<float> stored(static_cast<std::size_t>((layout.entry_stride_bytes + 3) / 4)), back(static_cast<std::size_t>(n));
-    const float* seen = e.values;
-    if (kernels::all_finite(e.values, n)) {
-      store_entries(layout, e.values, 1, reinterpret_cast<std::byte*>(stored.data()));
-      load_entries(layout, reinterpret_cast<const std::byte*>(stored.data()), 1, back.data());
-      if (kernels::all_finite(back.data(), n)) return;
-      seen = back.data();
-    }
-    for (std::int64_t i = 0; i < n; ++i) {
-      if (std::isfinite(seen[i])) continue;
-      const std::string field = config_.name + ".append: stream " + std::to_string(k) + " entry " + std::to_string(e.index);
-      if (seen == e.values)
-        detail::fail<input_error>(field + " value[" + std::to_string(i) + "]", e.values[i],
-                                  "must be finite (append_options.check_finite is on)");
-      if (layout.storage != storage_type::fp4_e2m1_hadamard)
-        detail::fail<input_error>(field + " value[" + std::to_string(i) + "]", e.values[i],
-                                  std::string("is not representable in ") + to_string(layout.storage) +
-                                      " storage (append_options.check_finite is on)");
-      // FP4 stores the head's transform, which mixes every channel: name the head's largest value.
-      const std::int64_t head = i / e.channels;
-      const float* h = e.values + head * e.channels;
-      const std::int64_t big = std::max_element(h, h + e.channels, [](float a, float b) { return std::fabs(a) < std::fabs(b); }) - h;
-      detail::fail<input_error>(field + " value[" + std::to_string(head * e.channels + big) + "]", h[big],
-                                "makes its head's Hadamard transform leave fp32's range in fp4_e2m1_hadamard storage "
-                                "(append_options.check_finite is on)");
-    }
+    detail::check_storable(pools_[k]->layout(), e, [&] {
+      return config_.name + ".append: stream " + std::to_string(k) + " entry " + std::to_string(e.index);
+    });
   }
-
-  // The product is formed only when it cannot overflow (see stream_compressor::check_span).
   void check_window_input(span<const float> in, std::int64_t tokens, std::int64_t per_token, const char* what) const {
-    if (in.data() == nullptr && in.size() != 0)
-      detail::fail<input_error>(config_.name + ".append: " + what + ".data()", "null",
-                                "must not be null when the size is " + std::to_string(in.size()));
-    std::int64_t expected = 0;
-    const bool representable =
-        detail::product_within(std::max<std::int64_t>(tokens, 0), per_token, limits::max_bytes, expected);
-    if (!representable || in.size() != static_cast<std::size_t>(expected))
-      detail::fail<input_error>(config_.name + ".append: " + what + ".size()", in.size(),
-                                "must be " + (representable ? std::to_string(expected) : std::string("tokens × ") +
-                                                                                             std::to_string(per_token)) +
-                                    " (tokens × window.kv_heads × channels)");
+    detail::check_window_input(in, tokens, per_token, config_.name + ".append: " + what);
   }
 
   std::int64_t window_row(const sequence& s, std::int64_t t) const { return s.window.row_of(t, s.tokens, config_.name); }

@@ -20,12 +20,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/core/byte_io.hpp"
 #include "phasekv/core/error.hpp"
+#include "phasekv/core/limits.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/format/fp8.hpp"
 #include "phasekv/format/storage.hpp"
@@ -41,6 +43,21 @@ inline std::int64_t window_key_floats(const raw_window_config& config) noexcept 
 inline std::int64_t window_value_floats(const raw_window_config& config) noexcept {
   return config.tokens > 0 ? config.kv_heads * config.value_channels : 0;
 }
+
+namespace detail {
+// A host's window rows for `tokens` tokens: not null unless empty, and tokens × per_token floats
+// (the product formed only when it cannot overflow). `field` names them ("cache.append: window_keys").
+inline void check_window_input(span<const float> in, std::int64_t tokens, std::int64_t per_token, const std::string& field) {
+  if (in.data() == nullptr && in.size() != 0)
+    fail<input_error>(field + ".data()", "null", "must not be null when the size is " + std::to_string(in.size()));
+  std::int64_t expected = 0;
+  const bool representable = product_within(std::max<std::int64_t>(tokens, 0), per_token, limits::max_bytes, expected);
+  if (!representable || in.size() != static_cast<std::size_t>(expected))
+    fail<input_error>(field + ".size()", in.size(),
+                      "must be " + (representable ? std::to_string(expected) : std::string("tokens × ") + std::to_string(per_token)) +
+                          " (tokens × window.kv_heads × channels)");
+}
+}  // namespace detail
 
 class raw_window {
  public:
@@ -98,6 +115,26 @@ class raw_window {
     first_ = std::max(first_, t_end - rows_);
   }
 
+  // The rows of tokens [begin, end) copied from `from`, a ring of the same configuration (any
+  // number of rows) that holds them; this ring must have room for them (end − begin ≤ rows()).
+  // Then first() = max(first(), end − rows()), or `first` when given (a fresh ring taking a tail).
+  // Rows are copied as stored (FP8 bytes too), so reads of them are bit-identical to `from`'s.
+  void copy_rows(const raw_window& from, std::int64_t begin, std::int64_t end, std::int64_t first = -1) noexcept {
+    if (rows_ == 0) return;
+    const auto copy = [&](const auto& src, auto& dst, std::int64_t size) {
+      for (std::int64_t t = std::max(begin, end - rows_); t < end; ++t)
+        std::copy_n(src.data() + (t % from.rows_) * size, size, dst.data() + (t % rows_) * size);
+    };
+    if (fp8()) {
+      copy(from.key_bytes_, key_bytes_, key_row_bytes());
+      copy(from.value_bytes_, value_bytes_, value_row_bytes());
+    } else {
+      copy(from.keys_, keys_, key_floats());
+      copy(from.values_, values_, value_floats());
+    }
+    first_ = first >= 0 ? first : std::max(first_, end - rows_);
+  }
+
   // append_options::check_finite for window rows: every element of the rows of `tokens` tokens
   // (laid out as write() takes them) must be finite, and so must what a read will see of it — an
   // FP8 window stores a key head's RoPE channels in bf16 (±inf beyond about 3.39e38) and its e4m3
@@ -133,6 +170,40 @@ class raw_window {
       check(keys.data() + t * key_floats(), key_floats(), key_head(), config_.key_channels, t, "window_keys");
       if (!tied()) check(values.data() + t * value_floats(), value_floats(), value_head(), config_.value_channels, t, "window_values");
     }
+  }
+
+  // What write() of `tokens` tokens from t0 overwrites — first() and the rows — so that a model
+  // step can put the ring back when a later layer fails (allocates; nothing changes if it throws).
+  struct undo_record {
+    std::int64_t first = 0, from = 0, count = 0;  // first(); the rows of tokens [from, from + count)
+    std::vector<float> keys, values;
+    std::vector<std::byte> key_bytes, value_bytes;
+  };
+  void save(std::int64_t t0, std::int64_t tokens, undo_record& u) const {
+    u.first = first_;
+    u.from = rows_ > 0 ? std::max(t0, t0 + tokens - rows_) : t0 + tokens;
+    u.count = t0 + tokens - u.from;
+    const auto n = static_cast<std::size_t>(u.count);
+    if (fp8()) {
+      u.key_bytes.resize(n * static_cast<std::size_t>(key_row_bytes()));
+      u.value_bytes.resize(n * static_cast<std::size_t>(value_row_bytes()));
+    } else {
+      u.keys.resize(n * static_cast<std::size_t>(key_floats()));
+      u.values.resize(n * static_cast<std::size_t>(value_floats()));
+    }
+    if (fp8())
+      move_rows(key_bytes_.data(), value_bytes_.data(), u.key_bytes.data(), u.value_bytes.data(), key_row_bytes(),
+                value_row_bytes(), u, true);
+    else
+      move_rows(keys_.data(), values_.data(), u.keys.data(), u.values.data(), key_floats(), value_floats(), u, true);
+  }
+  void restore(undo_record& u) noexcept {
+    if (fp8())
+      move_rows(key_bytes_.data(), value_bytes_.data(), u.key_bytes.data(), u.value_bytes.data(), key_row_bytes(),
+                value_row_bytes(), u, false);
+    else
+      move_rows(keys_.data(), values_.data(), u.keys.data(), u.values.data(), key_floats(), value_floats(), u, false);
+    first_ = u.first;
   }
 
   // After the sequence is cut back to p0 tokens: rows from p0 on are rewritten before they are read.
@@ -324,6 +395,22 @@ class raw_window {
   }
   std::int64_t value_row_bytes() const noexcept {
     return config_.tokens > 0 && fp8() && !tied() ? config_.kv_heads * value_head().bytes : 0;
+  }
+
+  // The rows of tokens [u.from, u.from + u.count): the ring's into the record (save), or back.
+  template <class Ring, class Saved>
+  void move_rows(Ring* keys, Ring* values, Saved* saved_keys, Saved* saved_values, std::int64_t key_size,
+                 std::int64_t value_size, const undo_record& u, bool into_record) const noexcept {
+    for (std::int64_t i = 0; i < u.count; ++i) {
+      const std::int64_t row = (u.from + i) % rows_;
+      if (into_record) {
+        std::copy_n(keys + row * key_size, key_size, saved_keys + i * key_size);
+        std::copy_n(values + row * value_size, value_size, saved_values + i * value_size);
+      } else if constexpr (!std::is_const_v<Ring>) {
+        std::copy_n(saved_keys + i * key_size, key_size, keys + row * key_size);
+        std::copy_n(saved_values + i * value_size, value_size, values + row * value_size);
+      }
+    }
   }
 
   // Ring row `row` from one token's key row and value row (null when tied): copied into an f32

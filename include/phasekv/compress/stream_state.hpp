@@ -51,6 +51,46 @@ class stream_state {
   }
   friend bool operator!=(const stream_state& a, const stream_state& b) noexcept { return !(a == b); }
 
+  // ---- undo (a model step's all-or-nothing across layers) ------------------------------------------
+
+  // What appending `tokens` more tokens changes: the counters and the ring rows commit() writes.
+  struct undo_record {
+    std::int64_t tokens = 0, entries = 0, intact_from = 0;
+    bool host_fed = false;
+    std::int64_t first = 0, count = 0;  // the tokens whose ring rows are saved: [first, first + count)
+    std::vector<float> payload, logits;
+  };
+  // Saves into `u` what an append (or skip) of `tokens` tokens will overwrite. Allocates: call it
+  // before anything changes (std::bad_alloc leaves the state as it was).
+  void save(std::int64_t tokens, undo_record& u) const {
+    u.tokens = tokens_;
+    u.entries = entries_;
+    u.intact_from = intact_from_;
+    u.host_fed = host_fed_;
+    const std::int64_t end = tokens_ + tokens;
+    u.first = ring_rows_ > 0 ? std::max(tokens_, end - ring_rows_) : end;
+    u.count = end - u.first;
+    u.payload.resize(static_cast<std::size_t>(u.count * payload_floats_));
+    u.logits.resize(static_cast<std::size_t>(u.count * logit_floats_));
+    for (std::int64_t i = 0; i < u.count; ++i) {
+      const std::int64_t row = (u.first + i) % ring_rows_;
+      std::copy_n(payload_ring_.data() + row * payload_floats_, payload_floats_, u.payload.data() + i * payload_floats_);
+      std::copy_n(logit_ring_.data() + row * logit_floats_, logit_floats_, u.logits.data() + i * logit_floats_);
+    }
+  }
+  // Puts the state back as save() found it.
+  void restore(const undo_record& u) noexcept {
+    for (std::int64_t i = 0; i < u.count; ++i) {
+      const std::int64_t row = (u.first + i) % ring_rows_;
+      std::copy_n(u.payload.data() + i * payload_floats_, payload_floats_, payload_ring_.data() + row * payload_floats_);
+      std::copy_n(u.logits.data() + i * logit_floats_, logit_floats_, logit_ring_.data() + row * logit_floats_);
+    }
+    tokens_ = u.tokens;
+    entries_ = u.entries;
+    intact_from_ = u.intact_from;
+    host_fed_ = u.host_fed;
+  }
+
   // ---- snapshots (docs/SNAPSHOT.md, "Compressor state") -------------------------------------------
 
   // The section: i64 tokens, entries, ring_rows, intact_from, then the fp32 payload ring and logit
