@@ -930,8 +930,10 @@ TEST_CASE("views: bad views and items throw input_error naming the field, and wr
   shape.streams[1].channels = 0;
   REQUIRE_THAT(message_of<config_error>([&] { sparse_reader(shape, rc); }), Contains("shape.streams[1].channels = 0"));
   shape = world.shape();
-  shape.streams.clear();
-  REQUIRE_THAT(message_of<config_error>([&] { sparse_reader(shape, rc); }), Contains("shape.streams.size() = 0"));
+  shape.streams.clear();  // window-only: a reader that names streams does not fit it
+  REQUIRE_THAT(message_of<config_error>([&] { sparse_reader(shape, rc); }), Contains("key_stream = 0: must be no_stream"));
+  shape.streams.resize(sequence_view::max_streams + 1, world.shape().streams[0]);
+  REQUIRE_THAT(message_of<config_error>([&] { sparse_reader(shape, rc); }), Contains("shape.streams.size() = 9"));
   shape = world.shape();
   shape.streams[0].applies_rope = false;
   reader_config tied = rc;

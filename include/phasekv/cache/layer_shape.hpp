@@ -86,10 +86,14 @@ inline std::int64_t stored_rope_channels(const stream_shape& s) noexcept {
   return s.storage == storage_type::fp8_e4m3_block && s.applies_rope ? s.rope.channels : 0;
 }
 
+// No stream: a window-only layer (DeepSeek-V4's compress ratio 0), which reads its raw window alone;
+// window_rope is the RoPE its window keys carry (for reader_config::derotate_output; a layer with
+// streams rotates back by its key stream's).
 struct layer_shape {
   geometry geom;
   std::vector<stream_shape> streams;
   raw_window_config window;
+  rope_config window_rope;
 };
 
 }  // namespace phasekv

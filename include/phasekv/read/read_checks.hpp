@@ -40,9 +40,9 @@ struct field_name {
 // Every stream of the shape: heads, channels and a storage the read path can decode.
 inline void check_stream_shapes(const layer_shape& shape, const std::string& n) {
   const std::size_t streams = shape.streams.size();
-  shape.geom.validate();
-  require(streams >= 1 && streams <= sequence_view::max_streams, n + ": shape.streams.size()", streams,
-          "must lie in [1, " + std::to_string(sequence_view::max_streams) + "]");
+  if (streams > 0) shape.geom.validate();  // a window-only layer pools nothing
+  require(streams <= sequence_view::max_streams, n + ": shape.streams.size()", streams,
+          "must lie in [0, " + std::to_string(sequence_view::max_streams) + "]");
   for (std::size_t k = 0; k < streams; ++k) {
     const stream_shape& st = shape.streams[k];
     const std::string f = n + ": shape.streams[" + std::to_string(k) + "]";
@@ -105,20 +105,50 @@ struct read_dims {
   std::int64_t kv_heads = 0, key_channels = 0, value_channels = 0, indexer_channels = 0;
 };
 
+// A window-only layer (no compressed stream: DeepSeek-V4's compress ratio 0): the reader attends
+// to the raw window alone, whose shape gives the dimensions; no stream, no selection.
+inline read_dims check_window_only_config(const layer_shape& shape, const reader_config& config) {
+  const std::string& n = config.name;
+  const raw_window_config& w = shape.window;
+  for (auto [index, what] : {std::pair<std::size_t, const char*>{config.key_stream, ".key_stream"},
+                             {config.value_stream, ".value_stream"},
+                             {config.indexer_stream, ".indexer_stream"}})
+    require(index == no_stream, n + what, index, "must be no_stream: the layer is window-only (it has no stream)");
+  require(config.top_k == 0, n + ".top_k", config.top_k, "must be 0: a window-only layer has no entries to select");
+  require(w.tokens >= 1 && w.tokens <= (std::int64_t{1} << 32), n + ": shape.window.tokens", w.tokens,
+          "must lie in [1, 2^32] in a window-only layer (it attends to nothing else)");
+  w.validate(n + ": shape.window");
+  read_dims d;
+  d.kv_heads = w.kv_heads;
+  d.key_channels = w.key_channels;
+  d.value_channels = w.value_channels == 0 ? w.key_channels : w.value_channels;
+  require(config.query_heads % d.kv_heads == 0, n + ".query_heads", config.query_heads,
+          "must be a multiple of the window's kv_heads = " + std::to_string(d.kv_heads));
+  if (config.derotate_output) {
+    require(w.value_channels == 0, n + ".derotate_output", "true", "applies to a tied window only (value_channels = 0)");
+    require(shape.window_rope.channels >= 2, n + ".derotate_output", "true",
+            "needs the window keys' RoPE in shape.window_rope (rope.channels = " +
+                std::to_string(shape.window_rope.channels) + ")");
+    shape.window_rope.validate(n + ": shape.window_rope", d.key_channels);
+  }
+  return d;
+}
+
 inline read_dims check_reader_config(const layer_shape& shape, const reader_config& config) {
   const std::string& n = config.name;
   check_stream_shapes(shape, n);
   const std::size_t streams = shape.streams.size();
   require(config.query_heads >= 1, n + ".query_heads", config.query_heads, "must be at least 1");
   require(config.query_heads <= limits::max_heads, n + ".query_heads", config.query_heads, "must be at most 2^16");
-  require(config.key_stream < streams, n + ".key_stream", config.key_stream,
-          "must name a stream of the cache (it has " + std::to_string(streams) + ")");
-  require(config.value_stream < streams, n + ".value_stream", config.value_stream,
-          "must name a stream of the cache (it has " + std::to_string(streams) + ")");
   require(std::isfinite(config.scale) && config.scale >= 0.0f, n + ".scale", config.scale,
           "must be finite and non-negative (0 = 1/sqrt(channels))");
   require(config.lse == lse_convention::with_sink || config.lse == lse_convention::flashmla, n + ".lse",
           static_cast<int>(config.lse), "is not an lse_convention");
+  if (streams == 0) return check_window_only_config(shape, config);
+  require(config.key_stream < streams, n + ".key_stream", config.key_stream,
+          "must name a stream of the cache (it has " + std::to_string(streams) + ")");
+  require(config.value_stream < streams, n + ".value_stream", config.value_stream,
+          "must name a stream of the cache (it has " + std::to_string(streams) + ")");
   read_dims d;
   // Without selection (top_k = 0) the indexer fields are unused; with it, they are a selection's.
   require(config.precision == indexer_precision::f32 || config.precision == indexer_precision::bf16 ||

@@ -117,8 +117,9 @@ class sparse_reader {
     value_channels_ = dims.value_channels;
     indexer_channels_ = dims.indexer_channels;
     if (config_.top_k > 0 && config_.indexer_stream != no_stream) selector_.emplace(shape_, selection_of(config_));
-    const stream_shape& keys = shape_.streams[config_.key_stream];
-    if (config_.derotate_output) rope_ = rope_rotation(keys.rope, keys.channels);
+    if (config_.derotate_output)
+      rope_ = window_only() ? rope_rotation(shape_.window_rope, key_channels_)
+                            : rope_rotation(shape_.streams[config_.key_stream].rope, shape_.streams[config_.key_stream].channels);
     scale_ = config_.scale > 0.0f ? config_.scale : 1.0f / std::sqrt(static_cast<float>(key_channels_));
   }
   // The reader of a cache's layer: sparse_reader(cache.shape(), config).
@@ -126,6 +127,8 @@ class sparse_reader {
   sparse_reader(const Cache& cache, reader_config config) : sparse_reader(cache.shape(), std::move(config)) {}
 
   const reader_config& config() const noexcept { return config_; }
+  // No compressed stream: the layer reads its raw window alone (layer_shape.hpp).
+  bool window_only() const noexcept { return shape_.streams.empty(); }
   const layer_shape& shape() const noexcept { return shape_; }
   std::int64_t output_floats() const noexcept { return config_.query_heads * value_channels_; }
 
@@ -212,6 +215,9 @@ class sparse_reader {
 
   // ---- checks of a read (read_checks.hpp) ------------------------------------------------------
 
+  // The complete entries a query at t may see (none in a window-only layer).
+  std::int64_t candidates_at(std::int64_t t) const noexcept { return window_only() ? 0 : shape_.geom.visible_entries(t); }
+
   static std::int64_t effective_top_k(const reader_config& c, const read_request& r) noexcept {
     return r.top_k < 0 ? c.top_k : r.top_k;
   }
@@ -259,7 +265,8 @@ class sparse_reader {
                                 "must lie in the key stream's rope.table positions [0, " +
                                     std::to_string(rope_.table()->positions) +
                                     "): the output is rotated back at it with the host's table");
-    const std::int64_t candidates = shape_.geom.visible_entries(t);
+    const std::int64_t candidates = candidates_at(t);
+    if (window_only()) return detail::check_window(v, t, shape_.window, field);
     if (config_.top_k > 0 && candidates > max_selectable_entries)
       detail::fail<input_error>(field("request.position"), t,
                                 "sees more than 2^32 − 1 entries, the most top-k selection can rank");
@@ -315,7 +322,7 @@ class sparse_reader {
       const read_request& r = items[s].request;
       w.item = &items[s];
       w.position = r.position;
-      w.candidates = shape_.geom.visible_entries(r.position);
+      w.candidates = candidates_at(r.position);
       w.top_k = effective_top_k(config_, r);
       const std::int64_t n_win_tokens = shape_.window.tokens;
       w.w_first = n_win_tokens > 0 ? std::max<std::int64_t>(0, r.position - n_win_tokens + 1) : r.position + 1;
@@ -479,8 +486,10 @@ class sparse_reader {
     const attention_kernel::prepared& q = w.queries[static_cast<std::size_t>(g)];
     find_rows(w, g, pc, ps);
     const bool entries = pc.source != key_source::window;
-    const page_layout& key_layout = w.item->view->streams[config_.key_stream].layout;
-    const page_layout& value_layout = w.item->view->streams[config_.value_stream].layout;
+    // A window-only layer has no streams: its pieces are all window pieces.
+    const page_layout no_layout;
+    const page_layout& key_layout = entries ? w.item->view->streams[config_.key_stream].layout : no_layout;
+    const page_layout& value_layout = entries ? w.item->view->streams[config_.value_stream].layout : no_layout;
     // FP8 heads (entries of fp8 pools, or an FP8 window's rows) go to the kernel as bytes.
     const bool fp8_window = !entries && shape_.window.precision == storage_type::fp8_e4m3_block;
     const bool fp8_keys = entries ? key_layout.storage == storage_type::fp8_e4m3_block : fp8_window;
