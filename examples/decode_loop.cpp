@@ -1,13 +1,16 @@
-// Embedding phasekv in a decode loop: one DeepSeek-V4-style CSA layer (tied 512-channel K/V
-// stream plus a 128-channel indexer stream, S=4, W=8) over a paged cache, a prefill followed by
-// token-by-token decoding, each step appending the new token and reading with top-k sparse
-// attention over the compressed entries plus the raw window.
+// Embedding phasekv in a decode loop, through the model front door (models/model_cache.hpp): a
+// DeepSeek-V4-shaped model — two window-only layers, then CSA layers (tied 512-channel K/V plus a
+// 128-channel indexer, S=4, W=8, top-512 selection) alternating with HCA layers (S=W=128) — a
+// batch of sequences prefilled, then decode steps in which every layer appends each sequence's new
+// token and reads it, as a forward pass runs, all or nothing per step.
 //
-//   decode_loop [--prompt N] [--steps N] [--indexer f32|bf16]
+//   decode_loop [--prompt N] [--steps N] [--layers N] [--batch N] [--indexer f32|bf16]
 //
-// The cache stores every stream in bf16. --indexer bf16 also scores the indexer in bf16 (queries
-// rounded to bf16 against the bf16 keys, AVX512-BF16 dot products where the build has them), as
-// DeepSeek runs its indexer in low precision; f32 (the default) widens the keys to fp32.
+// The concepts: a model_spec (the layer kinds as data), a model_cache, a model_step per forward
+// pass, and per layer a layer_append (chunks and window rows) and a layer_read (a read_request and
+// where its output goes) per sequence. Entries are stored in bf16. --indexer bf16 also scores the
+// indexer in bf16 (queries rounded to bf16 against the bf16 keys, AVX512-BF16 dot products where
+// the build has them), as DeepSeek runs its indexer in low precision; f32 widens the keys.
 //
 // The host's own model would supply the projections; random ones stand in for them here. What
 // the host writes per token per stream is the stream_config.hpp layout: payload[heads][views][C]
@@ -26,43 +29,30 @@
 
 int main(int argc, char** argv) try {
   using namespace phasekv;
-  std::int64_t prompt = 2048, steps = 16;
+  std::int64_t prompt = 2048, steps = 16, layers = 8, batch = 2;
   indexer_precision precision = indexer_precision::f32;
-  cli::parser args("decode_loop", "One DeepSeek-V4-style CSA layer over a paged cache: a prefill, then decode steps\n"
-                                  "that each append a token and read with top-k sparse attention.");
+  cli::parser args("decode_loop", "A DeepSeek-V4-shaped model behind one front door: a batch prefilled, then decode\n"
+                                  "steps in which every layer appends and reads each sequence's new token.");
   // At most 128K prompt tokens: the prefill builds every token's inputs at once (about 12 KB each).
   args.integer("--prompt", "N", "tokens prefilled before decoding", prompt, 1, 1 << 17);
   args.integer("--steps", "N", "decode steps after the prefill", steps, 0, 1 << 16);
+  args.integer("--layers", "N", "layers of the model (2 window-only, then CSA and HCA)", layers, 1, 61);
+  args.integer("--batch", "N", "sequences decoded together", batch, 1, 64);
   args.choice("--indexer", "precision of the indexer's scores; the cache stores bf16 either way", precision,
               {{"f32", indexer_precision::f32}, {"bf16", indexer_precision::bf16}});
   args.parse(argc, argv);
 
-  // The layer: two streams over one geometry, appended in step.
-  using csa = stream_compressor<presets::deepseek_v4_csa_policy>;
-  const geometry geom = presets::deepseek_v4_csa_geometry();
-  layer_compressor<csa, csa> layer(csa(geom, presets::deepseek_v4_csa_kv()),
-                                   csa(geom, presets::deepseek_v4_csa_indexer()));
+  // The model as data: DeepSeek-V4's layer kinds, every stream stored in bf16.
+  model_spec spec = presets::deepseek_v4_shaped(static_cast<std::size_t>(layers));
+  for (layer_kind& kind : spec.kinds) {
+    for (stream_spec& stream : kind.streams) stream.storage = storage_type::bf16;
+    if (kind.reader.top_k > 0) kind.reader.precision = precision;
+  }
+  model_options options;
+  options.pages = batch * ((prompt + steps) / 4 / 64 + 2);  // page ids per kind: the CSA kind is the densest
+  model_cache model(spec, options);
 
-  cache_config cc;
-  cc.page_size = 64;
-  cc.pages = (prompt + steps) / geom.stride / cc.page_size + 2;
-  cc.storage = storage_type::bf16;
-  cc.window.tokens = 128;
-  cc.window.key_channels = 512;  // tied K/V: the window keys are also its values
-  paged_cache<csa, csa> cache(layer, cc);
-
-  reader_config rc;
-  rc.query_heads = 64;
-  rc.key_stream = rc.value_stream = 0;  // tied K/V
-  rc.indexer_stream = 1;
-  rc.top_k = 512;
-  rc.indexer_heads = 64;
-  rc.sink = true;
-  rc.derotate_output = true;
-  rc.precision = precision;
-  sparse_reader reader(cache, rc);
-
-  // Stand-ins for the host's projections of one token.
+  // Stand-ins for the host's projections.
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   auto random_vector = [&](std::int64_t n) {
@@ -70,40 +60,91 @@ int main(int argc, char** argv) try {
     for (float& x : v) x = normal(rng);
     return v;
   };
-  const csa& kv = layer.stream<0>();
-  const csa& ix = layer.stream<1>();
-  auto append_tokens = [&](sequence_id seq, std::int64_t n) {
-    const auto kv_payload = random_vector(n * kv.payload_floats_per_token());
-    const auto kv_logits = random_vector(n * kv.logit_floats_per_token());
-    const auto ix_payload = random_vector(n * ix.payload_floats_per_token());
-    const auto ix_logits = random_vector(n * ix.logit_floats_per_token());
-    const auto window_keys = random_vector(n * 512);
-    cache.append(seq, {token_chunk{n, kv_payload, kv_logits}, token_chunk{n, ix_payload, ix_logits}}, window_keys);
+  // One sequence's new tokens in one layer: its streams' payloads and gate logits, its window keys.
+  struct layer_tokens {
+    std::vector<std::vector<float>> inputs;
+    std::vector<token_chunk> chunks;
+    std::vector<float> window;
+    layer_append append() const { return {chunks, window, {}}; }
+  };
+  auto tokens_of = [&](std::size_t layer, std::int64_t n) {
+    layer_tokens t;
+    for (std::size_t k = 0; k < model.shape(layer).streams.size(); ++k) {
+      t.inputs.push_back(random_vector(n * model.stream(layer, k).payload_floats_per_token()));
+      t.inputs.push_back(random_vector(n * model.stream(layer, k).logit_floats_per_token()));
+    }
+    for (std::size_t k = 0; k < t.inputs.size(); k += 2) t.chunks.push_back({n, t.inputs[k], t.inputs[k + 1]});
+    t.window = random_vector(n * 512);
+    return t;
   };
 
-  const sequence_id seq = cache.create();
-  append_tokens(seq, prompt);  // prefill
-  std::printf("prefill: %lld tokens -> %lld entries in %lld pages per stream\n", static_cast<long long>(prompt),
-              static_cast<long long>(cache.entries(seq, 0)), static_cast<long long>(cache.page_table(seq, 0).size()));
+  std::vector<sequence_id> batch_ids;
+  for (std::int64_t b = 0; b < batch; ++b) batch_ids.push_back(model.create());
+  const span<const sequence_id> rows(batch_ids.data(), batch_ids.size());
+
+  // The prefill: one step, every layer appended with the whole prompt of every sequence.
+  {
+    model_step prefill = model.begin(rows, prompt);
+    for (std::size_t l = 0; l < model.layers(); ++l) {
+      std::vector<layer_tokens> t;
+      std::vector<layer_append> in;
+      for (std::int64_t b = 0; b < batch; ++b) t.push_back(tokens_of(l, prompt));
+      for (const layer_tokens& x : t) in.push_back(x.append());
+      prefill.append(l, in);
+    }
+    prefill.commit();
+  }
+  std::printf("prefill: %lld sequences of %lld tokens in %lld layers; CSA kind %lld pages, HCA kind %lld pages\n",
+              static_cast<long long>(batch), static_cast<long long>(prompt), static_cast<long long>(layers),
+              static_cast<long long>(model.pool_usage().kinds.size() > 1 ? model.pool_usage().kinds[1].pages_used : 0),
+              static_cast<long long>(model.pool_usage().kinds.size() > 2 ? model.pool_usage().kinds[2].pages_used : 0));
 
   const auto sinks = random_vector(64);
-  std::vector<float> out(static_cast<std::size_t>(reader.output_floats()));
-  read_trace trace;
-  for (std::int64_t step = 0; step < steps; ++step) {
-    append_tokens(seq, 1);  // the new token's K/V first: a query reads its own token
-    const auto queries = random_vector(64 * 512), index_queries = random_vector(64 * 128);
-    const auto index_weights = random_vector(64);
-    const std::int64_t t = cache.tokens(seq) - 1;
-    reader.read(cache, seq, read_request{t, queries, index_queries, index_weights, sinks}, out.data(), &trace);
-    if (step % 4 == 0)
-      std::printf("step %2lld  t=%lld  candidates=%lld selected=%zu  mass: entries %.3f window %.3f sink %.3f\n",
-                  static_cast<long long>(step), static_cast<long long>(t), static_cast<long long>(trace.candidates),
-                  trace.selected.size(), 1.0 - trace.window_mass - trace.sink_mass, trace.window_mass,
-                  trace.sink_mass);
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(batch), std::vector<float>(64 * 512));
+  std::vector<read_trace> traces(static_cast<std::size_t>(batch));
+  for (std::int64_t s = 0; s < steps; ++s) {
+    const std::int64_t t = model.tokens(batch_ids[0]);  // the new token's position
+    model_step step = model.begin(rows, 1);
+    std::size_t traced = model.layers();  // the last CSA layer's reads are traced
+    for (std::size_t l = 0; l < model.layers(); ++l) {
+      // The new token's K/V first: a query reads its own token.
+      std::vector<layer_tokens> tokens;
+      std::vector<layer_append> in;
+      for (std::int64_t b = 0; b < batch; ++b) tokens.push_back(tokens_of(l, 1));
+      for (const layer_tokens& x : tokens) in.push_back(x.append());
+      step.append(l, in);
+      const bool csa = model.reader(l).top_k > 0;
+      if (csa) traced = l;
+      std::vector<std::vector<float>> q, iq, iw;
+      std::vector<layer_read> reads(static_cast<std::size_t>(batch));
+      for (std::int64_t b = 0; b < batch; ++b) {
+        q.push_back(random_vector(64 * 512));
+        iq.push_back(csa ? random_vector(64 * 128) : std::vector<float>{});
+        iw.push_back(csa ? random_vector(64) : std::vector<float>{});
+      }
+      for (std::int64_t b = 0; b < batch; ++b) {
+        layer_read& r = reads[static_cast<std::size_t>(b)];
+        r.row = static_cast<std::size_t>(b);
+        r.request = read_request{t, q[static_cast<std::size_t>(b)], iq[static_cast<std::size_t>(b)],
+                                 iw[static_cast<std::size_t>(b)], sinks};
+        r.out = out[static_cast<std::size_t>(b)].data();
+        r.trace = csa ? &traces[static_cast<std::size_t>(b)] : nullptr;
+      }
+      step.read(l, reads);
+    }
+    step.commit();
+    if (s % 4 == 0 && traced < model.layers()) {
+      const read_trace& trace = traces[0];
+      std::printf("step %2lld  t=%lld  layer %zu (CSA): candidates=%lld selected=%zu  mass: entries %.3f window %.3f "
+                  "sink %.3f\n",
+                  static_cast<long long>(s), static_cast<long long>(t), traced, static_cast<long long>(trace.candidates),
+                  trace.selected.size(), 1.0 - trace.window_mass - trace.sink_mass, trace.window_mass, trace.sink_mass);
+    }
   }
-  const sequence_memory m = cache.memory(seq);
-  std::printf("memory: %.1f KiB of entries for %lld tokens (%.2fx smaller than an uncompressed cache)\n",
-              m.entry_bytes / 1024.0, static_cast<long long>(m.tokens), m.compression_ratio());
+  const model_memory m = model.memory(batch_ids[0]);
+  std::printf("memory: %.1f KiB of entries for %lld tokens in %lld layers (%.2fx smaller than an uncompressed cache)\n",
+              m.total.entry_bytes / 1024.0, static_cast<long long>(m.total.tokens), static_cast<long long>(layers),
+              m.total.compression_ratio());
   return 0;
 } catch (const phasekv::error& e) {
   std::fprintf(stderr, "decode_loop: %s\n", e.what());

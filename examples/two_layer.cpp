@@ -1,12 +1,11 @@
-// Two layers of a DeepSeek-V4 model behind one sequence table (model_cache): a CSA layer (S = 4,
-// W = 8, tied 512-channel K/V plus a 128-channel lightning-indexer stream, top-512 selection) and
-// an HCA layer (S = W = 128, tied K/V, every complete entry read). A prefill, a fork (a second
-// beam sharing every page of both layers), then decode steps in which each layer appends its new
-// token and reads — layer by layer, as a forward pass runs — and a rollback of the beam. Both
-// layers' K/V entries (one head of 512 channels) come from one shared page pool by default, the
-// CSA layer's indexer keys from a pool of its own.
+// Two layers of a DeepSeek-V4 model behind the model front door (models/model_cache.hpp): a CSA
+// layer (S = 4, W = 8, tied 512-channel K/V plus a 128-channel lightning-indexer stream, top-512
+// selection) and an HCA layer (S = W = 128, tied K/V, every complete entry read), described as
+// data from their compress ratios. A prefill, a fork (a second beam sharing every page of both
+// layers), then decode steps in which each layer appends its new token and reads — layer by
+// layer, as a forward pass runs — and a rollback of the beam.
 //
-//   two_layer [--prompt N] [--steps N] [--storage f32|bf16] [--pools shared|separate]
+//   two_layer [--prompt N] [--steps N] [--storage f32|bf16]
 //
 // The host's model would supply the projections, queries and sinks; random ones stand in here.
 // Per token and layer the host writes each stream's payload[heads][views][C] and gate logits of
@@ -15,7 +14,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,53 +26,25 @@ int main(int argc, char** argv) try {
   using namespace phasekv;
   std::int64_t prompt = 4096, steps = 8;
   storage_type storage = storage_type::bf16;
-  bool shared_pools = true;
-  cli::parser args("two_layer", "A CSA and an HCA layer of DeepSeek-V4 behind one sequence table: prefill, fork a\n"
-                                "beam, decode layer by layer, roll the beam back.");
+  cli::parser args("two_layer", "A CSA and an HCA layer of DeepSeek-V4 behind one front door: prefill, fork a beam,\n"
+                                "decode layer by layer, roll the beam back.");
   // At most 128K prompt tokens: the prefill builds every token's inputs at once (about 12 KB each).
   args.integer("--prompt", "N", "tokens prefilled", prompt, 1, 1 << 17);
   args.integer("--steps", "N", "decode steps of each beam", steps, 0, 1 << 16);
   args.choice("--storage", "element type of every stored entry", storage,
               {{"f32", storage_type::f32}, {"bf16", storage_type::bf16}});
-  args.choice("--pools", "the layers' K/V entries in one page pool or one each", shared_pools,
-              {{"shared", true}, {"separate", false}});
   args.parse(argc, argv);
 
-  using csa = stream_compressor<presets::deepseek_v4_csa_policy>;
-  using hca = stream_compressor<presets::deepseek_v4_hca_policy>;
-  using csa_cache = paged_cache<csa, csa>;
-  using hca_cache = paged_cache<hca>;
-  const geometry csa_geom = presets::deepseek_v4_csa_geometry(), hca_geom = presets::deepseek_v4_hca_geometry();
-
-  // Room for both beams (the pools commit memory only as pages are written), and enough history
+  model_spec spec = presets::deepseek_v4_model({4, 128});  // layer 0: CSA, layer 1: HCA
+  for (layer_kind& kind : spec.kinds)
+    for (stream_spec& stream : kind.streams) stream.storage = storage;
+  // Page ids for both beams (arenas commit memory only as pages are written), and enough history
   // to roll a beam back over the decoded steps.
+  model_options options;
   const std::int64_t tokens = prompt + steps;
-  cache_config csa_config = presets::deepseek_v4_cache(2 * (tokens / csa_geom.stride / 64 + 2), steps);
-  cache_config hca_config = presets::deepseek_v4_cache(2 * (tokens / hca_geom.stride / 64 + 2), steps);
-  csa_config.name = "csa";
-  hca_config.name = "hca";
-  csa_config.storage = hca_config.storage = storage;
-  if (shared_pools) {
-    // One budget for every layer's K/V pages, as the sum of what the layers would reserve apart.
-    page_pool_config kv;
-    kv.name = "kv";
-    kv.page_size = csa_config.page_size;
-    kv.kv_heads = 1;
-    kv.channels = 512;
-    kv.storage = storage;
-    kv.capacity = csa_config.pages + hca_config.pages;
-    auto kv_pool = std::make_shared<page_pool>(kv);
-    csa_config.shared_pools = {kv_pool, nullptr};
-    hca_config.shared_pools = {kv_pool};
-  }
-  model_cache<csa_cache, hca_cache> model(
-      layer_spec<csa_cache>{
-          csa_cache::layer(csa(csa_geom, presets::deepseek_v4_csa_kv()), csa(csa_geom, presets::deepseek_v4_csa_indexer())),
-          csa_config},
-      layer_spec<hca_cache>{hca_cache::layer(hca(hca_geom, presets::deepseek_v4_hca_kv())), hca_config});
-
-  sparse_reader csa_reader(model.layer<0>(), presets::deepseek_v4_csa_reader());
-  sparse_reader hca_reader(model.layer<1>(), presets::deepseek_v4_hca_reader());
+  options.kind_pages = {2 * (tokens / 4 / 64 + 2), 2 * (tokens / 128 / 64 + 2)};
+  options.history = steps;
+  model_cache model(spec, options);
 
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
@@ -83,66 +53,74 @@ int main(int argc, char** argv) try {
     for (float& x : v) x = normal(rng);
     return v;
   };
-  // One forward pass over n new tokens of a sequence: each layer appends its inputs.
-  auto append_tokens = [&](sequence_id seq, std::int64_t n) {
-    const csa& kv = model.layer<0>().compressors().stream<0>();
-    const csa& ix = model.layer<0>().compressors().stream<1>();
-    const hca& hkv = model.layer<1>().compressors().stream<0>();
-    model.append<0>(seq,
-                    {token_chunk{n, random_vector(n * kv.payload_floats_per_token()),
-                                 random_vector(n * kv.logit_floats_per_token())},
-                     token_chunk{n, random_vector(n * ix.payload_floats_per_token()),
-                                 random_vector(n * ix.logit_floats_per_token())}},
-                    random_vector(n * 512));
-    model.append<1>(seq,
-                    {token_chunk{n, random_vector(n * hkv.payload_floats_per_token()),
-                                 random_vector(n * hkv.logit_floats_per_token())}},
-                    random_vector(n * 512));
+  // One layer's new tokens for one sequence: each stream's payload and gate logits, the window keys.
+  struct layer_tokens {
+    std::vector<std::vector<float>> inputs;
+    std::vector<token_chunk> chunks;
+    std::vector<float> window;
+  };
+  auto tokens_of = [&](std::size_t layer, std::int64_t n) {
+    layer_tokens t;
+    for (std::size_t k = 0; k < model.shape(layer).streams.size(); ++k) {
+      t.inputs.push_back(random_vector(n * model.stream(layer, k).payload_floats_per_token()));
+      t.inputs.push_back(random_vector(n * model.stream(layer, k).logit_floats_per_token()));
+    }
+    for (std::size_t k = 0; k < t.inputs.size(); k += 2) t.chunks.push_back({n, t.inputs[k], t.inputs[k + 1]});
+    t.window = random_vector(n * 512);
+    return t;
   };
 
   const sequence_id seq = model.create();
-  append_tokens(seq, prompt);
+  {
+    model_step prefill = model.begin({seq}, prompt);
+    for (std::size_t l = 0; l < model.layers(); ++l) {
+      const layer_tokens t = tokens_of(l, prompt);
+      prefill.append(l, {layer_append{t.chunks, t.window, {}}});
+    }
+    prefill.commit();
+  }
   const sequence_id beam = model.fork(seq);  // shares every page of both layers
-  std::printf("prefill: %lld tokens; CSA %lld entries, HCA %lld entries; beam forked\n",
-              static_cast<long long>(prompt), static_cast<long long>(model.layer<0>().entries(model.layer_id(seq, 0), 0)),
-              static_cast<long long>(model.layer<1>().entries(model.layer_id(seq, 1), 0)));
+  std::printf("prefill: %lld tokens; CSA %lld pages, HCA %lld pages; beam forked\n", static_cast<long long>(prompt),
+              static_cast<long long>(model.page_table(seq, 0).size()), static_cast<long long>(model.page_table(seq, 1).size()));
 
   const auto sinks = random_vector(64);
   std::vector<float> out(64 * 512);
-  read_trace csa_trace, hca_trace;
+  read_trace traces[2];
   for (std::int64_t step = 0; step < steps; ++step) {
-    for (sequence_id s : {seq, beam}) {
-      append_tokens(s, 1);
-      const std::int64_t t = model.layer<0>().tokens(model.layer_id(s, 0)) - 1;
-      csa_reader.read(model.layer<0>(), model.layer_id(s, 0),
-                      read_request{t, random_vector(64 * 512), random_vector(64 * 128), random_vector(64), sinks},
-                      out.data(), &csa_trace);
-      hca_reader.read(model.layer<1>(), model.layer_id(s, 1), read_request{t, random_vector(64 * 512), {}, {}, sinks}, out.data(),
-                      &hca_trace);
+    const std::int64_t t = model.tokens(seq);
+    model_step decode = model.begin({seq, beam}, 1);  // both beams in one step
+    for (std::size_t l = 0; l < model.layers(); ++l) {
+      const layer_tokens a = tokens_of(l, 1), b = tokens_of(l, 1);
+      decode.append(l, {layer_append{a.chunks, a.window, {}}, layer_append{b.chunks, b.window, {}}});
+      const bool csa = model.reader(l).top_k > 0;
+      const std::vector<float> q = random_vector(64 * 512), iq = csa ? random_vector(64 * 128) : std::vector<float>{},
+                               iw = csa ? random_vector(64) : std::vector<float>{};
+      layer_read read;
+      read.row = 1;  // the beam
+      read.request = read_request{t, q, iq, iw, sinks};
+      read.out = out.data();
+      read.trace = &traces[l];
+      decode.read(l, {&read, 1});
     }
+    decode.commit();
     if (step % 4 == 0)
       std::printf("step %lld: CSA read %zu of %lld entries, HCA read %zu entries + %lld window tokens\n",
-                  static_cast<long long>(step), csa_trace.selected.size(), static_cast<long long>(csa_trace.candidates),
-                  hca_trace.selected.size(), static_cast<long long>(hca_trace.window_token_mass.size()));
+                  static_cast<long long>(step), traces[0].selected.size(), static_cast<long long>(traces[0].candidates),
+                  traces[1].selected.size(), static_cast<long long>(traces[1].window_token_mass.size()));
   }
   model.remove_suffix(beam, prompt);  // the beam is dropped back to the prompt in both layers
 
-  const auto memory = model.memory(seq);
-  const auto pools = model.pool_usage();
+  const model_memory memory = model.memory(seq);
+  const model_pool_usage pools = model.pool_usage();
   const char* names[] = {"CSA", "HCA"};
   for (std::size_t l = 0; l < 2; ++l)
-    std::printf("%s layer: %lld entries, %.1f KiB of entries, %lld pages (%lld shared with the beam); its sequences "
-                "hold %.1f MiB of pages\n",
-                names[l], static_cast<long long>(memory.layers[l].entries), memory.layers[l].entry_bytes / 1024.0,
-                static_cast<long long>(memory.layers[l].pages), static_cast<long long>(memory.layers[l].shared_pages),
-                pools.layers[l].bytes_held / 1048576.0);
-  for (const auto& pool : pools.pools) {
-    std::string layers;
-    for (std::size_t l : pool.layers) layers += std::string(layers.empty() ? "" : "+") + names[l];
-    std::printf("pool %s (%s): %.1f MiB in use, %.1f MiB touched of %.1f MiB reserved\n", pool.name.c_str(),
-                layers.c_str(), pool.bytes_used / 1048576.0, pool.bytes_touched / 1048576.0,
-                pool.bytes_reserved / 1048576.0);
-  }
+    std::printf("%s layer: %lld entries, %.1f KiB of entries, %lld pages (%lld shared with the beam)\n", names[l],
+                static_cast<long long>(memory.layers[l].entries), memory.layers[l].entry_bytes / 1024.0,
+                static_cast<long long>(memory.layers[l].pages), static_cast<long long>(memory.layers[l].shared_pages));
+  for (const auto& kind : pools.kinds)
+    std::printf("kind %s: %lld of %lld page ids in use, %.1f MiB of pages, %.1f MiB touched of %.1f MiB reserved\n",
+                kind.name.c_str(), static_cast<long long>(kind.pages_used), static_cast<long long>(kind.capacity),
+                kind.bytes_used / 1048576.0, kind.bytes_touched / 1048576.0, kind.bytes_reserved / 1048576.0);
   std::printf("model: %.1f KiB of entries for %lld tokens in both layers (%.2fx smaller than uncompressed)\n",
               memory.total.entry_bytes / 1024.0, static_cast<long long>(memory.total.tokens),
               memory.total.compression_ratio());

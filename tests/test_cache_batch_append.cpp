@@ -1,11 +1,10 @@
-// The batched append of a decode step (paged_cache::append_batch, model_cache::append_batch):
+// The batched append of a decode step (paged_cache::append_batch):
 //
 //   - bit-identical to B single appends in item order — the same page ids, entry bytes, window
 //     rows and states — on the serial executor and on threads running the items in either order,
 //     with forked sequences (a shared last page copied on write), one or several tokens per item;
 //   - all or nothing: a bad item, a repeated sequence, a full pool and an entry that fails while
-//     being stored leave every sequence and the pool's free list as they were;
-//   - model_cache: the layer's sequences found from the model's ids.
+//     being stored leave every sequence and the pool's free list as they were.
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -18,7 +17,6 @@
 
 #include "support/message_of.hpp"
 #include "support/thread_executor.hpp"
-#include "phasekv/cache/model_cache.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "support/read_world.hpp"
 
@@ -230,38 +228,6 @@ TEST_CASE("append_batch: a bad item, a repeat, a full pool or a failing entry ch
     t.append_singly(next, {0});
     CHECK(t.same());
     break;
-  }
-}
-
-TEST_CASE("model_cache::append_batch appends to one layer of every model sequence", "[cache][batch_append][model]") {
-  const W world;
-  using model = model_cache<selection_cache>;
-  auto make = [&] {
-    std::vector<layer_spec<selection_cache>> layers;
-    for (int l = 0; l < 2; ++l) {
-      selection_cache c = world.make(storage_type::f32, 300 + l);
-      layers.push_back({c.compressors(), c.config()});
-    }
-    return std::unique_ptr<model>(new model(std::move(layers)));
-  };
-  const auto batched = make(), single = make();
-  std::vector<sequence_id> seqs, single_seqs;
-  for (int b = 0; b < 3; ++b) {
-    seqs.push_back(batched->create());
-    single_seqs.push_back(single->create());
-  }
-  std::mt19937 rng(301);
-  for (int step = 0; step < 4; ++step) {
-    const step_inputs in = random_step(world, rng, seqs.size(), true);
-    const std::vector<item> items = in.items(world, seqs);
-    batched->append_batch<0>(1, span<const item>(items.data(), items.size()));
-    for (std::size_t b = 0; b < seqs.size(); ++b)
-      single->append<0>(single_seqs[b], 1, items[b].in, items[b].window_keys, items[b].window_values);
-  }
-  for (std::size_t b = 0; b < seqs.size(); ++b) {
-    CHECK(holdings_of(batched->layer<0>(1), batched->layer_id(seqs[b], 1)) ==
-          holdings_of(single->layer<0>(1), single->layer_id(single_seqs[b], 1)));
-    CHECK(batched->layer<0>(0).tokens(batched->layer_id(seqs[b], 0)) == 0);
   }
 }
 

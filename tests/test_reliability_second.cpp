@@ -8,7 +8,6 @@
 //   7. a view read by a reader built for another geometry
 //   8. enums out of range (indexer_precision, stream_role, rope_layout)
 //   9. finite values that overflow inside (RMSNorm's x², 16-bit storage under check_finite)
-//  10. a model_cache layer mutated behind the model
 
 #include <catch2/catch.hpp>
 
@@ -22,7 +21,6 @@
 
 #include "oracle/cache_dump.hpp"
 #include "support/message_of.hpp"
-#include "phasekv/cache/model_cache.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/deepseek_checkpoint.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
@@ -394,51 +392,6 @@ TEST_CASE("reliability 2: under check_finite, finite values beyond a 16-bit stor
     // Unchecked, the value rounds to inf in storage (documented: IEEE rounding, no scan).
     REQUIRE_NOTHROW(cache.append(seq, {token_chunk{tokens, wide, {}}}));
   }
-}
-
-// ---- 10. a model's layer changed behind it ----------------------------------------------------
-
-TEST_CASE("reliability 2: model_cache operations stay all-or-nothing when a layer lost its sequence",
-          "[reliability][cache][model]") {
-  using model = model_cache<mean_cache>;
-  cache_config cc;
-  cc.page_size = 2;
-  cc.pages = 16;
-  auto spec = [&](const char* name) {
-    cache_config c = cc;
-    c.name = name;
-    return layer_spec<mean_cache>{mean_cache::layer(mean_stream(geometry{2, 4}, config("kv", 4))), c};
-  };
-  model m(std::vector<layer_spec<mean_cache>>{spec("l0"), spec("l1"), spec("l2")});
-  const sequence_id a = m.create(), b = m.create();
-  const std::vector<float> payload(4 * 4 * 2, 0.5f);
-  for (std::size_t i = 0; i < 3; ++i) m.append<0>(a, i, {token_chunk{4, payload, {}}});
-
-  // A host frees a's sequence in layer 1 directly: the model's free used to free layer 0, throw
-  // at layer 1 and leave layer 2's sequence orphaned (and the model id gone).
-  m.layer<0>(1).free(m.layer_id(a, 1));
-  const auto live = [&] {
-    std::vector<i64> n;
-    for (std::size_t i = 0; i < 3; ++i) n.push_back(m.layer<0>(i).sequences());
-    return n;
-  };
-  const std::vector<i64> before = live();
-  REQUIRE(before == std::vector<i64>{2, 1, 2});
-  for (const auto& [what, op] : std::vector<std::pair<std::string, std::function<void()>>>{
-           {"free", [&] { m.free(a); }},
-           {"remove_suffix", [&] { m.remove_suffix(a, 2); }},
-           {"copy", [&] { m.copy(b, a); }},
-           {"keep", [&] { m.keep(b); }}}) {
-    CAPTURE(what);
-    REQUIRE_THAT(message_of<input_error>(op), Contains("model." + what + "(sequence)") &&
-                                                  Contains("no longer held by layer 1 (l1"));
-    REQUIRE(live() == before);
-    REQUIRE(m.layer<0>(0).tokens(m.layer_id(a, 0)) == 4);
-    REQUIRE(m.layer<0>(2).tokens(m.layer_id(a, 2)) == 4);
-  }
-  // The other sequence is untouched and still freed whole.
-  REQUIRE_NOTHROW(m.free(b));
-  REQUIRE(live() == std::vector<i64>{1, 0, 1});
 }
 
 }  // namespace

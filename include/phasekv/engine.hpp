@@ -1,7 +1,8 @@
 #pragma once
 // The engine: what an inference engine embeds to compress its KV cache in chunks and read it
 // back — geometry and errors (core), the number formats (format), the compressors (compress),
-// the paged caches (cache), the sparse reader (read), the published models' presets (models) and
+// the paged caches (cache), the sparse reader (read), whole models behind one front door and the
+// published models as data (models) and
 // the SIMD helpers they share (simd). Nothing here depends on the diagnostics (diagnostics.hpp).
 // Each header also stands alone.
 //
@@ -36,6 +37,8 @@
 #include "phasekv/compress/entry_view.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/policies.hpp"
+#include "phasekv/compress/policy_codes.hpp"
+#include "phasekv/compress/pooling_registry.hpp"
 #include "phasekv/compress/pool_kernels.hpp"
 #include "phasekv/compress/projection.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
@@ -44,7 +47,8 @@
 
 // cache
 #include "phasekv/cache/layer_shape.hpp"
-#include "phasekv/cache/model_cache.hpp"
+#include "phasekv/cache/page_allocator.hpp"
+#include "phasekv/cache/page_arena.hpp"
 #include "phasekv/cache/page_layout.hpp"
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/page_pool.hpp"
@@ -68,6 +72,9 @@
 
 // models
 #include "phasekv/models/deepseek_v4.hpp"
+#include "phasekv/models/layer_kind.hpp"
+#include "phasekv/models/model_cache.hpp"
+#include "phasekv/models/model_snapshot.hpp"
 #include "phasekv/models/nsa.hpp"
 
 // simd

@@ -1,13 +1,47 @@
-// A decode step as the README's "Use it" writes it: the DeepSeek-V4 CSA layer appended to and read
-// with its indexer, sink and de-rotation (the reader preset) — what a consumer compiles. scripts/test builds it
+// Decode steps as the README's "Use it" writes them — a DeepSeek-V4-shaped model (window-only, CSA
+// and HCA layers) through the front door, and one CSA layer appended to and read with its indexer,
+// sink and de-rotation (the reader preset) — what a consumer compiles. scripts/test builds it
 // with -Wall -Wextra -Werror under GCC and Clang: a warning from phasekv's headers fails CI.
 #include <phasekv/phasekv.hpp>
 
 #include <cstdint>
 #include <vector>
 
+namespace {
+
+// The model's decode step: one token for one sequence, every layer appended and read.
+float model_step_output() {
+  using namespace phasekv;
+  model_cache model(presets::deepseek_v4_model({0, 4, 128}), model_options{});
+  const sequence_id seq = model.create();
+  model_step step = model.begin({seq}, 1);
+  std::vector<float> out(64 * 512);
+  for (std::size_t l = 0; l < model.layers(); ++l) {
+    std::vector<std::vector<float>> inputs;
+    std::vector<token_chunk> chunks;
+    for (std::size_t k = 0; k < model.shape(l).streams.size(); ++k) {
+      inputs.emplace_back(static_cast<std::size_t>(model.stream(l, k).payload_floats_per_token()), 0.01f);
+      inputs.emplace_back(static_cast<std::size_t>(model.stream(l, k).logit_floats_per_token()), 0.02f);
+    }
+    for (std::size_t k = 0; k < inputs.size(); k += 2) chunks.push_back({1, inputs[k], inputs[k + 1]});
+    const std::vector<float> window(512, 0.03f), queries(64 * 512, 0.1f), sinks(64, 0.0f);
+    step.append(l, {layer_append{chunks, window, {}}});
+    const bool selects = model.reader(l).top_k > 0;
+    const std::vector<float> iq(selects ? 64 * 128 : 0, 0.1f), iw(selects ? 64 : 0, 1.0f / 64);
+    layer_read r;
+    r.request = read_request{0, queries, iq, iw, sinks};
+    r.out = out.data();
+    step.read(l, {&r, 1});
+  }
+  step.commit();
+  return out[0];
+}
+
+}  // namespace
+
 int main() {
   using namespace phasekv;
+  if (!(model_step_output() == model_step_output())) return 1;  // finite
   using csa = stream_compressor<presets::deepseek_v4_csa_policy>;
   layer_compressor<csa, csa> layer(csa(presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv()),
                                    csa(presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_indexer()));

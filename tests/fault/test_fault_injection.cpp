@@ -30,10 +30,10 @@
 #include "oracle/cache_dump.hpp"
 #include "support/configs.hpp"
 #include "support/tokens.hpp"
-#include "phasekv/cache/model_cache.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/models/model_cache.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
 // ---- the injector ------------------------------------------------------------------------------
@@ -216,61 +216,136 @@ TEST_CASE("fault injection: every mutating call keeps the strong guarantee when 
   for (const auto& [name, op] : operations()) fault::check_strong_guarantee<world>(name, op, true);
 }
 
-// ---- the same for a model cache: one layer of the first kind, two of a second -------------------
-// The two second-kind layers have pools of their own, or share one (`shared`).
+// ---- the same for a model cache (models/model_cache.hpp) ----------------------------------------
+// Three kinds: window-only; K and V streams (S = 2, W = 4) in two layers sharing one page table;
+// one tied stream (S = W = 4). Every sequence operation, and a whole step (begin, every layer's
+// append and read, commit), fault-injected at each allocation: a failure leaves the model as it
+// was — entries, window rows, compressor states, page tables, page counts.
 
-using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
-using second_cache = paged_cache<mean_stream>;
-using two_kinds = model_cache<world_cache, second_cache>;
+model_spec fault_model_spec() {
+  model_spec m;
+  m.name = "fm";
+  layer_kind window;
+  window.name = "win";
+  window.window = raw_window_config{4, 1, 3, 0};
+  window.reader = reader_from_roles();
+  window.reader.key_stream = window.reader.value_stream = window.reader.indexer_stream = no_stream;
+  layer_kind kv;
+  kv.name = "kv";
+  kv.geom = geometry{2, 4};
+  kv.page_size = 2;
+  kv.window = raw_window_config{3, 1, 4, 4};
+  for (auto [name, role] : {std::pair<const char*, stream_role>{"k", stream_role::key}, {"v", stream_role::value}}) {
+    stream_spec st;
+    st.config = phasekv_test::stream_of(name, role, 4);
+    kv.streams.push_back(st);
+  }
+  layer_kind tied = kv;
+  tied.name = "tied";
+  tied.geom = geometry{4, 4};
+  tied.window = raw_window_config{};
+  tied.streams.resize(1);
+  tied.streams[0].config = phasekv_test::stream_of("kv", stream_role::key_value, 3);
+  m.kinds = {window, kv, tied};
+  m.layers = model_spec::layers_of({0, 1, 2, 1});
+  return m;
+}
 
 struct model_world {
-  two_kinds model;
+  model_cache model;
   sequence_id a = -1, b = -1, c = -1;
 
-  static two_kinds make(bool shared) {
-    cache_config second = phasekv_test::cache_of("second", 1, 24);
-    if (shared) second.shared_pools = {std::make_shared<page_pool>(phasekv_test::pool_of("shared", 1, 1, 3, 24))};
-    const stream_config hkv = phasekv_test::stream_of("hkv", stream_role::key_value, 3);
-    std::vector<layer_spec<second_cache>> seconds;
-    for (int i = 0; i < 2; ++i) {
-      second.name = "second" + std::to_string(i);
-      seconds.push_back({second_cache::layer(mean_stream(geometry{4, 4}, hkv)), second});
-    }
-    world_cache first = make_cache();  // (only its configuration is reused)
-    return two_kinds(layer_spec<world_cache>{first.compressors(), first.config()}, std::move(seconds));
-  }
-  void forward(sequence_id s, i64 n, unsigned seed) {
-    append_tokens(model.layer<0>(), model.layer_id(s, 0), n, seed);
-    for (std::size_t i = 0; i < 2; ++i) {
-      const auto& hkv = model.layer<1>(i).compressors().stream<0>();
-      std::vector<float> x(static_cast<std::size_t>(n * hkv.payload_floats_per_token()),
-                           0.25f * static_cast<float>(seed + i));
-      model.append<1>(s, i, {token_chunk{n, x, {}}});
-    }
-  }
-  explicit model_world(bool shared) : model(make(shared)) {
+  model_world() : model(fault_model_spec(), options()) {
     a = model.create();
-    forward(a, 11, 1);
+    step({a}, 11, 1);
     b = model.fork(a);
+    model.remove_suffix(b, 9);  // b's state blocks: shared with a, and ahead of its tokens
     c = model.create();
-    forward(c, 5, 2);
+    step({c}, 5, 2);
   }
-  // Every layer's dump, one after another, and the model's sequence count.
-  phasekv_test::cache_dump dump() const {
-    phasekv_test::cache_dump d = phasekv_test::dump(model.layer<0>());
-    for (std::size_t i = 0; i < 2; ++i) {
-      const phasekv_test::cache_dump layer = phasekv_test::dump(model.layer<1>(i));
-      d.lines.push_back("second-kind layer " + std::to_string(i));
-      d.lines.insert(d.lines.end(), layer.lines.begin(), layer.lines.end());
-      d.states.insert(d.states.end(), layer.states.begin(), layer.states.end());
+  static model_options options() {
+    model_options o;
+    o.pages = 24;
+    o.history = 3;
+    return o;
+  }
+  // One step of `n` tokens for every sequence given, every layer appended and its last token read.
+  void step(std::initializer_list<sequence_id> seqs, i64 n, unsigned seed) {
+    std::vector<i64> tokens_before;
+    for (sequence_id id : seqs) tokens_before.push_back(model.tokens(id));
+    model_step s = model.begin(seqs, n);
+    for (std::size_t l = 0; l < model.layers(); ++l) {
+      std::vector<std::vector<float>> inputs;
+      std::vector<std::vector<token_chunk>> chunks(s.rows());
+      std::vector<layer_append> in(s.rows());
+      const raw_window_config& w = model.shape(l).window;
+      for (std::size_t r = 0; r < s.rows(); ++r) {
+        inputs.reserve(64);
+        for (std::size_t k = 0; k < model.shape(l).streams.size(); ++k) {
+          inputs.emplace_back(static_cast<std::size_t>(n * model.stream(l, k).payload_floats_per_token()),
+                              0.25f * static_cast<float>(seed + l + k + r));
+          chunks[r].push_back(token_chunk{n, inputs.back(), {}});
+        }
+        inputs.emplace_back(static_cast<std::size_t>(n * w.kv_heads * (w.key_channels + w.value_channels)),
+                            0.5f * static_cast<float>(seed + l + r));
+        const auto& rows = inputs.back();
+        const std::size_t keys = static_cast<std::size_t>(n * w.kv_heads * w.key_channels);
+        in[r] = {chunks[r], span<const float>(rows.data(), keys), span<const float>(rows.data() + keys, rows.size() - keys)};
+      }
+      s.append(l, in);
+      const layer_shape& shape = model.shape(l);
+      const i64 channels = shape.streams.empty() ? shape.window.key_channels : shape.streams[0].channels;
+      std::vector<float> q(static_cast<std::size_t>(channels), 0.125f), out(static_cast<std::size_t>(channels));
+      layer_read x;
+      x.row = s.rows() - 1;
+      x.request.position = tokens_before.back() + n - 1;
+      x.request.queries = q;
+      x.out = out.data();
+      s.read(l, {&x, 1});
     }
-    d.lines.push_back("model sequences " + std::to_string(model.sequences()));
+    s.commit();
+  }
+  // Every layer's entries, window rows and compressor states of every live sequence; the page tables
+  // and the pages in use per kind.
+  phasekv_test::cache_dump dump() const {
+    phasekv_test::cache_dump d;
+    const std::vector<sequence_id> live = model.live_sequences();
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      const sequence_id id = live[i];
+      const i64 tokens = model.tokens(id);
+      d.lines.push_back("sequence #" + std::to_string(i) + " (creation order) tokens " + std::to_string(tokens));
+      for (std::size_t k = 0; k < model.kinds(); ++k) {
+        std::string t = "  kind " + std::to_string(k) + " pages";
+        for (page_id p : model.page_table(id, k)) t += " " + std::to_string(p);
+        d.lines.push_back(t);
+      }
+      for (std::size_t l = 0; l < model.layers(); ++l) {
+        const layer_shape& shape = model.shape(l);
+        for (std::size_t k = 0; k < shape.streams.size(); ++k) {
+          std::vector<float> e(static_cast<std::size_t>(shape.streams[k].kv_heads * shape.streams[k].channels));
+          for (i64 j = 0; j < shape.geom.completed_entries(tokens); ++j) {
+            model.read_entry(l, k, id, j, span<float>(e.data(), e.size()));
+            d.lines.push_back("  layer " + std::to_string(l) + " stream " + std::to_string(k) + " entry " + std::to_string(j) +
+                              ": " + phasekv_test::detail::hex_bits(e.data(), e.size()));
+          }
+          d.states.push_back(model.state(l, k, id));
+        }
+        if (shape.window.tokens == 0) continue;
+        std::vector<float> row(static_cast<std::size_t>(shape.window.kv_heads * shape.window.key_channels));
+        for (i64 t = std::max<i64>(0, tokens - shape.window.tokens); t < tokens; ++t) {
+          model.copy_window_key(l, id, t, span<float>(row.data(), row.size()));
+          d.lines.push_back("  layer " + std::to_string(l) + " window " + std::to_string(t) + ": " +
+                            phasekv_test::detail::hex_bits(row.data(), row.size()));
+        }
+      }
+    }
+    for (const auto& k : model.pool_usage().kinds) d.lines.push_back(k.name + " pages used " + std::to_string(k.pages_used));
     return d;
   }
 };
 
-TEST_CASE("fault injection: model_cache operations keep every layer unchanged when an allocation fails",
-          "[cache][model][fault]") {
+TEST_CASE("fault injection: model_cache operations and steps keep every layer unchanged when an allocation fails",
+          "[model][fault]") {
   using model_operation = std::function<void(model_world&)>;
   const std::vector<std::pair<std::string, model_operation>> ops = {
       {"create", [](model_world& w) { w.model.create(); }},
@@ -280,11 +355,12 @@ TEST_CASE("fault injection: model_cache operations keep every layer unchanged wh
       {"keep", [](model_world& w) { w.model.keep(w.c); }},
       {"free", [](model_world& w) { w.model.free(w.b); }},
       {"clear", [](model_world& w) { w.model.clear(); }},
+      // Copy on write of a's shared last pages, b's blocks copied and rolled back, a fresh page for
+      // c, every ring written, every layer read.
+      {"step", [](model_world& w) { w.step({w.a, w.b, w.c}, 3, 7); }},
   };
-  for (bool shared : {false, true})
-    for (bool keep_failing : {false, true})
-      for (const auto& [name, op] : ops)
-        fault::check_strong_guarantee<model_world>(name + (shared ? " (shared pool)" : ""), op, keep_failing, shared);
+  for (bool keep_failing : {false, true})
+    for (const auto& [name, op] : ops) fault::check_strong_guarantee<model_world>(name, op, keep_failing);
 }
 
 TEST_CASE("fault injection: a read that runs out of memory throws, and the next read is exact", "[read][fault]") {

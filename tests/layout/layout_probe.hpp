@@ -77,7 +77,7 @@ layout_report PHASEKV_LAYOUT_PROBE() {
   PHASEKV_LAYOUT(geometry);
   PHASEKV_LAYOUT(kv);
   PHASEKV_LAYOUT(cache);
-  PHASEKV_LAYOUT(model_cache<cache>);
+  PHASEKV_LAYOUT(model_cache);
   PHASEKV_LAYOUT(openmp_executor);
   PHASEKV_LAYOUT(kernels::indexer_queries);
   PHASEKV_LAYOUT(kernels::indexer_bf16_queries);

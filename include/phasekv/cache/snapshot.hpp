@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <new>
 #include <string>
@@ -96,35 +97,56 @@ namespace detail::snapshot_format {
 
 // ---- snapshot -------------------------------------------------------------------------------------
 
-// Bytes of each section of a sequence, in table order: the entries as their pools store them, the
-// states' and the window's own sections.
+// One layer of a sequence as a snapshot writes it: the fingerprint (its tokens set), per stream its
+// pages (the layout, the arena's base and the page table) and compressor state, and the raw window.
+struct layer_source {
+  struct stream {
+    page_layout layout;
+    const std::byte* base = nullptr;
+    const page_id* pages = nullptr;
+    const stream_state* state = nullptr;
+  };
+  fingerprint print;
+  std::vector<stream> streams;
+  const raw_window* window = nullptr;
+};
+
+// A paged_cache's sequence as a layer_source.
 template <class Cache>
-std::vector<std::uint64_t> section_bytes(const Cache& cache, const typename Cache::sequence_parts& parts) {
-  constexpr std::size_t streams = Cache::stream_count;
+layer_source source_of(const Cache& cache, sequence_id id, const char* operation) {
+  const typename Cache::sequence_parts parts = cache.parts(id, operation);
+  layer_source src;
+  src.print = fingerprint_of(cache);
+  src.print.tokens = static_cast<std::uint64_t>(parts.tokens);
+  for (std::size_t k = 0; k < Cache::stream_count; ++k)
+    src.streams.push_back({cache.pool(k).layout(), cache.pool(k).base(), parts.tables[k]->data(), parts.states[k]});
+  src.window = parts.window;
+  return src;
+}
+
+// Bytes of each section of a layer, in table order: the entries as their pages store them, the
+// states' and the window's own sections.
+inline std::vector<std::uint64_t> section_bytes(const layer_source& src) {
+  const std::size_t streams = src.streams.size();
   std::vector<std::uint64_t> bytes;
   bytes.reserve(2 * streams + 1);
-  for (std::size_t k = 0; k < streams; ++k)
-    bytes.push_back(static_cast<std::uint64_t>(parts.states[k]->entries()) *
-                    static_cast<std::uint64_t>(cache.pool(k).layout().entry_stride_bytes));
-  for (std::size_t k = 0; k < streams; ++k) bytes.push_back(parts.states[k]->saved_bytes());
-  bytes.push_back(parts.window->saved_bytes());
+  for (const auto& s : src.streams)
+    bytes.push_back(static_cast<std::uint64_t>(s.state->entries()) * static_cast<std::uint64_t>(s.layout.entry_stride_bytes));
+  for (const auto& s : src.streams) bytes.push_back(s.state->saved_bytes());
+  bytes.push_back(src.window->saved_bytes());
   return bytes;
 }
 
-template <class Cache>
-std::size_t size(const Cache& cache, sequence_id id) {
-  const std::vector<std::uint64_t> bytes = section_bytes(cache, cache.parts(id, "snapshot_size"));
-  std::uint64_t total = header_bytes(Cache::stream_count);
-  for (std::uint64_t b : bytes) total += b;
+inline std::size_t layer_size(const layer_source& src) {
+  std::uint64_t total = header_bytes(src.streams.size());
+  for (std::uint64_t b : section_bytes(src)) total += b;
   return static_cast<std::size_t>(total);
 }
 
-template <class Cache>
-std::size_t write(const Cache& cache, sequence_id id, span<std::byte> out) {
+inline std::size_t write_layer(const layer_source& src, span<std::byte> out) {
   static_assert(host_little_endian, "phasekv snapshots need a little-endian host");
-  constexpr std::size_t streams = Cache::stream_count;
-  const typename Cache::sequence_parts parts = cache.parts(id, "snapshot");
-  const std::vector<std::uint64_t> bytes = section_bytes(cache, parts);
+  const std::size_t streams = src.streams.size();
+  const std::vector<std::uint64_t> bytes = section_bytes(src);
   const std::size_t header = header_bytes(streams);
   std::uint64_t total = header;
   for (std::uint64_t b : bytes) total += b;
@@ -139,28 +161,25 @@ std::size_t write(const Cache& cache, sequence_id id, span<std::byte> out) {
   std::vector<section> table(2 * streams + 1);
   byte_writer w(base + header, static_cast<std::size_t>(total) - header);
   for (std::size_t k = 0; k < streams; ++k) {  // entries, page after page
-    const page_pool& pool = cache.pool(k);
-    const std::vector<page_id>& pages = *parts.tables[k];
-    const std::int64_t page_size = pool.layout().page_size, entries = parts.states[k]->entries();
+    const layer_source::stream& s = src.streams[k];
+    const std::int64_t page_size = s.layout.page_size, entries = s.state->entries();
     w.restart_checksum();
     for (std::int64_t first = 0, page = 0; first < entries; first += page_size, ++page)
-      w.bytes(pool.data(pages[static_cast<std::size_t>(page)]),
-              static_cast<std::size_t>(std::min(page_size, entries - first) * pool.layout().entry_stride_bytes));
+      w.bytes(s.base + s.pages[page] * s.layout.page_stride_bytes,
+              static_cast<std::size_t>(std::min(page_size, entries - first) * s.layout.entry_stride_bytes));
     table[k] = {entries_section, static_cast<std::uint32_t>(k), bytes[k], w.checksum()};
   }
   for (std::size_t k = 0; k < streams; ++k) {  // compressor states
-    const stream_state& state = *parts.states[k];
+    const stream_state& state = *src.streams[k].state;
     w.restart_checksum();
     state.state_write(w);
     table[streams + k] = {state_section, static_cast<std::uint32_t>(k), bytes[streams + k], w.checksum(),
                           state.host_fed() ? host_fed_flag : 0u};
   }
   w.restart_checksum();  // the raw window
-  parts.window->state_write(w);
+  src.window->state_write(w);
   table[2 * streams] = {window_section, no_stream_index, bytes[2 * streams], w.checksum()};
 
-  fingerprint f = fingerprint_of(cache);
-  f.tokens = static_cast<std::uint64_t>(parts.tokens);
   byte_writer h(base, header);  // its checksum runs from byte 0
   h.bytes(magic, sizeof magic);
   h.u32(version);
@@ -168,7 +187,7 @@ std::size_t write(const Cache& cache, sequence_id id, span<std::byte> out) {
   h.u64(total);
   h.u32(0);
   h.u32(h.checksum());  // of bytes [0, 28)
-  write_fingerprint(h, f);
+  write_fingerprint(h, src.print);
   h.u64(table.size());
   for (const section& t : table) {
     h.u32(t.kind);
@@ -182,6 +201,16 @@ std::size_t write(const Cache& cache, sequence_id id, span<std::byte> out) {
   return static_cast<std::size_t>(total);
 }
 
+template <class Cache>
+std::size_t size(const Cache& cache, sequence_id id) {
+  return layer_size(source_of(cache, id, "snapshot_size"));
+}
+
+template <class Cache>
+std::size_t write(const Cache& cache, sequence_id id, span<std::byte> out) {
+  return write_layer(source_of(cache, id, "snapshot"), out);
+}
+
 // ---- restore ---------------------------------------------------------------------------------------
 
 // The parts of a snapshot restore() has located and verified before changing anything.
@@ -191,10 +220,9 @@ struct parsed {
   std::vector<const unsigned char*> starts;  // of each section
 };
 
-// Framing, checksums of the preamble and header, fingerprint and section table.
-template <class Cache>
-parsed parse(const Cache& cache, span<const std::byte> in) {
-  constexpr std::size_t streams = Cache::stream_count;
+// Framing, checksums of the preamble and header, fingerprint (against the destination's, `mine`)
+// and section table (2 · streams + 1 sections).
+inline parsed parse(const fingerprint& destination, std::size_t streams, span<const std::byte> in) {
   if (in.data() == nullptr && in.size() != 0)
     fail<input_error>("snapshot: bytes.data()", "null", "must not be null when the size is " + std::to_string(in.size()));
   const auto* p = reinterpret_cast<const unsigned char*>(in.data());
@@ -243,7 +271,7 @@ parsed parse(const Cache& cache, span<const std::byte> in) {
                       "does not fit the " + std::to_string(snapshot_streams) + " streams the header declares");
   parsed out;
   out.print = read_fingerprint(r, static_cast<std::size_t>(snapshot_streams));
-  fingerprint mine = fingerprint_of(cache);
+  fingerprint mine = destination;
   mine.tokens = out.print.tokens;
   check_compatible(out.print, mine);
 
@@ -310,19 +338,19 @@ inline page_layout source_layout(const stream_fingerprint& f) noexcept {
   return page_layout::packed(storage, f.kv_heads, f.channels, storage == storage_type::fp8_e4m3_block ? f.rope_channels : 0);
 }
 
-// Entries from a verified-length section into a stream's fresh pages, checking the section's CRC on
-// the way; a mismatch throws (paged_cache::adopt then gives the pages back). `from` is the packed
+// Entries from a verified-length section into a stream's fresh pages (of `layout`, page p at base +
+// p · page_stride_bytes), checking the section's CRC on the way; a mismatch throws (the caller then
+// gives the pages back). `from` is the packed
 // layout of the snapshot's entries; `bounce` holds a page of unaligned 16-bit entries.
-inline void copy_entries(page_pool& pool, const std::vector<page_id>& pages, std::int64_t entries, const page_layout& from,
-                         const unsigned char* src, std::vector<std::uint16_t>& bounce, const parsed& in,
-                         std::size_t section_index) {
-  const page_layout& layout = pool.layout();
+inline void copy_entries(const page_layout& layout, std::byte* base, const std::vector<page_id>& pages, std::int64_t entries,
+                         const page_layout& from, const unsigned char* src, std::vector<std::uint16_t>& bounce,
+                         const parsed& in, std::size_t section_index) {
   const std::int64_t page_size = layout.page_size;
   std::uint32_t crc = 0;
   for (std::size_t page = 0; page < pages.size(); ++page) {
     const std::int64_t n = std::min(page_size, entries - static_cast<std::int64_t>(page) * page_size);
     const auto bytes = static_cast<std::size_t>(n * from.entry_stride_bytes);
-    std::byte* destination = pool.data(pages[page]);
+    std::byte* destination = base + pages[page] * layout.page_stride_bytes;
     if (from.storage == layout.storage) {
       crc = crc32c_copy(destination, src, bytes, crc);
     } else {  // bf16/f16/fp8 into f32 (check_compatible allowed nothing else; fp4 only into fp4)
@@ -340,22 +368,42 @@ inline void copy_entries(page_pool& pool, const std::vector<page_id>& pages, std
   if (crc != in.table[section_index].crc) checksum_mismatch(section_index, in.table[section_index], crc);
 }
 
-// Payload and logit floats per token of each stream: a compressor state's ring row.
-template <class Cache, std::size_t... K>
-std::array<std::int64_t, sizeof...(K)> ring_floats_of(const Cache& cache, std::index_sequence<K...>) {
-  return {{(cache.compressors().template stream<K>().payload_floats_per_token() +
-            cache.compressors().template stream<K>().logit_floats_per_token())...}};
-}
+// What a layer that takes a snapshot is: its fingerprint, geometry, history and window, per stream
+// its ring row (payload + logit floats per token), page layout and fresh compressor state.
+struct layer_destination {
+  fingerprint print;
+  geometry geom;
+  std::int64_t history = 0;
+  raw_window_config window;
+  std::vector<std::int64_t> ring_floats;
+  std::vector<page_layout> layouts;
+  std::function<stream_state(std::size_t stream)> make_state;
+};
 
-template <class Cache>
-sequence_id restore_unguarded(Cache& cache, span<const std::byte> in) {
+// A snapshot layer read and checked: its sections located and verified, its states and window made
+// (allocations only — nothing of the destination changes), a page of bounce buffer; the entries
+// are copied by copy_entries into pages the caller allocates.
+struct restored_layer {
+  parsed in;
+  std::int64_t tokens = 0, entries = 0;
+  std::vector<stream_state> states;
+  raw_window window;
+  std::vector<std::uint16_t> bounce;
+
+  // Stream k's entries into `pages` (fresh, of `layout` at `base`), checked against its CRC.
+  void copy_entries(std::size_t k, const page_layout& layout, std::byte* base, const std::vector<page_id>& pages) {
+    snapshot_format::copy_entries(layout, base, pages, entries, source_layout(in.print.streams[k]), in.starts[k], bounce, in, k);
+  }
+};
+
+inline restored_layer read_layer(span<const std::byte> bytes, const layer_destination& d) {
   static_assert(host_little_endian, "phasekv snapshots need a little-endian host");
-  constexpr std::size_t streams = Cache::stream_count;
-
-  const parsed in_parts = parse(cache, in);
+  const std::size_t streams = d.layouts.size();
+  restored_layer out;
+  out.in = parse(d.print, streams, bytes);
+  const parsed& in_parts = out.in;
   const fingerprint& print = in_parts.print;
-  const geometry& g = cache.compressors().geom();
-  const cache_config& config = cache.config();
+  const geometry& g = d.geom;
   const auto section_reader = [&](std::size_t i) {
     return byte_reader(in_parts.starts[i], in_parts.starts[i] + in_parts.table[i].bytes, "snapshot");
   };
@@ -364,7 +412,9 @@ sequence_id restore_unguarded(Cache& cache, span<const std::byte> in) {
   if (print.tokens > static_cast<std::uint64_t>(limits::max_tokens))
     fail<input_error>("snapshot: tokens", print.tokens, "must be at most 2^48");
   const auto tokens = static_cast<std::int64_t>(print.tokens);
-  const std::int64_t entries = g.completed_entries(tokens);
+  const std::int64_t entries = streams > 0 ? g.completed_entries(tokens) : 0;
+  out.tokens = tokens;
+  out.entries = entries;
   const std::int64_t source_ring_rows = g.window + print.history;  // history in [0, 2^40]: checked
   for (std::size_t k = 0; k < streams; ++k) {
     std::uint64_t expected = 0;
@@ -376,16 +426,15 @@ sequence_id restore_unguarded(Cache& cache, span<const std::byte> in) {
              storage_name(print.streams[k].storage) + " elements";
     });
   }
-  const std::array<std::int64_t, streams> ring_floats = ring_floats_of(cache, std::make_index_sequence<streams>{});
   for (std::size_t k = 0; k < streams; ++k) {
     std::uint64_t ring = 0;
-    const bool fits = multiply(static_cast<std::uint64_t>(source_ring_rows), static_cast<std::uint64_t>(ring_floats[k]) * 4, ring);
+    const bool fits = multiply(static_cast<std::uint64_t>(source_ring_rows), static_cast<std::uint64_t>(d.ring_floats[k]) * 4, ring);
     expect_bytes(in_parts, streams + k, stream_state::saved_fields_bytes + ring, fits, [&] {
-      return std::to_string(source_ring_rows) + " ring rows of " + std::to_string(ring_floats[k]) + " floats";
+      return std::to_string(source_ring_rows) + " ring rows of " + std::to_string(d.ring_floats[k]) + " floats";
     });
   }
   // The window's shape is the destination's (compatible); its rows follow the source's history.
-  const std::int64_t window_floats = window_key_floats(config.window) + window_value_floats(config.window);
+  const std::int64_t window_floats = window_key_floats(d.window) + window_value_floats(d.window);
   const std::int64_t source_window_rows = print.window_tokens > 0 ? print.window_tokens + print.history : 0;
   {
     std::uint64_t rows_bytes = 0;
@@ -398,7 +447,7 @@ sequence_id restore_unguarded(Cache& cache, span<const std::byte> in) {
 
   // The small sections: verify, then check their fields fit together (each class checks its own).
   for (std::size_t i = streams; i < 2 * streams + 1; ++i) verify(in_parts, i);
-  std::array<stream_state::saved_fields, streams> state_fields{};
+  std::vector<stream_state::saved_fields> state_fields(streams);
   for (std::size_t k = 0; k < streams; ++k) {
     byte_reader r = section_reader(streams + k);
     state_fields[k] = stream_state::read_fields(r, in_parts.table[streams + k].flags == host_fed_flag);
@@ -407,30 +456,57 @@ sequence_id restore_unguarded(Cache& cache, span<const std::byte> in) {
   }
   byte_reader window_in = section_reader(2 * streams);
   const raw_window::saved_fields window_fields = raw_window::read_fields(window_in);
-  raw_window::check_saved(config.window, window_fields, source_window_rows, tokens);
+  raw_window::check_saved(d.window, window_fields, source_window_rows, tokens);
 
   // The new sequence's states and window, read from their sections (allocations only: nothing
   // visible changes yet), and a page of bounce buffer for unaligned 16-bit conversions.
-  typename Cache::layer::states states = cache.compressors().make_state(config.history);
+  out.states.reserve(streams);
   for (std::size_t k = 0; k < streams; ++k) {
+    out.states.push_back(d.make_state(k));
     byte_reader r = section_reader(streams + k);
     r.bytes(stream_state::saved_fields_bytes);
-    states[k].state_read(r, state_fields[k]);
+    out.states[k].state_read(r, state_fields[k]);
   }
-  raw_window window(config.window, config.history);
-  window.state_read(window_in, window_fields, tokens);
-  std::vector<std::uint16_t> bounce;
+  out.window = raw_window(d.window, d.history);
+  out.window.state_read(window_in, window_fields, tokens);
   for (std::size_t k = 0; k < streams; ++k) {
-    const page_layout& layout = cache.pool(k).layout();
+    const page_layout& layout = d.layouts[k];
     if (storage_of(print.streams[k].storage) != layout.storage && is_row_storage(storage_of(print.streams[k].storage)))
-      bounce.resize(std::max(bounce.size(), static_cast<std::size_t>(layout.page_size * layout.entry_stride)));
+      out.bounce.resize(std::max(out.bounce.size(), static_cast<std::size_t>(layout.page_size * layout.entry_stride)));
   }
+  return out;
+}
 
+// A paged_cache as a snapshot's destination.
+template <class Cache, std::size_t... K>
+layer_destination destination_of(const Cache& cache, std::index_sequence<K...>) {
+  layer_destination d;
+  d.print = fingerprint_of(cache);
+  d.geom = cache.compressors().geom();
+  d.history = cache.config().history;
+  d.window = cache.config().window;
+  d.ring_floats = {(cache.compressors().template stream<K>().payload_floats_per_token() +
+                    cache.compressors().template stream<K>().logit_floats_per_token())...};
+  d.layouts = {cache.pool(K).layout()...};
+  d.make_state = [&cache](std::size_t k) {
+    stream_state s;
+    ((k == K ? (s = cache.compressors().template stream<K>().make_state(cache.config().history), 0) : 0), ...);
+    return s;
+  };
+  return d;
+}
+
+template <class Cache>
+sequence_id restore_unguarded(Cache& cache, span<const std::byte> in) {
+  constexpr std::size_t streams = Cache::stream_count;
+  restored_layer layer = read_layer(in, destination_of(cache, std::make_index_sequence<streams>{}));
+  typename Cache::layer::states states;
+  for (std::size_t k = 0; k < streams; ++k) states[k] = std::move(layer.states[k]);
   // The pages, all or nothing, filled from the entry sections while their checksums are checked.
   return cache.adopt(
-      tokens, std::move(states), std::move(window),
+      layer.tokens, std::move(states), std::move(layer.window),
       [&](std::size_t k, page_pool& pool, const std::vector<page_id>& pages) {
-        copy_entries(pool, pages, entries, source_layout(print.streams[k]), in_parts.starts[k], bounce, in_parts, k);
+        layer.copy_entries(k, pool.layout(), pool.base(), pages);
       },
       "snapshot");
 }

@@ -16,7 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/compress/policies.hpp"
+#include "phasekv/compress/policy_codes.hpp"
 #include "phasekv/compress/stream_config.hpp"
 #include "phasekv/core/byte_io.hpp"
 #include "phasekv/core/crc32c.hpp"
@@ -32,66 +34,6 @@ namespace detail::snapshot_format {
 // Bytes of the header's layer block and of one stream record.
 inline constexpr std::size_t layer_bytes = 11 * 8;
 inline constexpr std::size_t stream_bytes = 152;
-
-// ---- policy codes --------------------------------------------------------------------------------
-
-// The code of T among the types of a table: its position + 1, or 0 when it is not there.
-template <class T, class... Table>
-constexpr std::uint32_t code_in() noexcept {
-  std::uint32_t code = 0, position = 0;
-  ((++position, code = code == 0 && std::is_same_v<T, Table> ? position : code), ...);
-  return code;
-}
-
-template <class Pooling>
-constexpr std::uint32_t pooling_code() noexcept {
-  constexpr std::uint32_t code = code_in<Pooling, mean_pool, vector_gated_pool, scalar_gated_pool, fixed_weight_pool>();
-  static_assert(code != 0, "snapshot_fingerprint.hpp needs a code for this pooling policy");
-  return code;
-}
-template <class Rope>
-constexpr std::uint32_t rope_code() noexcept {
-  constexpr std::uint32_t code = code_in<Rope, no_rope, rope_after_pool, rope_before_pool>();
-  static_assert(code != 0, "snapshot_fingerprint.hpp needs a code for this RoPE placement");
-  return code;
-}
-template <class Norm>
-constexpr std::uint32_t norm_code() noexcept {
-  constexpr std::uint32_t code = code_in<Norm, no_norm, rms_norm>();
-  static_assert(code != 0, "snapshot_fingerprint.hpp needs a code for this norm");
-  return code;
-}
-static_assert(code_in<rope_before_pool, no_rope, rope_after_pool, rope_before_pool>() == 3 &&
-                  code_in<rms_norm, no_rope>() == 0,
-              "a type's code is its position in the table, from 1");
-
-// A pooling policy of the host's (compress/policies.hpp) has no fixed code: its identity is the
-// CRC-32C of its name, version and learned parameters (when it exposes parameters()), with the
-// top bit set — so a snapshot restores only into a cache with the same policy, version and weights.
-// parameters() is asked again here (a policy may change its weights after construction): a null
-// span of non-zero size is an input_error, not a read through null.
-template <class Pooling>
-std::uint32_t pooling_identity(const Pooling& pool) {
-  if constexpr (is_custom_pool_v<Pooling>) {
-    const char* name = Pooling::name;
-    const std::uint32_t policy_version = Pooling::version;
-    std::uint32_t crc = phasekv::crc32c(name, std::strlen(name) + 1);
-    crc = phasekv::crc32c(&policy_version, sizeof policy_version, crc);
-    if constexpr (has_pool_parameters<Pooling>::value) {
-      const auto w = pool.parameters();
-      const std::string field = std::string("snapshot: ") + name + "::parameters()";
-      if (w.data() == nullptr && w.size() != 0)
-        detail::fail<input_error>(field + ".data()", "null", "must not be null when the size is " + std::to_string(w.size()));
-      if (w.size() > static_cast<std::size_t>(limits::max_bytes / 4))
-        detail::fail<input_error>(field + ".size()", w.size(), "must be at most 2^46 floats");
-      crc = phasekv::crc32c(w.data(), w.size() * sizeof(float), crc);
-    }
-    return 0x80000000u | crc;
-  } else {
-    (void)pool;
-    return pooling_code<Pooling>();
-  }
-}
 
 // The name of `code` in a table whose entry i names code i + 1, for messages.
 template <class Code, std::size_t N>
@@ -200,20 +142,20 @@ struct fingerprint {
   std::vector<stream_fingerprint> streams;
 };
 
-template <class Compressor>
-stream_fingerprint stream_fingerprint_of(const Compressor& c, storage_type storage) {
-  using policy = typename Compressor::policy;
+// A stream's record from its configuration, learned parameters, policy codes and storage.
+inline stream_fingerprint stream_fingerprint_from(const stream_config& config, const stream_params& params,
+                                                  std::uint32_t pooling, std::uint32_t rope, std::uint32_t norm,
+                                                  storage_type storage) {
   stream_fingerprint f;
-  const stream_config& config = c.config();
-  f.pooling = pooling_identity(c.pool());
-  f.rope = rope_code<typename policy::rope>();
-  f.norm = norm_code<typename policy::norm>();
+  f.pooling = pooling;
+  f.rope = rope;
+  f.norm = norm;
   f.role = static_cast<std::uint32_t>(config.role) + 1;
   f.channels = config.channels;
   f.kv_heads = config.kv_heads;
   f.inputs = static_cast<std::uint32_t>(config.inputs) + 1;
   f.storage = code_of(storage);
-  if constexpr (has_rope_v<policy>) {
+  if (rope != rope_code<no_rope>()) {
     f.rope_channels = config.rope.channels;
     f.rope_base = config.rope.base;
     f.rope_layout = static_cast<std::uint32_t>(config.rope.layout) + 1;
@@ -225,12 +167,19 @@ stream_fingerprint stream_fingerprint_of(const Compressor& c, storage_type stora
       f.yarn_beta_slow = config.rope.yarn.beta_slow;
     }
   }
-  if constexpr (has_norm_v<policy>) f.norm_eps = config.norm_eps;
-  f.slot_bias = digest(c.params().slot_bias);
-  f.norm_weight = digest(c.params().norm_weight);
-  f.slot_profile = digest(c.params().slot_profile);
+  if (norm == norm_code<rms_norm>()) f.norm_eps = config.norm_eps;
+  f.slot_bias = digest(params.slot_bias);
+  f.norm_weight = digest(params.norm_weight);
+  f.slot_profile = digest(params.slot_profile);
   f.name = config.name;
   return f;
+}
+
+template <class Compressor>
+stream_fingerprint stream_fingerprint_of(const Compressor& c, storage_type storage) {
+  using policy = typename Compressor::policy;
+  return stream_fingerprint_from(c.config(), c.params(), pooling_identity(c.pool()), rope_code<typename policy::rope>(),
+                                 norm_code<typename policy::norm>(), storage);
 }
 
 inline void write_parameter(byte_writer& w, const parameter_digest& d) {
@@ -399,23 +348,28 @@ void fingerprint_streams(const Cache& cache, fingerprint& f, std::index_sequence
   ((f.streams[K] = stream_fingerprint_of(cache.compressors().template stream<K>(), cache.pool(K).layout().storage)), ...);
 }
 
-// The fingerprint of a paged_cache (tokens 0: the caller sets a sequence's).
-template <class Cache>
-fingerprint fingerprint_of(const Cache& cache) {
+// A layer's block of the fingerprint (no streams, tokens 0): its geometry, the history its rings
+// keep and the raw window's shape.
+inline fingerprint layer_fingerprint(const geometry& g, std::int64_t history, const raw_window_config& window) {
   fingerprint f;
-  const geometry& g = cache.compressors().geom();
-  const auto& config = cache.config();
   f.stride = g.stride;
   f.window = g.window;
   f.origin = g.origin;
   f.anchor = static_cast<std::uint64_t>(g.anchor);
-  f.history = config.history;
-  if (config.window.tokens > 0) {
-    f.window_tokens = config.window.tokens;
-    f.window_kv_heads = config.window.kv_heads;
-    f.window_key_channels = config.window.key_channels;
-    f.window_value_channels = config.window.value_channels;
+  f.history = history;
+  if (window.tokens > 0) {
+    f.window_tokens = window.tokens;
+    f.window_kv_heads = window.kv_heads;
+    f.window_key_channels = window.key_channels;
+    f.window_value_channels = window.value_channels;
   }
+  return f;
+}
+
+// The fingerprint of a paged_cache (tokens 0: the caller sets a sequence's).
+template <class Cache>
+fingerprint fingerprint_of(const Cache& cache) {
+  fingerprint f = layer_fingerprint(cache.compressors().geom(), cache.config().history, cache.config().window);
   f.streams.resize(Cache::stream_count);
   fingerprint_streams(cache, f, std::make_index_sequence<Cache::stream_count>{});
   return f;

@@ -13,8 +13,10 @@
 // Capacities (pages, history) are the host's choice.
 
 #include <cstdint>
+#include <cmath>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/policies.hpp"
@@ -22,6 +24,7 @@
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/format/storage.hpp"
+#include "phasekv/models/layer_kind.hpp"
 #include "phasekv/read/read_types.hpp"
 
 namespace phasekv::presets {
@@ -237,5 +240,99 @@ inline reader_config deepseek_v4_1_csa_reader() { return deepseek_reader(deepsee
 inline reader_config deepseek_v4_csa_precision_reader() { return deepseek_reader(deepseek_v4_csa_layer, true); }
 inline reader_config deepseek_v4_hca_precision_reader() { return deepseek_reader(deepseek_v4_hca_layer, true); }
 inline reader_config deepseek_v4_1_csa_precision_reader() { return deepseek_reader(deepseek_v4_1_csa_layer, true); }
+
+// --- Whole models, as data (models/layer_kind.hpp, models/model_cache.hpp) -------------------------
+
+// One compressed layer kind: the K/V stream (and a CSA layer's indexer keys), its window, its
+// reader — the same facts as deepseek_preset(), with the streams' policy named for the registry.
+inline layer_kind deepseek_kind(const deepseek_layer& layer, bool precision = false) {
+  layer_kind k;
+  k.name = layer.prefix();
+  k.geom = layer.geom;
+  const auto stream = [&](stream_config c, storage_type storage) {
+    stream_spec st;
+    st.config = std::move(c);
+    st.pooling = "vector_gates";
+    st.rope = rope_placement::after_pool;
+    st.norm = entry_norm::rms;
+    st.storage = storage;
+    return st;
+  };
+  k.streams.push_back(stream(deepseek_kv_stream(layer), precision ? storage_type::fp8_e4m3_block : storage_type::f32));
+  if (layer.indexer)
+    k.streams.push_back(stream(*deepseek_indexer_stream(layer), precision ? deepseek_v4_indexer_storage() : storage_type::f32));
+  k.window = deepseek_window(precision);
+  k.page_size = deepseek_v4_spec::page_size;
+  k.reader = deepseek_reader(layer, precision);
+  k.reader.key_stream = k.reader.value_stream = k.reader.indexer_stream = from_roles;
+  return k;
+}
+
+// A window-only layer (compress ratio 0): the last 128 tokens' tied K/V and nothing else, read
+// with the sink and the output rotated back. Its window keys' RoPE is taken to be the compressed
+// layers' (our assumption: check the checkpoint's rope settings for ratio-0 layers).
+inline layer_kind deepseek_window_kind(bool precision = false) {
+  layer_kind k;
+  k.name = "swa";
+  k.window = deepseek_window(precision);
+  k.window_rope = deepseek_v4_compressed_rope();
+  k.reader = reader_from_roles();
+  k.reader.query_heads = deepseek_v4_spec::query_heads;
+  k.reader.sink = true;
+  k.reader.derotate_output = true;
+  k.reader.key_stream = k.reader.value_stream = k.reader.indexer_stream = no_stream;
+  return k;
+}
+
+// The model from its checkpoint's per-layer compress ratios (config.json's `compress_ratios`):
+// 0 → window-only, 4 → CSA, 128 → HCA (V4), 2 → V4.1's CSA. Each kind appears once, in order of
+// first use; a ratio it does not know is a config_error naming the layer.
+inline model_spec deepseek_v4_model(const std::vector<int>& compress_ratios, bool precision = false,
+                                    const std::string& name = "dsv4") {
+  model_spec m;
+  m.name = name + (precision ? ".precision" : "");
+  std::vector<int> seen;
+  for (std::size_t l = 0; l < compress_ratios.size(); ++l) {
+    const int ratio = compress_ratios[l];
+    std::size_t kind = seen.size();
+    for (std::size_t k = 0; k < seen.size(); ++k)
+      if (seen[k] == ratio) kind = k;
+    if (kind == seen.size()) {
+      switch (ratio) {
+        case 0: m.kinds.push_back(deepseek_window_kind(precision)); break;
+        case 4: m.kinds.push_back(deepseek_kind(deepseek_v4_csa_layer, precision)); break;
+        case 128: m.kinds.push_back(deepseek_kind(deepseek_v4_hca_layer, precision)); break;
+        case 2: m.kinds.push_back(deepseek_kind(deepseek_v4_1_csa_layer, precision)); break;
+        default:
+          detail::fail(name + ": compress_ratios[" + std::to_string(l) + "]", ratio,
+                       "is not a DeepSeek-V4 layer's (0: window-only, 4: CSA, 128: HCA, 2: V4.1's CSA)");
+      }
+      seen.push_back(ratio);
+    }
+    m.layers.push_back({kind, {}});
+  }
+  return m;
+}
+
+// A DeepSeek-V4-shaped model of `layers` layers for tests and benchmarks: two window-only layers,
+// then CSA and HCA alternating (the published checkpoints list their own ratios: use
+// deepseek_v4_model with them).
+inline model_spec deepseek_v4_shaped(std::size_t layers, bool precision = false) {
+  std::vector<int> ratios;
+  for (std::size_t l = 0; l < layers; ++l) ratios.push_back(l < 2 ? 0 : l % 2 == 0 ? 4 : 128);
+  return deepseek_v4_model(ratios, precision);
+}
+
+// DeepSeek's indexer scales its per-head weights by index_head_dim^-0.5 · index_heads^-0.5 before
+// the weighted ReLU sum (read_request::indexer_weights takes the scaled weights): the factor, and
+// the weights scaled in place.
+inline float deepseek_indexer_weight_scale() {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(deepseek_v4_spec::indexer_channels)) /
+                            std::sqrt(static_cast<double>(deepseek_v4_spec::indexer_heads)));
+}
+inline void deepseek_scale_indexer_weights(span<float> weights) {
+  const float scale = deepseek_indexer_weight_scale();
+  for (float& w : weights) w *= scale;
+}
 
 }  // namespace phasekv::presets

@@ -13,8 +13,10 @@
 
 namespace phasekv {
 
-// Streams of a layer: "none" for an absent indexer.
+// Streams of a layer: "none" for an absent indexer; "from the roles" for a model's layer kind,
+// whose reader takes its streams from their stream_role (models/layer_kind.hpp).
 inline constexpr std::size_t no_stream = static_cast<std::size_t>(-1);
+inline constexpr std::size_t from_roles = static_cast<std::size_t>(-2);
 
 // What the lightning indexer multiplies: fp32 queries and keys (widened from the indexer
 // stream's storage), or — bf16 — queries rounded to bf16 against keys stored in bf16
