@@ -14,6 +14,7 @@
 #include "phasekv/testing/bench.hpp"
 #include "phasekv/testing/conformance.hpp"
 #include "phasekv/testing/machine_limits.hpp"
+#include "phasekv/testing/model_subject.hpp"
 #include "phasekv/testing/oracle.hpp"
 #include "phasekv/testing/report.hpp"
 #include "phasekv/testing/scenario.hpp"

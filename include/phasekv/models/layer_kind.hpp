@@ -52,7 +52,8 @@ struct layer_kind {
   raw_window_config window;
   rope_config window_rope;                           // a window-only kind's window keys' RoPE (derotate_output)
   std::int64_t page_size = 64;                       // entries per page
-  reader_config reader = reader_from_roles();        // streams follow the roles
+  reader_config reader = reader_from_roles();        // streams follow the roles; query_heads 0:
+                                                     // no reader (the host reads view() itself)
 
   bool window_only() const noexcept { return streams.empty(); }
 };
@@ -151,7 +152,7 @@ inline void validate(const model_spec& spec) {
         require(kind.streams[o].config.name != st.config.name, sf + ".config.name", "'" + st.config.name + "'",
                 "repeats streams[" + std::to_string(o) + "]'s: stream names identify them in errors and snapshots");
     }
-    resolve_reader_streams(kind.streams, kind.reader, f + ".reader");
+    if (kind.reader.query_heads != 0) resolve_reader_streams(kind.streams, kind.reader, f + ".reader");
   }
   for (std::size_t l = 0; l < spec.layers.size(); ++l) {
     const model_layer& layer = spec.layers[l];

@@ -191,15 +191,36 @@ class model_cache {
   // The values a read sees for token t's window key row and value row (the key's when tied).
   void copy_window_key(std::size_t layer, sequence_id id, std::int64_t t, span<float> out) const;
   void copy_window_value(std::size_t layer, sequence_id id, std::int64_t t, span<float> out) const;
-  // A layer's compressor state of a sequence, as kept: after remove_suffix it may still hold the
-  // removed tokens until the sequence's next step rolls it back (its tokens() may exceed the
-  // sequence's).
-  const stream_state& state(std::size_t layer, std::size_t stream, sequence_id id) const {
+  // A layer's compressor state of a sequence: the state its next step continues from (a copy;
+  // a rollback the block has not yet applied is applied to the copy).
+  stream_state state(std::size_t layer, std::size_t stream, sequence_id id) const {
     const layer_slot& l = layer_slot_of(layer, "state");
     const sequence& s = find(id, "state");
     if (stream >= l.streams.size())
       detail::fail<input_error>(name() + ".state(stream)", stream, "must be below the layer's stream count " + std::to_string(l.streams.size()));
-    return s.kinds[l.kind].states->layers[l.index].streams[stream];
+    stream_state copy = s.kinds[l.kind].states->layers[l.index].streams[stream];
+    if (copy.tokens() > s.tokens) l.streams[stream]->truncate(copy, s.tokens);
+    return copy;
+  }
+  // The stored bytes of entry j of a layer's stream (page_layout::entry_stride_bytes of them),
+  // valid until the sequence is next written.
+  span<const std::byte> entry_bytes(std::size_t layer, std::size_t stream, sequence_id id, std::int64_t j) const {
+    const layer_slot& l = layer_slot_of(layer, "entry_bytes");
+    const sequence& s = find(id, "entry_bytes");
+    if (stream >= l.streams.size())
+      detail::fail<input_error>(name() + ".entry_bytes(stream)", stream, "must be below the layer's stream count " + std::to_string(l.streams.size()));
+    const std::int64_t n = entries_of(l.kind, s.tokens);
+    if (j < 0 || j >= n) detail::fail<input_error>(name() + ".entry_bytes(entry)", j, "must lie in [0, " + std::to_string(n) + ")");
+    const page_layout& layout = l.arenas[stream].layout();
+    const page_id page = s.kinds[l.kind].table[static_cast<std::size_t>(j / layout.page_size)];
+    return span<const std::byte>(l.arenas[stream].entry(page, j % layout.page_size), static_cast<std::size_t>(layout.entry_stride_bytes));
+  }
+  // Tokens whose raw window rows a layer holds for a sequence: [window_first, tokens).
+  std::int64_t window_first(std::size_t layer, sequence_id id) const {
+    const layer_slot& l = layer_slot_of(layer, "window_first");
+    const sequence& s = find(id, "window_first");
+    const raw_window& w = s.kinds[l.kind].states->layers[l.index].window;
+    return w.config().tokens > 0 ? std::min(w.first(), s.tokens) : s.tokens;
   }
   // Page ids of a sequence's table for a kind (shared by the kind's layers).
   std::vector<page_id> page_table(sequence_id id, std::size_t kind) const;
@@ -426,7 +447,8 @@ inline model_cache::model_cache(model_spec spec, model_options options, const po
   for (std::size_t k = 0; k < kinds_.size(); ++k) {
     kind_slot& kind = kinds_[k];
     kind.spec = spec_.kinds[k];
-    kind.spec.reader = resolve_reader_streams(kind.spec.streams, kind.spec.reader, n + ".kinds[" + std::to_string(k) + "].reader");
+    if (kind.spec.reader.query_heads != 0)
+      kind.spec.reader = resolve_reader_streams(kind.spec.streams, kind.spec.reader, n + ".kinds[" + std::to_string(k) + "].reader");
     if (kind.spec.reader.name == "reader") kind.spec.reader.name = n + "." + kind.spec.name + ".reader";
     const std::int64_t pages = options_.kind_pages.empty() ? options_.pages : options_.kind_pages[k];
     if (!kind.spec.window_only())
@@ -489,7 +511,7 @@ inline model_cache::model_cache(model_spec spec, model_options options, const po
       st.rope = ss.config.rope;
       layer.shape.streams.push_back(std::move(st));
     }
-    layer.reader = std::make_unique<sparse_reader>(layer.shape, lk.reader);
+    if (lk.reader.query_heads != 0) layer.reader = std::make_unique<sparse_reader>(layer.shape, lk.reader);
   }
 }
 
@@ -717,6 +739,9 @@ inline sequence_view model_cache::view(std::size_t layer, sequence_id id) const 
 
 inline void model_cache::run_reads(std::size_t layer, std::vector<read_item>& items, executor& ex) {
   layer_slot& l = layers_[layer];
+  if (!l.reader)
+    detail::fail<input_error>(name() + ".read: layer", layer,
+                              "has no reader (its kind's reader.query_heads is 0): read its view() with your own kernels");
   std::lock_guard<std::mutex> lock(*l.reader_mutex);
   l.reader->set_executor(ex);
   l.reader->read_batch(span<const read_item>(items.data(), items.size()));

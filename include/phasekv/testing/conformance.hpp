@@ -797,7 +797,7 @@ class conformance_run {
   }
   // A sequence of n tokens under the host's history: did its raw window ring wrap?
   void count_window(const subject_type& s, std::int64_t n) {
-    const std::int64_t rows = s.cache().window_rows();
+    const std::int64_t rows = s.window_rows();
     if (rows == 0) return;
     ++cov_.sequences;
     if (n > rows) ++cov_.wrapped_windows;
@@ -943,11 +943,11 @@ class conformance_run {
     // A fork of `parent` (holding `entries` entries of stream 0 in `used` pages of its pool before
     // it): did it share the pages, and does the write that follows copy a shared one?
     auto fork_counted = [&](subject_type& s, sequence_id parent) {
-      const std::int64_t entries = s.entries(parent, 0), used = s.cache().pool(0).used_pages();
+      const std::int64_t entries = s.entries(parent, 0), used = s.pages_used(0);
       const sequence_id f = s.fork(parent);
       if (entries > 0) {
         ++cov_.forks;
-        if (s.cache().pool(0).used_pages() == used) ++cov_.sharing_forks;
+        if (s.pages_used(0) == used) ++cov_.sharing_forks;
       }
       return std::make_pair(f, entries);
     };

@@ -68,6 +68,9 @@ class cache_subject {
   virtual const stream_state& state(sequence_id s, std::size_t stream) const { return cache_.state(s, stream); }
   // The sequence's pages and window for the reader (valid until the sequence is next written).
   virtual sequence_view view_of(sequence_id s) const { return cache_.view_of(s); }
+  // For the kit's coverage: the raw window ring's rows, and the pages stream k's sequences hold.
+  virtual std::int64_t window_rows() const { return cache_.window_rows(); }
+  virtual std::int64_t pages_used(std::size_t stream) const { return cache_.pool(stream).used_pages(); }
 
   const Cache& cache() const noexcept { return cache_; }
   Cache& cache() noexcept { return cache_; }
