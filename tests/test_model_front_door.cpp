@@ -679,3 +679,17 @@ TEST_CASE("window-only layer: the reader attends to the raw window alone, as den
   selecting.top_k = 4;
   REQUIRE_THROWS_WITH(sparse_reader(shape, selecting), Catch::Contains("top_k = 4") && Catch::Contains("window-only"));
 }
+
+TEST_CASE("model front door: a kind no layer uses holds nothing and costs nothing", "[model][front_door]") {
+  model_spec spec = small_dsv4(false, 5);
+  spec.kinds.push_back(spec.kinds[1]);  // a second CSA kind, unused
+  spec.kinds.back().name = "unused";
+  model_cache m(spec);
+  const sequence_id s = m.create();
+  drive(m, s, 9, 1);
+  REQUIRE(m.can_remove_suffix(s, 9));
+  const sequence_id f = m.fork(s);
+  m.remove_suffix(f, 8);
+  REQUIRE(m.pool_usage().kinds[3].pages_used == 0);
+  REQUIRE(restore(m, snapshot(m, s)) != s);
+}

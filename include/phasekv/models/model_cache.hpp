@@ -287,8 +287,11 @@ class model_cache {
                                 "must be below the layer count " + std::to_string(layers_.size()));
     return layers_[layer];
   }
+  // Entries a kind's page table covers at `tokens` tokens: none for a window-only kind, or one no
+  // layer uses (it holds no pages).
   std::int64_t entries_of(std::size_t kind, std::int64_t tokens) const noexcept {
-    return kinds_[kind].spec.window_only() ? 0 : kinds_[kind].spec.geom.completed_entries(tokens);
+    const kind_slot& k = kinds_[kind];
+    return k.spec.window_only() || k.layers.empty() ? 0 : k.spec.geom.completed_entries(tokens);
   }
   std::int64_t pages_of(std::size_t kind, std::int64_t tokens) const noexcept {
     const std::int64_t page = kinds_[kind].spec.page_size;
@@ -611,14 +614,16 @@ inline void model_cache::copy(sequence_id source, sequence_id destination) {
 inline bool model_cache::can_remove_suffix(sequence_id id, std::int64_t p0) const {
   const sequence& s = find(id, "can_remove_suffix");
   if (p0 < 0 || p0 > s.tokens) return false;
+  // The layers of a kind advance in lockstep (a step appends the same tokens to every one), so
+  // their states' counters and rings agree: the kind's first layer answers for all of them, and a
+  // rollback costs the same at 4 layers as at 61.
   for (std::size_t k = 0; k < kinds_.size(); ++k) {
-    const kind_states& block = *s.kinds[k].states;
-    for (std::size_t i = 0; i < block.layers.size(); ++i) {
-      const layer_slot& layer = layers_[kinds_[k].layers[i]];
-      for (std::size_t st = 0; st < layer.streams.size(); ++st)
-        if (!layer.streams[st]->can_truncate(block.layers[i].streams[st], p0)) return false;
-      if (!block.layers[i].window.can_roll_back(p0)) return false;
-    }
+    if (kinds_[k].layers.empty()) continue;  // a kind no layer uses
+    const layer_state& first = s.kinds[k].states->layers.front();
+    const layer_slot& layer = layers_[kinds_[k].layers.front()];
+    for (std::size_t st = 0; st < layer.streams.size(); ++st)
+      if (!layer.streams[st]->can_truncate(first.streams[st], p0)) return false;
+    if (!first.window.can_roll_back(p0)) return false;
   }
   return true;
 }
