@@ -1012,7 +1012,7 @@ class paged_cache {
     });
   }
   void check_window_input(span<const float> in, std::int64_t tokens, std::int64_t per_token, const char* what) const {
-    detail::check_window_input(in, tokens, per_token, config_.name + ".append: " + what);
+    detail::check_window_input(in, tokens, per_token, [&] { return config_.name + ".append: " + what; });
   }
 
   std::int64_t window_row(const sequence& s, std::int64_t t) const { return s.window.row_of(t, s.tokens, config_.name); }

@@ -46,14 +46,16 @@ inline std::int64_t window_value_floats(const raw_window_config& config) noexcep
 
 namespace detail {
 // A host's window rows for `tokens` tokens: not null unless empty, and tokens × per_token floats
-// (the product formed only when it cannot overflow). `field` names them ("cache.append: window_keys").
-inline void check_window_input(span<const float> in, std::int64_t tokens, std::int64_t per_token, const std::string& field) {
+// (the product formed only when it cannot overflow). field() names them ("cache.append:
+// window_keys"); it is called only on failure: this runs on every decode step.
+template <class Field>
+void check_window_input(span<const float> in, std::int64_t tokens, std::int64_t per_token, Field&& field) {
   if (in.data() == nullptr && in.size() != 0)
-    fail<input_error>(field + ".data()", "null", "must not be null when the size is " + std::to_string(in.size()));
+    fail<input_error>(field() + ".data()", "null", "must not be null when the size is " + std::to_string(in.size()));
   std::int64_t expected = 0;
   const bool representable = product_within(std::max<std::int64_t>(tokens, 0), per_token, limits::max_bytes, expected);
   if (!representable || in.size() != static_cast<std::size_t>(expected))
-    fail<input_error>(field + ".size()", in.size(),
+    fail<input_error>(field() + ".size()", in.size(),
                       "must be " + (representable ? std::to_string(expected) : std::string("tokens × ") + std::to_string(per_token)) +
                           " (tokens × window.kv_heads × channels)");
 }

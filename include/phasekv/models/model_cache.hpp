@@ -886,9 +886,9 @@ inline model_step model_cache::begin(span<const sequence_id> sequences, std::int
 }
 
 inline model_step model_cache::begin(span<const sequence_id> sequences, span<const std::int64_t> tokens) {
-  const std::string f = name() + ".begin";
+  const auto f = [&] { return name() + ".begin"; };
   if (tokens.size() != sequences.size())
-    detail::fail<input_error>(f + ": tokens.size()", tokens.size(), "must be sequences.size() = " + std::to_string(sequences.size()));
+    detail::fail<input_error>(f() + ": tokens.size()", tokens.size(), "must be sequences.size() = " + std::to_string(sequences.size()));
   model_step step;
   step.rows_.resize(sequences.size());
   step.layers_.resize(layers_.size());
@@ -901,11 +901,11 @@ inline model_step model_cache::begin(span<const sequence_id> sequences, span<con
       if (it->second->in_step) fail_in_step(sequences[i], "begin");
       for (std::size_t j = 0; j < i; ++j)
         if (step.rows_[j].id == sequences[i])
-          detail::fail<input_error>(f + ": sequences[" + std::to_string(i) + "]", sequences[i],
+          detail::fail<input_error>(f() + ": sequences[" + std::to_string(i) + "]", sequences[i],
                                     "repeats sequences[" + std::to_string(j) + "]: one row per sequence");
       const std::int64_t have = it->second->tokens;
       if (tokens[i] < 0 || tokens[i] > limits::max_tokens - have)
-        detail::fail<input_error>(f + ": tokens[" + std::to_string(i) + "]", tokens[i],
+        detail::fail<input_error>(f() + ": tokens[" + std::to_string(i) + "]", tokens[i],
                                   "must lie in [0, 2^48 − " + std::to_string(have) + " tokens already appended]");
       step.rows_[i] = {sequences[i], it->second.get(), tokens[i], {}};
     }
@@ -1067,32 +1067,33 @@ inline void model_step::append(std::size_t layer, span<const layer_append> input
   require_open("append");
   model_cache& m = *model_;
   const auto& slot = m.layer_slot_of(layer, "step.append");
-  const std::string f = field("append") + ": layer " + std::to_string(layer);
-  if (layers_[layer].appended) detail::fail<input_error>(f, "appended", "takes one append per step");
+  // Messages are built only on failure: this runs for every layer of every decode step.
+  const auto f = [&] { return field("append") + ": layer " + std::to_string(layer); };
+  const auto rf = [&](std::size_t i) { return f() + " rows[" + std::to_string(i) + "]"; };
+  if (layers_[layer].appended) detail::fail<input_error>(f(), "appended", "takes one append per step");
   if (inputs.size() != rows_.size())
-    detail::fail<input_error>(f + " inputs.size()", inputs.size(), "must be the step's rows, " + std::to_string(rows_.size()));
+    detail::fail<input_error>(f() + " inputs.size()", inputs.size(), "must be the step's rows, " + std::to_string(rows_.size()));
   const raw_window_config& wc = m.kinds_[slot.kind].spec.window;
   const std::size_t streams = slot.streams.size();
   // Every row checked before anything is written.
   for (std::size_t i = 0; i < rows_.size(); ++i) {
     const layer_append& in = inputs[i];
-    const std::string rf = f + " rows[" + std::to_string(i) + "]";
     auto& st = rows_[i].seq->kinds[slot.kind].states->layers[slot.index];
     if (in.chunks.size() != streams || (in.chunks.data() == nullptr && streams != 0))
-      detail::fail<input_error>(rf + ".chunks.size()", in.chunks.size(), "must be the layer's stream count, " + std::to_string(streams));
+      detail::fail<input_error>(rf(i) + ".chunks.size()", in.chunks.size(), "must be the layer's stream count, " + std::to_string(streams));
     for (std::size_t k = 0; k < streams; ++k) {
       if (in.chunks[k].tokens != rows_[i].tokens)
-        detail::fail<input_error>(rf + ".chunks[" + std::to_string(k) + "].tokens", in.chunks[k].tokens,
+        detail::fail<input_error>(rf(i) + ".chunks[" + std::to_string(k) + "].tokens", in.chunks[k].tokens,
                                   "must be the row's step tokens, " + std::to_string(rows_[i].tokens));
       try {
         slot.streams[k]->check(st.streams[k], in.chunks[k], options);
       } catch (const input_error& e) {
-        detail::fail<input_error>(rf + ".chunks[" + std::to_string(k) + "]", "rejected", e.what());
+        detail::fail<input_error>(rf(i) + ".chunks[" + std::to_string(k) + "]", "rejected", e.what());
       }
     }
-    detail::check_window_input(in.window_keys, rows_[i].tokens, window_key_floats(wc), rf + ".window_keys");
-    detail::check_window_input(in.window_values, rows_[i].tokens, window_value_floats(wc), rf + ".window_values");
-    if (options.check_finite) st.window.check_rows(in.window_keys, in.window_values, rows_[i].tokens, rf);
+    detail::check_window_input(in.window_keys, rows_[i].tokens, window_key_floats(wc), [&] { return rf(i) + ".window_keys"; });
+    detail::check_window_input(in.window_values, rows_[i].tokens, window_value_floats(wc), [&] { return rf(i) + ".window_values"; });
+    if (options.check_finite) st.window.check_rows(in.window_keys, in.window_values, rows_[i].tokens, rf(i));
   }
   // What the commit below overwrites, saved first (allocations: nothing has changed if they fail).
   layer_undo undo;
@@ -1125,9 +1126,7 @@ inline void model_step::append(std::size_t layer, span<const layer_append> input
       const page_layout& layout = arena.layout();
       auto store = [&](const entry_view& e) {
         if (options.check_finite)
-          detail::check_storable(layout, e, [&] {
-            return f + " rows[" + std::to_string(i) + "]: stream " + std::to_string(k) + " entry " + std::to_string(e.index);
-          });
+          detail::check_storable(layout, e, [&] { return rf(i) + ": stream " + std::to_string(k) + " entry " + std::to_string(e.index); });
         store_entries(layout, e.values, 1, arena.entry(table[static_cast<std::size_t>(e.index / layout.page_size)], e.index % layout.page_size));
       };
       slot.streams[k]->emit(st.streams[k], inputs[i].chunks[k], options, entry_sink::of(store));
@@ -1163,17 +1162,17 @@ inline sequence_view model_step::view(std::size_t layer, std::size_t row) const 
 inline void model_step::read(std::size_t layer, span<const layer_read> reads, executor& ex) {
   require_open("read");
   model_->layer_slot_of(layer, "step.read");
-  const std::string f = field("read") + ": layer " + std::to_string(layer);
+  const auto f = [&] { return field("read") + ": layer " + std::to_string(layer); };
   if (!layers_[layer].appended) {
     bool any = false;
     for (const auto& r : rows_) any = any || r.tokens > 0;
-    if (any) detail::fail<input_error>(f, "not appended", "append the layer's new tokens in this step before reading it");
+    if (any) detail::fail<input_error>(f(), "not appended", "append the layer's new tokens in this step before reading it");
   }
   std::vector<sequence_view> views(reads.size());
   std::vector<read_item> items(reads.size());
   for (std::size_t i = 0; i < reads.size(); ++i) {
     if (reads[i].row >= rows_.size())
-      detail::fail<input_error>(f + " reads[" + std::to_string(i) + "].row", reads[i].row,
+      detail::fail<input_error>(f() + " reads[" + std::to_string(i) + "].row", reads[i].row,
                                 "must be below the step's rows, " + std::to_string(rows_.size()));
     const step_row& r = rows_[reads[i].row];
     const auto& slot = model_->layers_[layer];
