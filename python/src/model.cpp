@@ -38,33 +38,50 @@ decltype(auto) locked(model_object& m, F&& f) {
   return f();
 }
 
-// Python's ModelStep: the step, the ModelCache object it keeps alive, and per row the position of
-// its last token once the step's tokens are in (a read's default position).
+// Python's ModelStep: the step, the ModelCache object it keeps alive, and per row its sequence, its
+// new tokens and the position of its last token once they are in (a read's default position) —
+// copies, so that shape checks need not touch the step outside the model's lock.
 struct step_object {
   py::object owner;
   model_object* model = nullptr;
-  std::optional<model_step> step;
-  std::vector<std::int64_t> last;
+  std::optional<model_step> step;  // used only under model->lock
+  std::vector<sequence_id> seqs;
+  std::vector<std::int64_t> tokens, last;
 
   step_object() = default;
   step_object(const step_object&) = delete;
   step_object& operator=(const step_object&) = delete;
   // An uncommitted step is aborted: every layer as before begin().
   ~step_object() {
-    if (step && step->open()) {
+    if (step) {
       py::gil_scoped_release nogil;
       std::lock_guard<std::mutex> guard(model->lock);
       step.reset();
     }
   }
 
+  bool open() const {
+    return locked(*model, [&] { return step && step->open(); });
+  }
+  // input_error unless the step is open; call under the model's lock.
   void require_open(const char* operation) const {
     if (!step || !step->open())
       detail::fail<input_error>(model->cache.name() + ".step." + operation, "closed", "the step was committed or aborted");
   }
+  void require_open_now(const char* operation) const {
+    locked(*model, [&] { require_open(operation); });
+  }
+  std::size_t row(std::size_t r, const char* operation) const {
+    require_open_now(operation);
+    if (r >= seqs.size())
+      detail::fail<input_error>(model->cache.name() + ".step." + operation + "(row)", r,
+                                "must be below the step's rows, " + std::to_string(seqs.size()));
+    return r;
+  }
   void abort() {
-    if (!step || !step->open()) return;
-    locked(*model, [&] { step->abort(); });
+    locked(*model, [&] {
+      if (step) step->abort();
+    });
   }
 };
 
@@ -89,12 +106,13 @@ span<const float> window_rows(const py::object& o, const std::string& name, std:
 // One layer's append, from Python: rows[i] = (chunks, window_keys) or (chunks, window_keys,
 // window_values), chunks one payload or (payload, logits) per stream of the layer's kind.
 void append_layer(step_object& s, std::size_t layer, const py::sequence& rows, bool check_finite) {
-  s.require_open("append");
+  s.require_open_now("append");
   const model_cache& mc = s.model->cache;
   const layer_shape& shape = mc.shape(layer);  // input_error for a layer that does not exist
-  const std::size_t n = s.step->rows();
+  const std::size_t n = s.seqs.size();
+  const std::string f = mc.name() + ".step.append: layer " + std::to_string(layer) + " ";
   if (static_cast<std::size_t>(rows.size()) != n)
-    detail::fail<input_error>(mc.name() + ".step.append: layer " + std::to_string(layer) + " len(rows)", rows.size(),
+    detail::fail<input_error>(f + "len(rows)", rows.size(),
                               "must be the step's rows, " + std::to_string(n));
   std::vector<token_shape> shapes;
   for (std::size_t k = 0; k < shape.streams.size(); ++k) shapes.push_back(token_shape_of(mc.stream(layer, k)));
@@ -104,19 +122,21 @@ void append_layer(step_object& s, std::size_t layer, const py::sequence& rows, b
   std::vector<std::vector<token_chunk>> chunks(n);
   std::vector<layer_append> inputs(n);
   for (std::size_t i = 0; i < n; ++i) {
-    const std::string rf = "rows[" + std::to_string(i) + "]";
+    const std::string rf = f + "rows[" + std::to_string(i) + "]";
     const py::object row = rows[i];
     if (!(py::isinstance<py::tuple>(row) || py::isinstance<py::list>(row)) || (py::len(row) != 2 && py::len(row) != 3))
-      throw py::value_error(rf + ": must be (chunks, window_keys) or (chunks, window_keys, window_values)");
+      detail::fail<input_error>(rf, py::repr(row.get_type()).cast<std::string>(),
+                                "must be (chunks, window_keys) or (chunks, window_keys, window_values)");
     const auto item = py::reinterpret_borrow<py::sequence>(row);
     const py::object given = item[0];
     if (!(py::isinstance<py::tuple>(given) || py::isinstance<py::list>(given)))
-      throw py::type_error(rf + ".chunks: must be a list with one payload or (payload, logits) per stream");
+      detail::fail<input_error>(rf + ".chunks", py::repr(given.get_type()).cast<std::string>(),
+                                "must be a list with one payload or (payload, logits) per stream");
     const auto per_stream = py::reinterpret_borrow<py::sequence>(given);
     for (std::size_t k = 0; k < per_stream.size(); ++k)
       chunks[i].push_back(chunk_from(per_stream[k], rf + ".chunks[" + std::to_string(k) + "]", keep,
                                      k < shapes.size() ? &shapes[k] : nullptr));
-    const std::int64_t tokens = s.step->tokens(i);
+    const std::int64_t tokens = s.tokens[i];
     inputs[i].chunks = span<const token_chunk>(chunks[i].data(), chunks[i].size());
     inputs[i].window_keys = window_rows(item[1], rf + ".window_keys", tokens, w.kv_heads, w.key_channels, keep);
     if (item.size() == 3)
@@ -124,7 +144,10 @@ void append_layer(step_object& s, std::size_t layer, const py::sequence& rows, b
   }
   append_options options;
   options.check_finite = check_finite;
-  locked(*s.model, [&] { s.step->append(layer, span<const layer_append>(inputs.data(), inputs.size()), default_executor(), options); });
+  locked(*s.model, [&] {
+    s.require_open("append");
+    s.step->append(layer, span<const layer_append>(inputs.data(), inputs.size()), default_executor(), options);
+  });
 }
 
 // selected_logical / selected_physical as read_batch takes them: None or False (not written), True
@@ -156,7 +179,7 @@ py::tuple read_layer(model_object& m, step_object* s, std::size_t layer, const s
                      const py::object& positions, py::object queries, py::object indexer_queries,
                      py::object indexer_weights, py::object sinks, const py::object& top_k, py::object out,
                      py::object lse, py::object selected_logical, py::object selected_physical) {
-  if (s) s->require_open("read");
+  if (s) s->require_open_now("read");
   const model_cache& mc = m.cache;
   const char* what = s ? "rows" : "seqs";
   const std::string f = mc.name() + (s ? ".step.read: " : ".read: ");
@@ -224,8 +247,18 @@ py::tuple read_layer(model_object& m, step_object* s, std::size_t layer, const s
   }
   locked(m, [&] {
     // Default positions: each row's last token (a step's new tokens included).
-    for (std::size_t i = 0; i < batch; ++i)
-      reads[i].request.position = !at.empty() ? at[i] : s ? s->last[reads[i].row] : mc.tokens(reads[i].sequence) - 1;
+    for (std::size_t i = 0; i < batch; ++i) {
+      if (!at.empty() || s) {
+        reads[i].request.position = !at.empty() ? at[i] : s->last[reads[i].row];
+        continue;
+      }
+      try {
+        reads[i].request.position = mc.tokens(reads[i].sequence) - 1;
+      } catch (const input_error& e) {
+        throw input_error(f + "seqs[" + std::to_string(i) + "]: " + e.what());
+      }
+    }
+    if (s) s->require_open("read");
     if (s) s->step->read(layer, span<const layer_read>(reads.data(), reads.size()));
     else m.cache.read(layer, span<const layer_read>(reads.data(), reads.size()));
   });
@@ -346,24 +379,11 @@ void init_model(const modules& m) {
                           "One step of a ModelCache (ModelCache.begin): append every layer's new tokens, read "
                           "layers, then commit() — all or nothing. Aborted when closed uncommitted, or when a `with` "
                           "block ends without commit(). Calls release the GIL.")
-      .def_property_readonly("rows", [](const step_object& s) { return s.step && s.step->open() ? s.step->rows() : 0; })
-      .def_property_readonly("open", [](const step_object& s) { return s.step && s.step->open(); })
-      .def(
-          "sequence",
-          [](const step_object& s, std::size_t row) {
-            s.require_open("sequence");
-            detail::require<input_error>(row < s.step->rows(), "step.sequence(row)", row, "must be below the step's rows");
-            return s.step->sequence(row);
-          },
-          py::arg("row"))
-      .def(
-          "tokens",
-          [](const step_object& s, std::size_t row) {
-            s.require_open("tokens");
-            detail::require<input_error>(row < s.step->rows(), "step.tokens(row)", row, "must be below the step's rows");
-            return s.step->tokens(row);
-          },
-          py::arg("row"), "The row's new tokens in this step.")
+      .def_property_readonly("rows", [](const step_object& s) { return s.open() ? s.seqs.size() : 0; })
+      .def_property_readonly("open", &step_object::open)
+      .def("sequence", [](const step_object& s, std::size_t row) { return s.seqs[s.row(row, "sequence")]; }, py::arg("row"))
+      .def("tokens", [](const step_object& s, std::size_t row) { return s.tokens[s.row(row, "tokens")]; }, py::arg("row"),
+           "The row's new tokens in this step.")
       .def("append", &append_layer, py::arg("layer"), py::arg("rows"), py::kw_only(), py::arg("check_finite") = false,
            "Appends one layer's new tokens for every row: rows[i] = (chunks, window_keys) or (chunks, window_keys, "
            "window_values); chunks one payload or (payload, logits) per stream, payload (tokens, kv_heads, views, "
@@ -388,8 +408,10 @@ void init_model(const modules& m) {
       .def(
           "commit",
           [](step_object& s) {
-            s.require_open("commit");
-            locked(*s.model, [&] { s.step->commit(); });
+            locked(*s.model, [&] {
+              s.require_open("commit");
+              s.step->commit();
+            });
           },
           "Publishes every layer's new tokens; InputError, changing nothing, while a layer was not appended.")
       .def("abort", &step_object::abort, "Puts every layer back as before begin() (no-op on a closed step).")
@@ -476,6 +498,8 @@ void init_model(const modules& m) {
               }
               made->step.emplace(m.cache.begin(span<const sequence_id>(seqs.data(), seqs.size()),
                                                span<const std::int64_t>(each.data(), each.size())));
+              made->seqs = seqs;
+              made->tokens = each;
               for (std::size_t i = 0; i < seqs.size(); ++i) made->last.push_back(before[i] + each[i] - 1);
             });
             return made;

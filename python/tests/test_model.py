@@ -306,3 +306,25 @@ def test_appends_and_reads_release_the_gil(rng):
     assert len(inside) > 100 and gaps.max() < 0.5 * (t1 - t0), (t1 - t0, len(inside), gaps.max())
     step.commit()
     assert model.tokens(s) == 1500
+
+
+def test_bf16_chunks_are_their_float32_widening(rng):
+    """Payload and logits as bf16 bits (uint16) append exactly what their float32 widening does."""
+    models = [pk.ModelCache(small_spec(), pk.ModelOptions(pages=64)) for _ in range(2)]
+    seqs = [m.create() for m in models]
+    inputs = step_inputs(models[0], [23], rng)
+    as_bits = lambda x: (x.view(np.uint32) >> 16).astype(np.uint16)  # truncated to bf16
+    widened = lambda bits: (bits.astype(np.uint32) << 16).view(np.float32)
+    wide, bf16 = [], []
+    for rows in inputs:
+        (chunks, keys), = rows
+        bits = [tuple(as_bits(a) for a in chunk) for chunk in chunks]
+        bf16.append([(bits, keys)])
+        wide.append([([tuple(widened(b) for b in chunk) for chunk in bits], keys)])
+    run_step(models[0], [seqs[0]], [23], wide)
+    run_step(models[1], [seqs[1]], [23], bf16)
+    for stream in (0, 1):
+        for j in range(5):  # 23 tokens: CSA's entries 0..4
+            assert np.array_equal(models[0].read_entry(CSA, stream, seqs[0], j),
+                                  models[1].read_entry(CSA, stream, seqs[1], j))
+    assert models[0].snapshot(seqs[0]) == models[1].snapshot(seqs[1])
