@@ -328,3 +328,39 @@ def test_bf16_chunks_are_their_float32_widening(rng):
             assert np.array_equal(models[0].read_entry(CSA, stream, seqs[0], j),
                                   models[1].read_entry(CSA, stream, seqs[1], j))
     assert models[0].snapshot(seqs[0]) == models[1].snapshot(seqs[1])
+
+
+def test_threads_step_disjoint_sequences_of_one_model(rng):
+    """Steps over different sequences from two threads read what the same steps read one by one."""
+    sizes = pk.ModelCache(small_spec(), pk.ModelOptions(pages=1))  # what step_inputs sizes the inputs by
+    steps = [[(step_inputs(sizes, [n], rng), read_inputs(rng, 1)) for n in (9, 1, 1, 3, 1)] for _ in range(2)]
+
+    def drive(model, seq, plan, outs):
+        for inputs, (q, iq, iw, sinks) in plan:
+            with model.begin([seq], inputs[0][0][1].shape[0]) as step:
+                for l, rows in enumerate(inputs):
+                    step.append(l, rows)
+                outs.append(step.read(CSA, [0], q, iq, iw, sinks)[0])
+                step.commit()
+
+    alone = pk.ModelCache(small_spec(), pk.ModelOptions(pages=64))
+    want = [[], []]
+    for plan, outs in zip(steps, want):
+        drive(alone, alone.create(), plan, outs)
+    shared = pk.ModelCache(small_spec(), pk.ModelOptions(pages=64))
+    seqs, got, errors = [shared.create(), shared.create()], [[], []], []
+
+    def run(k):
+        try:
+            drive(shared, seqs[k], steps[k], got[k])
+        except BaseException as e:  # reported below: a thread's exception is otherwise lost
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and [shared.tokens(s) for s in seqs] == [15, 15]
+    for a, b in zip(want, got):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == len(b) == 5
