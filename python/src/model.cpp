@@ -7,7 +7,6 @@
 // sequences between calls, not the mutex, so a Python thread may run a step while another reads
 // or steps other sequences; the calls themselves run one at a time.
 
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <phasekv/models/deepseek_v4.hpp>
