@@ -11,7 +11,7 @@ piece stops the install with the interpreter's path and the fix (typically: make
 Debian's /usr/bin/python3 after scripts/setup-python), not with a failure deep inside pip.
 `python3 setup.py --phasekv-preflight` runs only that check (scripts/setup-python uses it).
 
-The module is 10 translation units, a few minutes on 2 cores. pip hides a build's output unless
+The module is 11 translation units, a few minutes on 2 cores. pip hides a build's output unless
 run with -v; so that a long build is not silent, a line per compiled file also goes to the
 terminal (/dev/tty) when there is one.
 

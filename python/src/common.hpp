@@ -306,6 +306,7 @@ void init_diag(const modules& m);
 void init_sweep(const modules& m);
 void init_probe(const modules& m);
 void init_testing(const modules& m);
+void init_model(const modules& m);
 void init_bench(const modules& m);  // only in the benchmark's build of the module (bench/python)
 
 }  // namespace pyphasekv

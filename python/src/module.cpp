@@ -1,5 +1,5 @@
 // The module `phasekv._phasekv`: the exception types, the submodules, and every area's bindings
-// (one .cpp each: core, compress, cache, read, diag, sweep, probe, testing).
+// (one .cpp each: core, compress, cache, read, model, diag, sweep, probe, testing).
 
 #include <phasekv/version.hpp>
 
@@ -68,6 +68,7 @@ PYBIND11_MODULE(PHASEKV_PYTHON_MODULE, m) {
   pyphasekv::init_compress(modules);
   pyphasekv::init_cache(modules);
   pyphasekv::init_read(modules);
+  pyphasekv::init_model(modules);
   pyphasekv::init_diag(modules);
   pyphasekv::init_sweep(modules);
   pyphasekv::init_probe(modules);

@@ -41,7 +41,7 @@ def defined(module):
             continue
         names.add(name)
         if isinstance(value, type) and not issubclass(value, BaseException):
-            own = {k for k in vars(value) if not k.startswith("_") or k in ("__len__", "__contains__", "__iter__")}
+            own = {k for k in vars(value) if not k.startswith("_") or k in ("__len__", "__contains__", "__iter__", "__enter__", "__exit__")}
             members[name] = own
     return names, members
 
