@@ -86,6 +86,23 @@ inline std::string unknown_sequence(sequence_id id, sequence_id tag, const char*
 }
 }  // namespace detail
 
+namespace detail {
+// How many times a sequence was written in a way that moves or changes memory a view points into
+// (append, remove_suffix, copy onto it): what a view's stamp records. Atomic so that checking a
+// misused view — one read while its sequence is written — is not itself a data race.
+struct write_count {
+  std::atomic<std::uint64_t> n{0};
+  write_count() = default;
+  write_count(const write_count& o) noexcept : n(o.get()) {}
+  write_count& operator=(const write_count& o) noexcept {
+    n.store(o.get(), std::memory_order_relaxed);
+    return *this;
+  }
+  std::uint64_t get() const noexcept { return n.load(std::memory_order_relaxed); }
+  void bump() noexcept { n.fetch_add(1, std::memory_order_relaxed); }
+};
+}  // namespace detail
+
 struct cache_config {
   std::string name = "cache";
   std::int64_t page_size = 64;       // entries per page
@@ -800,27 +817,12 @@ class paged_cache {
     return v;
   }
 
-  // How many times a sequence was written in a way that moves or changes memory a view points
-  // into (append, remove_suffix, copy onto it). Atomic so that checking a misused view — one read
-  // while its sequence is written — is not itself a data race.
-  struct write_count {
-    std::atomic<std::uint64_t> n{0};
-    write_count() = default;
-    write_count(const write_count& o) noexcept : n(o.get()) {}
-    write_count& operator=(const write_count& o) noexcept {
-      n.store(o.get(), std::memory_order_relaxed);
-      return *this;
-    }
-    std::uint64_t get() const noexcept { return n.load(std::memory_order_relaxed); }
-    void bump() noexcept { n.fetch_add(1, std::memory_order_relaxed); }
-  };
-
   struct sequence {
     typename layer::states states;
     std::array<std::vector<page_id>, stream_count> tables;
     raw_window window;
     std::int64_t tokens = 0;
-    write_count writes;  // what a view's stamp records
+    detail::write_count writes;  // what a view's stamp records
   };
 
   // view_stamp::current for this cache's views: the sequence is live and written no further.

@@ -213,6 +213,54 @@ std::size_t write(const Cache& cache, sequence_id id, span<std::byte> out) {
 
 // ---- restore ---------------------------------------------------------------------------------------
 
+// The 32-byte preamble every snapshot format shares — magic, version, header_bytes, total_bytes, a
+// reserved word, the CRC-32C of the first 28 bytes — checked in that order (`format` names the
+// format in the version message: "" or "model snapshot "; bad_magic() the message for other bytes).
+struct preamble {
+  std::uint32_t header = 0;
+  std::uint64_t total = 0;
+};
+template <class BadMagic>
+preamble read_preamble(const unsigned char* p, std::size_t size, const unsigned char (&expected)[8], std::uint32_t want,
+                       const char* format, BadMagic&& bad_magic) {
+  const std::size_t magic_seen = std::min(size, sizeof expected);
+  if (magic_seen > 0 && std::memcmp(p, expected, magic_seen) != 0) throw input_error(bad_magic());
+  if (size < preamble_bytes)
+    throw input_error("snapshot: truncated at byte " + std::to_string(size) + " of at least " +
+                      std::to_string(preamble_bytes) + " (the preamble)");
+  byte_reader pre(p + 8, p + preamble_bytes, "snapshot");
+  const std::uint32_t stored_version = pre.u32();
+  preamble out;
+  out.header = pre.u32();
+  out.total = pre.u64();
+  const std::uint32_t reserved = pre.u32();
+  const std::uint32_t stored_crc = pre.u32();
+  const std::uint32_t crc = crc32c(p, 28);
+  if (stored_crc != crc)
+    throw input_error("snapshot: preamble checksum mismatch (stored " + hex(stored_crc) + ", computed " + hex(crc) +
+                      "): the first 32 bytes are corrupt");
+  if (stored_version != want)
+    throw input_error(std::string("snapshot: ") + format + "format version " + std::to_string(stored_version) +
+                      " is not supported (this build reads version " + std::to_string(want) + ")");
+  if (reserved != 0) fail<input_error>("snapshot: reserved field of the preamble", reserved, "must be 0");
+  return out;
+}
+
+// The bytes are exactly the snapshot (`total`), and its header (`header` bytes, a CRC-32C of the
+// rest at its end) is intact. The caller checked header ≤ total.
+inline void check_framing(const unsigned char* p, std::size_t size, std::uint32_t header, std::uint64_t total) {
+  if (size < total)
+    throw input_error("snapshot: truncated at byte " + std::to_string(size) + " of " + std::to_string(total));
+  if (size > total)
+    throw input_error("snapshot: " + std::to_string(size - total) + " bytes follow the end of the snapshot (" +
+                      std::to_string(total) + " bytes)");
+  const std::uint32_t stored_header_crc = byte_reader(p + header - 4, p + header, "snapshot").u32();
+  const std::uint32_t header_crc = crc32c(p, header - 4);
+  if (stored_header_crc != header_crc)
+    throw input_error("snapshot: header checksum mismatch (stored " + hex(stored_header_crc) + ", computed " +
+                      hex(header_crc) + ")");
+}
+
 // The parts of a snapshot restore() has located and verified before changing anything.
 struct parsed {
   fingerprint print;
@@ -228,40 +276,16 @@ inline parsed parse(const fingerprint& destination, std::size_t streams, span<co
   const auto* p = reinterpret_cast<const unsigned char*>(in.data());
   const std::size_t size = in.size();
 
-  const std::size_t magic_seen = std::min(size, sizeof magic);
-  if (magic_seen > 0 && std::memcmp(p, magic, magic_seen) != 0)
-    throw input_error("snapshot: bad magic: these bytes are not a phasekv snapshot");
-  if (size < preamble_bytes)
-    throw input_error("snapshot: truncated at byte " + std::to_string(size) + " of at least " +
-                      std::to_string(preamble_bytes) + " (the preamble)");
-  byte_reader pre(p + 8, p + preamble_bytes, "snapshot");
-  const std::uint32_t stored_version = pre.u32();
-  const std::uint32_t header = pre.u32();
-  const std::uint64_t total = pre.u64();
-  const std::uint32_t reserved = pre.u32();
-  const std::uint32_t stored_preamble_crc = pre.u32();
-  const std::uint32_t preamble_crc = crc32c(p, 28);
-  if (stored_preamble_crc != preamble_crc)
-    throw input_error("snapshot: preamble checksum mismatch (stored " + hex(stored_preamble_crc) +
-                      ", computed " + hex(preamble_crc) + "): the first 32 bytes are corrupt");
-  if (stored_version != version)
-    throw input_error("snapshot: format version " + std::to_string(stored_version) +
-                      " is not supported (this build reads version " + std::to_string(version) + ")");
-  if (reserved != 0) fail<input_error>("snapshot: reserved field of the preamble", reserved, "must be 0");
+  const preamble pre = read_preamble(p, size, magic, version, "", [] {
+    return std::string("snapshot: bad magic: these bytes are not a phasekv snapshot");
+  });
+  const std::uint32_t header = pre.header;
+  const std::uint64_t total = pre.total;
   if (header < header_bytes(0) || header > total)
     fail<input_error>("snapshot: header_bytes", header,
                       "must lie in [" + std::to_string(header_bytes(0)) + ", total_bytes = " +
                           std::to_string(total) + "]");
-  if (size < total)
-    throw input_error("snapshot: truncated at byte " + std::to_string(size) + " of " + std::to_string(total));
-  if (size > total)
-    throw input_error("snapshot: " + std::to_string(size - total) + " bytes follow the end of the snapshot (" +
-                      std::to_string(total) + " bytes)");
-  const std::uint32_t stored_header_crc = byte_reader(p + header - 4, p + header, "snapshot").u32();
-  const std::uint32_t header_crc = crc32c(p, header - 4);
-  if (stored_header_crc != header_crc)
-    throw input_error("snapshot: header checksum mismatch (stored " + hex(stored_header_crc) + ", computed " +
-                      hex(header_crc) + ")");
+  check_framing(p, size, header, total);
 
   // The header is intact: its fields are what the writer wrote.
   byte_reader r(p + preamble_bytes, p + header, "snapshot");

@@ -262,22 +262,10 @@ class model_cache {
     std::vector<page_id> table;
     std::shared_ptr<kind_states> states;
   };
-  // How many times a sequence was written in a way that moves or changes memory a view points into.
-  struct write_count {
-    std::atomic<std::uint64_t> n{0};
-    write_count() = default;
-    write_count(const write_count& o) noexcept : n(o.get()) {}
-    write_count& operator=(const write_count& o) noexcept {
-      n.store(o.get(), std::memory_order_relaxed);
-      return *this;
-    }
-    std::uint64_t get() const noexcept { return n.load(std::memory_order_relaxed); }
-    void bump() noexcept { n.fetch_add(1, std::memory_order_relaxed); }
-  };
   struct sequence {
     std::int64_t tokens = 0;
     std::vector<kind_record> kinds;
-    write_count writes;
+    detail::write_count writes;
     bool in_step = false;  // under table_mutex_
   };
 

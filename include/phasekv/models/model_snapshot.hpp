@@ -238,49 +238,25 @@ inline std::vector<std::byte> snapshot(const model_cache& model, sequence_id id)
 // comment for what is checked and the guarantee.
 inline sequence_id restore(model_cache& model, span<const std::byte> bytes) {
   namespace f = detail::model_snapshot_format;
-  using detail::snapshot_format::hex;
   static_assert(host_little_endian, "phasekv snapshots need a little-endian host");
   if (bytes.data() == nullptr && bytes.size() != 0)
     detail::fail<input_error>("snapshot: bytes.data()", "null", "must not be null when the size is " + std::to_string(bytes.size()));
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   const std::size_t size = bytes.size();
-  const std::size_t seen = std::min(size, sizeof f::magic);
-  if (seen > 0 && std::memcmp(p, f::magic, seen) != 0) {
-    if (seen == sizeof f::magic && std::memcmp(p, detail::snapshot_format::magic, seen) == 0)
-      throw input_error("snapshot: these bytes are a layer's snapshot (a paged_cache's), not a model's: restore them into a paged_cache");
-    throw input_error("snapshot: bad magic: these bytes are not a phasekv model snapshot");
-  }
-  if (size < f::preamble_bytes)
-    throw input_error("snapshot: truncated at byte " + std::to_string(size) + " of at least " + std::to_string(f::preamble_bytes) +
-                      " (the preamble)");
-  byte_reader pre(p + 8, p + f::preamble_bytes, "snapshot");
-  const std::uint32_t stored_version = pre.u32();
-  const std::uint32_t header = pre.u32();
-  const std::uint64_t total = pre.u64();
-  const std::uint32_t reserved = pre.u32();
-  const std::uint32_t stored_crc = pre.u32();
-  const std::uint32_t crc = crc32c(p, 28);
-  if (stored_crc != crc)
-    throw input_error("snapshot: preamble checksum mismatch (stored " + hex(stored_crc) + ", computed " + hex(crc) +
-                      "): the first 32 bytes are corrupt");
-  if (stored_version != f::version)
-    throw input_error("snapshot: model snapshot format version " + std::to_string(stored_version) +
-                      " is not supported (this build reads version " + std::to_string(f::version) + ")");
-  if (reserved != 0) detail::fail<input_error>("snapshot: reserved field of the preamble", reserved, "must be 0");
+  const detail::snapshot_format::preamble pre = detail::snapshot_format::read_preamble(p, size, f::magic, f::version, "model snapshot ", [&] {
+    const bool layer = size >= sizeof f::magic && std::memcmp(p, detail::snapshot_format::magic, sizeof f::magic) == 0;
+    return std::string(layer ? "snapshot: these bytes are a layer's snapshot (a paged_cache's), not a model's: restore them into a paged_cache"
+                             : "snapshot: bad magic: these bytes are not a phasekv model snapshot");
+  });
+  const std::uint32_t header = pre.header;
+  const std::uint64_t total = pre.total;
   const std::size_t layers = model.layers();
   if (header != f::header_bytes(layers))
     detail::fail<input_error>("snapshot: header_bytes", header,
                               "must be " + std::to_string(f::header_bytes(layers)) + " for the model's " + std::to_string(layers) +
                                   " layers (a snapshot of a model with another layer count?)");
   if (header > total) detail::fail<input_error>("snapshot: header_bytes", header, "must be at most total_bytes = " + std::to_string(total));
-  if (size < total) throw input_error("snapshot: truncated at byte " + std::to_string(size) + " of " + std::to_string(total));
-  if (size > total)
-    throw input_error("snapshot: " + std::to_string(size - total) + " bytes follow the end of the snapshot (" +
-                      std::to_string(total) + " bytes)");
-  const std::uint32_t stored_header_crc = byte_reader(p + header - 4, p + header, "snapshot").u32();
-  const std::uint32_t header_crc = crc32c(p, header - 4);
-  if (stored_header_crc != header_crc)
-    throw input_error("snapshot: header checksum mismatch (stored " + hex(stored_header_crc) + ", computed " + hex(header_crc) + ")");
+  detail::snapshot_format::check_framing(p, size, header, total);
   byte_reader r(p + f::preamble_bytes, p + header, "snapshot");
   const std::uint64_t tokens = r.u64();
   const std::uint64_t count = r.u64();
