@@ -18,7 +18,9 @@
 #include "phasekv/models/model_cache.hpp"
 #include "phasekv/models/model_snapshot.hpp"
 #include "phasekv/read/sparse_reader.hpp"
+#include "../examples/pools/max_pool.hpp"
 #include "oracle/scalar_attention.hpp"
+#include "support/configs.hpp"
 #include "support/message_of.hpp"
 #include "support/random_inputs.hpp"
 #include "support/thread_executor.hpp"
@@ -692,4 +694,49 @@ TEST_CASE("model front door: a kind no layer uses holds nothing and costs nothin
   m.remove_suffix(f, 8);
   REQUIRE(m.pool_usage().kinds[3].pages_used == 0);
   REQUIRE(restore(m, snapshot(m, s)) != s);
+}
+
+TEST_CASE("pooling registry: built-ins, a host's pooling by name, and what it refuses", "[model][registry]") {
+  pooling_registry r = pooling_registry::builtins();
+  REQUIRE(r.ids() == std::vector<std::string>{"fixed_weights", "mean", "scalar_gates", "vector_gates"});
+  stream_build b;
+  b.geom = geometry{2, 4};
+  b.config = phasekv_test::stream_of("kv", stream_role::key_value, 8);
+  b.config.rope.channels = 4;
+  b.rope = rope_placement::after_pool;
+  b.norm = entry_norm::rms;
+  const std::unique_ptr<stream_kernel> gated = r.make("vector_gates", b, "spec.pooling");
+  REQUIRE(std::string(gated->pooling_name()) == "vector_gates");
+  REQUIRE(gated->rope() == rope_placement::after_pool);
+  REQUIRE(gated->norm() == entry_norm::rms);
+  REQUIRE(gated->gate_channels() == 8);
+  REQUIRE(gated->pooling_identity() == 2);  // the snapshot code of vector gates
+  REQUIRE_THROWS_WITH(r.make("max", b, "spec.pooling"), Catch::Contains("spec.pooling = 'max'") && Catch::Contains("mean"));
+
+  // A host's pooling: its instance per layer from the factory, its identity its name, version and weights.
+  r.add<phasekv_examples::max_pool>("max", [](std::size_t) { return phasekv_examples::max_pool{}; });
+  b.norm = entry_norm::none;
+  b.layer = 3;
+  const std::unique_ptr<stream_kernel> host = r.make("max", b, "spec.pooling");
+  REQUIRE(std::string(host->pooling_name()) == "max");
+  REQUIRE((host->pooling_identity() & 0x80000000u) != 0);
+  REQUIRE_THROWS_WITH(r.add<phasekv_examples::max_pool>("max"), Catch::Contains("'max'") && Catch::Contains("already registered"));
+  b.rope = rope_placement::before_pool;  // the built-ins' only
+  REQUIRE_THROWS_WITH(r.make("max", b, "spec.pooling"), Catch::Contains("kv.rope = before_pool"));
+  // The erased stream pools as the typed compressor does, bit for bit.
+  b.rope = rope_placement::none;
+  const std::unique_ptr<stream_kernel> mean = r.make("mean", b, "spec.pooling");
+  stream_compressor<compressor_policy<mean_pool>> typed(b.geom, b.config);
+  std::mt19937 rng(2);
+  const std::vector<float> x = random_uniform(rng, static_cast<std::size_t>(9 * typed.payload_floats_per_token()), -1.0f, 1.0f);
+  stream_state s1 = mean->make_state(0), s2 = typed.make_state(0);
+  std::vector<float> e1, e2;
+  auto into1 = [&](const entry_view& e) { e1.insert(e1.end(), e.values, e.values + e.kv_heads * e.channels); };
+  mean->check(s1, token_chunk{9, x, {}}, {});
+  mean->emit(s1, token_chunk{9, x, {}}, {}, entry_sink::of(into1));
+  mean->commit(s1, token_chunk{9, x, {}});
+  typed.append(s2, token_chunk{9, x, {}}, [&](const entry_view& e) { e2.insert(e2.end(), e.values, e.values + e.kv_heads * e.channels); });
+  REQUIRE(!e1.empty());
+  REQUIRE(same_bits(e1, e2));
+  REQUIRE(s1 == s2);
 }
