@@ -229,15 +229,6 @@ bench::sparse_workload& snapshot_workload() {
   return *w;
 }
 
-// A memcpy of `bytes.size()` bytes into `scratch`, timed with the thread's CPU time.
-double memcpy_seconds(const std::vector<std::byte>& bytes, std::vector<std::byte>& scratch) {
-  const double t0 = bench::thread_seconds();
-  std::memcpy(scratch.data(), bytes.data(), bytes.size());
-  benchmark::DoNotOptimize(scratch.data());
-  benchmark::ClobberMemory();
-  return bench::thread_seconds() - t0;
-}
-
 void report_of_memcpy(benchmark::State& state, std::size_t bytes, double seconds, double memcpy_total) {
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(bytes));
   state.counters["MiB"] = static_cast<double>(bytes) / static_cast<double>(1 << 20);
@@ -257,7 +248,7 @@ void BM_snapshot(benchmark::State& state) {
     benchmark::ClobberMemory();
     seconds += bench::thread_seconds() - t0;
     state.PauseTiming();
-    baseline += memcpy_seconds(buffer, scratch);
+    baseline += bench::memcpy_seconds(buffer, scratch);
     state.ResumeTiming();
   }
   report_of_memcpy(state, size, seconds, baseline);
@@ -278,7 +269,7 @@ void BM_restore(benchmark::State& state) {
     seconds += bench::thread_seconds() - t0;
     state.PauseTiming();
     destination.free(id);
-    baseline += memcpy_seconds(bytes, scratch);
+    baseline += bench::memcpy_seconds(bytes, scratch);
     state.ResumeTiming();
   }
   report_of_memcpy(state, bytes.size(), seconds, baseline);

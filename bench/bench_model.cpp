@@ -33,6 +33,8 @@
 #include <phasekv/models/model_snapshot.hpp>
 #include <phasekv/testing/bench.hpp>
 
+#include "machine_limits.hpp"
+
 namespace {
 
 using namespace phasekv;
@@ -132,14 +134,6 @@ void BM_remove_suffix(benchmark::State& state) {
   counters(state, p);
 }
 
-double memcpy_seconds(const std::vector<std::byte>& from, std::vector<std::byte>& to) {
-  const double t0 = bench::thread_seconds();
-  std::memcpy(to.data(), from.data(), from.size());
-  benchmark::DoNotOptimize(to.data());
-  benchmark::ClobberMemory();
-  return bench::thread_seconds() - t0;
-}
-
 void BM_snapshot(benchmark::State& state) {
   prefilled_model& p = model_for(state.range(0));
   std::vector<std::byte> buffer(snapshot_size(p.model, p.seq)), scratch(buffer.size());
@@ -153,7 +147,7 @@ void BM_snapshot(benchmark::State& state) {
     const double t = bench::thread_seconds() - t0;
     seconds += t;
     state.SetIterationTime(t);
-    baseline += memcpy_seconds(buffer, scratch);
+    baseline += bench::memcpy_seconds(buffer, scratch);
   }
   state.counters["MiB"] = static_cast<double>(buffer.size()) / (1 << 20);
   state.counters["of_memcpy"] = seconds > 0.0 ? baseline / seconds : 0.0;
@@ -174,7 +168,7 @@ void BM_restore(benchmark::State& state) {
     seconds += t;
     state.SetIterationTime(t);
     destination.free(id);
-    baseline += memcpy_seconds(bytes, scratch);
+    baseline += bench::memcpy_seconds(bytes, scratch);
   }
   state.counters["MiB"] = static_cast<double>(bytes.size()) / (1 << 20);
   state.counters["of_memcpy"] = seconds > 0.0 ? baseline / seconds : 0.0;

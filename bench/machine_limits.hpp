@@ -6,6 +6,10 @@
 
 #include <benchmark/benchmark.h>
 
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
 #include <phasekv/testing/machine_limits.hpp>
 
 namespace phasekv::bench {
@@ -16,6 +20,16 @@ inline void report_floor(const roofline& r, benchmark::State& state) {
   const double floor = r.floor_seconds();
   state.counters["floor_ms"] = 1e3 * floor;
   state.counters["of_roofline"] = benchmark::Counter(floor, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// A memcpy of `from` into `to` (both faulted in), timed with the thread's CPU time: the baseline a
+// snapshot or restore of the same bytes is reported against (of_memcpy).
+inline double memcpy_seconds(const std::vector<std::byte>& from, std::vector<std::byte>& to) {
+  const double t0 = thread_seconds();
+  std::memcpy(to.data(), from.data(), from.size());
+  benchmark::DoNotOptimize(to.data());
+  benchmark::ClobberMemory();
+  return thread_seconds() - t0;
 }
 
 }  // namespace phasekv::bench

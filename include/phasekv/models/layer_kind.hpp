@@ -98,21 +98,23 @@ inline reader_config resolve_reader_streams(const std::vector<stream_spec>& stre
   std::size_t value = first([](stream_role r) { return r == stream_role::value; });
   if (value == no_stream && key != no_stream && streams[key].config.role == stream_role::key_value) value = key;
   const std::size_t indexer = first(is_indexer);
-  const auto agree = [&](std::size_t& chosen, std::size_t derived, auto accepts, const char* what, const char* roles) {
+  // `optional`: no_stream is a valid choice (the indexer's: the host selects, or no selection).
+  const auto agree = [&](std::size_t& chosen, std::size_t derived, auto accepts, const char* what, const char* roles,
+                         bool optional) {
     if (chosen == from_roles) {
       chosen = derived;
       return;
     }
-    if (chosen == no_stream && (streams.empty() || std::string(what) == "indexer_stream")) return;
+    if (chosen == no_stream && (streams.empty() || optional)) return;
     if (chosen >= streams.size() || !accepts(streams[chosen].config.role))
       detail::fail(field + "." + what, chosen,
                    std::string("must name a stream of role ") + roles +
                        (chosen < streams.size() ? " (stream '" + streams[chosen].config.name + "' has another)" : std::string()) +
                        ", or be from_roles");
   };
-  agree(config.key_stream, key, is_key, "key_stream", "key or key_value");
-  agree(config.value_stream, value, is_value, "value_stream", "value or key_value");
-  agree(config.indexer_stream, indexer, is_indexer, "indexer_stream", "indexer");
+  agree(config.key_stream, key, is_key, "key_stream", "key or key_value", false);
+  agree(config.value_stream, value, is_value, "value_stream", "value or key_value", false);
+  agree(config.indexer_stream, indexer, is_indexer, "indexer_stream", "indexer", true);
   if (!streams.empty() && config.key_stream == no_stream)
     detail::fail(field + ".key_stream", "from_roles", "finds no stream of role key or key_value to attend to");
   if (!streams.empty() && config.value_stream == no_stream)

@@ -189,8 +189,12 @@ class model_cache {
   // Entry j of a layer's stream, as fp32 (kv_heads × channels into out).
   void read_entry(std::size_t layer, std::size_t stream, sequence_id id, std::int64_t j, span<float> out) const;
   // The values a read sees for token t's window key row and value row (the key's when tied).
-  void copy_window_key(std::size_t layer, sequence_id id, std::int64_t t, span<float> out) const;
-  void copy_window_value(std::size_t layer, sequence_id id, std::int64_t t, span<float> out) const;
+  void copy_window_key(std::size_t layer, sequence_id id, std::int64_t t, span<float> out) const {
+    copy_window_row(layer, id, t, out, false, "copy_window_key");
+  }
+  void copy_window_value(std::size_t layer, sequence_id id, std::int64_t t, span<float> out) const {
+    copy_window_row(layer, id, t, out, true, "copy_window_value");
+  }
   // A layer's compressor state of a sequence: the state its next step continues from (a copy;
   // a rollback the block has not yet applied is applied to the copy).
   stream_state state(std::size_t layer, std::size_t stream, sequence_id id) const {
@@ -309,6 +313,8 @@ class model_cache {
   }
 
   std::shared_ptr<kind_states> fresh_states(std::size_t kind) const;
+  void copy_window_row(std::size_t layer, sequence_id id, std::int64_t t, span<float> out, bool values,
+                       const char* operation) const;
   void retain_pages(const sequence& s);
   void release_pages(sequence& s) noexcept;
   sequence_id insert(std::unique_ptr<sequence>&& record);
@@ -769,31 +775,22 @@ inline void model_cache::read_entry(std::size_t layer, std::size_t stream, seque
   load_entries(layout, l.arenas[stream].entry(page, j % layout.page_size), 1, out.data());
 }
 
-inline void model_cache::copy_window_key(std::size_t layer, sequence_id id, std::int64_t t, span<float> out) const {
-  const layer_slot& l = layer_slot_of(layer, "copy_window_key");
-  const sequence& s = find(id, "copy_window_key");
+inline void model_cache::copy_window_row(std::size_t layer, sequence_id id, std::int64_t t, span<float> out, bool values,
+                                         const char* operation) const {
+  const layer_slot& l = layer_slot_of(layer, operation);
+  const sequence& s = find(id, operation);
   const raw_window& w = s.kinds[l.kind].states->layers[l.index].window;
-  const std::int64_t first = std::min(w.first(), s.tokens);
+  const std::int64_t first = std::min(w.first(), s.tokens);  // a rollback not yet applied to the ring
   if (w.config().tokens == 0 || t < first || t >= s.tokens)
-    detail::fail<input_error>(name() + ".copy_window_key: window token", t,
+    detail::fail<input_error>(name() + "." + operation + ": window token", t,
                               "must lie in the raw window [" + std::to_string(first) + ", " + std::to_string(s.tokens) + ")");
-  if (out.size() != static_cast<std::size_t>(w.key_floats()) || out.data() == nullptr)
-    detail::fail<input_error>(name() + ".copy_window_key: out.size()", out.size(), "must be " + std::to_string(w.key_floats()));
-  w.copy_key(t % w.rows(), out.data());
-}
-
-inline void model_cache::copy_window_value(std::size_t layer, sequence_id id, std::int64_t t, span<float> out) const {
-  const layer_slot& l = layer_slot_of(layer, "copy_window_value");
-  const sequence& s = find(id, "copy_window_value");
-  const raw_window& w = s.kinds[l.kind].states->layers[l.index].window;
-  const std::int64_t first = std::min(w.first(), s.tokens);
-  if (w.config().tokens == 0 || t < first || t >= s.tokens)
-    detail::fail<input_error>(name() + ".copy_window_value: window token", t,
-                              "must lie in the raw window [" + std::to_string(first) + ", " + std::to_string(s.tokens) + ")");
-  const std::int64_t floats = w.tied() ? w.key_floats() : w.value_floats();
+  const std::int64_t floats = values && !w.tied() ? w.value_floats() : w.key_floats();
   if (out.size() != static_cast<std::size_t>(floats) || out.data() == nullptr)
-    detail::fail<input_error>(name() + ".copy_window_value: out.size()", out.size(), "must be " + std::to_string(floats));
-  w.copy_value(t % w.rows(), out.data());
+    detail::fail<input_error>(name() + "." + operation + ": out.size()", out.size(), "must be " + std::to_string(floats));
+  if (values)
+    w.copy_value(t % w.rows(), out.data());
+  else
+    w.copy_key(t % w.rows(), out.data());
 }
 
 inline std::vector<page_id> model_cache::page_table(sequence_id id, std::size_t kind) const {
