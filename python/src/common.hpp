@@ -125,6 +125,23 @@ T* output(py::object& o, const std::string& name, const std::vector<py::ssize_t>
   return static_cast<T*>(a.mutable_data());
 }
 
+// selected_logical / selected_physical of a batched read: None or False (not written), True (a new
+// int32 array, −1 filled), or the caller's int32 array of batch × top_k (slots past an item's own
+// top_k are left as they are). `rows` names the batch axis in messages ("len(seqs)").
+inline std::int32_t* selection_output(py::object& o, const char* name, std::size_t batch, std::int64_t top_k,
+                                      const char* rows) {
+  if (o.is_none() || (py::isinstance<py::bool_>(o) && !o.cast<bool>())) {
+    o = py::none();
+    return nullptr;
+  }
+  const bool allocate = py::isinstance<py::bool_>(o);
+  if (allocate) o = py::none();
+  std::int32_t* to =
+      output<std::int32_t>(o, name, {static_cast<py::ssize_t>(batch), top_k}, std::string(rows) + " × reader top_k");
+  if (allocate) std::fill_n(to, batch * static_cast<std::size_t>(top_k), -1);
+  return to;
+}
+
 // A vector's memory handed to NumPy without a copy: the array owns the vector.
 template <class T>
 py::array_t<T> adopt(std::vector<T>&& values, std::vector<py::ssize_t> shape) {

@@ -149,20 +149,6 @@ void append_layer(step_object& s, std::size_t layer, const py::sequence& rows, b
   });
 }
 
-// selected_logical / selected_physical as read_batch takes them: None or False (not written), True
-// (a new int32 array, −1 filled), or the caller's int32 array of len(rows) × top_k.
-std::int32_t* selection_output(py::object& o, const char* name, std::size_t batch, std::int64_t top_k) {
-  if (o.is_none() || (py::isinstance<py::bool_>(o) && !o.cast<bool>())) {
-    o = py::none();
-    return nullptr;
-  }
-  const bool allocate = py::isinstance<py::bool_>(o);
-  if (allocate) o = py::none();
-  std::int32_t* to = output<std::int32_t>(o, name, {static_cast<py::ssize_t>(batch), top_k}, "len(rows) × reader top_k");
-  if (allocate) std::fill_n(to, batch * static_cast<std::size_t>(top_k), -1);
-  return to;
-}
-
 // A stacked read input [len(rows)][...] checked by its axes: None, or its memory.
 span<const float> read_input(py::object& o, const char* name, std::vector<axis> axes, std::vector<py::array>& keep) {
   if (o.is_none()) return {};
@@ -222,8 +208,8 @@ py::tuple read_layer(model_object& m, step_object* s, std::size_t layer, const s
   float* o = output<float>(out, "out", {b, rc.query_heads, vc}, lead + " × query_heads × value channels",
                            {{lead.c_str(), b}, {"query_heads", rc.query_heads}, {"channels", vc}});
   float* l = output<float>(lse, "lse", {b, rc.query_heads}, lead + " × query_heads", {{lead.c_str(), b}, {"query_heads", rc.query_heads}});
-  std::int32_t* logical = selection_output(selected_logical, "selected_logical", batch, rc.top_k);
-  std::int32_t* physical = selection_output(selected_physical, "selected_physical", batch, rc.top_k);
+  std::int32_t* logical = selection_output(selected_logical, "selected_logical", batch, rc.top_k, "len(rows)");
+  std::int32_t* physical = selection_output(selected_physical, "selected_physical", batch, rc.top_k, "len(rows)");
   std::vector<layer_read> reads(batch);
   for (std::size_t i = 0; i < batch; ++i) {
     layer_read& r = reads[i];

@@ -73,21 +73,6 @@ batch_rows rows_of(const py::object& o, const char* name, std::size_t batch, std
   return {all.data(), batch == 0 ? 0 : all.size() / batch};
 }
 
-// selected_logical / selected_physical: None (not written), True (a new array, −1 filled), or the
-// caller's int32 array of B × top_k (slots past an item's own top_k are left as they are).
-std::int32_t* selection_output(py::object& o, const char* name, std::size_t batch, std::int64_t top_k) {
-  if (o.is_none() || (py::isinstance<py::bool_>(o) && !o.cast<bool>())) {
-    o = py::none();
-    return nullptr;
-  }
-  const bool allocate = py::isinstance<py::bool_>(o);
-  if (allocate) o = py::none();
-  std::int32_t* to =
-      output<std::int32_t>(o, name, {static_cast<py::ssize_t>(batch), top_k}, "len(seqs) × reader top_k");
-  if (allocate) std::fill_n(to, batch * static_cast<std::size_t>(top_k), -1);
-  return to;
-}
-
 // Host indices: None, or int32 entry ids (−1 padding) of `batch` rows (read: batch = −1, one row)
 // of at most the reader's top_k each.
 struct index_rows {
@@ -316,8 +301,8 @@ void init_read(const modules& m) {
                                      {{"len(seqs)", b}, {"query_heads", rc.query_heads}, {"channels", value_channels(r)}});
             float* l = output<float>(lse, "lse", {b, rc.query_heads}, "len(seqs) × query_heads",
                                      {{"len(seqs)", b}, {"query_heads", rc.query_heads}});
-            std::int32_t* logical = selection_output(selected_logical, "selected_logical", batch, rc.top_k);
-            std::int32_t* physical = selection_output(selected_physical, "selected_physical", batch, rc.top_k);
+            std::int32_t* logical = selection_output(selected_logical, "selected_logical", batch, rc.top_k, "len(seqs)");
+            std::int32_t* physical = selection_output(selected_physical, "selected_physical", batch, rc.top_k, "len(seqs)");
             std::vector<read_trace*> trace(batch, nullptr);
             if (!traces.is_none()) {
               trace = traces.cast<std::vector<read_trace*>>();
