@@ -313,36 +313,6 @@ sparse_setup& sparse(std::int64_t tokens, std::int64_t page_size) {
 
 // ---- the in-run ratio --------------------------------------------------------------------------
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// The baseline's time over the candidate's, on `clock` (seconds): in each of 9 rounds each is
-// timed once, right after prepare(it) (untimed); the median of the rounds' ratios, which the
-// machine's drift moves little.
-template <class Clock, class Prepare, class Baseline, class Candidate>
-double paired_rounds(Clock clock, Prepare&& prepare, Baseline&& baseline, Candidate&& candidate) {
-  std::vector<double> ratios;
-  for (int round = 0; round < 9; ++round) {
-    prepare(baseline);
-    double t0 = clock();
-    baseline();
-    const double base = clock() - t0;
-    prepare(candidate);
-    t0 = clock();
-    candidate();
-    ratios.push_back(base / (clock() - t0));
-  }
-  return median(ratios);
-}
-
-// paired_rounds, each side run once untimed right before its timed run (which brings its data in).
-template <class Clock, class Baseline, class Candidate>
-double paired_speedup(Clock clock, Baseline&& baseline, Candidate&& candidate) {
-  return paired_rounds(clock, [](auto& run) { run(); }, baseline, candidate);
-}
-
 // Warm: paired_speedup on this thread's clock. Cold: paired_rounds with the caches evicted before
 // each timed run.
 template <class Baseline, class Candidate>
@@ -420,7 +390,7 @@ void BM_dense_decode(benchmark::State& state) {
 // phasekv-bench reports): it must read every candidate's indexer key, the selected entries and the
 // window rows, and do the indexer's and the attention's multiply-adds.
 // With bf16 indexer keys: half their bytes, and the indexer's multiply-adds at the bf16 peak.
-// With FP8 entries: 584 bytes per selected entry (the window counted as fp32).
+// With FP8 entries: 584 bytes per selected entry and per window row (both stored as FP8).
 // With FP4 indexer keys: 68 bytes per key, and the indexer's multiply-adds at the int8 peak.
 bench::roofline sparse_roofline(std::int64_t candidates, bool bf16_indexer = false, bool fp8_entries = false,
                                 bool fp4_indexer = false) {
@@ -429,7 +399,8 @@ bench::roofline sparse_roofline(std::int64_t candidates, bool bf16_indexer = fal
   c.key_channels = c.value_channels = kChannels;
   c.top_k = kTopK;
   c.window_tokens = kWindow;
-  c.window_floats = kChannels;
+  // The window rows as stored: FP8 with the FP8 entries (decode_cache_config), fp32 otherwise.
+  c.window_row_bytes = fp8_entries ? static_cast<double>(fp8_head_layout::of(kChannels, 64).bytes) : 4.0 * kChannels;
   c.indexer_heads = kIndexerHeads;
   c.indexer_channels = kIndexerChannels;
   c.entry_bytes = fp8_entries ? static_cast<double>(fp8_head_layout::of(kChannels, 64).bytes) : 4.0 * kChannels;
@@ -764,8 +735,6 @@ batch_setup& batched() {
   static batch_setup b(kBatch, kBatchContext, kBatch / 2, kBatchPrefix);
   return b;
 }
-
-double wall_seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 void BM_batched_decode(benchmark::State& state) {
   batch_setup& b = batched();

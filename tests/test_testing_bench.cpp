@@ -99,3 +99,67 @@ TEST_CASE("a host pooling's write floor counts the FLOPs it states, and is unkno
   CHECK(silent.json().find("\"floor_seconds\": null") != std::string::npos);
   CHECK(silent.table().find("n/a") != std::string::npos);
 }
+
+// The read floor from the maths, for DeepSeek-V4's three layer kinds at its precision: every stored
+// byte counted as stored (FP4 indexer keys 68, FP8 entries and window rows 584), the indexer's
+// multiply-adds as int8 operations, attention's as FLOPs; a window-only layer reads its window alone.
+TEST_CASE("read_cost counts the stored bytes and the multiply-adds of each kind of read", "[testing][bench]") {
+  using namespace phasekv;
+  layer_shape shape;
+  shape.geom = geometry{4, 8, 0, anchor_mode::block_start};
+  stream_shape kv;
+  kv.channels = 512;
+  kv.storage = storage_type::fp8_e4m3_block;
+  kv.applies_rope = true;
+  kv.rope.channels = 64;
+  stream_shape ix;
+  ix.role = stream_role::indexer;
+  ix.channels = 128;
+  ix.storage = storage_type::fp4_e2m1_hadamard;
+  shape.streams = {kv, ix};
+  shape.window.tokens = 128;
+  shape.window.key_channels = 512;
+  shape.window.precision = storage_type::fp8_e4m3_block;
+  shape.window.rope_channels = 64;
+  reader_config rc;
+  rc.query_heads = 64;
+  rc.key_stream = rc.value_stream = 0;
+  rc.indexer_stream = 1;
+  rc.top_k = 512;
+  rc.indexer_heads = 64;
+  rc.precision = indexer_precision::fp4;
+  const double n = 8192.0;  // candidates
+  const double query_bytes = 4.0 * (64 * 1024 + 64 * 129);
+
+  SECTION("CSA: the indexer keys of every candidate, the top-k entries, the window") {
+    const bench::roofline r = bench::read_cost::of(shape, rc, {584, 68}).floor(8192);
+    CHECK(r.bytes == 68.0 * n + 584.0 * 512 + 584.0 * 128 + query_bytes);
+    CHECK(r.int8_ops == 2.0 * 64 * 128 * n);
+    CHECK(r.flops == 2.0 * 64 * 1024 * (512 + 128));
+  }
+  SECTION("HCA: every entry, no indexer") {
+    shape.streams = {kv};
+    rc.indexer_stream = no_stream;
+    rc.top_k = 0;
+    rc.indexer_heads = 0;
+    const bench::roofline r = bench::read_cost::of(shape, rc, {584}).floor(256);
+    CHECK(r.bytes == 584.0 * 256 + 584.0 * 128 + 4.0 * 64 * 1024);
+    CHECK(r.int8_ops == 0.0);
+    CHECK(r.flops == 2.0 * 64 * 1024 * (256 + 128));
+  }
+  SECTION("window-only: the window's rows and channels") {
+    shape.streams.clear();
+    rc.key_stream = rc.value_stream = rc.indexer_stream = no_stream;
+    rc.top_k = 0;
+    rc.indexer_heads = 0;
+    const bench::roofline r = bench::read_cost::of(shape, rc, {}).floor(0);
+    CHECK(r.bytes == 584.0 * 128 + 4.0 * 64 * 1024);
+    CHECK(r.flops == 2.0 * 64 * 1024 * 128);
+  }
+  SECTION("an fp32 window row is 2048 bytes") {
+    shape.window.precision = storage_type::f32;
+    shape.window.rope_channels = 0;
+    const bench::roofline r = bench::read_cost::of(shape, rc, {584, 68}).floor(8192);
+    CHECK(r.bytes == 68.0 * n + 584.0 * 512 + 2048.0 * 128 + query_bytes);
+  }
+}

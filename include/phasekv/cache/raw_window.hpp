@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -360,15 +361,20 @@ class raw_window {
       read_ring_rows(r, f.rows, values_.data(), rows_, value_floats(), first_, tokens);
       return;
     }
-    std::vector<float> keys(static_cast<std::size_t>(rows_ * key_floats()), 0.0f);
-    std::vector<float> values(static_cast<std::size_t>(rows_ * value_floats()), 0.0f);
-    read_ring_rows(r, f.rows, keys.data(), rows_, key_floats(), first_, tokens);
-    read_ring_rows(r, f.rows, values.data(), rows_, value_floats(), first_, tokens);
-    for (std::int64_t row = 0; row < rows_; ++row)
-      write_row(row, keys.data() + row * key_floats(), tied() ? nullptr : values.data() + row * value_floats());
-    std::vector<float> back(static_cast<std::size_t>(std::max(key_floats(), value_floats())));
+    // FP8: each ring row quantized from its saved row, in token order, through one row of scratch
+    // (the snapshot's floats need not be aligned). The rows of the ring hold what the f32 path's
+    // read_ring_rows would: the saved ring verbatim when the row counts agree, else each kept
+    // token's row and zeros elsewhere.
+    const auto key_size = static_cast<std::size_t>(key_floats()) * sizeof(float);
+    const auto value_size = static_cast<std::size_t>(value_floats()) * sizeof(float);
+    const unsigned char* saved_keys = r.bytes(static_cast<std::size_t>(f.rows) * key_size);
+    const unsigned char* saved_values = r.bytes(static_cast<std::size_t>(f.rows) * value_size);
+    if (rows_ == 0) return;
+    std::vector<float> key(static_cast<std::size_t>(key_floats())), value(static_cast<std::size_t>(value_floats())), back;
     const auto check = [&](const std::byte* stored, const float* given, const fp8_head_layout& head, std::int64_t channels,
                            std::int64_t floats, std::int64_t t, const char* what) {
+      if (below_2_120(given, floats)) return;
+      back.resize(static_cast<std::size_t>(floats));
       decode_row(stored, head, channels, back.data());
       for (std::int64_t i = 0; i < floats; ++i)
         if (std::isinf(back[static_cast<std::size_t>(i)]))
@@ -378,13 +384,23 @@ class raw_window {
                                     "reads back as " + std::string(back[static_cast<std::size_t>(i)] > 0 ? "+" : "-") +
                                         "inf from the window's fp8_e4m3_block storage: an FP8 window cannot hold it");
     };
-    for (std::int64_t t = first_; t < tokens && rows_ > 0; ++t) {
-      const std::int64_t row = t % rows_;
-      check(key_bytes_.data() + row * key_row_bytes(), keys.data() + row * key_floats(), key_head(), config_.key_channels,
-            key_floats(), t, "key");
+    for (std::int64_t t = tokens - rows_; t < tokens; ++t) {  // every ring row once
+      const std::int64_t row = (t % rows_ + rows_) % rows_;
+      const bool kept = t >= first_;
+      const std::int64_t from = f.rows == rows_ ? row : kept ? t % f.rows : -1;
+      if (from >= 0) {
+        std::memcpy(key.data(), saved_keys + static_cast<std::size_t>(from) * key_size, key_size);
+        std::memcpy(value.data(), saved_values + static_cast<std::size_t>(from) * value_size, value_size);
+      } else {
+        std::fill(key.begin(), key.end(), 0.0f);
+        std::fill(value.begin(), value.end(), 0.0f);
+      }
+      write_row(row, key.data(), tied() ? nullptr : value.data());
+      if (!kept) continue;
+      check(key_bytes_.data() + row * key_row_bytes(), key.data(), key_head(), config_.key_channels, key_floats(), t, "key");
       if (!tied())
-        check(value_bytes_.data() + row * value_row_bytes(), values.data() + row * value_floats(), value_head(),
-              config_.value_channels, value_floats(), t, "value");
+        check(value_bytes_.data() + row * value_row_bytes(), value.data(), value_head(), config_.value_channels, value_floats(), t,
+              "value");
     }
   }
 
@@ -427,6 +443,20 @@ class raw_window {
     std::copy_n(key_row, key_floats(), keys_.data() + row * key_floats());
     if (value_row) std::copy_n(value_row, value_floats(), values_.data() + row * value_floats());
   }
+  // Whether every |x| < 2^120 (NaN fails), one integer pass over the bits. Such a row reads back
+  // finite from FP8 (format/fp8.hpp: only |x| ≥ 1.9375 · 2^127 comes back as ±inf, and a bf16
+  // RoPE channel below 2^120 rounds finite), so restoring a window decodes only the rows this
+  // does not clear.
+  static bool below_2_120(const float* x, std::int64_t n) noexcept {
+    std::uint32_t largest = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::uint32_t bits;
+      std::memcpy(&bits, x + i, sizeof bits);
+      largest = std::max(largest, bits & 0x7FFFFFFFu);
+    }
+    return largest < 0x7B800000u;  // 2^120: exponent field 247
+  }
+
   // One FP8 row's kv_heads heads from, and back to, kv_heads × channels floats.
   void encode_row(const float* in, const fp8_head_layout& head, std::int64_t channels, std::byte* row) const noexcept {
     for (std::int64_t h = 0; h < config_.kv_heads; ++h) fp8_quantize_head(in + h * channels, head, row + h * head.bytes);

@@ -147,6 +147,14 @@ class model_cache {
     return *l.streams[k];
   }
 
+  // How a layer's stream stores its entries (entry_stride_bytes: the bytes of one).
+  const page_layout& layout(std::size_t layer, std::size_t k) const {
+    const layer_slot& l = layer_slot_of(layer, "layout");
+    if (k >= l.arenas.size())
+      detail::fail<input_error>(name() + ".layout(stream)", k, "must be below the layer's stream count " + std::to_string(l.arenas.size()));
+    return l.arenas[k].layout();
+  }
+
   // ---- sequences (each touches every kind once; none allocates a page) ----------------------
 
   sequence_id create();

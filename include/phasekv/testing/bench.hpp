@@ -168,7 +168,8 @@ struct read_inputs {
 
   read_inputs() = default;
   read_inputs(const layer_shape& shape, const reader_config& rc, std::uint64_t seed = 0) {
-    queries = random_vector(rc.query_heads * shape.streams[rc.key_stream].channels, seed + 21);
+    const std::int64_t key_channels = rc.key_stream == no_stream ? shape.window.key_channels : shape.streams[rc.key_stream].channels;
+    queries = random_vector(rc.query_heads * key_channels, seed + 21);
     if (rc.top_k > 0 && rc.indexer_stream != no_stream) {
       indexer_queries = random_vector(rc.indexer_heads * shape.streams[rc.indexer_stream].channels, seed + 22);
       indexer_weights = random_vector(rc.indexer_heads, seed + 23);
@@ -347,31 +348,38 @@ struct write_fixture {
 
 // What one read must move and compute. selected = min(top_k, candidates) (all candidates without
 // selection), keys = selected + the window's tokens:
-//   bytes  = indexer key bytes · candidates + entry bytes · selected
-//            + 4 · (window tokens · window floats a token + query_heads · (key + value channels)
-//                   + indexer_heads · (indexer channels + 1))        (window rows, queries, output)
+//   bytes  = indexer key bytes · candidates + entry bytes · selected + window row bytes · window tokens
+//            + 4 · (query_heads · (key + value channels) + indexer_heads · (indexer channels + 1))
+//                                                                     (queries, output, weights)
 //   flops  = 2 · query_heads · (key + value channels) · keys          (q·k and p·v, at the FMA peak)
 //          + 2 · indexer_heads · indexer channels · candidates        (at the peak of its precision)
-// Entry and key bytes are the stored ones (page_layout::entry_stride_bytes: FP8 584 for a
-// 512-channel entry, FP4 68 for a 128-channel key); window rows are counted as fp32.
+// Entry, key and window row bytes are the stored ones (page_layout::entry_stride_bytes: FP8 584
+// for a 512-channel entry, FP4 68 for a 128-channel key; an FP8 window row 584, an fp32 one 2048).
+// A window-only layer (no key stream) reads its window alone: its channels are the window's.
 struct read_cost {
   std::int64_t query_heads = 0, key_channels = 0, value_channels = 0, top_k = 0;
-  std::int64_t window_tokens = 0, window_floats = 0;  // floats of one window token (keys, and values untied)
+  std::int64_t window_tokens = 0;
   std::int64_t indexer_heads = 0, indexer_channels = 0;
   double entry_bytes = 0.0, indexer_key_bytes = 0.0;
+  double window_row_bytes = 0.0;  // stored bytes of one window token (keys, and values untied)
   indexer_precision precision = indexer_precision::f32;
 
   // The cost of `reader`'s reads of a layer: `entry_stride_bytes[k]` is stream k's stored entry size.
   static read_cost of(const layer_shape& shape, const reader_config& reader, const std::vector<std::int64_t>& entry_stride_bytes) {
     read_cost c;
-    const stream_shape& k = shape.streams[reader.key_stream];
-    const stream_shape& v = shape.streams[reader.value_stream];
     c.query_heads = reader.query_heads;
-    c.key_channels = k.channels;
-    c.value_channels = v.channels;
     c.top_k = reader.top_k;
     c.window_tokens = shape.window.tokens;
-    c.window_floats = shape.window.kv_heads * (shape.window.key_channels + shape.window.value_channels);
+    if (shape.window.tokens > 0)
+      c.window_row_bytes = static_cast<double>(raw_window::ring_bytes(shape.window, 0) / shape.window.tokens);
+    if (reader.key_stream == no_stream) {  // window-only
+      c.key_channels = shape.window.key_channels;
+      c.value_channels = shape.window.value_channels > 0 ? shape.window.value_channels : shape.window.key_channels;
+      c.top_k = 0;
+      return c;
+    }
+    c.key_channels = shape.streams[reader.key_stream].channels;
+    c.value_channels = shape.streams[reader.value_stream].channels;
     c.entry_bytes = static_cast<double>(entry_stride_bytes[reader.key_stream]);
     if (reader.value_stream != reader.key_stream) c.entry_bytes += static_cast<double>(entry_stride_bytes[reader.value_stream]);
     if (reader.top_k > 0 && reader.indexer_stream != no_stream) {
@@ -389,9 +397,8 @@ struct read_cost {
     const double keys = selected + static_cast<double>(window_tokens);
     const double indexer_flops = 2.0 * static_cast<double>(indexer_heads * indexer_channels) * n;
     roofline r;
-    r.bytes = indexer_key_bytes * n + selected * entry_bytes +
-              4.0 * (static_cast<double>(window_tokens * window_floats) +
-                     static_cast<double>(query_heads * (key_channels + value_channels)) +
+    r.bytes = indexer_key_bytes * n + selected * entry_bytes + window_row_bytes * static_cast<double>(window_tokens) +
+              4.0 * (static_cast<double>(query_heads * (key_channels + value_channels)) +
                      static_cast<double>(indexer_heads * (indexer_channels + 1)));
     r.flops = 2.0 * static_cast<double>(query_heads * (key_channels + value_channels)) * keys;
     (precision == indexer_precision::fp4 ? r.int8_ops : precision == indexer_precision::bf16 ? r.bf16_flops : r.flops) +=
