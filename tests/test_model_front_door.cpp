@@ -740,3 +740,23 @@ TEST_CASE("pooling registry: built-ins, a host's pooling by name, and what it re
   REQUIRE(same_bits(e1, e2));
   REQUIRE(s1 == s2);
 }
+
+TEST_CASE("pooling registry: one compiled policy under an id takes only its own placement and norm", "[model][registry]") {
+  pooling_registry r;
+  r.add_compiled<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>>("v4");
+  stream_build b;
+  b.geom = geometry{2, 4};
+  b.config = phasekv_test::stream_of("kv", stream_role::key_value, 8);
+  b.config.rope.channels = 4;
+  b.rope = rope_placement::after_pool;
+  b.norm = entry_norm::rms;
+  const std::unique_ptr<stream_kernel> v4 = r.make("v4", b, "spec.pooling");
+  REQUIRE(std::string(v4->pooling_name()) == "vector_gates");
+  REQUIRE(v4->pooling_identity() == pooling_registry::builtins().make("vector_gates", b, "spec.pooling")->pooling_identity());
+  b.norm = entry_norm::none;
+  REQUIRE_THROWS_WITH(r.make("v4", b, "spec.pooling"), Catch::Contains("kv.norm = none") && Catch::Contains("'v4'"));
+  b.norm = entry_norm::rms;
+  b.rope = rope_placement::none;
+  REQUIRE_THROWS_WITH(r.make("v4", b, "spec.pooling"), Catch::Contains("kv.rope = none") && Catch::Contains("after_pool"));
+  REQUIRE_THROWS_WITH(r.add_compiled<compressor_policy<mean_pool>>("v4"), Catch::Contains("already registered"));
+}

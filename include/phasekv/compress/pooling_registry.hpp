@@ -187,6 +187,26 @@ class pooling_registry {
     });
   }
 
+  // One compiled policy (compressor_policy<Pooling, Rope, Norm>, its pooling default-constructed)
+  // under `id`, for a host that runs a few known policies and wants only their code compiled
+  // (builtins() compiles every built-in pooling under every placement and norm). A stream that asks
+  // `id` for another RoPE placement or norm is a config_error naming the field.
+  template <class Policy>
+  void add_compiled(const std::string& id) {
+    insert(id, [id](const stream_build& b) -> std::unique_ptr<stream_kernel> {
+      using R = typename Policy::rope;
+      const rope_placement rope = std::is_same_v<R, rope_after_pool>    ? rope_placement::after_pool
+                                  : std::is_same_v<R, rope_before_pool> ? rope_placement::before_pool
+                                                                        : rope_placement::none;
+      const entry_norm norm = has_norm_v<Policy> ? entry_norm::rms : entry_norm::none;
+      if (b.rope != rope)
+        detail::fail(b.config.name + ".rope", to_string(b.rope), "is not the placement the pooling '" + id + "' was compiled with (" + to_string(rope) + ")");
+      if (b.norm != norm)
+        detail::fail(b.config.name + ".norm", to_string(b.norm), "is not the norm the pooling '" + id + "' was compiled with (" + to_string(norm) + ")");
+      return build<Policy>(b, typename Policy::pooling{});
+    });
+  }
+
   bool contains(const std::string& id) const { return factories_.count(id) != 0; }
   std::vector<std::string> ids() const {
     std::vector<std::string> out;

@@ -123,6 +123,7 @@
 #include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/diag/read_attribution.hpp"
 #include "phasekv/models/deepseek_v4.hpp"
+#include "phasekv/models/model_cache.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
 namespace phasekv::diag::probe {
@@ -318,97 +319,105 @@ struct needle_config {
 
 namespace detail {
 
-// One configuration's cache and reader behind a run-time interface.
-struct probe_engine_base {
-  virtual ~probe_engine_base() = default;
-  virtual void reset() = 0;
-  virtual void append(std::int64_t tokens, const std::vector<std::vector<float>>& payload,
-                      const std::vector<std::vector<float>>& logits) = 0;
-  // query_heads = KV heads × B: the queries of B targets, grouped per KV head (GQA groups of B).
-  // With selection (top_k > 0) B = 1 and the query is also the indexer's.
-  virtual void read(std::int64_t position, const float* queries, std::int64_t query_heads, float* out,
-                    read_trace* trace = nullptr) = 0;
-  virtual std::int64_t streams() const = 0;
-  // The write path of stream k once more, outside the cache, with its slot weights into `log`:
-  // begin_log, then log_chunk for every chunk append() was given.
-  virtual void begin_log(std::size_t k) = 0;
-  virtual void log_chunk(std::int64_t tokens, const std::vector<float>& payload, const std::vector<float>& logits,
-                         slot_weight_log& log) = 0;
-};
+// The probe's five policies, each compiled once under its own id (pooling_registry::add_compiled),
+// so a TU that includes the probe compiles these and not every built-in combination.
+inline const pooling_registry& probe_poolings() {
+  static const pooling_registry registry = [] {
+    pooling_registry r;
+    r.add_compiled<compressor_policy<mean_pool>>("mean");
+    r.add_compiled<compressor_policy<mean_pool, rope_after_pool>>("mean.rope_after_pool");
+    r.add_compiled<compressor_policy<fixed_weight_pool>>("fixed_weights");
+    r.add_compiled<compressor_policy<scalar_gated_pool>>("scalar_gates");
+    r.add_compiled<presets::deepseek_v4_csa_policy>("deepseek_v4_csa");
+    return r;
+  }();
+  return registry;
+}
 
-template <class... Comps>
-struct probe_engine : probe_engine_base {
-  using cache_type = paged_cache<Comps...>;
-  cache_type cache;
-  reader_config reader_cfg;
-  std::unordered_map<std::int64_t, std::unique_ptr<sparse_reader>> readers;  // by query heads
-  sequence_id seq = -1;
+// One configuration as a one-layer model (models/model_cache.hpp) and its readers, one per query
+// head count: the queries of B targets, grouped per KV head (GQA groups of B), read the layer's
+// view. The kind has no reader of its own (query_heads 0); these readers name their streams.
+class probe_engine {
+ public:
+  probe_engine(layer_kind kind, std::vector<stream_params> params, std::int64_t pages, reader_config rc)
+      : model_(spec(std::move(kind), std::move(params)), options(pages), probe_poolings()), reader_cfg_(std::move(rc)) {}
 
-  probe_engine(layer_compressor<Comps...> layer, cache_config cc, reader_config rc)
-      : cache(std::move(layer), std::move(cc)), reader_cfg(std::move(rc)) {}
-
-  void reset() override {
-    if (seq >= 0) cache.free(seq);
-    seq = cache.create();
+  void reset() {
+    if (seq_ >= 0) model_.free(seq_);
+    seq_ = model_.create();
   }
-  void append(std::int64_t tokens, const std::vector<std::vector<float>>& payload,
-              const std::vector<std::vector<float>>& logits) override {
-    typename cache_type::chunks in;
-    for (std::size_t k = 0; k < cache_type::stream_count; ++k) {
+  void append(std::int64_t tokens, const std::vector<std::vector<float>>& payload, const std::vector<std::vector<float>>& logits) {
+    std::vector<token_chunk> in(static_cast<std::size_t>(streams()));
+    for (std::size_t k = 0; k < in.size(); ++k) {
       in[k].tokens = tokens;
       in[k].payload = span<const float>(payload[k].data(), payload[k].size());
       in[k].logits = span<const float>(logits[k].data(), logits[k].size());
     }
-    cache.append(seq, in);
+    model_step step = model_.begin({seq_}, tokens);
+    step.append(0, {layer_append{in, {}, {}}});
+    step.commit();
   }
-  void read(std::int64_t position, const float* queries, std::int64_t query_heads, float* out,
-            read_trace* trace) override {
-    auto& reader = readers[query_heads];
+  // With selection (top_k > 0) B = 1 and the query is also the indexer's.
+  void read(std::int64_t position, const float* queries, std::int64_t query_heads, float* out, read_trace* trace = nullptr) {
+    auto& reader = readers_[query_heads];
     if (!reader) {
-      reader_config rc = reader_cfg;
+      reader_config rc = reader_cfg_;
       rc.query_heads = query_heads;
-      reader = std::make_unique<sparse_reader>(cache, rc);
+      reader = std::make_unique<sparse_reader>(model_.shape(0), rc);
     }
-    const auto channels = static_cast<std::size_t>(cache.compressors().config(reader_cfg.key_stream).channels);
+    const auto channels = static_cast<std::size_t>(model_.shape(0).streams[reader_cfg_.key_stream].channels);
     read_request r;
     r.position = position;
     r.queries = span<const float>(queries, static_cast<std::size_t>(query_heads) * channels);
-    if (reader_cfg.top_k > 0) {
+    if (reader_cfg_.top_k > 0) {
       r.indexer_queries = span<const float>(queries, channels);
       r.indexer_weights = span<const float>(&unit_weight, 1);
     }
-    reader->read(cache, seq, r, out, trace);
+    reader->read(model_.view(0, seq_), r, out, trace);
   }
-  std::int64_t streams() const override { return static_cast<std::int64_t>(cache_type::stream_count); }
+  std::int64_t streams() const { return static_cast<std::int64_t>(model_.shape(0).streams.size()); }
 
-  void begin_log(std::size_t k) override {
-    log_stream = k;
-    with_stream(k, [&](const auto& comp) { log_state = comp.make_state(); });
+  // The write path of stream k once more, outside the cache, with its slot weights into `log`:
+  // begin_log, then log_chunk for every chunk append() was given.
+  void begin_log(std::size_t k) {
+    log_stream_ = k;
+    log_state_ = model_.stream(0, k).make_state(0);
   }
-  void log_chunk(std::int64_t tokens, const std::vector<float>& payload, const std::vector<float>& logits,
-                 slot_weight_log& log) override {
+  void log_chunk(std::int64_t tokens, const std::vector<float>& payload, const std::vector<float>& logits, slot_weight_log& log) {
+    const stream_kernel& stream = model_.stream(0, log_stream_);
     token_chunk in;
     in.tokens = tokens;
     in.payload = span<const float>(payload.data(), payload.size());
     in.logits = span<const float>(logits.data(), logits.size());
     append_options options;
     options.slot_weights = true;
-    with_stream(log_stream, [&](const auto& comp) { comp.append(log_state, in, log, options); });
+    stream.check(log_state_, in, options);
+    stream.emit(log_state_, in, options, entry_sink::of(log));
+    stream.commit(log_state_, in);
   }
 
  private:
-  template <class F, std::size_t... I>
-  void with_stream(std::size_t k, F&& f, std::index_sequence<I...>) {
-    ((k == I ? f(cache.compressors().template stream<I>()) : void()), ...);
+  static model_spec spec(layer_kind kind, std::vector<stream_params> params) {
+    model_spec m;
+    m.name = "needle";
+    kind.reader.query_heads = 0;
+    m.kinds.push_back(std::move(kind));
+    m.layers.push_back({0, std::move(params)});
+    return m;
   }
-  template <class F>
-  void with_stream(std::size_t k, F&& f) {
-    with_stream(k, f, std::index_sequence_for<Comps...>{});
+  static model_options options(std::int64_t pages) {
+    model_options o;
+    o.pages = pages;
+    return o;
   }
 
   static constexpr float unit_weight = 1.0f;
-  std::size_t log_stream = 0;
-  stream_state log_state;
+  model_cache model_;
+  reader_config reader_cfg_;
+  std::unordered_map<std::int64_t, std::unique_ptr<sparse_reader>> readers_;
+  sequence_id seq_ = -1;
+  std::size_t log_stream_ = 0;
+  stream_state log_state_;
 };
 
 }  // namespace detail
@@ -722,10 +731,8 @@ class needle_probe {
     const std::int64_t C = config_.channels;
     const geometry geom{S, W, config_.origin, anchor_mode::block_start};
     const std::int64_t entries = geom.completed_entries(config_.tokens) + 1;
-    cache_config cc;
-    cc.name = "needle.cache";
-    cc.page_size = 256;
-    cc.pages = (entries + cc.page_size - 1) / cc.page_size + 2;
+    constexpr std::int64_t page_size = 256;
+    const std::int64_t pages = (entries + page_size - 1) / page_size + 2;
     reader_config rc;
     rc.name = "needle.reader";
     rc.query_heads = H;
@@ -754,61 +761,60 @@ class needle_probe {
     gate_matrices_.clear();
     geom_ = geom;
 
+    // The layer: its streams by pooling id (probe_poolings) and their learned parameters.
+    layer_kind kind;
+    kind.name = "needle";
+    kind.geom = geom;
+    kind.page_size = page_size;
+    std::vector<stream_params> params(2);
+    const auto stream = [](stream_config c, const char* pooling, rope_placement rope = rope_placement::none,
+                           entry_norm norm = entry_norm::none) {
+      stream_spec st;
+      st.config = std::move(c);
+      st.pooling = pooling;
+      st.rope = rope;
+      st.norm = norm;
+      return st;
+    };
     switch (config_.policy) {
       case needle_policy::full_attention:
-      case needle_policy::mean_pool: {
-        using comp = stream_compressor<compressor_policy<phasekv::mean_pool>>;
-        engine_ = std::make_unique<detail::probe_engine<comp, comp>>(
-            layer_compressor<comp, comp>(comp(geom, keys), comp(geom, values)), cc, rc);
+      case needle_policy::mean_pool:
+        kind.streams = {stream(keys, "mean"), stream(values, "mean")};
         break;
-      }
-      case needle_policy::fixed_weight: {
-        using comp = stream_compressor<compressor_policy<fixed_weight_pool>>;
-        stream_params p;
-        p.slot_profile = config_.resolved_slot_profile();
-        engine_ = std::make_unique<detail::probe_engine<comp, comp>>(
-            layer_compressor<comp, comp>(comp(geom, keys, p), comp(geom, values, p)), cc, rc);
+      case needle_policy::fixed_weight:
+        kind.streams = {stream(keys, "fixed_weights"), stream(values, "fixed_weights")};
+        params[0].slot_profile = params[1].slot_profile = config_.resolved_slot_profile();
         break;
-      }
       case needle_policy::concentrated_gates:
-      case needle_policy::positional_gates: {
-        using comp = stream_compressor<compressor_policy<scalar_gated_pool>>;
-        stream_params kp, vp;
+      case needle_policy::positional_gates:
+        kind.streams = {stream(keys, "scalar_gates"), stream(values, "scalar_gates")};
         if (config_.policy == needle_policy::concentrated_gates) {
-          kp.slot_bias = config_.key_slot_bias.empty() ? config_.concentrated_slot_bias(false) : config_.key_slot_bias;
-          vp.slot_bias =
+          params[0].slot_bias = config_.key_slot_bias.empty() ? config_.concentrated_slot_bias(false) : config_.key_slot_bias;
+          params[1].slot_bias =
               config_.value_slot_bias.empty() ? config_.concentrated_slot_bias(true) : config_.value_slot_bias;
         } else {  // one bias profile on both streams, content logits λ·(z·e(tok)) (z: build_embeddings)
-          kp.slot_bias = vp.slot_bias = config_.resolved_slot_profile();
+          params[0].slot_bias = params[1].slot_bias = config_.resolved_slot_profile();
         }
         gated_logits_ = 1;
-        engine_ = std::make_unique<detail::probe_engine<comp, comp>>(
-            layer_compressor<comp, comp>(comp(geom, keys, kp), comp(geom, values, vp)), cc, rc);
         break;
-      }
-      case needle_policy::rope_after_pool: {
-        using kcomp = stream_compressor<compressor_policy<phasekv::mean_pool, phasekv::rope_after_pool>>;
-        using vcomp = stream_compressor<compressor_policy<phasekv::mean_pool>>;
+      case needle_policy::rope_after_pool:
         keys.rope.channels = (C / 4) & ~std::int64_t{1};
         rope_channels_ = keys.rope.channels;
         rope_ = rope_rotation(keys.rope, C);
-        engine_ = std::make_unique<detail::probe_engine<kcomp, vcomp>>(
-            layer_compressor<kcomp, vcomp>(kcomp(geom, keys), vcomp(geom, values)), cc, rc);
+        kind.streams = {stream(keys, "mean.rope_after_pool", rope_placement::after_pool), stream(values, "mean")};
         break;
-      }
       case needle_policy::deepseek_v4_csa: {
-        using comp = stream_compressor<presets::deepseek_v4_csa_policy>;
         stream_config kv = presets::deepseek_v4_csa_kv();
         kv.name = "needle.kv";
         kv.channels = C;
         kv.rope.channels = (C / 4) & ~std::int64_t{1};
         rope_channels_ = kv.rope.channels;
         rope_ = rope_rotation(kv.rope, C);
-        stream_params p;
+        params.resize(1);
         std::mt19937_64 rng(phasekv::detail::mix64(config_.seed, 0xD5));
         std::normal_distribution<float> bias(0.0f, 0.5f), z(0.0f, 1.0f / std::sqrt(static_cast<float>(C)));
-        p.slot_bias.resize(static_cast<std::size_t>(W * C));
-        for (auto& x : p.slot_bias) x = bias(rng);
+        params[0].slot_bias.resize(static_cast<std::size_t>(W * C));
+        for (auto& x : params[0].slot_bias) x = bias(rng);
         gate_matrices_.resize(static_cast<std::size_t>(geom.branches()));
         for (auto& m : gate_matrices_) {
           m.resize(C, C);
@@ -818,10 +824,12 @@ class needle_probe {
         rc.value_stream = 0;
         rc.derotate_output = true;
         geom_ = presets::deepseek_v4_csa_geometry();
-        engine_ = std::make_unique<detail::probe_engine<comp>>(layer_compressor<comp>(comp(geom_, kv, p)), cc, rc);
+        kind.geom = geom_;
+        kind.streams = {stream(kv, "deepseek_v4_csa", rope_placement::after_pool, entry_norm::rms)};
         break;
       }
     }
+    engine_ = std::make_unique<detail::probe_engine>(std::move(kind), std::move(params), pages, rc);
     value_stream_ = rc.value_stream;
     views_ = geom.branches();
     prepared_ = false;
@@ -932,7 +940,7 @@ class needle_probe {
   matrix embeddings_, value_embeddings_, key_summaries_;
   std::vector<matrix> gate_matrices_;
   Eigen::RowVectorXf gate_vector_;
-  std::unique_ptr<detail::probe_engine_base> engine_;
+  std::unique_ptr<detail::probe_engine> engine_;
   geometry geom_;
   std::size_t value_stream_ = 1;
   std::int64_t views_ = 1, gated_logits_ = 0, rope_channels_ = 0;
