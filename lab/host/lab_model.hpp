@@ -1,11 +1,11 @@
 #pragma once
-// The lab model's forward pass in C++: every attention layer runs through phasekv — per KV head
-// a key and a value compressor (stream_compressor via layer_compressor) with that head's origin,
-// a paged_cache (with the raw local window) and a sparse_reader with top_k = 0 for the head's
-// query group — and Eigen does the rest (RMSNorm, projections, the token shift, RoPE of queries
-// and window keys through phasekv::rope_rotation, SwiGLU, the tied output head). The maths is
-// lab/model.py's; its docstring states it. One cache per KV head is what lets every head have an
-// origin of its own (a geometry is per stream).
+// The lab model's forward pass in C++: every attention layer runs through phasekv's model front
+// door — per KV head a layer kind (a key and a value stream with that head's origin, the raw
+// local window, a reader with top_k = 0 for the head's query group), all of them one model_cache
+// whose step appends a forward's tokens and reads them — and Eigen does the rest (RMSNorm,
+// projections, the token shift, RoPE of queries and window keys through phasekv::rope_rotation,
+// SwiGLU, the tied output head). The maths is lab/model.py's; its docstring states it. One kind
+// per KV head is what lets every head have an origin of its own (a geometry is per kind).
 //
 //   kind     key stream policy                          value stream policy      geometry  window
 //   full     mean_pool, rope_after_pool (S=W=1: the     mean_pool, no_rope       S=W=1     none
@@ -249,66 +249,96 @@ inline void rms_norm_rows(const matrix& x, const vector& w, double eps, matrix& 
   }
 }
 
-template <class KeyPolicy, class ValuePolicy>
-class policy_engine final : public engine {
-  using key_stream = phasekv::stream_compressor<KeyPolicy>;
-  using value_stream = phasekv::stream_compressor<ValuePolicy>;
-  using cache_type = phasekv::paged_cache<key_stream, value_stream>;
-  using reader_type = phasekv::sparse_reader;
+// The model's attention as one phasekv model (models/model_cache.hpp): a layer kind per (layer,
+// KV head) — each head has an origin of its own, and a geometry is per kind — with a key and a
+// value stream (their poolings by id, lab_poolings) and the raw window; its reader reads the head's
+// query group over every complete entry and the window (top_k = 0).
+inline const phasekv::pooling_registry& lab_poolings() {
+  static const phasekv::pooling_registry registry = [] {
+    using namespace phasekv;
+    pooling_registry r;
+    r.add_compiled<compressor_policy<mean_pool, rope_after_pool>>("mean.rope_after_pool");
+    r.add_compiled<compressor_policy<mean_pool>>("mean");
+    r.add_compiled<compressor_policy<vector_gated_pool, rope_after_pool>>("vector_gates.rope_after_pool");
+    r.add_compiled<compressor_policy<vector_gated_pool>>("vector_gates");
+    return r;
+  }();
+  return registry;
+}
 
+class policy_engine final : public engine {
  public:
   // origin_shift: added to every head's origin (a measurement at another origin).
   policy_engine(model_weights weights, std::int64_t max_tokens, std::int64_t origin_shift)
-      : w_(std::move(weights)), max_tokens_(max_tokens) {
-    const model_config& c = w_.config;
-    rope_.channels = c.head_dim;
-    rope_.base = c.rope_base;
+      : w_(std::move(weights)), max_tokens_(max_tokens), model_(spec(w_, origin_shift), options(w_, max_tokens), lab_poolings()) {
+    rope_.channels = w_.config.head_dim;
+    rope_.base = w_.config.rope_base;
     rope_.layout = phasekv::rope_layout::half_split;
-    rotation_ = phasekv::rope_rotation(rope_, c.head_dim);
+    rotation_ = phasekv::rope_rotation(rope_, w_.config.head_dim);
+  }
+
+  // The kinds' streams by the model's kind (see the table at the top).
+  static phasekv::model_spec spec(const model_weights& w, std::int64_t origin_shift) {
+    const model_config& c = w.config;
     const std::int64_t W = c.window, dh = c.head_dim;
+    const bool gated = c.kind == "gated" || c.kind == "norope", key_rope = c.kind != "norope";
+    phasekv::rope_config rope;
+    rope.channels = dh;
+    rope.base = c.rope_base;
+    rope.layout = phasekv::rope_layout::half_split;
+    phasekv::model_spec m;
+    m.name = "lab." + c.kind;
     for (std::int64_t l = 0; l < c.layers; ++l) {
-      const layer_weights& lw = w_.layers[static_cast<std::size_t>(l)];
+      const layer_weights& lw = w.layers[static_cast<std::size_t>(l)];
       for (std::int64_t h = 0; h < c.kv_heads; ++h) {
         const std::string name = "layer" + std::to_string(l) + ".head" + std::to_string(h);
-        const phasekv::geometry geom{c.stride, W, c.origin_of(l, h, origin_shift), phasekv::anchor_mode::block_start};
-        phasekv::stream_config ks, vs;
-        ks.name = name + ".keys";
-        ks.role = phasekv::stream_role::key;
-        ks.channels = dh;
-        ks.kv_heads = 1;
-        ks.inputs = phasekv::input_layout::per_branch;
-        if (phasekv::has_rope_v<KeyPolicy>) ks.rope = rope_;
-        vs = ks;
-        vs.name = name + ".values";
-        vs.role = phasekv::stream_role::value;
-        vs.rope = phasekv::rope_config{};
-        phasekv::stream_params kp, vp;
-        const auto head_bias = [&](const std::vector<float>& b) {
-          return std::vector<float>(b.begin() + h * W * dh, b.begin() + (h + 1) * W * dh);
-        };
-        if constexpr (phasekv::is_gated_v<typename KeyPolicy::pooling>) kp.slot_bias = head_bias(lw.bias_k);
-        if constexpr (phasekv::is_gated_v<typename ValuePolicy::pooling>) vp.slot_bias = head_bias(lw.bias_v);
-        phasekv::cache_config cc;
-        cc.name = name + ".cache";
-        cc.page_size = 64;
-        cc.pages = (max_tokens_ / c.stride + cc.page_size - 1) / cc.page_size + 2;
-        cc.history = max_tokens_;  // keep every window row: reads at any position after one prefill
-        cc.window.tokens = c.win_tokens;
-        cc.window.kv_heads = 1;
-        cc.window.key_channels = dh;
-        cc.window.value_channels = dh;
-        caches_.push_back(std::make_unique<cache_type>(
-            phasekv::layer_compressor<key_stream, value_stream>(key_stream(geom, ks, kp), value_stream(geom, vs, vp)),
-            cc));
-        phasekv::reader_config rc;
-        rc.name = name + ".reader";
-        rc.query_heads = c.q_heads / c.kv_heads;
-        rc.key_stream = 0;
-        rc.value_stream = 1;
-        rc.top_k = 0;  // every complete entry, plus the raw window, one softmax
-        readers_.push_back(std::make_unique<reader_type>(*caches_.back(), rc));
+        phasekv::layer_kind kind;
+        kind.name = name;
+        kind.geom = phasekv::geometry{c.stride, W, c.origin_of(l, h, origin_shift), phasekv::anchor_mode::block_start};
+        phasekv::stream_spec keys, values;
+        keys.config.name = name + ".keys";
+        keys.config.role = phasekv::stream_role::key;
+        keys.config.channels = dh;
+        keys.config.kv_heads = 1;
+        keys.config.inputs = phasekv::input_layout::per_branch;
+        values.config = keys.config;
+        values.config.name = name + ".values";
+        values.config.role = phasekv::stream_role::value;
+        if (key_rope) keys.config.rope = rope;
+        keys.rope = key_rope ? phasekv::rope_placement::after_pool : phasekv::rope_placement::none;
+        keys.pooling = std::string(gated ? "vector_gates" : "mean") + (key_rope ? ".rope_after_pool" : "");
+        values.pooling = gated ? "vector_gates" : "mean";
+        kind.streams = {keys, values};
+        kind.window.tokens = c.win_tokens;
+        kind.window.kv_heads = 1;
+        kind.window.key_channels = dh;
+        kind.window.value_channels = dh;
+        kind.page_size = 64;
+        kind.reader.name = name + ".reader";
+        kind.reader.query_heads = c.q_heads / c.kv_heads;
+        kind.reader.top_k = 0;  // every complete entry, plus the raw window, one softmax
+        phasekv::model_layer layer;
+        layer.kind = m.kinds.size();
+        layer.params.resize(2);
+        if (gated) {
+          const auto head_bias = [&](const std::vector<float>& b) {
+            return std::vector<float>(b.begin() + h * W * dh, b.begin() + (h + 1) * W * dh);
+          };
+          layer.params[0].slot_bias = head_bias(lw.bias_k);
+          layer.params[1].slot_bias = head_bias(lw.bias_v);
+        }
+        m.kinds.push_back(std::move(kind));
+        m.layers.push_back(std::move(layer));
       }
     }
+    return m;
+  }
+  // One sequence of up to max_tokens: its entries, per kind. A forward's reads run inside its
+  // step (over the step's own tokens), so no history is kept.
+  static phasekv::model_options options(const model_weights& w, std::int64_t max_tokens) {
+    phasekv::model_options o;
+    o.pages = (max_tokens / w.config.stride + 63) / 64 + 2;
+    return o;
   }
 
   const model_config& config() const override { return w_.config; }
@@ -334,19 +364,29 @@ class policy_engine final : public engine {
     std::array<matrix, 4> proj;                          // ck, cv, zk, zv outputs [T][hkv·nb·dh]
     std::array<matrix, 4> head_in;                       // one head's slice, [T][nb·dh]
     matrix win_k(T, dh), win_v(T, dh);
+    std::vector<std::int64_t> positions_read;
+    std::vector<phasekv::layer_read> reads;
+    // One sequence for this forward: a step appends its T tokens to every layer, and each layer is
+    // read inside the step (over the step's own tokens); the step is aborted and the sequence freed.
+    struct sequence_guard {
+      phasekv::model_cache& model;
+      phasekv::sequence_id id;
+      ~sequence_guard() { model.free(id); }
+    } sequence{model_, model_.create()};
+    phasekv::model_step step = model_.begin({sequence.id}, T);
     for (std::int64_t l = 0; l < c.layers; ++l) {
       const layer_weights& lw = w_.layers[static_cast<std::size_t>(l)];
       const bool last = l + 1 == c.layers;
       rms_norm_rows(x, lw.attn_norm, c.norm_eps, n);
       // Queries only where this layer reads: every position, or the requested ones in the last layer.
-      std::vector<std::int64_t> reads;
-      if (last) reads = positions;
-      else for (std::int64_t t = 0; t < T; ++t) reads.push_back(t);
-      const auto R = static_cast<std::int64_t>(reads.size());
+      positions_read.clear();
+      if (last) positions_read = positions;
+      else for (std::int64_t t = 0; t < T; ++t) positions_read.push_back(t);
+      const auto R = static_cast<std::int64_t>(positions_read.size());
       q.resize(R, hq * dh);
-      for (std::int64_t i = 0; i < R; ++i) q.row(i).noalias() = n.row(reads[i]) * lw.wq.transpose();
+      for (std::int64_t i = 0; i < R; ++i) q.row(i).noalias() = n.row(positions_read[static_cast<std::size_t>(i)]) * lw.wq.transpose();
       if (c.rope())
-        for (std::int64_t i = 0; i < R; ++i) rotate_heads(q.row(i).data(), hq, reads[i], cs);
+        for (std::int64_t i = 0; i < R; ++i) rotate_heads(q.row(i).data(), hq, positions_read[static_cast<std::size_t>(i)], cs);
       if (c.win_tokens > 0) {
         kw.noalias() = n * lw.wk.transpose();
         vw.noalias() = n * lw.wv.transpose();
@@ -364,40 +404,36 @@ class policy_engine final : public engine {
       }
       a.resize(R, hq * dh);
       for (std::int64_t h = 0; h < hkv; ++h) {
-        phasekv::token_chunk kc, vc;
-        kc.tokens = vc.tokens = T;
+        std::array<phasekv::token_chunk, 2> chunks;  // keys, values
+        chunks[0].tokens = chunks[1].tokens = T;
         for (int k = 0; k < used; ++k) head_in[k] = proj[k].middleCols(h * row, row);
-        kc.payload = {head_in[0].data(), static_cast<std::size_t>(head_in[0].size())};
-        vc.payload = {head_in[1].data(), static_cast<std::size_t>(head_in[1].size())};
+        chunks[0].payload = {head_in[0].data(), static_cast<std::size_t>(head_in[0].size())};
+        chunks[1].payload = {head_in[1].data(), static_cast<std::size_t>(head_in[1].size())};
         if (c.gated()) {
-          kc.logits = {head_in[2].data(), static_cast<std::size_t>(head_in[2].size())};
-          vc.logits = {head_in[3].data(), static_cast<std::size_t>(head_in[3].size())};
+          chunks[0].logits = {head_in[2].data(), static_cast<std::size_t>(head_in[2].size())};
+          chunks[1].logits = {head_in[3].data(), static_cast<std::size_t>(head_in[3].size())};
         }
-        const auto k = static_cast<std::size_t>(l * hkv + h);
-        cache_type& cache = *caches_[k];
-        const phasekv::sequence_id seq = cache.create();
-        try {
-          phasekv::span<const float> wk_span, wv_span;
-          if (c.win_tokens > 0) {
-            win_k = kw.middleCols(h * dh, dh);
-            win_v = vw.middleCols(h * dh, dh);
-            wk_span = {win_k.data(), static_cast<std::size_t>(win_k.size())};
-            wv_span = {win_v.data(), static_cast<std::size_t>(win_v.size())};
-          }
-          cache.append(seq, {kc, vc}, wk_span, wv_span);
-          reader_type& reader = *readers_[k];
-          for (std::int64_t i = 0; i < R; ++i) {
-            phasekv::read_request req;
-            req.position = reads[i];
-            req.queries = {q.row(i).data() + h * g * dh, static_cast<std::size_t>(g * dh)};
-            reader.read(cache, seq, req, a.row(i).data() + h * g * dh);
-          }
-        } catch (...) {
-          cache.free(seq);
-          throw;
+        const auto layer = static_cast<std::size_t>(l * hkv + h);
+        phasekv::layer_append in;
+        in.chunks = {chunks.data(), chunks.size()};
+        if (c.win_tokens > 0) {
+          win_k = kw.middleCols(h * dh, dh);
+          win_v = vw.middleCols(h * dh, dh);
+          in.window_keys = {win_k.data(), static_cast<std::size_t>(win_k.size())};
+          in.window_values = {win_v.data(), static_cast<std::size_t>(win_v.size())};
         }
-        cache.free(seq);
-        if (o.profiles) profile(l, h, kc, vc, *o.profiles);
+        step.append(layer, {in});
+        reads.clear();
+        for (std::int64_t i = 0; i < R; ++i) {
+          phasekv::layer_read r;
+          r.row = 0;
+          r.request.position = positions_read[static_cast<std::size_t>(i)];
+          r.request.queries = {q.row(i).data() + h * g * dh, static_cast<std::size_t>(g * dh)};
+          r.out = a.row(i).data() + h * g * dh;
+          reads.push_back(r);
+        }
+        step.read(layer, reads);
+        if (o.profiles) profile(l, h, chunks[0], chunks[1], *o.profiles);
       }
       if (o.head_sums) {
         for (std::int64_t i = 0; i < R; ++i)
@@ -410,7 +446,7 @@ class policy_engine final : public engine {
           a.middleCols(h * dh, dh).rowwise() = (*o.head_means)[l][h].transpose();
       if (last) {
         matrix kept(R, c.dim);
-        for (std::int64_t i = 0; i < R; ++i) kept.row(i) = x.row(reads[i]);
+        for (std::int64_t i = 0; i < R; ++i) kept.row(i) = x.row(positions_read[static_cast<std::size_t>(i)]);
         x = std::move(kept);
       }
       x.noalias() += a * lw.wo.transpose();
@@ -420,6 +456,7 @@ class policy_engine final : public engine {
       gate.array() *= up.array();
       x.noalias() += gate * lw.w_down.transpose();
     }
+    step.abort();
     rms_norm_rows(x, w_.final_norm, c.norm_eps, n);
     return n * w_.embed.transpose();
   }
@@ -435,38 +472,32 @@ class policy_engine final : public engine {
   void profile(std::int64_t l, std::int64_t h, const phasekv::token_chunk& kc, const phasekv::token_chunk& vc,
                std::vector<phasekv::diag::write_profile>& profiles) const {
     const std::int64_t hkv = w_.config.kv_heads;
-    const auto& layer = caches_[static_cast<std::size_t>(l * hkv + h)]->compressors();
+    const auto layer = static_cast<std::size_t>(l * hkv + h);
     phasekv::append_options opt;
     opt.slot_weights = true;
-    auto ks = layer.template stream<0>().make_state();
-    layer.template stream<0>().append(ks, kc, [&](const phasekv::entry_view& e) { profiles[(2 * l) * hkv + h](e); }, opt);
-    auto vs = layer.template stream<1>().make_state();
-    layer.template stream<1>().append(vs, vc, [&](const phasekv::entry_view& e) { profiles[(2 * l + 1) * hkv + h](e); }, opt);
+    const phasekv::token_chunk* chunks[2] = {&kc, &vc};
+    for (std::size_t k = 0; k < 2; ++k) {
+      const phasekv::stream_kernel& stream = model_.stream(layer, k);
+      auto into = [&](const phasekv::entry_view& e) { profiles[(2 * l + static_cast<std::int64_t>(k)) * hkv + h](e); };
+      phasekv::stream_state state = stream.make_state(0);
+      stream.check(state, *chunks[k], opt);
+      stream.emit(state, *chunks[k], opt, phasekv::entry_sink::of(into));
+      stream.commit(state, *chunks[k]);
+    }
   }
 
   model_weights w_;
   std::int64_t max_tokens_;
+  phasekv::model_cache model_;  // layer l · kv_heads + h: layer l's KV head h
   phasekv::rope_config rope_;
   phasekv::rope_rotation rotation_;
-  std::vector<std::unique_ptr<cache_type>> caches_;    // [layer][kv head]
-  std::vector<std::unique_ptr<reader_type>> readers_;
 };
 
 }  // namespace detail
 
 // The engine for a model's kind (see the table at the top); origin_shift moves every head's origin.
 inline std::unique_ptr<engine> make_engine(model_weights w, std::int64_t max_tokens, std::int64_t origin_shift = 0) {
-  using namespace phasekv;
-  using mean_keys = compressor_policy<mean_pool, rope_after_pool>;
-  using mean_values = compressor_policy<mean_pool>;
-  using gated_keys = compressor_policy<vector_gated_pool, rope_after_pool>;
-  using gated_values = compressor_policy<vector_gated_pool>;
-  const std::string kind = w.config.kind;
-  if (kind == "full" || kind == "mean")
-    return std::make_unique<detail::policy_engine<mean_keys, mean_values>>(std::move(w), max_tokens, origin_shift);
-  if (kind == "gated")
-    return std::make_unique<detail::policy_engine<gated_keys, gated_values>>(std::move(w), max_tokens, origin_shift);
-  return std::make_unique<detail::policy_engine<gated_values, gated_values>>(std::move(w), max_tokens, origin_shift);
+  return std::make_unique<detail::policy_engine>(std::move(w), max_tokens, origin_shift);
 }
 
 }  // namespace lab
