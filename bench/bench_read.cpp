@@ -1,4 +1,4 @@
-// One decode step of the read path in the DeepSeek-V4-Flash CSA shape (issue 4): 64 query heads
+// One decode step of the read path in the DeepSeek-V4-Flash CSA shape: 64 query heads
 // over 1 KV head of 512 tied K/V channels, lightning indexer of 64 heads × 128 channels, top-k
 // 512, 128-token raw window, attention sink, S=4, W=8 — against a dense full-attention decode
 // step over the raw uncompressed fp32 cache of the same context, both single-threaded.

@@ -1,4 +1,4 @@
-// The synthetic needle probe (issue 5) through the phase sweep harness: the control is flat,
+// The synthetic needle probe through the phase sweep harness: the control is flat,
 // mean pooling is weak at the boundary phase, W = 2S removes most of that, concentrated gates
 // give period S with the strong phase at the gate offset, and the detected period is S.
 

@@ -1,4 +1,4 @@
-// Engine-shaped reading (issue 12): sequence views, host-owned pages, batched decode, the
+// Engine-shaped reading: sequence views, host-owned pages, batched decode, the
 // log-sum-exp output and physical indices, held bitwise to the cache read and to the double
 // oracle in oracle/scalar_attention.hpp.
 //

@@ -1,4 +1,4 @@
-// Inputs that once crashed the library or were silently wrong (issue 11's adversarial probe),
+// Inputs that once crashed the library or were silently wrong,
 // each pinned by a test that failed before its fix, and the defined behaviour of the inputs the
 // probe found unchecked. Allocation failures inside calls are tested in tests/fault/.
 //

@@ -1,4 +1,4 @@
-// Inputs of the second adversarial probe (issue 35) — host-fed diagnostics, host-built views,
+// Inputs of the second adversarial probe — host-fed diagnostics, host-built views,
 // checkpoint import, enums out of range — each pinned by a test that failed before its fix.
 //
 //   1. slot_weight_log: an entry index whose table size wraps in size_t

@@ -1,6 +1,6 @@
 """A 128K-context DeepSeek-V4 CSA layer read from Python against the same read from C++.
 
-Issue 14 wants a read through the Python package to cost within 5% of the same read from C++.
+The target: a read through the Python package costs within 5% of the same read from C++.
 Both sides read the same PagedCache, sequence, inputs and output array with the same
 SparseReader, in one process and through the same machine code, so the difference is exactly the
 binding's: argument checks, the GIL release, the locks, the call itself. The C++ side is

@@ -1,4 +1,4 @@
-// libFuzzer target for the paged cache (issue 11, "Reliability"): random operation sequences on a
+// libFuzzer target for the paged cache: random operation sequences on a
 // small pool, checked after every operation against a model. tests/fuzz/README.md says how to
 // run it; scripts/fuzz builds and runs it.
 //

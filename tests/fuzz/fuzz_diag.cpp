@@ -1,4 +1,4 @@
-// libFuzzer target for the diagnostics a host feeds (issue 35): entries a host builds from its
+// libFuzzer target for the diagnostics a host feeds: entries a host builds from its
 // own arrays (Python's Entries, an engine's compressor) given to diag::write_profile and
 // diag::slot_weight_log. The input chooses the sinks' geometry and heads and a run of entries —
 // index (small, near a power of two, at the type's edges, negative), the kv_heads and window the

@@ -1,5 +1,5 @@
 #pragma once
-// An independent twin of DeepSeek-V4's FP4 indexer format and scores (issue 13; format/fp4.hpp and
+// An independent twin of DeepSeek-V4's FP4 indexer format and scores (format/fp4.hpp and
 // read/indexer_fp4_kernel.hpp state them), for the tests to hold phasekv's transform, quantizer,
 // byte layout and integer scorer to. Written from the description in double precision, using
 // nothing from the library:

@@ -1,5 +1,5 @@
 #pragma once
-// An independent twin of DeepSeek-V4's FP8 entry format (issue 13; format/fp8.hpp states it), for
+// An independent twin of DeepSeek-V4's FP8 entry format (format/fp8.hpp states it), for
 // the tests to hold phasekv's quantizer and byte layout to. Written from the format's
 // description in double precision, using nothing from the library:
 //
