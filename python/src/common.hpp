@@ -125,6 +125,28 @@ T* output(py::object& o, const std::string& name, const std::vector<py::ssize_t>
   return static_cast<T*>(a.mutable_data());
 }
 
+// Host indices: None, or int32 entry ids (−1 padding) of `batch` rows (read: batch = −1, one row)
+// of at most the reader's top_k each.
+struct index_rows {
+  const std::int32_t* data = nullptr;
+  std::size_t per_item = 0;
+  span<const std::int32_t> item(std::size_t b) const {
+    return data ? span<const std::int32_t>(data + b * per_item, per_item) : span<const std::int32_t>();
+  }
+};
+inline index_rows indices_of(py::object& o, std::int64_t batch, std::vector<py::array>& keep) {
+  if (o.is_none()) return {};
+  py::array a = as_array(o, "indices");
+  o = a;
+  keep.push_back(a);
+  const span<const std::int32_t> all = input<std::int32_t>(a, "indices");
+  const py::ssize_t rows = batch < 0 ? 1 : batch;
+  if (a.ndim() != (batch < 0 ? 1 : 2) || (batch >= 0 && a.shape(0) != rows))
+    phasekv::detail::fail<phasekv::input_error>("indices.shape", describe_array(a),
+                              batch < 0 ? "must be (n,): entry ids, −1 padded" : "must be (len(seqs), n): entry ids, −1 padded");
+  return {all.data(), rows == 0 ? 0 : all.size() / static_cast<std::size_t>(rows)};
+}
+
 // selected_logical / selected_physical of a batched read: None or False (not written), True (a new
 // int32 array, −1 filled), or the caller's int32 array of batch × top_k (slots past an item's own
 // top_k are left as they are). `rows` names the batch axis in messages ("len(seqs)").

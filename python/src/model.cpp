@@ -163,7 +163,8 @@ span<const float> read_input(py::object& o, const char* name, std::vector<axis> 
 py::tuple read_layer(model_object& m, step_object* s, std::size_t layer, const std::vector<std::int64_t>& rows,
                      const py::object& positions, py::object queries, py::object indexer_queries,
                      py::object indexer_weights, py::object sinks, const py::object& top_k, py::object out,
-                     py::object lse, py::object selected_logical, py::object selected_physical) {
+                     py::object lse, py::object selected_logical, py::object selected_physical, const py::object& traces,
+                     py::object indices, index_kind indices_kind) {
   if (s) s->require_open_now("read");
   const model_cache& mc = m.cache;
   const char* what = s ? "rows" : "seqs";
@@ -210,6 +211,12 @@ py::tuple read_layer(model_object& m, step_object* s, std::size_t layer, const s
   float* l = output<float>(lse, "lse", {b, rc.query_heads}, lead + " × query_heads", {{lead.c_str(), b}, {"query_heads", rc.query_heads}});
   std::int32_t* logical = selection_output(selected_logical, "selected_logical", batch, rc.top_k, "len(rows)");
   std::int32_t* physical = selection_output(selected_physical, "selected_physical", batch, rc.top_k, "len(rows)");
+  const index_rows host = indices_of(indices, static_cast<std::int64_t>(batch), keep);
+  std::vector<read_trace*> trace(batch, nullptr);
+  if (!traces.is_none()) {
+    trace = traces.cast<std::vector<read_trace*>>();
+    detail::require<input_error>(trace.size() == batch, f + "len(traces)", trace.size(), "must be " + lead + " = " + std::to_string(batch));
+  }
   std::vector<layer_read> reads(batch);
   for (std::size_t i = 0; i < batch; ++i) {
     layer_read& r = reads[i];
@@ -225,6 +232,9 @@ py::tuple read_layer(model_object& m, step_object* s, std::size_t layer, const s
     r.request.indexer_weights = per_item(iw, i);
     r.request.sinks = per_item(sk, i);
     r.request.top_k = k[i];
+    r.request.indices = host.item(i);
+    r.request.indices_kind = indices_kind;
+    r.trace = trace[i];
     r.out = o + i * static_cast<std::size_t>(rc.query_heads * vc);
     r.lse = l + i * static_cast<std::size_t>(rc.query_heads);
     if (logical) r.selected_logical = logical + i * static_cast<std::size_t>(rc.top_k);
@@ -358,7 +368,9 @@ void init_model(const modules& m) {
       "reader's top_k, sinks [len][query_heads] with its sink. positions: None reads each one's last token. "
       "Returns (out [len][query_heads][value channels], lse [len][query_heads], selected_logical, "
       "selected_physical) as SparseReader.read_batch: the selections int32 [len][reader top_k] when asked for "
-      "(True, or an array to fill), else None.";
+      "(True, or an array to fill), else None. traces: None, or one ReadTrace (or None) per read. indices: int32 "
+      "[len][n] entry ids the host selected (−1 padded; the indexer inputs None), logical or, with "
+      "indices_kind=IndexKind.physical, physical ids.";
 
   py::class_<step_object>(root, "ModelStep",
                           "One step of a ModelCache (ModelCache.begin): append every layer's new tokens, read "
@@ -380,14 +392,15 @@ void init_model(const modules& m) {
           [](step_object& s, std::size_t layer, const std::vector<std::int64_t>& rows, py::object queries,
              py::object indexer_queries, py::object indexer_weights, py::object sinks, const py::object& positions,
              const py::object& top_k, py::object out, py::object lse, py::object selected_logical,
-             py::object selected_physical) {
+             py::object selected_physical, const py::object& traces, py::object indices, index_kind indices_kind) {
             return read_layer(*s.model, &s, layer, rows, positions, queries, indexer_queries, indexer_weights, sinks, top_k,
-                              out, lse, selected_logical, selected_physical);
+                              out, lse, selected_logical, selected_physical, traces, indices, indices_kind);
           },
           py::arg("layer"), py::arg("rows"), py::arg("queries"), py::arg("indexer_queries") = py::none(),
           py::arg("indexer_weights") = py::none(), py::arg("sinks") = py::none(), py::kw_only(),
           py::arg("positions") = py::none(), py::arg("top_k") = py::none(), py::arg("out") = py::none(),
           py::arg("lse") = py::none(), py::arg("selected_logical") = py::none(), py::arg("selected_physical") = py::none(),
+          py::arg("traces") = py::none(), py::arg("indices") = py::none(), py::arg("indices_kind") = index_kind::logical,
           (std::string("Reads of a layer appended in this step, over the cache and the new tokens; rows are the step's "
                        "row indices. ") + read_doc).c_str())
       .def(
@@ -497,14 +510,15 @@ void init_model(const modules& m) {
           [](model_object& m, std::size_t layer, const std::vector<std::int64_t>& seqs, py::object queries,
              py::object indexer_queries, py::object indexer_weights, py::object sinks, const py::object& positions,
              const py::object& top_k, py::object out, py::object lse, py::object selected_logical,
-             py::object selected_physical) {
+             py::object selected_physical, const py::object& traces, py::object indices, index_kind indices_kind) {
             return read_layer(m, nullptr, layer, seqs, positions, queries, indexer_queries, indexer_weights, sinks, top_k,
-                              out, lse, selected_logical, selected_physical);
+                              out, lse, selected_logical, selected_physical, traces, indices, indices_kind);
           },
           py::arg("layer"), py::arg("seqs"), py::arg("queries"), py::arg("indexer_queries") = py::none(),
           py::arg("indexer_weights") = py::none(), py::arg("sinks") = py::none(), py::kw_only(),
           py::arg("positions") = py::none(), py::arg("top_k") = py::none(), py::arg("out") = py::none(),
           py::arg("lse") = py::none(), py::arg("selected_logical") = py::none(), py::arg("selected_physical") = py::none(),
+          py::arg("traces") = py::none(), py::arg("indices") = py::none(), py::arg("indices_kind") = index_kind::logical,
           (std::string("Reads of a layer over committed sequences. ") + read_doc).c_str())
       .def(
           "read_entry",

@@ -73,28 +73,6 @@ batch_rows rows_of(const py::object& o, const char* name, std::size_t batch, std
   return {all.data(), batch == 0 ? 0 : all.size() / batch};
 }
 
-// Host indices: None, or int32 entry ids (−1 padding) of `batch` rows (read: batch = −1, one row)
-// of at most the reader's top_k each.
-struct index_rows {
-  const std::int32_t* data = nullptr;
-  std::size_t per_item = 0;
-  span<const std::int32_t> item(std::size_t b) const {
-    return data ? span<const std::int32_t>(data + b * per_item, per_item) : span<const std::int32_t>();
-  }
-};
-index_rows indices_of(py::object& o, std::int64_t batch, std::vector<py::array>& keep) {
-  if (o.is_none()) return {};
-  py::array a = as_array(o, "indices");
-  o = a;
-  keep.push_back(a);
-  const span<const std::int32_t> all = input<std::int32_t>(a, "indices");
-  const py::ssize_t rows = batch < 0 ? 1 : batch;
-  if (a.ndim() != (batch < 0 ? 1 : 2) || (batch >= 0 && a.shape(0) != rows))
-    detail::fail<input_error>("indices.shape", describe_array(a),
-                              batch < 0 ? "must be (n,): entry ids, −1 padded" : "must be (len(seqs), n): entry ids, −1 padded");
-  return {all.data(), rows == 0 ? 0 : all.size() / static_cast<std::size_t>(rows)};
-}
-
 // A copied array property of the trace (a trace is reused by later reads, so views would dangle).
 template <class T>
 py::array_t<T> trace_copy(const std::vector<T>& v) {

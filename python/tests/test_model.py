@@ -364,3 +364,27 @@ def test_threads_step_disjoint_sequences_of_one_model(rng):
     assert errors == [] and [shared.tokens(s) for s in seqs] == [15, 15]
     for a, b in zip(want, got):
         assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == len(b) == 5
+
+
+def test_step_reads_take_host_indices_and_fill_traces(rng):
+    """A read of the entries the reader itself selected (host indices, indexer inputs None) equals
+    the reader's read bit for bit, in a step and committed; traces name what each read looked at."""
+    model = pk.ModelCache(small_spec(), pk.ModelOptions(pages=256))
+    seqs = [model.create(), model.create()]
+    run_step(model, seqs, [300, 137], step_inputs(model, [300, 137], rng))
+    q, iq, iw, sinks = read_inputs(rng, 2)
+    with model.begin(seqs, 1) as step:
+        for l, rows in enumerate(step_inputs(model, [1, 1], rng)):
+            step.append(l, rows)
+        traces = [pk.ReadTrace(), None]
+        out, lse, sel, _ = step.read(CSA, [0, 1], q, iq, iw, sinks, selected_logical=True, traces=traces)
+        assert traces[0].candidates == 75 and sorted(traces[0].selected) == sorted(sel[0])
+        host, host_lse, _, _ = step.read(CSA, [0, 1], q, sinks=sinks, indices=sel)
+        assert np.array_equal(host, out) and np.array_equal(host_lse, lse)
+        with pytest.raises(pk.InputError, match="len\\(traces\\)"):
+            step.read(CSA, [0, 1], q, iq, iw, sinks, traces=[pk.ReadTrace()])
+        with pytest.raises(pk.InputError, match="indices.shape"):
+            step.read(CSA, [0, 1], q, sinks=sinks, indices=sel[0])
+        step.commit()
+    committed, _, _, _ = model.read(CSA, seqs, q, sinks=sinks, indices=sel)
+    assert np.array_equal(committed, out)

@@ -75,3 +75,105 @@ def test_the_package_reexports_the_module():
     from phasekv.presets import deepseek_v4_csa_kv
 
     assert phasekv.stats is pk._phasekv.stats and inspect.isroutine(deepseek_v4_csa_kv)
+
+
+# ---- signatures ---------------------------------------------------------------------------------
+
+def split_top_level(params):
+    """Splits a pybind11 parameter list at the commas outside brackets and quotes."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(params):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{<":
+            depth += 1
+        elif ch in ")]}>":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(params[start:i].strip())
+            start = i + 1
+    tail = params[start:].strip()
+    return parts + [tail] if tail else parts
+
+
+def module_signatures(routine, name):
+    """Each overload's parameter names as pybind11 states them in the docstring ('*' for keyword-only,
+    None for an unnamed argN)."""
+    out = []
+    for line in (routine.__doc__ or "").splitlines():
+        line = line.strip()
+        if line[:1].isdigit() and ". " in line:  # "2. name(...) -> ..." of an overloaded function
+            line = line.split(". ", 1)[1]
+        if not line.startswith(name + "(") or line.startswith(name + "(*args, **kwargs)"):
+            continue
+        depth, end = 0, None
+        for i, ch in enumerate(line[len(name):], len(name)):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                end = i
+                break
+        names = []
+        for p in split_top_level(line[len(name) + 1:end]):
+            n = p.split(":")[0].split("=")[0].strip()
+            names.append(None if n.startswith("arg") and n[3:].isdigit() else n)
+        out.append(names)
+    return out
+
+
+def stub_signatures(stub):
+    """Per (class or None, function name): each declared signature's parameter names, '*' marking
+    keyword-only ones."""
+    tree = ast.parse((PACKAGE / stub).read_text())
+    sigs = {}
+
+    def names_of(f):
+        a = f.args
+        names = [x.arg for x in a.posonlyargs + a.args]
+        if a.vararg:
+            names.append("*" + a.vararg.arg)
+        elif a.kwonlyargs:
+            names.append("*")
+        return names + [x.arg for x in a.kwonlyargs]
+
+    def visit(body, owner):
+        for node in body:
+            if isinstance(node, ast.FunctionDef):
+                if any(isinstance(d, ast.Name) and d.id == "property" or isinstance(d, ast.Attribute) for d in node.decorator_list):
+                    continue
+                sigs.setdefault((owner, node.name), []).append(names_of(node))
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body, node.name)
+
+    visit(tree.body, None)
+    return sigs
+
+
+def same_names(stub, real):
+    return len(stub) == len(real) and all(r is None or s == r for s, r in zip(stub, real))
+
+
+def check_signatures(module, stub):
+    mismatches = []
+    for (owner, name), declared_sigs in stub_signatures(stub).items():
+        holder = getattr(module, owner, None) if owner else module
+        routine = getattr(holder, name, None) if holder is not None else None
+        if routine is None or not callable(routine):
+            continue
+        real = module_signatures(routine, name)
+        if not real:  # not a pybind11 routine (a Python function, a slot wrapper): nothing stated
+            continue
+        for sig in declared_sigs:
+            if not any(same_names(sig, r) for r in real):
+                mismatches.append(f"{owner + '.' if owner else ''}{name}: stub {sig}, module {real}")
+    assert mismatches == [], "\n".join(mismatches)
+
+
+def test_stub_signatures_name_the_module_parameters():
+    """Every function and method a stub declares takes the parameters, in order and keyword-only
+    where the module says so, that the extension's own signatures name."""
+    check_signatures(pk._phasekv, "_phasekv.pyi")
+    check_signatures(pk.stats, "stats.pyi")
+    check_signatures(pk.presets, "presets.pyi")
