@@ -442,8 +442,8 @@ TEST_CASE("model front door: specs the cache cannot build are config_errors nami
   spec.kinds[1].streams[0].pooling = "nope";
   REQUIRE_THROWS_WITH(model_cache(spec), Catch::Contains("kinds[1].streams[0].pooling") && Catch::Contains("registered"));
   spec = small_dsv4(false, 3);
-  spec.kinds[1].reader.indexer_stream = 0;  // the K/V stream is not an indexer
-  REQUIRE_THROWS_WITH(model_cache(spec), Catch::Contains("kinds[1].reader.indexer_stream") && Catch::Contains("role indexer"));
+  spec.kinds[1].reader.key_stream = 1;  // the indexer stream holds no keys to attend to
+  REQUIRE_THROWS_WITH(model_cache(spec), Catch::Contains("kinds[1].reader.key_stream = 1") && Catch::Contains("role key or key_value"));
   spec = small_dsv4(false, 3);
   spec.kinds[0].reader.top_k = 4;  // window-only: nothing to select
   REQUIRE_THROWS_AS(model_cache(spec), config_error);
@@ -655,7 +655,7 @@ TEST_CASE("window-only layer: the reader attends to the raw window alone, as den
   raw_window_config wc{16, 2, 8, 0};
   layer_shape shape;
   shape.window = wc;
-  reader_config rc = reader_from_roles();
+  reader_config rc = reader_config{};
   rc.key_stream = rc.value_stream = rc.indexer_stream = no_stream;
   rc.query_heads = 4;
   rc.sink = true;

@@ -1323,8 +1323,8 @@ TEST_CASE("sparse_reader: bad configurations throw config_error naming the field
   rc.derotate_output = true;  // untied streams
   expect(rc, "rd.derotate_output = true", "tied");
   rc = base;
-  rc.value_stream = 0;  // tied, but the cache's window values have 6 channels, the keys 8
-  expect(rc, "window value channels = 6", "8");
+  rc.value_stream = 0;  // the key stream read as values: its role says it holds none
+  expect(rc, "rd.value_stream = 0", "role value or key_value (stream");
 
   // A window whose shape does not match the streams.
   auto with_window = [&](raw_window_config wcfg) {
@@ -1366,6 +1366,10 @@ TEST_CASE("sparse_reader: bad configurations throw config_error naming the field
   m.value_stream = 0;
   m.derotate_output = true;
   REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader(mixed, m); }),
+               Contains("value_stream = 0") && Contains("role value or key_value"));  // a key stream holds no values
+  layer_shape tied = mixed.shape();
+  tied.streams[0].role = stream_role::key_value;
+  REQUIRE_THAT(message_of<config_error>([&] { (void)sparse_reader(tied, m); }),
                Contains("derotate_output = true") && Contains("stream 'k' rotates nothing"));
 }
 
@@ -1465,4 +1469,63 @@ TEST_CASE("sparse_reader: long contexts, chunked selection and in-place pages, o
     }
     CHECK(pool.runs > 0);  // the threaded reader really went through its executor
   }
+}
+
+TEST_CASE("reader: the streams follow the roles, and an index named instead must agree", "[read][roles]") {
+  using namespace phasekv;
+  const auto stream = [](const char* name, stream_role role) {
+    stream_shape s;
+    s.name = name;
+    s.role = role;
+    s.channels = 8;
+    return s;
+  };
+  layer_shape shape;
+  shape.geom = geometry{4, 4, 0, anchor_mode::block_start};
+  shape.streams = {stream("k", stream_role::key), stream("v", stream_role::value), stream("ix", stream_role::indexer)};
+  reader_config rc;
+  rc.name = "r";
+  rc.top_k = 2;
+  rc.indexer_heads = 1;
+  const reader_config got = sparse_reader(shape, rc).config();
+  CHECK((got.key_stream == 0 && got.value_stream == 1 && got.indexer_stream == 2));
+  rc.top_k = 0;
+  rc.indexer_heads = 0;
+  CHECK(sparse_reader(shape, rc).config().indexer_stream == no_stream);  // no selection, no indexer
+
+  rc.top_k = 2;
+  rc.indexer_heads = 1;
+  reader_config bad = rc;
+  bad.value_stream = 0;
+  CHECK_THROWS_MATCHES(sparse_reader(shape, bad), config_error,
+                       Catch::Message("r.value_stream = 0: must name a stream of role value or key_value (stream 'k' has "
+                                      "another), or be from_roles"));
+  bad = rc;
+  bad.indexer_stream = 1;
+  CHECK_THROWS_WITH(sparse_reader(shape, bad), Catch::Contains("r.indexer_stream = 1") && Catch::Contains("'v'"));
+  bad = rc;
+  bad.indexer_stream = 0;  // the keys score the entries themselves
+  CHECK(sparse_reader(shape, bad).config().indexer_stream == 0);
+  bad.indexer_stream = no_stream;  // the host selects
+  bad.indexer_heads = 0;
+  CHECK(sparse_reader(shape, bad).config().indexer_stream == no_stream);
+  bad = rc;
+  bad.key_stream = 7;  // past the streams: the shape check names it
+  CHECK_THROWS_WITH(sparse_reader(shape, bad), Catch::Contains("r.key_stream = 7") && Catch::Contains("it has 3"));
+
+  // Tied K/V: the value stream is the key stream; a layer without a key stream has nothing to read.
+  shape.streams = {stream("kv", stream_role::key_value), stream("ix", stream_role::indexer)};
+  const reader_config tied = sparse_reader(shape, rc).config();
+  CHECK((tied.key_stream == 0 && tied.value_stream == 0 && tied.indexer_stream == 1));
+  shape.streams = {stream("v", stream_role::value)};
+  rc.top_k = 0;
+  rc.indexer_heads = 0;
+  CHECK_THROWS_WITH(sparse_reader(shape, rc), Catch::Contains("r.key_stream = from_roles: finds no stream of role key"));
+
+  // The selection stage of a reader's config resolves the same way.
+  shape.streams = {stream("kv", stream_role::key_value), stream("ix", stream_role::indexer)};
+  rc.top_k = 2;
+  rc.indexer_heads = 1;
+  const entry_selector selector(shape, selection_of(rc));
+  CHECK((selector.config().indexer_stream == 1 && selector.config().physical_stream == 0));
 }

@@ -528,6 +528,9 @@ TEST_CASE("fp4 read: configurations and views that do not fit are errors naming 
   rc.key_stream = rc.value_stream = 1;
   rc.derotate_output = false;
   CHECK_THAT(message_of<config_error>([&] { sparse_reader(shape, rc); }),
+             Contains("dsv4.key_stream = 1: must name a stream of role key or key_value"));
+  shape.streams[1].role = stream_role::key_value;  // and named a K/V stream, its storage still refuses it
+  CHECK_THAT(message_of<config_error>([&] { sparse_reader(shape, rc); }),
              Contains("dsv4.key_stream = 'csa.indexer': is stored as fp4_e2m1_hadamard"));
   shape.streams[1].channels = 100;
   CHECK_THAT(message_of<config_error>([&] { sparse_reader(shape, phasekv_test::dsv4_reader(4, true)); }),

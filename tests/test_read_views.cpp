@@ -936,6 +936,7 @@ TEST_CASE("views: bad views and items throw input_error naming the field, and wr
   REQUIRE_THAT(message_of<config_error>([&] { sparse_reader(shape, rc); }), Contains("shape.streams.size() = 9"));
   shape = world.shape();
   shape.streams[0].applies_rope = false;
+  shape.streams[0].role = stream_role::key_value;
   reader_config tied = rc;
   tied.value_stream = 0;
   tied.derotate_output = true;

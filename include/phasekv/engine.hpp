@@ -65,6 +65,7 @@
 #include "phasekv/read/indexer_kernel.hpp"
 #include "phasekv/read/read_checks.hpp"
 #include "phasekv/read/read_types.hpp"
+#include "phasekv/read/reader_streams.hpp"
 #include "phasekv/read/selection.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/sparse_reader.hpp"

@@ -65,7 +65,7 @@ def test_config_structs_take_keywords_repr_and_copy():
         "__init__(self, *, name: str = 'stream', role: StreamRole = StreamRole.key_value, channels: int = 0, ")
     assert "geometry: Geometry = Geometry(stride=1, window=1, origin=0, anchor=AnchorMode.block_start)" in \
         pk.LayerShape.__init__.__doc__
-    assert "indexer_stream = None," in pk.ReaderConfig.__init__.__doc__
+    assert f"indexer_stream: int = {pk.FROM_ROLES}," in pk.ReaderConfig.__init__.__doc__  # streams follow the roles
     with pytest.raises(TypeError, match="unexpected keyword argument 'chanels'"):
         pk.StreamConfig(chanels=3)
     with pytest.raises(AttributeError):

@@ -125,12 +125,12 @@ def test_mean_layer_reads_every_entry_and_the_window(rng):
     seq = layer.cache.create()
     layer.append(seq, 203)
     rc = pk.ReaderConfig(name="m.reader", query_heads=4)  # GQA: 4 query heads on 1 KV head
-    assert rc.indexer_stream is None and rc.top_k == 0
+    assert rc.indexer_stream == pk.FROM_ROLES and rc.top_k == 0  # no selection: no indexer
     reader = pk.SparseReader(layer.cache.shape(), rc)
     q = rng.standard_normal((4, 64), dtype=np.float32)
     trace = pk.ReadTrace()
     out = reader.read(layer.cache, seq, 202, q, trace=trace)
-    want, _, selected, mass, _ = oracle(layer, seq, 202, rc, q)
+    want, _, selected, mass, _ = oracle(layer, seq, 202, reader.config, q)  # its streams resolved from the roles
     assert list(trace.selected) == selected == list(range(50)) and trace.scores.size == 0
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=2e-6)
     np.testing.assert_allclose(trace.entry_mass, mass[:50], rtol=1e-4, atol=1e-7)

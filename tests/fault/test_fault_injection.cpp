@@ -228,7 +228,7 @@ model_spec fault_model_spec() {
   layer_kind window;
   window.name = "win";
   window.window = raw_window_config{4, 1, 3, 0};
-  window.reader = reader_from_roles();
+  window.reader = reader_config{};
   window.reader.key_stream = window.reader.value_stream = window.reader.indexer_stream = no_stream;
   layer_kind kv;
   kv.name = "kv";

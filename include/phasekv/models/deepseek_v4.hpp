@@ -264,7 +264,6 @@ inline layer_kind deepseek_kind(const deepseek_layer& layer, bool precision = fa
   k.window = deepseek_window(precision);
   k.page_size = deepseek_v4_spec::page_size;
   k.reader = deepseek_reader(layer, precision);
-  k.reader.key_stream = k.reader.value_stream = k.reader.indexer_stream = from_roles;
   return k;
 }
 
@@ -276,11 +275,10 @@ inline layer_kind deepseek_window_kind(bool precision = false) {
   k.name = "swa";
   k.window = deepseek_window(precision);
   k.window_rope = deepseek_v4_compressed_rope();
-  k.reader = reader_from_roles();
+  k.reader = reader_config{};
   k.reader.query_heads = deepseek_v4_spec::query_heads;
   k.reader.sink = true;
   k.reader.derotate_output = true;
-  k.reader.key_stream = k.reader.value_stream = k.reader.indexer_stream = no_stream;
   return k;
 }
 

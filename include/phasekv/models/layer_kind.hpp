@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "phasekv/cache/layer_shape.hpp"
@@ -26,15 +27,9 @@
 #include "phasekv/core/rope.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/read/read_types.hpp"
+#include "phasekv/read/reader_streams.hpp"
 
 namespace phasekv {
-
-// A reader_config whose key, value and indexer streams follow the stream roles.
-inline reader_config reader_from_roles() {
-  reader_config r;
-  r.key_stream = r.value_stream = r.indexer_stream = from_roles;
-  return r;
-}
 
 // One compressed stream of a layer kind.
 struct stream_spec {
@@ -52,7 +47,7 @@ struct layer_kind {
   raw_window_config window;
   rope_config window_rope;                           // a window-only kind's window keys' RoPE (derotate_output)
   std::int64_t page_size = 64;                       // entries per page
-  reader_config reader = reader_from_roles();        // streams follow the roles; query_heads 0:
+  reader_config reader;                              // streams follow the roles; query_heads 0:
                                                      // no reader (the host reads view() itself)
 
   bool window_only() const noexcept { return streams.empty(); }
@@ -79,47 +74,16 @@ struct model_spec {
   }
 };
 
-// The reader's key, value and indexer streams from the kind's stream roles: key — the first
-// stream of role key or key_value; value — the first of role value, else the key stream when it
-// is key_value (tied); indexer — the first of role indexer, else none. A window-only kind reads no
-// stream (no_stream for all three). An index the config names instead of from_roles must agree
-// with the role (config_error naming the field otherwise).
+// The reader's key, value and indexer streams from the kind's stream roles, as a reader reads
+// them (read/reader_streams.hpp): from_roles follows the roles, an index named instead must agree.
 inline reader_config resolve_reader_streams(const std::vector<stream_spec>& streams, reader_config config,
                                             const std::string& field) {
-  const auto first = [&](auto accepts) {
-    for (std::size_t k = 0; k < streams.size(); ++k)
-      if (accepts(streams[k].config.role)) return k;
-    return no_stream;
-  };
-  const auto is_key = [](stream_role r) { return r == stream_role::key || r == stream_role::key_value; };
-  const auto is_value = [](stream_role r) { return r == stream_role::value || r == stream_role::key_value; };
-  const auto is_indexer = [](stream_role r) { return r == stream_role::indexer; };
-  const std::size_t key = first(is_key);
-  std::size_t value = first([](stream_role r) { return r == stream_role::value; });
-  if (value == no_stream && key != no_stream && streams[key].config.role == stream_role::key_value) value = key;
-  const std::size_t indexer = first(is_indexer);
-  // `optional`: no_stream is a valid choice (the indexer's: the host selects, or no selection).
-  const auto agree = [&](std::size_t& chosen, std::size_t derived, auto accepts, const char* what, const char* roles,
-                         bool optional) {
-    if (chosen == from_roles) {
-      chosen = derived;
-      return;
-    }
-    if (chosen == no_stream && (streams.empty() || optional)) return;
-    if (chosen >= streams.size() || !accepts(streams[chosen].config.role))
-      detail::fail(field + "." + what, chosen,
-                   std::string("must name a stream of role ") + roles +
-                       (chosen < streams.size() ? " (stream '" + streams[chosen].config.name + "' has another)" : std::string()) +
-                       ", or be from_roles");
-  };
-  agree(config.key_stream, key, is_key, "key_stream", "key or key_value", false);
-  agree(config.value_stream, value, is_value, "value_stream", "value or key_value", false);
-  agree(config.indexer_stream, indexer, is_indexer, "indexer_stream", "indexer", true);
-  if (!streams.empty() && config.key_stream == no_stream)
-    detail::fail(field + ".key_stream", "from_roles", "finds no stream of role key or key_value to attend to");
-  if (!streams.empty() && config.value_stream == no_stream)
-    detail::fail(field + ".value_stream", "from_roles", "finds no stream of role value or key_value");
-  return config;
+  std::vector<stream_shape> shapes(streams.size());
+  for (std::size_t k = 0; k < streams.size(); ++k) {
+    shapes[k].name = streams[k].config.name;
+    shapes[k].role = streams[k].config.role;
+  }
+  return resolve_reader_streams(shapes, std::move(config), field);
 }
 
 // Throws config_error naming the field ("<model>.kinds[1].streams[0].channels") for a spec no

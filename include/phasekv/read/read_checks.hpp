@@ -21,6 +21,7 @@
 #include "phasekv/core/limits.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/read/read_types.hpp"
+#include "phasekv/read/reader_streams.hpp"
 #include "phasekv/simd/finite.hpp"
 
 namespace phasekv {
@@ -134,9 +135,10 @@ inline read_dims check_window_only_config(const layer_shape& shape, const reader
   return d;
 }
 
-inline read_dims check_reader_config(const layer_shape& shape, const reader_config& config) {
+inline read_dims check_reader_config(const layer_shape& shape, const reader_config& given) {
+  check_stream_shapes(shape, given.name);
+  const reader_config config = resolve_reader_streams(shape.streams, given, given.name);
   const std::string& n = config.name;
-  check_stream_shapes(shape, n);
   const std::size_t streams = shape.streams.size();
   require(config.query_heads >= 1, n + ".query_heads", config.query_heads, "must be at least 1");
   require(config.query_heads <= limits::max_heads, n + ".query_heads", config.query_heads, "must be at most 2^16");

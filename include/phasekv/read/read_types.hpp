@@ -38,9 +38,11 @@ struct reader_config {
   std::string name = "reader";
   std::int64_t query_heads = 1;
   float scale = 0.0f;            // logit scale; 0 means 1/sqrt(key channels)
-  std::size_t key_stream = 0;
-  std::size_t value_stream = 0;  // = key_stream for tied K/V
-  std::size_t indexer_stream = no_stream;
+  // The streams read (read/reader_streams.hpp): from_roles follows the layer's stream roles; an
+  // index named instead must agree with its stream's role. no_stream: no indexer (the host selects).
+  std::size_t key_stream = from_roles;
+  std::size_t value_stream = from_roles;  // = key_stream for tied K/V
+  std::size_t indexer_stream = from_roles;
   std::int64_t top_k = 0;        // 0: attend to every candidate; > 0 needs an indexer stream
   std::int64_t indexer_heads = 0;
   // bf16: the indexer stream must be stored in bf16; fp4: in fp4_e2m1_hadamard (and a stream

@@ -54,6 +54,18 @@ class entry_selector {
  public:
   entry_selector(layer_shape shape, selection_config config) : shape_(std::move(shape)), config_(std::move(config)) {
     detail::check_stream_shapes(shape_, config_.name);
+    // A reader's selection (selection_of) may leave its streams to the roles: resolve them here.
+    if (config_.indexer_stream == from_roles || config_.physical_stream == from_roles) {
+      reader_config r;
+      r.name = config_.name;
+      r.top_k = std::max<std::int64_t>(config_.top_k, 1);
+      r.key_stream = config_.physical_stream;
+      r.value_stream = from_roles;
+      r.indexer_stream = config_.indexer_stream;
+      r = resolve_reader_streams(shape_.streams, r, config_.name);
+      config_.indexer_stream = r.indexer_stream;
+      config_.physical_stream = r.key_stream;
+    }
     detail::require(config_.indexer_stream != no_stream, config_.name + ".indexer_stream", "no_stream",
                     "must name the indexer's stream: a selector scores entries");
     indexer_channels_ = detail::check_selection_config(shape_, config_);

@@ -110,8 +110,11 @@ class sparse_reader {
   using attention_kernel = kernels::attention<>;
 
  public:
+  // The config's streams left at from_roles follow the shape's roles (read/reader_streams.hpp);
+  // config() returns them resolved.
   sparse_reader(layer_shape shape, reader_config config) : shape_(std::move(shape)), config_(std::move(config)) {
     const detail::read_dims dims = detail::check_reader_config(shape_, config_);
+    config_ = resolve_reader_streams(shape_.streams, config_, config_.name);
     kv_heads_ = dims.kv_heads;
     key_channels_ = dims.key_channels;
     value_channels_ = dims.value_channels;

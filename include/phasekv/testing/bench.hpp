@@ -167,7 +167,8 @@ struct read_inputs {
   std::vector<float> queries, indexer_queries, indexer_weights, sinks;
 
   read_inputs() = default;
-  read_inputs(const layer_shape& shape, const reader_config& rc, std::uint64_t seed = 0) {
+  read_inputs(const layer_shape& shape, const reader_config& given, std::uint64_t seed = 0) {
+    const reader_config rc = resolve_reader_streams(shape.streams, given, given.name);
     const std::int64_t key_channels = rc.key_stream == no_stream ? shape.window.key_channels : shape.streams[rc.key_stream].channels;
     queries = random_vector(rc.query_heads * key_channels, seed + 21);
     if (rc.top_k > 0 && rc.indexer_stream != no_stream) {
@@ -365,7 +366,8 @@ struct read_cost {
   indexer_precision precision = indexer_precision::f32;
 
   // The cost of `reader`'s reads of a layer: `entry_stride_bytes[k]` is stream k's stored entry size.
-  static read_cost of(const layer_shape& shape, const reader_config& reader, const std::vector<std::int64_t>& entry_stride_bytes) {
+  static read_cost of(const layer_shape& shape, const reader_config& given, const std::vector<std::int64_t>& entry_stride_bytes) {
+    const reader_config reader = resolve_reader_streams(shape.streams, given, given.name);
     read_cost c;
     c.query_heads = reader.query_heads;
     c.top_k = reader.top_k;

@@ -287,7 +287,7 @@ class conformance_run {
       pr.note = note(p);
       pr.outcome = outcome::passed;
       cov_ = coverage{};
-      cov_.top_k = selection_checked(p) ? spec_.reader.top_k : 0;
+      cov_.top_k = selection_checked(p) ? reader_->config().top_k : 0;
       for (std::int64_t i = 0; i < opt_.cases; ++i) {
         std::uint64_t rng = mix64(opt_.seed, static_cast<std::uint64_t>(p) * 1000003u + static_cast<std::uint64_t>(i));
         const scenario sc = generate(p, rng, selecting_case(p, i));
@@ -441,13 +441,13 @@ class conformance_run {
   static bool reads_property(property p) {
     return p == property::streaming || p == property::round_trips || p == property::reads;
   }
-  bool selection_checked(property p) const { return reads_property(p) && spec_.reader.top_k > 0; }
+  bool selection_checked(property p) const { return reads_property(p) && reader_->config().top_k > 0; }
   bool selecting_case(property p, std::int64_t i) const {
     return selecting_tokens_ > 0 && selection_checked(p) && i % 20 == 0;
   }
   std::string selection_flag() const {
-    const std::int64_t needed = tokens_past_top_k(spec_.reader.top_k);
-    return "the selection never dropped an entry (top_k " + std::to_string(spec_.reader.top_k) +
+    const std::int64_t needed = tokens_past_top_k(reader_->config().top_k);
+    return "the selection never dropped an entry (top_k " + std::to_string(reader_->config().top_k) +
            "): not exercised; " +
            (needed <= max_selecting_tokens ? "options.max_tokens = " + std::to_string(2 * needed) + " would"
                                            : std::string("no sequence the kit runs is long enough"));
@@ -461,8 +461,8 @@ class conformance_run {
           out += (out.empty() ? "" : "; ") + std::string("stream '") + c.config().name + "' has no oracle (oracles[" +
                  std::to_string(k) + "]): not checked";
       });
-    if (p == property::reads && spec_.reader.top_k > 0 && spec_.reader.indexer_stream != no_stream &&
-        spec_.reader.precision == indexer_precision::fp4)
+    if (p == property::reads && reader_->config().top_k > 0 && reader_->config().indexer_stream != no_stream &&
+        reader_->config().precision == indexer_precision::fp4)
       out = "FP4 indexer: the selection is not held to double scores, the attention over it is";
     return out;
   }
@@ -496,7 +496,7 @@ class conformance_run {
     const raw_window_config& w = kit_cache_.window;
     out += "; pages of " + std::to_string(kit_cache_.page_size) + "; window " + std::to_string(w.tokens) +
            (w.tokens > 0 ? std::string(" tokens (") + to_string(w.precision) + ")" : std::string(" tokens"));
-    const reader_config& r = spec_.reader;
+    const reader_config& r = reader_->config();
     out += "; reader " + std::to_string(r.query_heads) + " query heads, top_k " + std::to_string(r.top_k) +
            (r.sink ? ", sink" : "") + (r.derotate_output ? ", de-rotated output" : "");
     out += "; seed " + std::to_string(opt_.seed) + ", " + (opt_.effort == effort::thorough ? "thorough" : "quick") +
@@ -741,7 +741,7 @@ class conformance_run {
     read_inputs in;
     std::uint64_t state = mix64(opt_.seed ^ 0x72656164u, static_cast<std::uint64_t>(t));
     auto uniform = [&] { return static_cast<float>(phasekv::detail::splitmix64(state) >> 40) * (2.0f / 16777216.0f) - 1.0f; };
-    const reader_config& r = spec_.reader;
+    const reader_config& r = reader_->config();
     const stream_shape& keys = shape_.streams[r.key_stream];
     in.queries.resize(static_cast<std::size_t>(r.query_heads * keys.channels));
     for (float& x : in.queries) x = uniform();
@@ -769,8 +769,8 @@ class conformance_run {
     const read_inputs& in = inputs_at(t);
     read_output r;
     r.out.assign(static_cast<std::size_t>(reader_->output_floats()), 0.0f);
-    r.lse.assign(static_cast<std::size_t>(spec_.reader.query_heads), 0.0f);
-    r.selected.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, spec_.reader.top_k)), -1);
+    r.lse.assign(static_cast<std::size_t>(reader_->config().query_heads), 0.0f);
+    r.selected.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, reader_->config().top_k)), -1);
     const sequence_view view = s.view_of(id);
     read_item item;
     item.view = &view;
@@ -781,7 +781,7 @@ class conformance_run {
     item.request.sinks = span<const float>(in.sinks);
     item.out = r.out.data();
     item.lse = r.lse.data();
-    if (spec_.reader.top_k > 0) item.selected_logical = r.selected.data();
+    if (reader_->config().top_k > 0) item.selected_logical = r.selected.data();
     item.trace = &r.trace;
     reader_->read_batch(span<const read_item>(&item, 1));
     return r;
@@ -805,7 +805,7 @@ class conformance_run {
 
   // Two reads at t, bit for bit.
   result same_read(const read_output& got, const read_output& want, std::int64_t t, const std::string& what) const {
-    const std::int64_t cv = static_cast<std::int64_t>(got.out.size()) / spec_.reader.query_heads;
+    const std::int64_t cv = static_cast<std::int64_t>(got.out.size()) / reader_->config().query_heads;
     for (std::size_t i = 0; i < got.out.size(); ++i)
       if (std::memcmp(&got.out[i], &want.out[i], 4) != 0)
         return what + ": read at token " + std::to_string(t) + ": output[head " + std::to_string(i / cv) + "][channel " +
@@ -1161,7 +1161,7 @@ class conformance_run {
     auto sub = make_subject(reference_cache(sc.tokens(0)));
     const sequence_id id = sub->create();
     append_sequence_0(*sub, id, sc);
-    const reader_config& rc = spec_.reader;
+    const reader_config& rc = reader_->config();
     const stream_shape& keys = shape_.streams[rc.key_stream];
     const stream_shape& values = shape_.streams[rc.value_stream];
     const std::int64_t kvh = keys.kv_heads, ck = keys.channels, cv = values.channels;
@@ -1243,7 +1243,7 @@ class conformance_run {
 
   // Every selected entry scores at least the k-th best double score, less a rounding allowance.
   result check_selection(const subject_type& s, sequence_id id, std::int64_t t, const read_trace& tr) {
-    const reader_config& rc = spec_.reader;
+    const reader_config& rc = reader_->config();
     const stream_shape& ix = shape_.streams[rc.indexer_stream];
     const std::int64_t candidates = tr.candidates;
     std::vector<std::vector<float>> keys(static_cast<std::size_t>(candidates), std::vector<float>(static_cast<std::size_t>(ix.channels)));
@@ -1273,7 +1273,7 @@ class conformance_run {
   result run_dense_control(const scenario& sc) {
     using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
     using control_cache = paged_cache<mean_stream, mean_stream>;
-    const reader_config& rc = spec_.reader;
+    const reader_config& rc = reader_->config();
     const stream_shape& keys = shape_.streams[rc.key_stream];
     const stream_shape& values = shape_.streams[rc.value_stream];
     const std::int64_t kvh = keys.kv_heads, ck = keys.channels, cv = values.channels, n = sc.tokens(0);
