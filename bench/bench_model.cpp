@@ -65,6 +65,45 @@ using namespace phasekv;
 constexpr std::int64_t kContext = 32768;
 constexpr std::int64_t kChunk = 4096;
 
+// Grows every sequence of `rows` by `tokens` through committed steps of up to kChunk tokens, each
+// layer fed one block of random inputs per size (their values do not change the timings).
+class prefiller {
+ public:
+  explicit prefiller(std::uint32_t seed) : rng_(seed) {}
+
+  void grow(model_cache& model, const std::vector<sequence_id>& rows, std::int64_t tokens) {
+    for (std::int64_t done = 0; done < tokens; done += kChunk) {
+      const std::int64_t n = std::min(kChunk, tokens - done);
+      model_step step = model.begin(rows, n);
+      for (std::size_t l = 0; l < model.layers(); ++l) {
+        std::vector<token_chunk> chunks;
+        for (std::size_t k = 0; k < model.shape(l).streams.size(); ++k) {
+          const stream_kernel& st = model.stream(l, k);
+          chunks.push_back({n, first(st.payload_floats_per_token(), n), first(st.logit_floats_per_token(), n)});
+        }
+        const std::int64_t window = model.shape(l).window.kv_heads * model.shape(l).window.key_channels;
+        step.append(l, std::vector<layer_append>(rows.size(), layer_append{chunks, first(window, n), {}}));
+      }
+      step.commit();
+    }
+  }
+
+ private:
+  // The first n tokens' floats of a kChunk-token block of `per_token` floats a token.
+  span<const float> first(std::int64_t per_token, std::int64_t n) {
+    auto& b = blocks_[per_token];
+    if (b.empty()) {
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      b.resize(static_cast<std::size_t>(kChunk * per_token));
+      for (float& x : b) x = u(rng_);
+    }
+    return span<const float>(b.data(), static_cast<std::size_t>(n * per_token));
+  }
+
+  std::mt19937 rng_;
+  std::map<std::int64_t, std::vector<float>> blocks_;
+};
+
 // A model of `layers` layers holding one prefilled sequence.
 struct prefilled_model {
   model_cache model;
@@ -72,30 +111,7 @@ struct prefilled_model {
 
   explicit prefilled_model(std::int64_t layers) : model(presets::deepseek_v4_shaped(static_cast<std::size_t>(layers), true), options()) {
     seq = model.create();
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    // One block of inputs per (layer kind's stream shape), reused for every chunk and layer.
-    std::map<std::int64_t, std::vector<float>> blocks;
-    const auto block = [&](std::int64_t floats) -> const std::vector<float>& {
-      auto& b = blocks[floats];
-      if (b.empty()) {
-        b.resize(static_cast<std::size_t>(floats));
-        for (float& x : b) x = u(rng);
-      }
-      return b;
-    };
-    for (std::int64_t done = 0; done < kContext; done += kChunk) {
-      model_step step = model.begin({seq}, kChunk);
-      for (std::size_t l = 0; l < model.layers(); ++l) {
-        std::vector<token_chunk> chunks;
-        for (std::size_t k = 0; k < model.shape(l).streams.size(); ++k) {
-          const stream_kernel& s = model.stream(l, k);
-          chunks.push_back({kChunk, block(kChunk * s.payload_floats_per_token()), block(kChunk * s.logit_floats_per_token())});
-        }
-        step.append(l, {layer_append{chunks, block(kChunk * 512), {}}});
-      }
-      step.commit();
-    }
+    prefiller(7).grow(model, {seq}, kContext);
   }
   static model_options options() {
     model_options o;
@@ -235,36 +251,8 @@ struct decode_model {
 
   explicit decode_model(std::int64_t layers) : model(spec(layers), options(spec(layers))) {
     const double t0 = bench::thread_seconds();
-    std::mt19937 rng(11);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    std::map<std::int64_t, std::vector<float>> blocks;
-    const auto block = [&](std::int64_t floats) -> const std::vector<float>& {
-      auto& b = blocks[floats];
-      if (b.empty()) {
-        b.resize(static_cast<std::size_t>(floats));
-        for (float& x : b) x = u(rng);
-      }
-      return b;
-    };
-    // Grows `rows` by `tokens` each, in chunks of kChunk.
-    const auto grow = [&](const std::vector<sequence_id>& rows, std::int64_t tokens) {
-      for (std::int64_t done = 0; done < tokens; done += kChunk) {
-        const std::int64_t n = std::min(kChunk, tokens - done);
-        model_step step = model.begin(rows, n);
-        for (std::size_t l = 0; l < model.layers(); ++l) {
-          std::vector<token_chunk> chunks;
-          for (std::size_t k = 0; k < model.shape(l).streams.size(); ++k) {
-            const stream_kernel& st = model.stream(l, k);
-            chunks.push_back({n, span<const float>(block(kChunk * st.payload_floats_per_token()).data(), static_cast<std::size_t>(n * st.payload_floats_per_token())),
-                              span<const float>(block(kChunk * st.logit_floats_per_token()).data(), static_cast<std::size_t>(n * st.logit_floats_per_token()))});
-          }
-          const std::int64_t window = model.shape(l).window.kv_heads * model.shape(l).window.key_channels;
-          const std::vector<layer_append> in(rows.size(), layer_append{chunks, span<const float>(block(kChunk * window).data(), static_cast<std::size_t>(n * window)), {}});
-          step.append(l, in);
-        }
-        step.commit();
-      }
-    };
+    prefiller fill(11);
+    const auto grow = [&](const std::vector<sequence_id>& rows, std::int64_t tokens) { fill.grow(model, rows, tokens); };
     const sequence_id prefix = model.create();
     grow({prefix}, kPrefix);
     std::vector<sequence_id> forks, fresh;

@@ -696,15 +696,25 @@ TEST_CASE("model front door: a kind no layer uses holds nothing and costs nothin
   REQUIRE(restore(m, snapshot(m, s)) != s);
 }
 
-TEST_CASE("pooling registry: built-ins, a host's pooling by name, and what it refuses", "[model][registry]") {
-  pooling_registry r = pooling_registry::builtins();
-  REQUIRE(r.ids() == std::vector<std::string>{"fixed_weights", "mean", "scalar_gates", "vector_gates"});
+namespace {
+
+// A tied K/V stream of 8 channels, RoPE after pooling and RMSNorm: DeepSeek-V4's form, small.
+stream_build gated_kv_build() {
   stream_build b;
   b.geom = geometry{2, 4};
   b.config = phasekv_test::stream_of("kv", stream_role::key_value, 8);
   b.config.rope.channels = 4;
   b.rope = rope_placement::after_pool;
   b.norm = entry_norm::rms;
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("pooling registry: built-ins, a host's pooling by name, and what it refuses", "[model][registry]") {
+  pooling_registry r = pooling_registry::builtins();
+  REQUIRE(r.ids() == std::vector<std::string>{"fixed_weights", "mean", "scalar_gates", "vector_gates"});
+  stream_build b = gated_kv_build();
   const std::unique_ptr<stream_kernel> gated = r.make("vector_gates", b, "spec.pooling");
   REQUIRE(std::string(gated->pooling_name()) == "vector_gates");
   REQUIRE(gated->rope() == rope_placement::after_pool);
@@ -744,12 +754,7 @@ TEST_CASE("pooling registry: built-ins, a host's pooling by name, and what it re
 TEST_CASE("pooling registry: one compiled policy under an id takes only its own placement and norm", "[model][registry]") {
   pooling_registry r;
   r.add_compiled<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>>("v4");
-  stream_build b;
-  b.geom = geometry{2, 4};
-  b.config = phasekv_test::stream_of("kv", stream_role::key_value, 8);
-  b.config.rope.channels = 4;
-  b.rope = rope_placement::after_pool;
-  b.norm = entry_norm::rms;
+  stream_build b = gated_kv_build();
   const std::unique_ptr<stream_kernel> v4 = r.make("v4", b, "spec.pooling");
   REQUIRE(std::string(v4->pooling_name()) == "vector_gates");
   REQUIRE(v4->pooling_identity() == pooling_registry::builtins().make("vector_gates", b, "spec.pooling")->pooling_identity());
