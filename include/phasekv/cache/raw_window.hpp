@@ -390,7 +390,8 @@ class raw_window {
       const std::int64_t from = f.rows == rows_ ? row : kept ? t % f.rows : -1;
       if (from >= 0) {
         std::memcpy(key.data(), saved_keys + static_cast<std::size_t>(from) * key_size, key_size);
-        std::memcpy(value.data(), saved_values + static_cast<std::size_t>(from) * value_size, value_size);
+        if (value_size > 0)  // a tied window has no value rows (and no scratch for them)
+          std::memcpy(value.data(), saved_values + static_cast<std::size_t>(from) * value_size, value_size);
       } else {
         std::fill(key.begin(), key.end(), 0.0f);
         std::fill(value.begin(), value.end(), 0.0f);
