@@ -126,12 +126,16 @@ struct prefilled_model {
   }
 };
 
-prefilled_model& model_for(std::int64_t layers) {
-  static std::map<std::int64_t, std::unique_ptr<prefilled_model>> models;
+// One model of each kind and layer count for the whole run (setup is untimed and slow).
+template <class Model>
+Model& model_of(std::int64_t layers) {
+  static std::map<std::int64_t, std::unique_ptr<Model>> models;
   auto& m = models[layers];
-  if (!m) m = std::make_unique<prefilled_model>(layers);
+  if (!m) m = std::make_unique<Model>(layers);
   return *m;
 }
+
+prefilled_model& model_for(std::int64_t layers) { return model_of<prefilled_model>(layers); }
 
 void counters(benchmark::State& state, const prefilled_model& p) {
   state.counters["layers"] = static_cast<double>(p.model.layers());
@@ -339,20 +343,15 @@ struct decode_model {
     return r;
   }
 
-  // The step's floor: per layer and sequence, its read's (at the sequence's length) and the new
-  // token's appended bytes.
+  // The step's floor: every layer's reads, and per sequence the new token's appended bytes.
   bench::roofline floor() const {
     bench::roofline r;
     for (std::size_t l = 0; l < io.size(); ++l) {
-      const geometry& g = model.kind_of(l).geom;
-      for (const sequence_id s : seqs) {
-        const std::int64_t candidates = model.shape(l).streams.empty() ? 0 : g.visible_entries(model.tokens(s));
-        const bench::roofline one = io[l].cost.floor(candidates);
-        r.bytes += one.bytes + io[l].append_bytes;
-        r.flops += one.flops;
-        r.bf16_flops += one.bf16_flops;
-        r.int8_ops += one.int8_ops;
-      }
+      const bench::roofline reads = read_floor(l);
+      r.bytes += reads.bytes + static_cast<double>(seqs.size()) * io[l].append_bytes;
+      r.flops += reads.flops;
+      r.bf16_flops += reads.bf16_flops;
+      r.int8_ops += reads.int8_ops;
     }
     return r;
   }
@@ -365,12 +364,7 @@ struct decode_model {
   }
 };
 
-decode_model& decode_model_for(std::int64_t layers) {
-  static std::map<std::int64_t, std::unique_ptr<decode_model>> models;
-  auto& m = models[layers];
-  if (!m) m = std::make_unique<decode_model>(layers);
-  return *m;
-}
+decode_model& decode_model_for(std::int64_t layers) { return model_of<decode_model>(layers); }
 
 void BM_decode_step(benchmark::State& state) {
   decode_model& m = decode_model_for(state.range(0));
