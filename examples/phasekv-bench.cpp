@@ -12,12 +12,13 @@
 //   phasekv-bench --stride 8 --window 16 --policy max --channels 256 --indexer none --json out.json
 //   phasekv-bench --smoke                           # every measurement, tiny, in about two seconds
 //
-// The policies: mean, vector_gates and deepseek_v4 (vector gates, RMSNorm, RoPE after pooling) are
-// phasekv's; max and nsa_mlp are poolings of the host's (examples/pools/), run through the same
-// template entry point a host calls with its own. With --indexer other than none the layer has an
-// indexer stream of the same policy and the reader selects the top k entries by it. Figures for the
-// DeepSeek-V4 presets agree with bench/run_all's within noise: the same workloads, kernels and floors.
-// Each policy's run is a translation unit of its own (examples/phasekv_bench/).
+// The layer is a layer kind (models/layer_kind.hpp) measured through the model front door, its
+// pooling an id of phasekv-bench's registry (examples/phasekv_bench/poolings.hpp): mean,
+// vector_gates and deepseek_v4 (vector gates, RMSNorm, RoPE after pooling) are phasekv's; max and
+// nsa_mlp are poolings of the host's (examples/pools/), registered as a host registers its own. With
+// --indexer other than none the layer has an indexer stream of the same pooling and the reader
+// selects the top k entries by it. Figures for the DeepSeek-V4 presets agree with bench/run_all's
+// within noise: the same workloads, kernels and floors.
 
 #include <cstdint>
 #include <cstdio>
@@ -32,7 +33,7 @@
 #include <phasekv/testing/bench.hpp>
 
 #include "cli.hpp"
-#include "phasekv_bench/layer_choice.hpp"
+#include "phasekv_bench/poolings.hpp"
 
 #ifndef PHASEKV_BENCH_FLAGS  // the compile flags, as examples/CMakeLists.txt states them
 #define PHASEKV_BENCH_FLAGS ""
@@ -41,11 +42,10 @@
 namespace {
 
 using namespace phasekv;
-using phasekv_bench::layer_choice;
-using phasekv_bench::policy_choice;
-
+enum class policy_choice { mean, vector_gates, deepseek_v4, max, nsa_mlp };
 enum class indexer_choice { none, f32, bf16, fp4 };
 
+// The pooling id the policy is registered under (phasekv_bench::poolings()).
 const char* policy_name(policy_choice p) {
   switch (p) {
     case policy_choice::mean: return "mean";
@@ -55,30 +55,6 @@ const char* policy_name(policy_choice p) {
     case policy_choice::nsa_mlp: return "nsa_mlp";
   }
   return "?";
-}
-
-bench::results run_layer(const layer_choice& l, const bench::run_config& rc) {
-  switch (l.policy) {
-    case policy_choice::mean: return phasekv_bench::run_mean(l, rc);
-    case policy_choice::vector_gates: return phasekv_bench::run_vector_gates(l, rc);
-    case policy_choice::deepseek_v4: return phasekv_bench::run_deepseek_v4(l, rc);
-    case policy_choice::max: return phasekv_bench::run_max(l, rc);
-    case policy_choice::nsa_mlp: return phasekv_bench::run_nsa_mlp(l, rc);
-  }
-  return {};
-}
-
-layer_choice deepseek_layer_choice(const presets::deepseek_layer& layer, bool precision, const std::string& name) {
-  const presets::deepseek_layer_preset p = presets::deepseek_preset(layer, 1, 0, precision);
-  layer_choice l;
-  l.geom = p.geom;
-  l.policy = policy_choice::deepseek_v4;
-  l.kv = p.kv;
-  l.indexer = p.indexer;
-  l.cache = p.cache;
-  l.reader = p.reader;
-  l.name = name;
-  return l;
 }
 
 }  // namespace
@@ -194,79 +170,91 @@ int main(int argc, char** argv) try {
   if (quiet) bench::limits_log() = nullptr;
   else rc.progress = [](const std::string& line) { std::fprintf(stderr, "phasekv-bench: %s\n", line.c_str()); };
 
-  layer_choice l;
+  layer_kind kind;
+  std::string name;
   if (!shaped) {
     if (preset == "nsa") {
-      l.geom = presets::nsa_compressed_geometry();
-      l.policy = policy_choice::nsa_mlp;
-      l.kv.name = "nsa.kv";
-      l.kv.channels = 128;
-      l.cache.name = "nsa";
-      l.reader.name = "nsa.reader";
-      l.reader.query_heads = 64;
-      l.name = "preset nsa: NSA's compressed branch (S=16, W=32), its MLP compressor (examples/pools/nsa_mlp_pool.hpp), "
-               "128 channels, 64 query heads, every entry read";
+      policy = policy_choice::nsa_mlp;
+      kind.name = "nsa";
+      kind.geom = presets::nsa_compressed_geometry();
+      stream_spec kv;
+      kv.config.name = "nsa.kv";
+      kv.config.channels = 128;
+      kv.pooling = "nsa_mlp";
+      kind.streams = {kv};
+      kind.reader.name = "nsa.reader";
+      kind.reader.query_heads = 64;
+      name = "preset nsa: NSA's compressed branch (S=16, W=32), its MLP compressor (examples/pools/nsa_mlp_pool.hpp), "
+             "128 channels, 64 query heads, every entry read";
     } else {
       const bool precision = preset.find("_precision") != std::string::npos;
       const presets::deepseek_layer& layer = preset.rfind("deepseek_v4_1_csa", 0) == 0 ? presets::deepseek_v4_1_csa_layer
                                              : preset.rfind("deepseek_v4_hca", 0) == 0 ? presets::deepseek_v4_hca_layer
                                                                                        : presets::deepseek_v4_csa_layer;
-      l = deepseek_layer_choice(layer, precision, "preset " + preset);
+      policy = policy_choice::deepseek_v4;
+      kind = presets::deepseek_kind(layer, precision);
+      for (stream_spec& st : kind.streams) st.pooling = "deepseek_v4";  // the policy compiled under that id
+      name = "preset " + preset;
     }
   } else {
-    l.geom = geometry{stride, window, origin, anchor_mode::block_start};
-    l.policy = policy;
-    l.kv.name = "kv";
-    l.kv.channels = channels;
-    l.kv.kv_heads = heads;
+    kind.name = "bench";
+    kind.geom = geometry{stride, window, origin, anchor_mode::block_start};
+    stream_spec kv;
+    kv.config.name = "kv";
+    kv.config.channels = channels;
+    kv.config.kv_heads = heads;
+    kv.pooling = policy_name(policy);
+    kv.storage = storage;
     const bool rotates = policy == policy_choice::deepseek_v4 && rope > 0;
+    if (policy == policy_choice::deepseek_v4) {
+      kv.rope = rope_placement::after_pool;
+      kv.norm = entry_norm::rms;
+    }
     if (rotates) {
-      l.kv.rope = presets::deepseek_v4_compressed_rope();
-      l.kv.rope.channels = rope;
+      kv.config.rope = presets::deepseek_v4_compressed_rope();
+      kv.config.rope.channels = rope;
     }
-    l.cache.name = "bench";
-    l.cache.page_size = page_size;
-    l.cache.stream_storage = {storage};
-    l.cache.window = raw_window_config{window_tokens, heads, channels, 0};
-    l.reader.name = "bench.reader";
-    l.reader.query_heads = query_heads;
-    l.reader.sink = true;
-    l.reader.derotate_output = rotates;
+    kind.streams = {kv};
+    kind.page_size = page_size;
+    kind.window = raw_window_config{window_tokens, heads, channels, 0};
+    kind.reader.name = "bench.reader";
+    kind.reader.query_heads = query_heads;
+    kind.reader.sink = true;
+    kind.reader.derotate_output = rotates;
     if (indexer != indexer_choice::none) {
-      stream_config ix = l.kv;
-      ix.name = "indexer";
-      ix.role = stream_role::indexer;
-      ix.channels = indexer_channels;
-      ix.kv_heads = 1;
-      if (rotates) ix.rope.channels = std::min(rope, indexer_channels - indexer_channels % 2);
-      l.indexer = ix;
-      l.cache.stream_storage.push_back(indexer == indexer_choice::bf16  ? storage_type::bf16
-                                       : indexer == indexer_choice::fp4 ? storage_type::fp4_e2m1_hadamard
-                                                                        : storage_type::f32);
-      l.reader.indexer_stream = 1;
-      l.reader.indexer_heads = indexer_heads;
-      l.reader.top_k = top_k;
-      l.reader.precision = indexer == indexer_choice::bf16  ? indexer_precision::bf16
-                           : indexer == indexer_choice::fp4 ? indexer_precision::fp4
-                                                            : indexer_precision::f32;
+      stream_spec ix = kv;
+      ix.config.name = "indexer";
+      ix.config.role = stream_role::indexer;
+      ix.config.channels = indexer_channels;
+      ix.config.kv_heads = 1;
+      if (rotates) ix.config.rope.channels = std::min(rope, indexer_channels - indexer_channels % 2);
+      ix.storage = indexer == indexer_choice::bf16  ? storage_type::bf16
+                   : indexer == indexer_choice::fp4 ? storage_type::fp4_e2m1_hadamard
+                                                    : storage_type::f32;
+      kind.streams.push_back(ix);
+      kind.reader.indexer_heads = indexer_heads;
+      kind.reader.top_k = top_k;
+      kind.reader.precision = indexer == indexer_choice::bf16  ? indexer_precision::bf16
+                              : indexer == indexer_choice::fp4 ? indexer_precision::fp4
+                                                               : indexer_precision::f32;
     }
-    l.name = std::string("S=") + std::to_string(stride) + " W=" + std::to_string(window) + " origin=" +
-             std::to_string(origin) + ", policy " + policy_name(policy) + ", " + std::to_string(heads) + "x" +
-             std::to_string(channels) + " K/V in " + to_string(storage) + ", " + std::to_string(query_heads) +
-             " query heads, " +
-             (l.indexer ? "indexer " + std::to_string(indexer_heads) + "x" + std::to_string(indexer_channels) + " (" +
-                              to_string(l.cache.stream_storage[1]) + "), top " + std::to_string(top_k)
-                        : std::string("no indexer (every entry read)")) +
-             ", window " + std::to_string(window_tokens) + ", pages of " + std::to_string(page_size);
+    name = std::string("S=") + std::to_string(stride) + " W=" + std::to_string(window) + " origin=" +
+           std::to_string(origin) + ", policy " + policy_name(policy) + ", " + std::to_string(heads) + "x" +
+           std::to_string(channels) + " K/V in " + to_string(storage) + ", " + std::to_string(query_heads) +
+           " query heads, " +
+           (kind.streams.size() > 1 ? "indexer " + std::to_string(indexer_heads) + "x" + std::to_string(indexer_channels) +
+                                          " (" + to_string(kind.streams[1].storage) + "), top " + std::to_string(top_k)
+                                    : std::string("no indexer (every entry read)")) +
+           ", window " + std::to_string(window_tokens) + ", pages of " + std::to_string(page_size);
   }
-  l.name += "; threads " + std::to_string(threads) + (bf16_inputs ? ", bf16 inputs" : "");
+  name += "; threads " + std::to_string(threads) + (bf16_inputs ? ", bf16 inputs" : "");
 
-  bench::results r = run_layer(l, rc);
+  bench::results r = bench::run(kind, phasekv_bench::poolings(), rc, name);
   std::string command;
   for (int k = 0; k < argc; ++k) command += (k ? " " : "") + std::string(argv[k]);
   r.environment = bench::environment_of(command, PHASEKV_BENCH_FLAGS);
   r.set("preset", shaped ? std::string("null") : phasekv::detail::json_string(preset));
-  r.set("policy", phasekv::detail::json_string(policy_name(l.policy)));
+  r.set("policy", phasekv::detail::json_string(policy_name(policy)));
   if (json == "-") {
     std::fputs(r.json().c_str(), stdout);
   } else {

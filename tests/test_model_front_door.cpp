@@ -765,3 +765,35 @@ TEST_CASE("pooling registry: one compiled policy under an id takes only its own 
   REQUIRE_THROWS_WITH(r.make("v4", b, "spec.pooling"), Catch::Contains("kv.rope = none") && Catch::Contains("after_pool"));
   REQUIRE_THROWS_WITH(r.add_compiled<compressor_policy<mean_pool>>("v4"), Catch::Contains("already registered"));
 }
+
+namespace {
+// Max pooling that does not state its arithmetic.
+struct unstated_max_pool : phasekv_examples::max_pool {
+  static constexpr const char* name = "unstated_max";
+  double flops_per_entry(std::int64_t, std::int64_t, int = 0) const = delete;
+};
+}  // namespace
+
+TEST_CASE("pooling registry: a host's pooling made per stream, and the arithmetic each states", "[model][registry]") {
+  pooling_registry r = pooling_registry::builtins();
+  std::vector<std::string> seen;
+  r.add<phasekv_examples::max_pool>("max", [&](const stream_build& b) {
+    seen.push_back(b.config.name + "/" + std::to_string(b.config.channels) + "/" + std::to_string(b.layer));
+    return phasekv_examples::max_pool{};
+  });
+  r.add<unstated_max_pool>("unstated");
+  stream_build b = gated_kv_build();  // S = 2, W = 4, 8 channels
+  b.rope = rope_placement::none;
+  b.norm = entry_norm::none;
+  b.layer = 5;
+  const std::unique_ptr<stream_kernel> kv = r.make("max", b, "spec.pooling");
+  b.config = phasekv_test::stream_of("ix", stream_role::indexer, 4);
+  const std::unique_ptr<stream_kernel> ix = r.make("max", b, "spec.pooling");
+  REQUIRE(seen == std::vector<std::string>{"kv/8/5", "ix/4/5"});
+  // max_pool states one comparison per slot and channel; a built-in is priced by its bytes (0); a
+  // host's pooling that states nothing has no known arithmetic (NaN).
+  CHECK(kv->pooling_flops_per_entry() == 4.0 * 8);
+  CHECK(ix->pooling_flops_per_entry() == 4.0 * 4);
+  CHECK(r.make("mean", b, "spec.pooling")->pooling_flops_per_entry() == 0.0);
+  CHECK(std::isnan(r.make("unstated", b, "spec.pooling")->pooling_flops_per_entry()));
+}

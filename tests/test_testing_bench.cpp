@@ -5,10 +5,14 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include <phasekv/models/deepseek_v4.hpp>
+#include <phasekv/models/model_cache.hpp>
 #include <phasekv/testing/bench.hpp>
 
 namespace {
@@ -36,17 +40,22 @@ struct stated_pool : silent_pool {
   }
 };
 
+// One stream of `Pool`, registered as a host registers its pooling, measured through the front door.
 template <class Pool>
 phasekv::bench::results tiny_run() {
   using namespace phasekv;
-  const geometry g{4, 8};
-  stream_config config;
-  config.name = "kv";
-  config.channels = 16;
-  cache_config cache;
-  cache.page_size = 16;
-  reader_config reader;
-  reader.query_heads = 2;
+  pooling_registry poolings;
+  poolings.add<Pool>(Pool::name);
+  layer_kind kind;
+  kind.name = "tiny";
+  kind.geom = geometry{4, 8};
+  stream_spec kv;
+  kv.config.name = "kv";
+  kv.config.channels = 16;
+  kv.pooling = Pool::name;
+  kind.streams = {kv};
+  kind.page_size = 16;
+  kind.reader.query_heads = 2;
   bench::run_config rc;
   rc.prefill_tokens = 256;
   rc.decode_tokens = 16;
@@ -54,7 +63,7 @@ phasekv::bench::results tiny_run() {
   rc.batch = 0;
   rc.min_time = 0.0;
   rc.repetitions = 3;
-  return bench::run<compressor_policy<Pool>>(g, config, cache, reader, rc);
+  return bench::run(kind, poolings, rc);
 }
 
 }  // namespace
@@ -162,4 +171,107 @@ TEST_CASE("read_cost counts the stored bytes and the multiply-adds of each kind 
     const bench::roofline r = bench::read_cost::of(shape, rc, {584, 68}).floor(8192);
     CHECK(r.bytes == 68.0 * n + 584.0 * 512 + 2048.0 * 128 + query_bytes);
   }
+}
+
+// The model's fill is the paged_cache's, block for block: a one-layer model and a paged_cache of the
+// same DeepSeek-V4 CSA layer at V4 precision hold the same stored bytes and window rows.
+TEST_CASE("fill_random_tokens fills a one-layer model as it fills the layer's paged_cache", "[testing][bench]") {
+  using namespace phasekv;
+  using stream = stream_compressor<presets::deepseek_v4_csa_policy>;
+  const presets::deepseek_layer_preset p = presets::deepseek_preset(presets::deepseek_v4_csa_layer, 16, 0, true);
+  paged_cache<stream, stream> cache(layer_compressor<stream, stream>(stream(p.geom, p.kv), stream(p.geom, *p.indexer)),
+                                    p.cache);
+  model_spec spec;
+  spec.kinds = {presets::deepseek_kind(presets::deepseek_v4_csa_layer, true)};
+  spec.layers = model_spec::layers_of({0});
+  model_options options;
+  options.pages = 16;
+  model_cache model(spec, options);
+  const sequence_id a = cache.create(), b = model.create();
+  const std::int64_t tokens = 2500;  // three blocks, the last one partial
+  bench::fill_random_tokens(cache, a, tokens, 9);
+  bench::fill_random_tokens(model, b, tokens, 9);
+  REQUIRE(model.tokens(b) == tokens);
+  const std::int64_t entries = p.geom.completed_entries(tokens);
+  for (std::size_t k = 0; k < 2; ++k)
+    for (std::int64_t j = 0; j < entries; ++j) {
+      const span<const std::byte> x = cache.entry_bytes(a, k, j), y = model.entry_bytes(0, k, b, j);
+      REQUIRE(x.size() == y.size());
+      INFO("stream " << k << " entry " << j);
+      CHECK(std::equal(x.begin(), x.end(), y.begin()));
+    }
+  REQUIRE(cache.window_first(a) == model.window_first(0, b));
+  std::vector<float> x(512), y(512);
+  for (std::int64_t t = cache.window_first(a); t < tokens; ++t) {
+    cache.copy_window_key(a, t, span<float>(x));
+    model.copy_window_key(0, b, t, span<float>(y));
+    INFO("window row " << t);
+    CHECK(x == y);
+  }
+}
+
+// Every figure through the front door, for DeepSeek-V4's three kinds at its precision: the writes of
+// each stream, a read and a batched read whose floors are read_cost's; a kind without a reader
+// cannot be asked to read.
+TEST_CASE("bench::run measures writes and reads of any layer kind, window-only included", "[testing][bench]") {
+  using namespace phasekv;
+  const pooling_registry poolings = pooling_registry::builtins();
+  bench::run_config rc;
+  rc.prefill_tokens = 256;
+  rc.decode_tokens = 8;
+  rc.context = 700;
+  rc.batch = 2;
+  rc.batch_context = 300;
+  rc.min_time = 0.0;
+  rc.repetitions = 1;
+  const layer_kind csa = presets::deepseek_kind(presets::deepseek_v4_csa_layer, true);
+  const layer_kind hca = presets::deepseek_kind(presets::deepseek_v4_hca_layer, true);
+  const layer_kind swa = presets::deepseek_window_kind(true);
+  for (const layer_kind* kind : {&csa, &hca, &swa}) {
+    INFO(kind->name);
+    const bench::results r = bench::run(*kind, poolings, rc, kind->name);
+    std::vector<std::string> kinds;
+    for (const bench::figure& f : r.figures) kinds.push_back(f.kind);
+    std::vector<std::string> expected;
+    for (std::size_t k = 0; k < kind->streams.size(); ++k) {
+      expected.push_back("prefill_write");
+      expected.push_back("decode_write");
+    }
+    expected.push_back("read");
+    expected.push_back("batched_read");
+    CHECK(kinds == expected);
+    const bench::figure& read = r.figures[r.figures.size() - 2];
+    // The read floor is read_cost's for the layer the model built.
+    model_spec spec;
+    spec.kinds = {*kind};
+    spec.layers = model_spec::layers_of({0});
+    const model_cache m(spec, model_options{}, poolings);
+    std::vector<std::int64_t> strides;
+    for (std::size_t k = 0; k < kind->streams.size(); ++k) strides.push_back(m.layout(0, k).entry_stride_bytes);
+    const std::int64_t candidates = kind->window_only() ? 0 : kind->geom.visible_entries(699);
+    const bench::roofline floor = bench::read_cost::of(m.shape(0), m.reader(0), strides).floor(candidates);
+    CHECK(read.work.bytes == floor.bytes);
+    CHECK(read.work.flops == floor.flops);
+    CHECK(read.work.int8_ops == floor.int8_ops);
+    CHECK(r.figures.back().work.bytes == 2.0 * bench::read_cost::of(m.shape(0), m.reader(0), strides)
+                                                   .floor(kind->window_only() ? 0 : kind->geom.visible_entries(299))
+                                                   .bytes);
+    CHECK(r.cache_bytes_per_token >= 0.0);
+  }
+  const std::string json = bench::run(csa, poolings, rc).json();
+  CHECK(json.find("\"role\": \"indexer\"") != std::string::npos);
+  CHECK(json.find("\"pooling\": \"vector_gates\"") != std::string::npos);
+  CHECK(json.find("\"storage\": \"fp4_e2m1_hadamard\"") != std::string::npos);
+
+  layer_kind silent = csa;
+  silent.reader = reader_config{};
+  silent.reader.query_heads = 0;  // the host reads view() with its own kernels
+  try {
+    bench::run(silent, poolings, rc);
+    FAIL("a read of a kind without a reader was accepted");
+  } catch (const config_error& e) {
+    CHECK(std::string(e.what()).find("reader.query_heads") != std::string::npos);
+  }
+  rc.context = rc.batch = 0;
+  CHECK(bench::run(silent, poolings, rc).figures.size() == 4u);  // its writes alone
 }

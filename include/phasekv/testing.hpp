@@ -2,7 +2,7 @@
 // Tools to test and measure a configuration of your own, opt-in (neither engine.hpp nor phasekv.hpp
 // includes them): the conformance kit (testing/conformance.hpp: one call checks a layer against
 // every property phasekv promises, with double-precision oracles and a shrinker) and the
-// microbenchmark (testing/bench.hpp: phasekv::bench::run<Policy…>, what phasekv-bench runs, timed
+// microbenchmark (testing/bench.hpp: phasekv::bench::run of a layer kind, what phasekv-bench runs, timed
 // against this machine's roofline measured in the same run). Each header also stands alone.
 //
 // The adapters for test frameworks are not included here: testing/catch2.hpp (Catch2 2.x) and

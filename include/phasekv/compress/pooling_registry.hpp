@@ -15,9 +15,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -83,6 +85,11 @@ class stream_kernel {
   virtual std::int64_t payload_floats_per_token() const noexcept = 0;
   virtual std::int64_t logit_floats_per_token() const noexcept = 0;
   virtual std::int64_t gate_channels() const noexcept = 0;
+  // The FLOPs (a multiply-add counting 2) of pooling one entry of one KV head, beyond moving its
+  // bytes: 0 for a built-in pooling (its write is bandwidth-bound); for a host's, what it states
+  // (a member `double flops_per_entry(std::int64_t window, std::int64_t channels) const`), or NaN
+  // when it states nothing (its arithmetic may outweigh its bytes by any factor).
+  virtual double pooling_flops_per_entry() const = 0;
 
   virtual stream_state make_state(std::int64_t history) const = 0;
   virtual void check(const stream_state& state, const token_chunk& chunk, const append_options& options) const = 0;
@@ -117,6 +124,12 @@ class compiled_stream final : public stream_kernel {
   std::int64_t payload_floats_per_token() const noexcept override { return c_.payload_floats_per_token(); }
   std::int64_t logit_floats_per_token() const noexcept override { return c_.logit_floats_per_token(); }
   std::int64_t gate_channels() const noexcept override { return c_.gate_channels(); }
+  double pooling_flops_per_entry() const override {
+    using P = typename Policy::pooling;
+    if constexpr (!is_custom_pool_v<P>) return 0.0;
+    else if constexpr (states_flops<P>::value) return c_.pool().flops_per_entry(c_.geom().window, c_.config().channels);
+    else return std::numeric_limits<double>::quiet_NaN();
+  }
 
   stream_state make_state(std::int64_t history) const override { return c_.make_state(history); }
   void check(const stream_state& s, const token_chunk& chunk, const append_options& options) const override {
@@ -132,6 +145,12 @@ class compiled_stream final : public stream_kernel {
   void truncate(stream_state& s, std::int64_t tokens) const override { c_.truncate(s, tokens); }
 
  private:
+  template <class P, class = void>
+  struct states_flops : std::false_type {};
+  template <class P>
+  struct states_flops<P, std::void_t<decltype(std::declval<const P&>().flops_per_entry(std::int64_t{}, std::int64_t{}))>>
+      : std::true_type {};
+
   template <class P>
   static const char* name_of() noexcept {
     if constexpr (is_custom_pool_v<P>) return P::name;
@@ -174,15 +193,24 @@ class pooling_registry {
   // registered is a config_error.
   template <class Pooling>
   void add(const std::string& id, std::function<Pooling(std::size_t layer)> make = {}) {
+    std::function<Pooling(const stream_build&)> per_stream;
+    if (make) per_stream = [make = std::move(make)](const stream_build& b) { return make(b.layer); };
+    add<Pooling>(id, std::move(per_stream));
+  }
+
+  // The same with the instance made per stream: make(b) sees the layer, the stream's shape and
+  // role (an MLP pooling's weights depend on the channels, a K stream's on the role).
+  template <class Pooling>
+  void add(const std::string& id, std::function<Pooling(const stream_build& b)> make) {
     static_assert(is_custom_pool_v<Pooling>, "add<P>() takes a pooling policy of your own (policies.hpp); the built-ins are "
                                              "in builtins()");
     insert(id, [make = std::move(make)](const stream_build& b) -> std::unique_ptr<stream_kernel> {
-      Pooling pool = make ? make(b.layer) : Pooling{};
       if (b.rope == rope_placement::before_pool)
         detail::fail(b.config.name + ".rope", to_string(b.rope),
                      std::string("is not available for the pooling '") + Pooling::name +
                          "' of the host (RoPE before pooling is the built-ins' only): rotate before appending, or "
                          "rotate the pooled entry (after_pool)");
+      Pooling pool = make ? make(b) : Pooling{};
       return with_norm<Pooling>(b, std::move(pool));
     });
   }

@@ -1,9 +1,9 @@
 #pragma once
-// Microbenchmarks of a layer configuration, built-in policies or yours:
+// Microbenchmarks of one layer of a layer kind (models/layer_kind.hpp), its poolings built-in or
+// yours, through the model front door:
 //
-//   phasekv::bench::results r = phasekv::bench::run(layer, cache_config, reader_config, run_config);
-//   phasekv::bench::results r = phasekv::bench::run<Policy>(geom, stream_config, cache_config, reader_config,
-//                                                           run_config, params, pool);  // one stream of yours
+//   pooling_registry poolings = pooling_registry::builtins();  // and poolings.add<my_pool>("mine", …)
+//   phasekv::bench::results r = phasekv::bench::run(kind, poolings, run_config);
 //   std::fputs(r.table().c_str(), stdout);      // or r.json()
 //
 // measures in one run this machine's limits (machine_limits.hpp: main-memory read bandwidth, fp32
@@ -44,8 +44,9 @@
 // deepseek_v4_csa` and `bench/run_all` report the same figures within the machine's noise
 // (prefill_deepseek_v4_csa_of_bandwidth_bound, decode_write_…, decode_128k_of_roofline,
 // batched_decode_32x32k_of_roofline). It lives with the installed headers rather than in bench/ so
-// that a host's own program calls run<Policy> after find_package(phasekv), and so that the installed
-// phasekv-bench and the repository's benchmarks compile the one copy. POSIX (thread CPU clock).
+// that a host's own program calls run() on its own kinds and poolings after find_package(phasekv),
+// and so that the installed phasekv-bench and the repository's benchmarks compile the one copy.
+// POSIX (thread CPU clock).
 
 #include <algorithm>
 #include <array>
@@ -67,10 +68,13 @@
 
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/compress/pooling_registry.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/core/executor.hpp"
 #include "phasekv/core/text.hpp"
 #include "phasekv/format/storage.hpp"
+#include "phasekv/models/layer_kind.hpp"
+#include "phasekv/models/model_cache.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 #include "phasekv/simd/config.hpp"
 #include "phasekv/testing/machine_limits.hpp"
@@ -156,6 +160,53 @@ void fill_random_tokens(Cache& cache, sequence_id seq, std::int64_t tokens, std:
     }
     cache.append(seq, chunks, span<const float>(keys.data(), static_cast<std::size_t>(n * window_keys)),
                  span<const float>(values.data(), static_cast<std::size_t>(n * window_values)));
+    if (progress) progress(done + n);
+  }
+}
+
+// fill_random_tokens on layer 0 of a model (run() measures one-layer models): the same inputs in the
+// same blocks of 1024 tokens, each block one committed step, so the model holds what a paged_cache
+// filled by the template above holds.
+inline void fill_random_tokens(model_cache& model, sequence_id seq, std::int64_t tokens, std::uint64_t seed,
+                               const std::function<void(std::int64_t)>& progress = {}) {
+  constexpr std::int64_t block = 1024;
+  const std::size_t n_streams = model.shape(0).streams.size();
+  std::vector<std::int64_t> payload(n_streams), logits(n_streams);
+  for (std::size_t k = 0; k < n_streams; ++k) {
+    payload[k] = model.stream(0, k).payload_floats_per_token();
+    logits[k] = model.stream(0, k).logit_floats_per_token();
+  }
+  const raw_window_config& w = model.kind_of(0).window;
+  const std::int64_t window_keys = w.tokens > 0 ? w.kv_heads * w.key_channels : 0;
+  const std::int64_t window_values = w.tokens > 0 ? w.kv_heads * w.value_channels : 0;
+  std::vector<std::vector<float>> in(n_streams), gates(n_streams);
+  if (n_streams > 0) {
+    in[0] = random_vector(block * payload[0], 1);
+    gates[0] = random_vector(block * logits[0], 2);
+  }
+  for (std::size_t k = 1; k < n_streams; ++k) {
+    in[k].resize(static_cast<std::size_t>(block * payload[k]));
+    gates[k].resize(static_cast<std::size_t>(block * logits[k]));
+  }
+  const std::vector<float> keys = random_vector(block * window_keys, 3), values = random_vector(block * window_values, 4);
+  fast_random rng(seed);
+  std::vector<token_chunk> chunks(n_streams);
+  for (std::int64_t done = 0; done < tokens; done += block) {
+    const std::int64_t n = std::min(block, tokens - done);
+    for (std::size_t k = 0; k < n_streams; ++k) {
+      if (k > 0) {
+        rng.fill(in[k]);
+        rng.fill(gates[k]);
+      }
+      chunks[k] = token_chunk{n, span<const float>(in[k].data(), static_cast<std::size_t>(n * payload[k])),
+                              span<const float>(gates[k].data(), static_cast<std::size_t>(n * logits[k]))};
+    }
+    const layer_append row{span<const token_chunk>(chunks),
+                           span<const float>(keys.data(), static_cast<std::size_t>(n * window_keys)),
+                           span<const float>(values.data(), static_cast<std::size_t>(n * window_values))};
+    model_step step = model.begin({seq}, n);
+    step.append(0, span<const layer_append>(&row, 1));
+    step.commit();
     if (progress) progress(done + n);
   }
 }
@@ -658,40 +709,45 @@ struct results {
   }
 };
 
+// ---- a layer kind on the front door -------------------------------------------------------------
+
+// One stream of a model's layer as write_fixture drives it: append = check, emit, commit through the
+// registry's compiled kernel (the entries reach the sink through one function pointer each).
+class kernel_stream {
+ public:
+  explicit kernel_stream(const stream_kernel& k) noexcept : k_(&k) {}
+  const stream_kernel& kernel() const noexcept { return *k_; }
+  const geometry& geom() const noexcept { return k_->geom(); }
+  const stream_config& config() const noexcept { return k_->config(); }
+  std::int64_t payload_floats_per_token() const noexcept { return k_->payload_floats_per_token(); }
+  std::int64_t logit_floats_per_token() const noexcept { return k_->logit_floats_per_token(); }
+  std::int64_t floats_per_entry() const noexcept { return config().kv_heads * config().channels; }
+  stream_state make_state() const { return k_->make_state(0); }
+  template <class Sink>
+  std::int64_t append(stream_state& s, const token_chunk& chunk, Sink&& sink) const {
+    const append_options options;
+    k_->check(s, chunk, options);
+    const std::int64_t emitted = k_->emit(s, chunk, options, entry_sink::of(sink));
+    k_->commit(s, chunk);
+    return emitted;
+  }
+
+ private:
+  const stream_kernel* k_;
+};
+
 namespace run_detail {
 
-// phasekv's own poolings (whose writes the floor prices by their bytes), and whether a host's
-// states its arithmetic.
-template <class P>
-struct is_builtin_pooling : std::false_type {};
-template <>
-struct is_builtin_pooling<mean_pool> : std::true_type {};
-template <>
-struct is_builtin_pooling<fixed_weight_pool> : std::true_type {};
-template <gate_width Width>
-struct is_builtin_pooling<gated_pool<Width>> : std::true_type {};
-template <class P, class = void>
-struct states_flops : std::false_type {};
-template <class P>
-struct states_flops<P, std::void_t<decltype(std::declval<const P&>().flops_per_entry(std::int64_t{}, std::int64_t{}))>>
-    : std::true_type {};
-
-// What one pass of `tokens` tokens through `compressor` must move and compute; `known` false
-// when the floor cannot be priced (a host pooling that does not state its FLOPs).
-template <class Compressor, class Fixture>
-roofline write_work(const Compressor& compressor, const Fixture& f, std::int64_t tokens, bool& known) {
-  using pooling = std::decay_t<decltype(compressor.pool())>;
+// What one pass of `tokens` tokens through `stream` must move and compute; `known` false when the
+// floor cannot be priced (a host pooling that does not state its FLOPs).
+template <class Fixture>
+roofline write_work(const kernel_stream& stream, const Fixture& f, std::int64_t tokens, bool& known) {
   roofline work{f.bytes_moved(tokens)};
-  known = true;
-  if constexpr (!is_builtin_pooling<pooling>::value) {
-    if constexpr (states_flops<pooling>::value) {
-      const stream_config& c = compressor.config();
-      work.flops = static_cast<double>(compressor.geom().completed_entries(tokens)) * static_cast<double>(c.kv_heads) *
-                   compressor.pool().flops_per_entry(compressor.geom().window, c.channels);
-    } else {
-      known = false;
-    }
-  }
+  const double flops = stream.kernel().pooling_flops_per_entry();
+  known = !std::isnan(flops);
+  if (known && flops > 0.0)
+    work.flops = static_cast<double>(stream.geom().completed_entries(tokens)) *
+                 static_cast<double>(stream.config().kv_heads) * flops;
   return work;
 }
 
@@ -726,13 +782,6 @@ inline figure without_floor(figure f) {
   return f;
 }
 
-template <class Cache>
-std::vector<std::int64_t> entry_strides(const Cache& cache) {
-  std::vector<std::int64_t> s;
-  for (std::size_t k = 0; k < Cache::stream_count; ++k) s.push_back(cache.pool(k).layout().entry_stride_bytes);
-  return s;
-}
-
 // "12% of 131072 tokens" lines, at most every tenth.
 // With the time so far and, from the rate so far, the time left: "read: filled 30% (12 s, about
 // 28 s left)".
@@ -756,21 +805,27 @@ inline std::function<void(std::int64_t)> share_reporter(const run_config& c, con
 
 }  // namespace run_detail
 
-// Measures `layer` in `cache` (its storage, window and page size; pages are sized here) read by
-// `reader`, as the header comment describes. `configuration` names it in the results.
-template <class... Compressors>
-results run(const layer_compressor<Compressors...>& layer, const cache_config& cache, const reader_config& reader,
-            const run_config& config, const std::string& configuration = "") {
-  using cache_type = paged_cache<Compressors...>;
+// Measures one layer of `kind` — its streams built from `poolings`, its window, page size and reader
+// — as the header comment describes, through the model front door (a one-layer model_cache: appends
+// in steps, reads by model_cache::read). `configuration` names it in the results. Throws config_error
+// naming the field for a kind the model cannot build, or a read asked of a kind without a reader.
+inline results run(const layer_kind& kind, const pooling_registry& poolings, const run_config& config,
+                   const std::string& configuration = "") {
   config.validate();
-  {  // the cache and the reader the configuration describes, before anything is measured (config_error)
-    cache_config c = cache;
-    c.pages = 1;
-    c.memory = nullptr;
-    c.shared_pools.clear();
-    const cache_type probe(layer, c);
-    const sparse_reader probe_reader(probe, reader);
-  }
+  const auto one_layer = [&](std::int64_t pages) {
+    model_spec spec;
+    spec.name = kind.name;
+    spec.kinds = {kind};
+    spec.layers = model_spec::layers_of({0});
+    model_options options;
+    options.pages = pages;
+    return std::make_unique<model_cache>(std::move(spec), options, poolings);
+  };
+  const std::unique_ptr<model_cache> probe = one_layer(1);  // every stream and the reader, before anything is measured
+  if ((config.context > 0 || config.batch > 0) && kind.reader.query_heads == 0)
+    phasekv::detail::fail(kind.name + ".reader.query_heads", 0, "leaves the layer without a reader: nothing to read "
+                                                                "(run_config.context and .batch 0 time the writes alone)");
+  const reader_config reader = kind.reader.query_heads > 0 ? probe->reader(0) : kind.reader;
   auto say = [&](const std::string& line) {
     if (config.progress) config.progress(line);
   };
@@ -779,25 +834,28 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
   {
     using phasekv::detail::json_number;
     using phasekv::detail::json_string;
-    const geometry& geom = layer.geom();
+    const geometry& geom = kind.geom;
     r.set("stride", std::to_string(geom.stride));
     r.set("window", std::to_string(geom.window));
     r.set("origin", std::to_string(geom.origin));
     std::string streams = "[";
-    auto describe = [&](std::size_t k, const auto& compressor) {
-      const stream_config& sc = compressor.config();
-      const storage_type st = k < cache.stream_storage.size() ? cache.stream_storage[k] : cache.storage;
-      streams += std::string(k ? ", " : "") + "{\"name\": " + json_string(sc.name) + ", \"role\": " +
-                 json_string(sc.role == stream_role::indexer ? "indexer" : "kv") + ", \"kv_heads\": " +
-                 std::to_string(sc.kv_heads) + ", \"channels\": " + std::to_string(sc.channels) +
-                 ", \"rope_channels\": " + std::to_string(sc.rope.channels) + ", \"storage\": " +
-                 json_string(to_string(st)) + "}";
-    };
-    run_detail::for_each_stream(layer, describe);
+    for (std::size_t k = 0; k < kind.streams.size(); ++k) {
+      const stream_spec& ss = kind.streams[k];
+      const stream_config& sc = ss.config;
+      const char* role = sc.role == stream_role::indexer ? "indexer"
+                         : sc.role == stream_role::key   ? "key"
+                         : sc.role == stream_role::value ? "value"
+                                                         : "kv";
+      streams += std::string(k ? ", " : "") + "{\"name\": " + json_string(sc.name) + ", \"role\": " + json_string(role) +
+                 ", \"pooling\": " + json_string(ss.pooling) + ", \"kv_heads\": " + std::to_string(sc.kv_heads) +
+                 ", \"channels\": " + std::to_string(sc.channels) + ", \"rope_channels\": " +
+                 std::to_string(ss.rope == rope_placement::none ? 0 : sc.rope.channels) + ", \"storage\": " +
+                 json_string(to_string(ss.storage)) + "}";
+    }
     r.set("streams", streams + "]");
-    r.set("page_size", std::to_string(cache.page_size));
-    r.set("window_tokens", std::to_string(cache.window.tokens));
-    r.set("window_storage", json_string(to_string(cache.window.precision)));
+    r.set("page_size", std::to_string(kind.page_size));
+    r.set("window_tokens", std::to_string(kind.window.tokens));
+    r.set("window_storage", json_string(to_string(kind.window.precision)));
     const char* precision = reader.precision == indexer_precision::bf16 ? "bf16"
                             : reader.precision == indexer_precision::fp4 ? "fp4" : "f32";
     r.set("reader", "{\"query_heads\": " + std::to_string(reader.query_heads) + ", \"top_k\": " +
@@ -815,15 +873,24 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
   r.environment = environment_of("", "");
   say("measuring this machine's limits");
   r.limits = {read_bandwidth(), fma_peak(), bf16_dot_peak(), int8_dot_peak()};
-  const geometry& g = layer.geom();
+  const geometry& g = kind.geom;
 
   // Writes, stream by stream: the compressor alone into a flat array (write_fixture).
-  auto writes = [&](std::size_t, const auto& compressor) {
+  for (std::size_t k = 0; k < kind.streams.size(); ++k) {
+    const kernel_stream compressor(probe->stream(0, k));
     const std::string name = compressor.config().name;
+    using fixture = write_fixture<kernel_stream>;
+    const auto figure_of = [&](const char* what, const char* figure_kind, std::int64_t tokens,
+                               const repeated_timing& s, const fixture& f, double bandwidth) {
+      bool known = true;
+      const roofline work = run_detail::write_work(compressor, f, tokens, known);
+      figure one = run_detail::make_figure(std::string(what) + " '" + name + "'", figure_kind, name, tokens, s, work, 1,
+                                           bandwidth);
+      r.figures.push_back(known ? one : run_detail::without_floor(one));
+    };
     if (config.prefill_tokens > 0) {
       say("prefill write '" + name + "': " + std::to_string(config.prefill_tokens) + " tokens");
       const double bandwidth = read_bandwidth();  // measured again just before, as bench_write does: the best so far
-      using fixture = write_fixture<std::decay_t<decltype(compressor)>>;
       // A fixture used once and dropped, then the one timed: what Google Benchmark does (its first
       // run estimates the iterations), and the second allocation of a large input reads a few
       // percent faster here than the first, so the two measure the same.
@@ -831,83 +898,78 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
       fixture f(compressor, config.prefill_tokens, config.bf16_inputs);
       const repeated_timing s =
           time_repetitions([&] { f.prefill(config.prefill_tokens); }, config.min_time, config.repetitions);
-      bool known = true;
-      const roofline work = run_detail::write_work(compressor, f, config.prefill_tokens, known);
-      figure one = run_detail::make_figure("prefill write '" + name + "'", "prefill_write", name, config.prefill_tokens, s,
-                                           work, 1, bandwidth);
-      r.figures.push_back(known ? one : run_detail::without_floor(one));
+      figure_of("prefill write", "prefill_write", config.prefill_tokens, s, f, bandwidth);
     }
     if (config.decode_tokens > 0) {
       say("decode write '" + name + "': " + std::to_string(config.decode_tokens) + " one-token appends");
       const double bandwidth = read_bandwidth();
-      using fixture = write_fixture<std::decay_t<decltype(compressor)>>;
       fixture(compressor, config.decode_tokens).decode(config.decode_tokens);  // as for the prefill
       fixture f(compressor, config.decode_tokens);
       const repeated_timing s =
           time_repetitions([&] { f.decode(config.decode_tokens); }, config.min_time, config.repetitions);
-      bool known = true;
-      const roofline work = run_detail::write_work(compressor, f, config.decode_tokens, known);
-      figure one = run_detail::make_figure("decode write '" + name + "'", "decode_write", name, config.decode_tokens, s,
-                                           work, 1, bandwidth);
-      r.figures.push_back(known ? one : run_detail::without_floor(one));
+      figure_of("decode write", "decode_write", config.decode_tokens, s, f, bandwidth);
     }
-  };
-  run_detail::for_each_stream(layer, writes);
+  }
 
   const bool wall = config.threads > 1;
+  executor& ex = config.reads_on ? *config.reads_on : default_executor();
+  const auto strides = [](const model_cache& m) {
+    std::vector<std::int64_t> out;
+    for (std::size_t k = 0; k < m.shape(0).streams.size(); ++k) out.push_back(m.layout(0, k).entry_stride_bytes);
+    return out;
+  };
+  const std::int64_t value_channels = kind.reader.query_heads > 0
+                                          ? phasekv::detail::check_reader_config(probe->shape(0), reader).value_channels
+                                          : 0;
   if (config.context > 0) {
-    cache_config c = cache;
-    c.pages = pages_for(g, c.page_size, config.context, 1);
-    c.memory = nullptr;
-    c.shared_pools.clear();
-    read_workload<cache_type> w(layer, c, reader, config.context);
+    const std::unique_ptr<model_cache> m = one_layer(pages_for(g, kind.page_size, config.context, 1));
+    const sequence_id seq = m->create();
     say("read: filling " + std::to_string(config.context) + " tokens");
-    w.fill(run_detail::share_reporter(config, "read: filled", config.context));
-    if (config.reads_on) w.reader.set_executor(*config.reads_on);
-    const std::int64_t candidates = g.visible_entries(config.context - 1);
-    const read_cost cost = read_cost::of(w.cache.shape(), reader, run_detail::entry_strides(w.cache));
+    fill_random_tokens(*m, seq, config.context, static_cast<std::uint64_t>(config.context * 1000 + kind.page_size),
+                       run_detail::share_reporter(config, "read: filled", config.context));
+    const read_inputs inputs(m->shape(0), reader);
+    std::vector<float> out(static_cast<std::size_t>(reader.query_heads * value_channels));
+    layer_read one;
+    one.sequence = seq;
+    one.request = inputs.request(config.context - 1);
+    one.out = out.data();
+    const std::int64_t candidates = kind.window_only() ? 0 : g.visible_entries(config.context - 1);
+    const read_cost cost = read_cost::of(m->shape(0), reader, strides(*m));
     say("read: timing");
-    const repeated_timing s = time_repetitions([&] { w.step(); }, config.min_time, config.repetitions, wall);
+    const repeated_timing s = time_repetitions([&] { m->read(0, span<const layer_read>(&one, 1), ex); }, config.min_time,
+                                               config.repetitions, wall);
     r.figures.push_back(run_detail::make_figure("read at " + std::to_string(config.context), "read", "", config.context, s,
                                                 cost.floor(candidates), config.threads, read_bandwidth()));
-    r.cache_bytes_per_token = static_cast<double>(w.cache.memory(w.seq).entry_bytes) / static_cast<double>(config.context);
+    r.cache_bytes_per_token = static_cast<double>(m->memory(seq).total.entry_bytes) / static_cast<double>(config.context);
   }
 
   if (config.batch > 0) {
     const std::int64_t count = config.batch, tokens = config.batch_context, forked = count / 2, prefix = tokens / 2;
-    cache_config c = cache;
-    c.pages = pages_for(g, c.page_size, tokens, count) + pages_for(g, c.page_size, prefix, 1);
-    c.memory = nullptr;
-    c.shared_pools.clear();
-    cache_type batch_cache(layer, c);
+    const std::unique_ptr<model_cache> m =
+        one_layer(pages_for(g, kind.page_size, tokens, count) + pages_for(g, kind.page_size, prefix, 1));
     say("batched read: filling " + std::to_string(count) + " sequences of " + std::to_string(tokens) + " tokens");
     const std::vector<sequence_id> seqs =
-        fill_batch(batch_cache, count, tokens, forked, prefix, run_detail::share_reporter(config, "batched read: filled", count));
-    sparse_reader batch_reader(batch_cache, reader);
-    if (config.reads_on) batch_reader.set_executor(*config.reads_on);
-    const layer_shape shape = batch_cache.shape();
+        fill_batch(*m, count, tokens, forked, prefix, run_detail::share_reporter(config, "batched read: filled", count));
+    const layer_shape& shape = m->shape(0);
     std::vector<read_inputs> inputs;
     for (std::int64_t s = 0; s < count; ++s) inputs.emplace_back(shape, reader, static_cast<std::uint64_t>(1000 * s));
-    std::vector<sequence_view> views(static_cast<std::size_t>(count));
-    std::vector<read_item> items(static_cast<std::size_t>(count));
-    std::vector<float> out(static_cast<std::size_t>(count * batch_reader.output_floats()));
+    const std::int64_t output = reader.query_heads * value_channels;
+    std::vector<layer_read> reads(static_cast<std::size_t>(count));
+    std::vector<float> out(static_cast<std::size_t>(count * output));
     std::vector<float> lse(static_cast<std::size_t>(count * reader.query_heads));
     std::vector<std::int32_t> physical(static_cast<std::size_t>(count * std::max<std::int64_t>(1, reader.top_k)));
     for (std::int64_t s = 0; s < count; ++s) {
-      read_item& it = items[static_cast<std::size_t>(s)];
-      it.view = &views[static_cast<std::size_t>(s)];
+      layer_read& it = reads[static_cast<std::size_t>(s)];
+      it.sequence = seqs[static_cast<std::size_t>(s)];
       it.request = inputs[static_cast<std::size_t>(s)].request(tokens - 1);
-      it.out = out.data() + s * batch_reader.output_floats();
+      it.out = out.data() + s * output;
       it.lse = lse.data() + s * reader.query_heads;
       if (reader.top_k > 0) it.selected_physical = physical.data() + s * reader.top_k;
     }
-    auto step = [&] {
-      for (std::size_t s = 0; s < seqs.size(); ++s) views[s] = batch_cache.view_of(seqs[s]);
-      batch_reader.read_batch(items);
-    };
     say("batched read: timing");
-    const repeated_timing s = time_repetitions(step, config.min_time, config.repetitions, wall);
-    roofline floor = read_cost::of(shape, reader, run_detail::entry_strides(batch_cache)).floor(g.visible_entries(tokens - 1));
+    const repeated_timing s =
+        time_repetitions([&] { m->read(0, span<const layer_read>(reads), ex); }, config.min_time, config.repetitions, wall);
+    roofline floor = read_cost::of(shape, reader, strides(*m)).floor(kind.window_only() ? 0 : g.visible_entries(tokens - 1));
     floor.bytes *= static_cast<double>(count);
     floor.flops *= static_cast<double>(count);
     floor.bf16_flops *= static_cast<double>(count);
@@ -916,17 +978,6 @@ results run(const layer_compressor<Compressors...>& layer, const cache_config& c
                                                 "batched_read", "", count * tokens, s, floor, config.threads, read_bandwidth()));
   }
   return r;
-}
-
-// One stream of `Policy` — yours, with its pooling instance `pool` (weights and all), or a
-// built-in — in `cache`, read by `reader`:
-//   phasekv::bench::run<compressor_policy<my_pool>>(geom, config, cache, reader, rc, {}, my_pool(weights));
-template <class Policy>
-results run(const geometry& g, const stream_config& config, const cache_config& cache, const reader_config& reader,
-            const run_config& rc, const stream_params& params = {}, typename Policy::pooling pool = {},
-            const std::string& configuration = "") {
-  using stream = stream_compressor<Policy>;
-  return run(layer_compressor<stream>(stream(g, config, params, std::move(pool))), cache, reader, rc, configuration);
 }
 
 }  // namespace phasekv::bench
