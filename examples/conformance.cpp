@@ -11,6 +11,7 @@
 //   conformance [--stride S] [--window W] [--channels C] [--heads H] [--storage T] [--seed N]
 //               [--thorough] [--drop-oldest-slot]
 //   conformance --layer max|v4-csa|v4.1-csa|v4-hca [--precision] [--seed N] [--thorough]
+//   … --front-door    the same properties, every operation through the model front door
 //
 // --drop-oldest-slot plants an off-by-one window in the policy (it skips a full window's first
 // row), to show what the kit reports when something is wrong: the entries' oracle fails, and the
@@ -85,7 +86,7 @@ int main(int argc, char** argv) try {
   std::int64_t stride = 4, window = 8, channels = 32, heads = 2;
   std::uint64_t seed = 1;
   storage_type storage = storage_type::f32;
-  bool thorough = false, drop_oldest = false, precision = false;
+  bool thorough = false, drop_oldest = false, precision = false, front_door = false;
   const presets::deepseek_layer* layer_preset = nullptr;
   cli::parser args("conformance", "The conformance kit on max pooling, a pooling policy of the host's (examples/pools/),\n"
                                   "or on a whole DeepSeek-V4 layer (--layer).\n"
@@ -105,11 +106,14 @@ int main(int argc, char** argv) try {
                {"v4.1-csa", &presets::deepseek_v4_1_csa_layer},
                {"v4-hca", &presets::deepseek_v4_hca_layer}});
   args.flag("--precision", "with --layer: DeepSeek-V4's precision (FP8 entries and window, FP4 indexer)", precision);
+  args.flag("--front-door", "every operation through the model front door (the layer as a one-layer model_cache)",
+            front_door);
   args.parse(argc, argv);
 
   testing::options options = testing::options::from_environment();
   options.seed = seed;
   if (thorough) options.effort = testing::effort::thorough;
+  options.front_door = front_door;
   if (layer_preset != nullptr) {
     if (drop_oldest) throw input_error("--drop-oldest-slot plants a bug in max pooling; it does not go with --layer");
     const testing::report report =

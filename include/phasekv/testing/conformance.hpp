@@ -86,6 +86,7 @@
 #include "phasekv/testing/oracle.hpp"
 #include "phasekv/testing/report.hpp"
 #include "phasekv/testing/scenario.hpp"
+#include "phasekv/testing/model_subject.hpp"
 #include "phasekv/testing/subject.hpp"
 
 namespace phasekv::testing {
@@ -110,6 +111,9 @@ struct options {
   // Inputs for six sequences of it are drawn up front (12 KiB a token for DeepSeek-V4 CSA).
   std::int64_t max_tokens = 0;
   std::int64_t shrink_runs = 0;  // candidates the shrinker may run; 0: 200 (quick), 3000 (thorough)
+  // Every operation through the model front door (model_subject.hpp: the layer as the one layer of
+  // a model_cache), for a layer without a subject of its own.
+  bool front_door = false;
   tolerances tolerance;
 
   void validate() const {
@@ -1412,6 +1416,12 @@ class conformance_run {
 // Checks the layer against every property (the header comment), stopping at the first that fails.
 template <class... Compressors>
 report check(const layer_under_test<Compressors...>& layer, const options& opts = {}) {
+  if (opts.front_door && !layer.subject) {
+    layer_under_test<Compressors...> through_model = layer;
+    through_model.subject = model_subject_factory<Compressors...>();
+    kit_detail::conformance_run<Compressors...> run(through_model, opts);
+    return run.all();
+  }
   kit_detail::conformance_run<Compressors...> run(layer, opts);
   return run.all();
 }
