@@ -503,6 +503,7 @@ class conformance_run {
     const reader_config& r = reader_->config();
     out += "; reader " + std::to_string(r.query_heads) + " query heads, top_k " + std::to_string(r.top_k) +
            (r.sink ? ", sink" : "") + (r.derotate_output ? ", de-rotated output" : "");
+    if (opt_.front_door) out += "; through the model front door";
     out += "; seed " + std::to_string(opt_.seed) + ", " + (opt_.effort == effort::thorough ? "thorough" : "quick") +
            " (" + std::to_string(opt_.cases) + " cases a property, up to " + std::to_string(opt_.max_tokens) + " tokens" +
            (selecting_tokens_ > 0 ? ", selecting cases of " + std::to_string(selecting_tokens_) + "+" : std::string()) + ")";
@@ -1422,7 +1423,9 @@ report check(const layer_under_test<Compressors...>& layer, const options& opts 
     kit_detail::conformance_run<Compressors...> run(through_model, opts);
     return run.all();
   }
-  kit_detail::conformance_run<Compressors...> run(layer, opts);
+  options own = opts;
+  own.front_door = false;  // the layer's own subject is what runs
+  kit_detail::conformance_run<Compressors...> run(layer, own);
   return run.all();
 }
 
