@@ -18,6 +18,7 @@
 #include <phasekv/phasekv.hpp>
 
 #include "cli.hpp"
+#include "projection.hpp"
 
 namespace {
 
@@ -52,10 +53,10 @@ options parse(int argc, char** argv) {
 
 // Compresses `hidden` with one compressor and prints one table row plus its phase profile.
 template <class Compressor>
-void run(const char* label, const Compressor& compressor, const phasekv::row_matrix& hidden, std::mt19937& rng) {
+void run(const char* label, const Compressor& compressor, const phasekv_examples::row_matrix& hidden, std::mt19937& rng) {
   std::normal_distribution<float> normal;
   auto draw = [&] { return normal(rng); };
-  const auto projection = phasekv::stream_projection::random(
+  const auto projection = phasekv_examples::stream_projection::random(
       compressor, hidden.cols(), draw, 1.0f / std::sqrt(static_cast<float>(hidden.cols())));
 
   std::vector<float> payload, logits;
@@ -99,7 +100,7 @@ int main(int argc, char** argv) try {
   std::mt19937 rng(o.seed);
   std::normal_distribution<float> normal;
 
-  row_matrix hidden(o.tokens, o.hidden);
+  phasekv_examples::row_matrix hidden(o.tokens, o.hidden);
   for (Eigen::Index k = 0; k < hidden.size(); ++k) hidden.data()[k] = normal(rng);
 
   geometry g{o.stride, o.window};

@@ -40,7 +40,6 @@
 #include "phasekv/compress/policy_codes.hpp"
 #include "phasekv/compress/pooling_registry.hpp"
 #include "phasekv/compress/pool_kernels.hpp"
-#include "phasekv/compress/projection.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/compress/stream_config.hpp"
 #include "phasekv/compress/stream_state.hpp"

@@ -4,10 +4,9 @@
 // dynamic schedule (tasks can differ in size: pages of different fill, heads of different work).
 // Without OpenMP the executor runs tasks serially, so this header compiles everywhere.
 //
-// Note: with OpenMP on, Eigen parallelises its own large matrix products (outside a parallel
-// region) unless EIGEN_DONT_PARALLELIZE is defined. phasekv's reader computes with Eigen, so a host
-// that wants phasekv's work on its executor's threads only — and results that do not depend on
-// the thread count — defines EIGEN_DONT_PARALLELIZE (our benchmarks and examples do).
+// The engine does no work on threads of its own: only the tasks a host's executor runs. (A host
+// that also uses Eigen with OpenMP on may define EIGEN_DONT_PARALLELIZE so Eigen's own products
+// stay off the executor's threads; our benchmarks and examples do.)
 
 #include <cstdint>
 

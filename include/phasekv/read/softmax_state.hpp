@@ -24,60 +24,67 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "phasekv/core/error.hpp"
-
-#include "phasekv/simd/intrinsics.hpp"  // before Eigen, which includes the intrinsics too
-#include <Eigen/Core>
+#include "phasekv/core/span.hpp"
+#include "phasekv/simd/batch.hpp"
 
 namespace phasekv {
 
 class softmax_state {
  public:
-  using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
   softmax_state() = default;
   softmax_state(std::int64_t heads, std::int64_t channels) { reset(heads, channels); }
 
   void reset(std::int64_t heads, std::int64_t channels) {
-    m_.setConstant(heads, -std::numeric_limits<float>::infinity());
-    d_.setZero(heads);
-    o_.setZero(heads, channels);
+    channels_ = channels;
+    m_.assign(static_cast<std::size_t>(heads), -std::numeric_limits<float>::infinity());
+    d_.assign(static_cast<std::size_t>(heads), 0.0f);
+    o_.assign(static_cast<std::size_t>(heads * channels), 0.0f);
   }
 
-  std::int64_t heads() const noexcept { return m_.size(); }
-  std::int64_t channels() const noexcept { return o_.cols(); }
-  bool empty(std::int64_t h) const noexcept { return d_[h] == 0.0f; }
-  float max_logit(std::int64_t h) const noexcept { return m_[h]; }
-  float denominator(std::int64_t h) const noexcept { return d_[h]; }
-  const matrix& accumulator() const noexcept { return o_; }
+  std::int64_t heads() const noexcept { return static_cast<std::int64_t>(m_.size()); }
+  std::int64_t channels() const noexcept { return channels_; }
+  bool empty(std::int64_t h) const noexcept { return d_[static_cast<std::size_t>(h)] == 0.0f; }
+  float max_logit(std::int64_t h) const noexcept { return m_[static_cast<std::size_t>(h)]; }
+  float denominator(std::int64_t h) const noexcept { return d_[static_cast<std::size_t>(h)]; }
+  // Head h's o: Σ exp(ℓ − m) · v over its keys (channels floats).
+  span<const float> accumulator(std::int64_t h) const noexcept {
+    return span<const float>(o_.data() + h * channels_, static_cast<std::size_t>(channels_));
+  }
 
-  // The state of a block of keys at once: logits (heads × keys) are turned in place into
-  // exp(ℓ − m) per row, and values (keys × channels) weighted by them. Rows of logits that are
-  // all −∞ (every key masked) stay empty.
-  template <class Values>
-  void assign_block(matrix& logits, const Values& values) {
-    for (Eigen::Index h = 0; h < logits.rows(); ++h) {
-      const float m = logits.cols() > 0 ? logits.row(h).maxCoeff() : -std::numeric_limits<float>::infinity();
-      m_[h] = m;
+  // The state of a block of `keys` keys at once: logits (heads × keys, row-major) are turned in
+  // place into exp(ℓ − m) per row, and values (keys × channels, row-major) weighted by them. Rows
+  // of logits that are all −∞ (every key masked) stay empty. The plain form of what the reader's
+  // kernels compute (attention_kernel.hpp), for states built outside a read.
+  void assign_block(float* logits, std::int64_t keys, const float* values) {
+    for (std::int64_t h = 0; h < heads(); ++h) {
+      float* row = logits + h * keys;
+      const float m = keys > 0 ? *std::max_element(row, row + keys) : -std::numeric_limits<float>::infinity();
+      m_[static_cast<std::size_t>(h)] = m;
+      float* o = o_.data() + h * channels_;
+      std::fill(o, o + channels_, 0.0f);
       if (m == -std::numeric_limits<float>::infinity()) {
-        logits.row(h).setZero();
-        d_[h] = 0.0f;
+        std::fill(row, row + keys, 0.0f);
+        d_[static_cast<std::size_t>(h)] = 0.0f;
         continue;
       }
-      logits.row(h) = (logits.row(h).array() - m).exp().matrix();
-      d_[h] = logits.row(h).sum();
+      float d = 0.0f;
+      for (std::int64_t i = 0; i < keys; ++i) d += row[i] = std::exp(row[i] - m);
+      d_[static_cast<std::size_t>(h)] = d;
+      for (std::int64_t i = 0; i < keys; ++i)
+        for (std::int64_t c = 0; c < channels_; ++c) o[c] += row[i] * values[i * channels_ + c];
     }
-    if (logits.cols() > 0) o_.noalias() = logits * values;
-    else o_.setZero();
   }
 
   // The state of a block computed elsewhere (attention_kernel.hpp): m[h] and d[h] per head.
   // Returns the accumulator (heads × channels, row-major), left unset for the caller to fill.
   float* assign(std::int64_t heads, std::int64_t channels, const float* m, const float* d) {
-    m_ = Eigen::Map<const Eigen::VectorXf>(m, heads);
-    d_ = Eigen::Map<const Eigen::VectorXf>(d, heads);
-    o_.resize(heads, channels);
+    channels_ = channels;
+    m_.assign(m, m + heads);
+    d_.assign(d, d + heads);
+    o_.resize(static_cast<std::size_t>(heads * channels));
     return o_.data();
   }
 
@@ -99,13 +106,11 @@ class softmax_state {
                                     out[h * channels + c], "must be finite where lse is finite");
     }
     reset(heads, channels);
-    for (Eigen::Index h = 0; h < heads; ++h) {
+    for (std::int64_t h = 0; h < heads; ++h) {
       if (lse[h] == -inf || lse[h] == inf) continue;
-      m_[h] = lse[h];
-      d_[h] = 1.0f;
-      // o_ is row-major, so a row is contiguous (a plain copy: GCC 12 warns falsely about
-      // Eigen's packet path when it sees a 4-channel row inlined).
-      std::copy(out + h * channels, out + (h + 1) * channels, o_.row(h).data());
+      m_[static_cast<std::size_t>(h)] = lse[h];
+      d_[static_cast<std::size_t>(h)] = 1.0f;
+      std::copy(out + h * channels, out + (h + 1) * channels, o_.data() + h * channels);
     }
   }
 
@@ -113,54 +118,77 @@ class softmax_state {
   // with the sink's (if any). −∞ for a head with no keys and no sink.
   float log_denominator(std::int64_t h, const float* sink_logits) const noexcept {
     const float sink = sink_logits ? sink_logits[h] : -std::numeric_limits<float>::infinity();
-    if (d_[h] == 0.0f) return sink;
-    if (sink == -std::numeric_limits<float>::infinity()) return m_[h] + std::log(d_[h]);
-    const float m = std::max(m_[h], sink);
-    return m + std::log(d_[h] * std::exp(m_[h] - m) + std::exp(sink - m));
+    const float d = denominator(h), mh = max_logit(h);
+    if (d == 0.0f) return sink;
+    if (sink == -std::numeric_limits<float>::infinity()) return mh + std::log(d);
+    const float m = std::max(mh, sink);
+    return m + std::log(d * std::exp(mh - m) + std::exp(sink - m));
   }
 
   // This ← this ∪ other (same heads and channels).
   void merge(const softmax_state& other) noexcept {
-    for (Eigen::Index h = 0; h < m_.size(); ++h) {
+    for (std::size_t h = 0; h < m_.size(); ++h) {
       if (other.d_[h] == 0.0f) continue;
+      float* o = o_.data() + static_cast<std::int64_t>(h) * channels_;
+      const float* p = other.o_.data() + static_cast<std::int64_t>(h) * channels_;
       if (d_[h] == 0.0f) {
         m_[h] = other.m_[h];
         d_[h] = other.d_[h];
-        o_.row(h) = other.o_.row(h);
+        std::copy(p, p + channels_, o);
         continue;
       }
       const float m = std::max(m_[h], other.m_[h]);
       const float a = std::exp(m_[h] - m), b = std::exp(other.m_[h] - m);
       m_[h] = m;
       d_[h] = d_[h] * a + other.d_[h] * b;
-      o_.row(h) = o_.row(h) * a + other.o_.row(h) * b;
+      scaled_sum(o, a, p, b, channels_);
     }
   }
 
   // Per head: the factor that turns exp(ℓ − m) of this state into a final probability, given
   // an optional sink logit per head — 1 / (d + exp(sink − m)) in this state's frame.
   float normaliser(std::int64_t h, const float* sink_logits) const noexcept {
+    const float d = denominator(h), mh = max_logit(h);
     // A sink of −inf takes no mass: the same as no sink (and no −inf − (−inf) below).
-    if (!sink_logits || sink_logits[h] == -std::numeric_limits<float>::infinity())
-      return d_[h] > 0.0f ? 1.0f / d_[h] : 0.0f;
-    const float m = std::max(m_[h], sink_logits[h]);
-    const float total = (d_[h] > 0.0f ? d_[h] * std::exp(m_[h] - m) : 0.0f) + std::exp(sink_logits[h] - m);
-    return std::exp(m_[h] - m) / total;
+    if (!sink_logits || sink_logits[h] == -std::numeric_limits<float>::infinity()) return d > 0.0f ? 1.0f / d : 0.0f;
+    const float m = std::max(mh, sink_logits[h]);
+    const float total = (d > 0.0f ? d * std::exp(mh - m) : 0.0f) + std::exp(sink_logits[h] - m);
+    return std::exp(mh - m) / total;
   }
 
   // out (heads × channels, row-major) = Σ p·v with the sinks (if any) in the denominators;
   // zeros for a head with no keys.
   void finish(float* out, const float* sink_logits = nullptr) const noexcept {
-    for (Eigen::Index h = 0; h < m_.size(); ++h) {
-      const float scale = d_[h] > 0.0f ? normaliser(h, sink_logits) : 0.0f;
-      Eigen::Map<Eigen::RowVectorXf>(out + h * o_.cols(), o_.cols()) = o_.row(h) * scale;
+    for (std::int64_t h = 0; h < heads(); ++h) {
+      const float scale = denominator(h) > 0.0f ? normaliser(h, sink_logits) : 0.0f;
+      scaled_copy(out + h * channels_, o_.data() + h * channels_, scale, channels_);
     }
   }
 
  private:
-  Eigen::VectorXf m_;
-  Eigen::VectorXf d_;
-  matrix o_;
+  // o ← o·a + p·b and out ← o·scale over n floats, a vector at a time: each element rounded as
+  // the scalar expression rounds it, so the tail and the vectors agree.
+  static void scaled_sum(float* o, float a, const float* p, float b, std::int64_t n) noexcept {
+    using batch = simd::float_batch<simd::default_arch>;
+    constexpr std::int64_t lanes = static_cast<std::int64_t>(batch::size);
+    const batch va(a), vb(b);
+    std::int64_t c = 0;
+    for (; c + lanes <= n; c += lanes)
+      (batch::load_unaligned(o + c) * va + batch::load_unaligned(p + c) * vb).store_unaligned(o + c);
+    for (; c < n; ++c) o[c] = o[c] * a + p[c] * b;
+  }
+  static void scaled_copy(float* out, const float* o, float scale, std::int64_t n) noexcept {
+    using batch = simd::float_batch<simd::default_arch>;
+    constexpr std::int64_t lanes = static_cast<std::int64_t>(batch::size);
+    const batch vs(scale);
+    std::int64_t c = 0;
+    for (; c + lanes <= n; c += lanes) (batch::load_unaligned(o + c) * vs).store_unaligned(out + c);
+    for (; c < n; ++c) out[c] = o[c] * scale;
+  }
+
+  std::int64_t channels_ = 0;
+  std::vector<float> m_, d_;  // per head
+  std::vector<float> o_;      // heads × channels, row-major
 };
 
 }  // namespace phasekv

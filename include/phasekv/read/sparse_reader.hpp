@@ -79,9 +79,6 @@
 #include <utility>
 #include <vector>
 
-#include "phasekv/simd/intrinsics.hpp"  // before Eigen, which includes the intrinsics too
-#include <Eigen/Core>
-
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/sequence_view.hpp"
@@ -106,8 +103,21 @@ struct layout_access;  // tests/layout: reads the sizes of the reader's private 
 }  // namespace detail
 
 class sparse_reader {
-  using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using attention_kernel = kernels::attention<>;
+
+  // A row-major table of floats (rows × cols), for the trace's per-head logits and factors.
+  struct float_table {
+    std::int64_t cols = 0;
+    std::vector<float> values;
+    void resize(std::int64_t rows, std::int64_t columns) {
+      cols = columns;
+      values.resize(static_cast<std::size_t>(rows * columns));
+    }
+    float& operator()(std::int64_t r, std::int64_t c) noexcept { return values[static_cast<std::size_t>(r * cols + c)]; }
+    float operator()(std::int64_t r, std::int64_t c) const noexcept {
+      return values[static_cast<std::size_t>(r * cols + c)];
+    }
+  };
 
  public:
   // The config's streams left at from_roles follow the shape's roles (read/reader_streams.hpp);
@@ -212,8 +222,8 @@ class sparse_reader {
     std::vector<attention_kernel::prepared> queries;           // per KV head
     std::vector<const float*> window_keys, window_values;      // the read's window rows in the ring (f32)
     std::vector<const std::byte*> window_key_rows, window_value_rows;  // the same, FP8 window
-    matrix entry_logits, window_logits;                        // per query head, for the trace
-    Eigen::VectorXf final_max, final_norm;                     // per query head, for the trace
+    float_table entry_logits, window_logits;                   // per query head, for the trace
+    float_table final_max, final_norm;                         // per query head (one column), for the trace
   };
 
   // ---- checks of a read (read_checks.hpp) ------------------------------------------------------
@@ -435,8 +445,8 @@ class sparse_reader {
     if (w.tracing) {
       w.entry_logits.resize(config_.query_heads, w.n_entries);
       w.window_logits.resize(config_.query_heads, w.n_win);
-      w.final_max.resize(config_.query_heads);
-      w.final_norm.resize(config_.query_heads);
+      w.final_max.resize(config_.query_heads, 1);
+      w.final_norm.resize(config_.query_heads, 1);
     }
   }
 
@@ -517,7 +527,7 @@ class sparse_reader {
     else
       attention_kernel::logits(q, ps.keys.data(), pc.count, ps.logits.data());
     if (w.tracing) {
-      matrix& kept = pc.source == key_source::window ? w.window_logits : w.entry_logits;
+      float_table& kept = pc.source == key_source::window ? w.window_logits : w.entry_logits;
       for (std::int64_t k = 0; k < pc.count; ++k)
         for (std::int64_t h = 0; h < q.heads; ++h) kept(g * q.heads + h, pc.first + k) = ps.logits[k * q.padded + h];
     }
@@ -551,8 +561,8 @@ class sparse_reader {
       for (std::int64_t h = 0; h < group; ++h) it.lse[g * group + h] = total.log_denominator(h, sinks);
     if (w.tracing)
       for (std::int64_t h = 0; h < group; ++h) {
-        w.final_max[g * group + h] = total.max_logit(h);
-        w.final_norm[g * group + h] = total.normaliser(h, sinks);
+        w.final_max(g * group + h, 0) = total.max_logit(h);
+        w.final_norm(g * group + h, 0) = total.normaliser(h, sinks);
       }
     if (config_.derotate_output)
       for (std::int64_t h = 0; h < group; ++h)
@@ -673,7 +683,7 @@ class sparse_reader {
     tr.window_mass = 0.0f;
     tr.sink_mass = 0.0f;
     for (std::int64_t h = 0; h < config_.query_heads; ++h) {
-      const float norm = w.final_norm[h], m = w.final_max[h];
+      const float norm = w.final_norm(h, 0), m = w.final_max(h, 0);
       float total = 0.0f;
       for (std::int64_t i = 0; i < n_entries; ++i) {
         const float p = norm > 0.0f ? std::exp(w.entry_logits(h, i) - m) * norm : 0.0f;

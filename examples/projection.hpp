@@ -1,5 +1,6 @@
 #pragma once
-// An optional helper for hosts without projections of their own: applies the
+// A helper for the examples, whose hosts have no projections of their own (an engine runs its
+// model's; the engine headers need no linear algebra): applies the
 // payload maps C_v and gate maps Z_v of every head and view to a batch of hidden states with
 // one GEMM each, producing a token_chunk's buffers in the layout stream_config.hpp describes.
 //
@@ -12,14 +13,15 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/simd/intrinsics.hpp"  // before Eigen, which includes the intrinsics too
+#include <phasekv/simd/intrinsics.hpp>  // before Eigen, which includes the intrinsics too
 #include <Eigen/Core>
 
-#include "phasekv/compress/stream_compressor.hpp"
-#include "phasekv/core/error.hpp"
+#include <phasekv/compress/stream_compressor.hpp>
+#include <phasekv/core/error.hpp>
 
-namespace phasekv {
+namespace phasekv_examples {
 
+using phasekv::token_chunk;
 using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 class stream_projection {
@@ -29,7 +31,7 @@ class stream_projection {
   // × hidden, or empty for pooling without gates.
   stream_projection(Eigen::MatrixXf payload_map, Eigen::MatrixXf gate_map)
       : payload_map_(std::move(payload_map)), gate_map_(std::move(gate_map)) {
-    detail::require(gate_map_.size() == 0 || gate_map_.cols() == payload_map_.cols(), "projection.gate_map.cols()",
+    phasekv::detail::require(gate_map_.size() == 0 || gate_map_.cols() == payload_map_.cols(), "projection.gate_map.cols()",
                     gate_map_.cols(), "must equal payload_map.cols() = " + std::to_string(payload_map_.cols()));
   }
 
@@ -51,13 +53,13 @@ class stream_projection {
   template <class Compressor>
   token_chunk project(const Compressor& c, const row_matrix& hidden, std::vector<float>& payload,
                       std::vector<float>& logits) const {
-    detail::require<input_error>(hidden.cols() == this->hidden(), "projection: hidden.cols()", hidden.cols(),
+    phasekv::detail::require<phasekv::input_error>(hidden.cols() == this->hidden(), "projection: hidden.cols()", hidden.cols(),
                                  "must equal the maps' hidden size " + std::to_string(this->hidden()));
-    detail::require<input_error>(payload_map_.rows() == c.payload_floats_per_token(), "projection.payload_map.rows()",
+    phasekv::detail::require<phasekv::input_error>(payload_map_.rows() == c.payload_floats_per_token(), "projection.payload_map.rows()",
                                  payload_map_.rows(),
                                  "must equal the compressor's payload floats per token " +
                                      std::to_string(c.payload_floats_per_token()));
-    detail::require<input_error>(gate_map_.rows() == c.logit_floats_per_token(), "projection.gate_map.rows()",
+    phasekv::detail::require<phasekv::input_error>(gate_map_.rows() == c.logit_floats_per_token(), "projection.gate_map.rows()",
                                  gate_map_.rows(),
                                  "must equal the compressor's logit floats per token " +
                                      std::to_string(c.logit_floats_per_token()));
@@ -79,4 +81,4 @@ class stream_projection {
   Eigen::MatrixXf gate_map_;
 };
 
-}  // namespace phasekv
+}  // namespace phasekv_examples
