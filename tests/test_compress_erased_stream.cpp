@@ -137,7 +137,8 @@ void append_both(A& a, sequence_id sa, B& b, sequence_id sb, std::int64_t tokens
 
 // Fills both caches, forks, rolls back, snapshots across: requiring sameness after every step.
 template <class A, class B>
-void run_twins(A& a, B& b, const reader_config& rc, std::uint32_t seed, std::int64_t max_chunk, const token_draw& draw) {
+void run_twins(A& a, B& b, const reader_config& rc, std::uint32_t seed, std::int64_t max_chunk,
+               const token_draw& draw) {
   std::mt19937 rng(seed);
   const std::int64_t history = a.config().history;
   for (int round = 0; round < 3; ++round) {
@@ -197,13 +198,15 @@ TEST_CASE("erased streams: a DeepSeek-V4 CSA layer at its precision equals the t
   const auto& kv = typed_layer.stream<0>();
   const auto& ix = typed_layer.stream<1>();
   const cache_config config = presets::deepseek_cache(presets::deepseek_v4_csa_layer, 24, 8, true);
-  REQUIRE(config.stream_storage == std::vector<storage_type>{storage_type::fp8_e4m3_block, storage_type::fp4_e2m1_hadamard});
+  REQUIRE(config.stream_storage ==
+          std::vector<storage_type>{storage_type::fp8_e4m3_block, storage_type::fp4_e2m1_hadamard});
   REQUIRE(config.window.precision == storage_type::fp8_e4m3_block);
 
   csa_cache typed(typed_layer, config);
   paged_cache<erased_stream, erased_stream> erased(
-      layer_compressor<erased_stream, erased_stream>(erase(kv, "vector_gates", rope_placement::after_pool, entry_norm::rms),
-                                                     erase(ix, "vector_gates", rope_placement::after_pool, entry_norm::rms)),
+      layer_compressor<erased_stream, erased_stream>(
+          erase(kv, "vector_gates", rope_placement::after_pool, entry_norm::rms),
+          erase(ix, "vector_gates", rope_placement::after_pool, entry_norm::rms)),
       config);
   REQUIRE(erased.compressors().applies_rope(0));
   REQUIRE(erased.compressors().applies_rope(1));
@@ -217,7 +220,8 @@ TEST_CASE("erased streams: a DeepSeek-V4 CSA layer at its precision equals the t
 TEST_CASE("erased streams: mean pooling over separate K and V streams equals the typed layer", "[erased_stream]") {
   using mean = stream_compressor<compressor_policy<mean_pool>>;
   const geometry g{3, 6};
-  const mean keys(g, stream_of("keys", stream_role::key, 24, 2)), values(g, stream_of("values", stream_role::value, 16, 2));
+  const mean keys(g, stream_of("keys", stream_role::key, 24, 2));
+  const mean values(g, stream_of("values", stream_role::value, 16, 2));
   const cache_config config = cache_of("mean", 4, 64, 6, raw_window_config{10, 2, 24, 16});
 
   paged_cache<mean, mean> typed(layer_compressor<mean, mean>(keys, values), config);
@@ -236,7 +240,8 @@ TEST_CASE("erased streams: mean pooling over separate K and V streams equals the
   run_twins(typed, erased, rc, 7u, 9, token_draw{});
 }
 
-TEST_CASE("erased streams: scalar gates with RoPE before pooling and RMSNorm equal the typed layer", "[erased_stream]") {
+TEST_CASE("erased streams: scalar gates with RoPE before pooling and RMSNorm equal the typed layer",
+          "[erased_stream]") {
   using policy = compressor_policy<scalar_gated_pool, rope_before_pool, rms_norm>;
   using typed_stream = stream_compressor<policy>;
   std::mt19937 prng(5);
@@ -265,11 +270,10 @@ TEST_CASE("erased streams: scalar gates with RoPE before pooling and RMSNorm equ
 }
 
 TEST_CASE("erased streams: construction errors name the field", "[erased_stream]") {
-  const stream_build b{geometry{2, 4}, stream_of("kv", stream_role::key_value, 8), {}, rope_placement::none,
-                       entry_norm::none, 0};
-  REQUIRE(message_of<config_error>([&] { erased_stream(builtins(), "median", b); }).rfind("kv.pooling = 'median': is not a registered "
-                                                                            "pooling",
-                                                                            0) == 0);
+  const stream_build b{
+      geometry{2, 4}, stream_of("kv", stream_role::key_value, 8), {}, rope_placement::none, entry_norm::none, 0};
+  const std::string unknown = message_of<config_error>([&] { erased_stream(builtins(), "median", b); });
+  REQUIRE(unknown.rfind("kv.pooling = 'median': is not a registered pooling", 0) == 0);
   REQUIRE(message_of<config_error>([] { erased_stream(std::shared_ptr<const stream_kernel>()); }) ==
           "erased_stream(kernel) = null: must be a stream_kernel");
 }

@@ -187,12 +187,13 @@ struct codes_at_run_time<C, std::void_t<decltype(std::declval<const C&>().poolin
 template <class Compressor>
 stream_fingerprint stream_fingerprint_of(const Compressor& c, storage_type storage) {
   if constexpr (codes_at_run_time<Compressor>::value) {
-    return stream_fingerprint_from(c.config(), c.params(), c.pooling_identity(), static_cast<std::uint32_t>(c.rope()) + 1,
-                                   static_cast<std::uint32_t>(c.norm()) + 1, storage);
+    return stream_fingerprint_from(c.config(), c.params(), c.pooling_identity(),
+                                   static_cast<std::uint32_t>(c.rope()) + 1, static_cast<std::uint32_t>(c.norm()) + 1,
+                                   storage);
   } else {
     using policy = typename Compressor::policy;
-    return stream_fingerprint_from(c.config(), c.params(), pooling_identity(c.pool()), rope_code<typename policy::rope>(),
-                                   norm_code<typename policy::norm>(), storage);
+    return stream_fingerprint_from(c.config(), c.params(), pooling_identity(c.pool()),
+                                   rope_code<typename policy::rope>(), norm_code<typename policy::norm>(), storage);
   }
 }
 

@@ -4,7 +4,8 @@
 // and paged_cache take it as they take a typed stream_compressor<P>:
 //
 //   const pooling_registry poolings = pooling_registry::builtins();
-//   erased_stream kv(poolings, "vector_gates", {geom, kv_config, kv_params, rope_placement::after_pool, entry_norm::rms});
+//   const stream_build kv_build{geom, kv_config, kv_params, rope_placement::after_pool, entry_norm::rms};
+//   erased_stream kv(poolings, "vector_gates", kv_build);
 //   paged_cache<erased_stream> cache(layer_compressor<erased_stream>(kv), config);
 //
 // Contract: every call gives exactly what the same call on the compiled stream_compressor<P> the
@@ -75,7 +76,8 @@ class erased_stream {
     kernel_->check(state, chunk, options);
   }
   template <class Sink>
-  std::int64_t append(stream_state& state, const token_chunk& chunk, Sink&& sink, const append_options& options = {}) const {
+  std::int64_t append(stream_state& state, const token_chunk& chunk, Sink&& sink,
+                      const append_options& options = {}) const {
     check(state, chunk, options);
     const std::int64_t emitted = emit(state, chunk, sink, options);
     commit(state, chunk);
@@ -83,7 +85,8 @@ class erased_stream {
   }
   // sink(const entry_view&) per entry, through entry_sink: one indirect call per entry.
   template <class Sink>
-  std::int64_t emit(stream_state& state, const token_chunk& chunk, Sink&& sink, const append_options& options = {}) const {
+  std::int64_t emit(stream_state& state, const token_chunk& chunk, Sink&& sink,
+                    const append_options& options = {}) const {
     auto forward = [&sink](const entry_view& e) { sink(e); };
     return kernel_->emit(state, chunk, options, entry_sink::of(forward));
   }
