@@ -5,8 +5,8 @@ the extension module ``phasekv._phasekv``:
 
 * geometry and phase helpers: ``Geometry``, ``floor_div``, ``floor_mod``;
 * write path: ``StreamConfig``, ``StreamParams``, ``RopeConfig``, ``Compressor`` (one stream,
-  its ``CompressorState``, the ``Entries`` it emits) for the policies in ``Policy``;
-* cache and reads: ``PagedCache`` (one stream, or two of one policy), ``SparseReader``
+  its ``CompressorState``, the ``Entries`` it emits) of any ``Pooling`` (or a ``Policy``);
+* cache and reads: ``PagedCache`` (one, two or three streams, each of its own pooling), ``SparseReader``
   (``read``, ``read_batch``), ``ReadTrace``;
 * diagnostics: ``WriteProfile``, ``SlotWeightLog``/``attribute``/``find_target``,
   ``plan_sweep``/``run_sweep``/``SweepResult``, and the submodules ``phasekv.stats``,

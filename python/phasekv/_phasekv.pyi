@@ -171,8 +171,9 @@ class StreamRole:
     def name(self) -> str: ...
 
 class Policy:
-    """mean: compressor_policy<mean_pool>; deepseek_v4: presets::deepseek_v4_csa_policy (vector
-    gates, RMSNorm, RoPE after pooling; also the HCA policy)."""
+    """Two poolings by name. mean = Pooling("mean") (compressor_policy<mean_pool>); deepseek_v4 =
+    Pooling("vector_gates", RopePlacement.after_pool, EntryNorm.rms) (presets::deepseek_v4_csa_policy,
+    also the HCA policy). Pooling names any other."""
 
     mean: ClassVar[Policy]
     deepseek_v4: ClassVar[Policy]
@@ -183,6 +184,23 @@ class Policy:
     def name(self) -> str: ...
     @property
     def value(self) -> int: ...
+
+class Pooling:
+    """A pooling of the registry by id (pooling_ids(): mean, vector_gates, scalar_gates,
+    fixed_weights) with its RoPE placement and norm: what a Compressor or a PagedCache stream
+    computes, exactly as the compiled compressor_policy<pooling, rope, norm> does. An unknown id
+    raises ConfigError. Equal poolings compare equal and hash alike."""
+
+    def __init__(self, id: str = "mean", rope: RopePlacement = ..., norm: EntryNorm = ...) -> None: ...
+    @staticmethod
+    def of(policy: Policy) -> Pooling:
+        """The pooling a Policy names."""
+    @property
+    def id(self) -> str: ...
+    @property
+    def rope(self) -> RopePlacement: ...
+    @property
+    def norm(self) -> EntryNorm: ...
 
 class StreamConfig:
     name: str
@@ -204,7 +222,9 @@ class StreamParams:
     slot_profile: FloatArray
     def __init__(self, *, slot_bias: Any = ..., norm_weight: Any = ..., slot_profile: Any = ...) -> None: ...
 
-def validate_stream(policy: Policy, geometry: Geometry, config: StreamConfig, params: StreamParams = ...) -> None: ...
+def validate_stream(
+    policy: Policy | Pooling | str, geometry: Geometry, config: StreamConfig, params: StreamParams = ...
+) -> None: ...
 def views_per_token(layout: InputLayout, geometry: Geometry) -> int: ...
 
 class CompressorState:
@@ -233,11 +253,17 @@ class Entries:
     def __len__(self) -> int: ...
 
 class Compressor:
+    """One stream's write path; its pooling chosen at run time through the pooling registry. policy:
+    a Policy, a Pooling, or a pooling id (str: that pooling with no RoPE and no norm)."""
+
     def __init__(
-        self, policy: Policy, geometry: Geometry, config: StreamConfig, params: StreamParams = ...
+        self, policy: Policy | Pooling | str, geometry: Geometry, config: StreamConfig, params: StreamParams = ...
     ) -> None: ...
     @property
-    def policy(self) -> Policy: ...
+    def policy(self) -> Policy | Pooling | str:
+        """What it was built with."""
+    @property
+    def pooling(self) -> Pooling: ...
     @property
     def geometry(self) -> Geometry: ...
     @property
@@ -355,14 +381,19 @@ class LayerShape:
     ) -> None: ...
 
 class PagedCache:
-    """The paged compressed cache of one layer: one stream, or two streams of one policy."""
+    """The paged compressed cache of one layer: one, two or three streams (K/V; K/V and indexer
+    keys, or K and V; K, V and indexer keys). policy: a Policy, a Pooling or a pooling id (str: that
+    pooling with no RoPE and no norm) for every stream, or a list of them, one per stream."""
 
     def __init__(
-        self, policy: Policy, geometry: Geometry, streams: Sequence[StreamConfig], config: CacheConfig,
-        params: Sequence[StreamParams] = ...,
+        self, policy: Policy | Pooling | str | Sequence[Policy | Pooling | str], geometry: Geometry,
+        streams: Sequence[StreamConfig], config: CacheConfig, params: Sequence[StreamParams] = ...,
     ) -> None: ...
     @property
-    def policy(self) -> Policy: ...
+    def policy(self) -> Policy | Pooling | str | list[Policy | Pooling | str]:
+        """What it was built with."""
+    @property
+    def poolings(self) -> list[Pooling]: ...
     @property
     def stream_count(self) -> int: ...
     @property

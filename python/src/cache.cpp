@@ -1,6 +1,6 @@
-// cache/: the paged cache of one layer in the two forms the package instantiates (one stream;
-// two streams of one policy), its config and accounting, the layer's read-side shape, and the
-// DeepSeek-V4 cache preset.
+// cache/: the paged cache of one layer (one, two or three streams, each of any pooling: erased
+// streams, layer.hpp), its config and accounting, the layer's read-side shape, and the DeepSeek-V4
+// cache preset.
 
 #include <cstring>
 
@@ -26,28 +26,39 @@ decltype(auto) shared(const layer_cache& c, F&& f) {
   return c.visit(std::forward<F>(f));
 }
 
-std::unique_ptr<layer_cache> make_cache(policy_kind policy, const geometry& g,
+// policy: one Policy, Pooling or pooling id for every stream, or a list of them, one per stream.
+std::unique_ptr<layer_cache> make_cache(const py::object& policy, const geometry& g,
                                         const std::vector<stream_config>& streams, const cache_config& config,
                                         std::vector<stream_params> params) {
-  detail::require(streams.size() == 1 || streams.size() == 2, "streams.size()", streams.size(),
-                  "must be 1 (a K/V layer) or 2 (K/V and the indexer's keys, or K and V)");
+  detail::require(streams.size() >= 1 && streams.size() <= 3, "streams.size()", streams.size(),
+                  "must be 1 (a K/V layer), 2 (K/V and the indexer's keys, or K and V) or 3 (K, V and the "
+                  "indexer's keys)");
   if (params.empty()) params.resize(streams.size());
   detail::require(params.size() == streams.size(), "params.size()", params.size(),
                   "must be 0 or streams.size() = " + std::to_string(streams.size()));
   auto made = std::make_unique<layer_cache>();
   made->policy = policy;
-  with_policy(policy, [&](auto tag) {
-    using P = typename decltype(tag)::type;
-    using stream = policies::stream<P>;
-    if (streams.size() == 1) {
-      using cache = policies::one_stream<P>;
-      made->cache = std::make_unique<cache>(typename cache::layer(stream(g, streams[0], params[0])), config);
-    } else {
-      using cache = policies::two_streams<P>;
-      made->cache = std::make_unique<cache>(
-          typename cache::layer(stream(g, streams[0], params[0]), stream(g, streams[1], params[1])), config);
-    }
-  });
+  if (py::isinstance<py::list>(policy) || py::isinstance<py::tuple>(policy)) {
+    const auto list = py::reinterpret_borrow<py::sequence>(policy);
+    detail::require(list.size() == streams.size(), "len(policy)", list.size(),
+                    "must be streams.size() = " + std::to_string(streams.size()) + " (one pooling per stream)");
+    for (std::size_t k = 0; k < streams.size(); ++k)
+      made->poolings.push_back(pooling_from(list[k], "policy[" + std::to_string(k) + "]"));
+  } else {
+    made->poolings.assign(streams.size(), pooling_from(policy, "policy"));
+  }
+  std::vector<erased_stream> s;
+  for (std::size_t k = 0; k < streams.size(); ++k)
+    s.push_back(make_stream(made->poolings[k], g, streams[k], params[k]));
+  using stream = layer_cache::stream;
+  if (s.size() == 1) {
+    made->cache = std::make_unique<paged_cache<stream>>(layer_compressor<stream>(s[0]), config);
+  } else if (s.size() == 2) {
+    made->cache = std::make_unique<paged_cache<stream, stream>>(layer_compressor<stream, stream>(s[0], s[1]), config);
+  } else {
+    made->cache = std::make_unique<paged_cache<stream, stream, stream>>(
+        layer_compressor<stream, stream, stream>(s[0], s[1], s[2]), config);
+  }
   return made;
 }
 
@@ -137,12 +148,15 @@ void init_cache(const modules& m) {
       .done();
 
   py::class_<layer_cache>(root, "PagedCache",
-                          "The paged compressed cache of one layer (paged_cache<...>): one stream, or two streams of "
-                          "one policy. Sequences are integer ids. Appends and reads release the GIL; writers are "
-                          "serialised against every other call on the same cache.")
+                          "The paged compressed cache of one layer (paged_cache<erased_stream...>): one, two or three "
+                          "streams (K/V; K/V and indexer keys, or K and V; K, V and indexer keys). policy: a Policy, "
+                          "Pooling or pooling id for every stream, or a list of them, one per stream. Sequences are "
+                          "integer ids. Appends and reads release the GIL; writers are serialised against every "
+                          "other call on the same cache.")
       .def(py::init(&make_cache), py::arg("policy"), py::arg("geometry"), py::arg("streams"), py::arg("config"),
            py::arg("params") = std::vector<stream_params>{})
-      .def_readonly("policy", &layer_cache::policy)
+      .def_readonly("policy", &layer_cache::policy, "what it was built with: a Policy, Pooling or id, or a list")
+      .def_readonly("poolings", &layer_cache::poolings, "the pooling of each stream")
       .def_property_readonly("stream_count",
                              [](const layer_cache& c) { return c.visit([](const auto& x) { return x.stream_count; }); })
       .def_property_readonly(

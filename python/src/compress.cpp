@@ -1,6 +1,6 @@
-// compress/: stream configs and learned parameters, the policies the package instantiates, the
-// stream compressor with its per-sequence state and the entries it emits, and the DeepSeek-V4
-// and NSA presets.
+// compress/: stream configs and learned parameters, the poolings a stream may name (Policy, and
+// Pooling over the pooling registry), the stream compressor with its per-sequence state and the
+// entries it emits, and the DeepSeek-V4 and NSA presets.
 
 #include "layer.hpp"
 
@@ -31,6 +31,19 @@ void chunk_input(const py::array& a, const std::string& name, span<const float>&
   if (!(a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_))
     throw py::value_error(name + " = " + describe_array(a) + ": must be aligned to its element size");
   bf16 = span<const std::uint16_t>(static_cast<const std::uint16_t*>(a.data()), static_cast<std::size_t>(a.size()));
+}
+
+pooling_spec pooling_from(const py::handle& given, const std::string& name) {
+  if (py::isinstance<policy_kind>(given)) return pooling_of(given.cast<policy_kind>());
+  if (py::isinstance<pooling_spec>(given)) return given.cast<pooling_spec>();
+  if (py::isinstance<py::str>(given)) return pooling_spec{given.cast<std::string>()};
+  throw py::type_error(name + ": must be a Policy, a Pooling or a pooling id (str), not " +
+                       py::str(py::type::of(given).attr("__name__")).cast<std::string>());
+}
+
+erased_stream make_stream(const pooling_spec& pooling, const geometry& g, const stream_config& c,
+                          const stream_params& p) {
+  return erased_stream(builtin_poolings(), pooling.id, stream_build{g, c, p, pooling.rope, pooling.norm, 0});
 }
 
 namespace {
@@ -137,11 +150,42 @@ void init_compress(const modules& m) {
       .value("key_value", stream_role::key_value)
       .value("indexer", stream_role::indexer);
   py::enum_<policy_kind>(root, "Policy",
-                         "The compressor policies this package instantiates: mean = compressor_policy<mean_pool>; "
-                         "deepseek_v4 = presets::deepseek_v4_csa_policy (vector gates, RMSNorm, RoPE after pooling; "
-                         "also the HCA policy).")
+                         "Two poolings by name: mean = Pooling('mean') (compressor_policy<mean_pool>); deepseek_v4 "
+                         "= Pooling('vector_gates', RopePlacement.after_pool, EntryNorm.rms) "
+                         "(presets::deepseek_v4_csa_policy, also the HCA policy). Pooling names any other.")
       .value(policy_names[0], policy_kind::mean)
       .value(policy_names[1], policy_kind::deepseek_v4);
+  py::enum_<rope_placement>(root, "RopePlacement", "Where a stream's RoPE applies to its entries.")
+      .value("none", rope_placement::none)
+      .value("after_pool", rope_placement::after_pool, "rotate each pooled entry at its anchor (DeepSeek-V4)")
+      .value("before_pool", rope_placement::before_pool, "rotate each token's payload before pooling");
+  py::enum_<entry_norm>(root, "EntryNorm", "The norm a stream applies to each pooled entry.")
+      .value("none", entry_norm::none)
+      .value("rms", entry_norm::rms, "RMSNorm with the stream's norm_weight (DeepSeek-V4)");
+  py::class_<pooling_spec>(root, "Pooling",
+                           "A pooling of the registry by id (pooling_ids(): mean, vector_gates, scalar_gates, "
+                           "fixed_weights), with its RoPE placement and norm: what a Compressor or a PagedCache "
+                           "stream computes, as the compiled compressor_policy<pooling, rope, norm> would.")
+      .def(py::init([](const std::string& id, rope_placement rope, entry_norm norm) {
+             if (!builtin_poolings().contains(id)) {
+               std::string known;
+               for (const std::string& k : builtin_poolings().ids()) known += (known.empty() ? "" : ", ") + k;
+               detail::fail("Pooling.id", "'" + id + "'", "is not a built-in pooling (" + known + ")");
+             }
+             return pooling_spec{id, rope, norm};
+           }),
+           py::arg("id") = "mean", py::arg("rope") = rope_placement::none, py::arg("norm") = entry_norm::none)
+      .def_static("of", &pooling_of, py::arg("policy"), "The pooling a Policy names.")
+      .def_readonly("id", &pooling_spec::id)
+      .def_readonly("rope", &pooling_spec::rope)
+      .def_readonly("norm", &pooling_spec::norm)
+      .def("__eq__", [](const pooling_spec& a, const pooling_spec& b) { return a == b; }, py::is_operator())
+      .def("__hash__", [](const pooling_spec& p) {
+        return py::hash(py::make_tuple(p.id, static_cast<int>(p.rope), static_cast<int>(p.norm)));
+      })
+      .def("__repr__", [](const pooling_spec& p) {
+        return "Pooling('" + p.id + "', RopePlacement." + to_string(p.rope) + ", EntryNorm." + to_string(p.norm) + ")";
+      });
 
   struct_binding<stream_config>(root, "StreamConfig",
                                 "Shape of one compressed stream (compress/stream_config.hpp). Built invalid (e.g. 0 channels), "
@@ -177,11 +221,12 @@ void init_compress(const modules& m) {
 
   root.def(
       "validate_stream",
-      [](policy_kind policy, const geometry& g, const stream_config& c, const stream_params& p) {
-        with_policy(policy, [&](auto tag) { validate_stream<typename decltype(tag)::type>(g, c, p); });
+      [](const py::object& policy, const geometry& g, const stream_config& c, const stream_params& p) {
+        make_stream(pooling_from(policy, "policy"), g, c, p);
       },
       py::arg("policy"), py::arg("geometry"), py::arg("config"), py::arg("params") = stream_params{},
-      "Raises ConfigError naming the field unless the stream is valid for the policy.");
+      "Raises ConfigError naming the field unless the stream is valid for the policy (a Policy, a Pooling or "
+      "a pooling id).");
   root.def("views_per_token", &views_per_token, py::arg("layout"), py::arg("geometry"));
 
   py::class_<compressor_state>(root, "CompressorState",
@@ -236,67 +281,54 @@ void init_compress(const modules& m) {
       .def("__len__", &entries::size);
 
   py::class_<compressor>(root, "Compressor",
-                         "The streaming write path of one stream (stream_compressor<policy>): immutable, shared by "
-                         "any number of states.")
-      .def(py::init([](policy_kind policy, const geometry& g, const stream_config& c, const stream_params& p) {
-             return with_policy(policy, [&](auto tag) {
-               using stream = policies::stream<typename decltype(tag)::type>;
-               return compressor{policy, stream(g, c, p)};
-             });
+                         "The streaming write path of one stream (stream_compressor<policy>, the policy chosen at run "
+                         "time: erased_stream): immutable, shared by any number of states. policy: a Policy, a "
+                         "Pooling, or a pooling id (str: that pooling with no RoPE and no norm).")
+      .def(py::init([](const py::object& policy, const geometry& g, const stream_config& c, const stream_params& p) {
+             pooling_spec pooling = pooling_from(policy, "policy");
+             erased_stream stream = make_stream(pooling, g, c, p);
+             return compressor{policy, std::move(pooling), std::move(stream)};
            }),
            py::arg("policy"), py::arg("geometry"), py::arg("config"), py::arg("params") = stream_params{})
-      .def_readonly("policy", &compressor::policy)
-      .def_property_readonly("geometry",
-                             [](const compressor& c) { return c.visit([](const auto& s) { return s.geom(); }); })
-      .def_property_readonly("config",
-                             [](const compressor& c) { return c.visit([](const auto& s) { return s.config(); }); })
-      .def_property_readonly("params",
-                             [](const compressor& c) { return c.visit([](const auto& s) { return s.params(); }); })
-      .def_property_readonly("views",
-                             [](const compressor& c) { return c.visit([](const auto& s) { return s.views(); }); })
-      .def_property_readonly(
-          "gate_channels", [](const compressor& c) { return c.visit([](const auto& s) { return s.gate_channels(); }); })
-      .def_property_readonly(
-          "payload_floats_per_token",
-          [](const compressor& c) { return c.visit([](const auto& s) { return s.payload_floats_per_token(); }); })
-      .def_property_readonly(
-          "logit_floats_per_token",
-          [](const compressor& c) { return c.visit([](const auto& s) { return s.logit_floats_per_token(); }); })
-      .def_property_readonly(
-          "floats_per_entry",
-          [](const compressor& c) { return c.visit([](const auto& s) { return s.floats_per_entry(); }); })
+      .def_readonly("policy", &compressor::policy, "what it was built with: a Policy, a Pooling or a pooling id")
+      .def_readonly("pooling", &compressor::pooling, "the pooling it computes")
+      .def_property_readonly("geometry", [](const compressor& c) { return c.stream.geom(); })
+      .def_property_readonly("config", [](const compressor& c) { return c.stream.config(); })
+      .def_property_readonly("params", [](const compressor& c) { return c.stream.params(); })
+      .def_property_readonly("views", [](const compressor& c) { return c.stream.views(); })
+      .def_property_readonly("gate_channels", [](const compressor& c) { return c.stream.gate_channels(); })
+      .def_property_readonly("payload_floats_per_token",
+                             [](const compressor& c) { return c.stream.payload_floats_per_token(); })
+      .def_property_readonly("logit_floats_per_token",
+                             [](const compressor& c) { return c.stream.logit_floats_per_token(); })
+      .def_property_readonly("floats_per_entry", [](const compressor& c) { return c.stream.floats_per_entry(); })
       .def(
-          "view_of_slot",
-          [](const compressor& c, std::int64_t slot) {
-            return c.visit([&](const auto& s) { return s.view_of_slot(slot); });
-          },
+          "view_of_slot", [](const compressor& c, std::int64_t slot) { return c.stream.view_of_slot(slot); },
           py::arg("slot"))
       .def(
           "make_state",
           [](const compressor& c, std::int64_t history) {
             auto made = std::make_unique<compressor_state>();
-            made->state = c.visit([&](const auto& s) { return s.make_state(history); });
+            made->state = c.stream.make_state(history);
             return made;
           },
           py::arg("history") = 0, "A fresh state keeping `history` extra tokens for truncate().")
       .def(
           "entries_after",
           [](const compressor& c, compressor_state& st, std::int64_t tokens) {
-            return with_state(
-                st, [&] { return c.visit([&](const auto& s) { return s.entries_after(st.state, tokens); }); });
+            return with_state(st, [&] { return c.stream.entries_after(st.state, tokens); });
           },
           py::arg("state"), py::arg("tokens"))
       .def(
           "can_truncate",
           [](const compressor& c, compressor_state& st, std::int64_t tokens) {
-            return with_state(st,
-                              [&] { return c.visit([&](const auto& s) { return s.can_truncate(st.state, tokens); }); });
+            return with_state(st, [&] { return c.stream.can_truncate(st.state, tokens); });
           },
           py::arg("state"), py::arg("tokens"))
       .def(
           "truncate",
           [](const compressor& c, compressor_state& st, std::int64_t tokens) {
-            with_state(st, [&] { c.visit([&](const auto& s) { s.truncate(st.state, tokens); }); });
+            with_state(st, [&] { c.stream.truncate(st.state, tokens); });
           },
           py::arg("state"), py::arg("tokens"))
       .def(
@@ -304,7 +336,7 @@ void init_compress(const modules& m) {
           [](const compressor& c, compressor_state& st, const py::object& payload, const py::object& logits,
              bool slot_weights, bool check_finite) {
             std::vector<py::array> keep;
-            const token_shape shape = c.visit([](const auto& s) { return token_shape_of(s); });
+            const token_shape shape = token_shape_of(c.stream);
             const token_chunk chunk = chunk_of(payload, logits, "chunk", keep, &shape);
             append_options options;
             options.slot_weights = slot_weights;
@@ -314,28 +346,27 @@ void init_compress(const modules& m) {
             std::vector<float> values, weights;
             std::int64_t heads = 0, channels = 0, window = 0;
             with_state(st, [&] {
-              c.visit([&](const auto& s) {
-                s.check(st.state, chunk, options);
-                const auto n = static_cast<std::size_t>(s.entries_after(st.state, chunk.tokens));
-                heads = s.config().kv_heads;
-                channels = s.config().channels;
-                window = s.geom().window;
-                index.reserve(n);
-                anchor.reserve(n);
-                values.reserve(n * static_cast<std::size_t>(heads * channels));
-                if (slot_weights) weights.reserve(n * static_cast<std::size_t>(heads * window));
-                s.emit(
-                    st.state, chunk,
-                    [&](const entry_view& e) {
-                      index.push_back(e.index);
-                      anchor.push_back(e.anchor);
-                      values.insert(values.end(), e.values, e.values + heads * channels);
-                      if (e.slot_weights)
-                        weights.insert(weights.end(), e.slot_weights, e.slot_weights + heads * window);
-                    },
-                    options);
-                s.commit(st.state, chunk);
-              });
+              const erased_stream& s = c.stream;
+              s.check(st.state, chunk, options);
+              const auto n = static_cast<std::size_t>(s.entries_after(st.state, chunk.tokens));
+              heads = s.config().kv_heads;
+              channels = s.config().channels;
+              window = s.geom().window;
+              index.reserve(n);
+              anchor.reserve(n);
+              values.reserve(n * static_cast<std::size_t>(heads * channels));
+              if (slot_weights) weights.reserve(n * static_cast<std::size_t>(heads * window));
+              s.emit(
+                  st.state, chunk,
+                  [&](const entry_view& e) {
+                    index.push_back(e.index);
+                    anchor.push_back(e.anchor);
+                    values.insert(values.end(), e.values, e.values + heads * channels);
+                    if (e.slot_weights)
+                      weights.insert(weights.end(), e.slot_weights, e.slot_weights + heads * window);
+                  },
+                  options);
+              s.commit(st.state, chunk);
             });
             const auto n = static_cast<py::ssize_t>(index.size());
             entries out;

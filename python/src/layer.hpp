@@ -1,7 +1,9 @@
 #pragma once
-// The objects the Python classes hold: the compressor policies the package instantiates, a
-// stream compressor and a paged cache of any of them (type-erased behind std::variant, so the
-// bindings are written once), and the locks that make them safe to call from Python threads.
+// The objects the Python classes hold: a stream compressor and a paged cache of one, two or three
+// streams, each stream an erased_stream (compress/erased_stream.hpp) whose pooling, RoPE placement
+// and norm are chosen at run time through the pooling registry — so the bindings are written once
+// for every built-in pooling, and the only variant left is over the stream count — and the locks
+// that make them safe to call from Python threads.
 //
 // The GIL is released around every append and read. The C++ objects are not safe against every
 // interleaving of calls that Python threads could produce (a read overlapping an append of the
@@ -13,73 +15,61 @@
 #include <memory>
 #include <mutex>
 #include <phasekv/cache/paged_cache.hpp>
-#include <phasekv/compress/stream_compressor.hpp>
+#include <phasekv/compress/erased_stream.hpp>
+#include <phasekv/compress/pooling_registry.hpp>
 #include <phasekv/models/deepseek_v4.hpp>
+#include <phasekv/models/model_cache.hpp>
 #include <phasekv/models/nsa.hpp>
 #include <phasekv/read/sparse_reader.hpp>
 #include <shared_mutex>
+#include <string>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "common.hpp"
 
 namespace pyphasekv {
 
-// ---- policies and layer forms ----------------------------------------------------------------
-// Compressor policies are templates; Python picks one of a fixed list at run time. Each policy
-// is instantiated as a stream compressor and as two cache forms: one stream (a K/V or tied K/V
-// layer, DeepSeek-V4's HCA) and two streams of the same policy (K/V plus the indexer's keys,
-// DeepSeek-V4's CSA; or separate K and V). Adding a policy: one entry in policy_kind and
-// policy_names, one type in `policies`, its stub in _phasekv.pyi.
+// ---- poolings ----------------------------------------------------------------------------------
+// Python's Policy names two poolings of the registry with their RoPE placement and norm; Pooling
+// (pooling_spec) names any built-in one. Neither is a type: every stream is built by
+// phasekv::builtin_poolings(), whose compiled kernels do the per-entry work.
 
 enum class policy_kind {
-  mean,         // compressor_policy<mean_pool>: plain averaging, no RoPE, no norm
-  deepseek_v4,  // presets::deepseek_v4_csa_policy (= _hca_policy): vector gates, RMSNorm, RoPE after pooling
+  mean,         // "mean", no RoPE, no norm: compressor_policy<mean_pool>
+  deepseek_v4,  // "vector_gates", RoPE after pooling, RMSNorm: presets::deepseek_v4_csa_policy (= _hca_policy)
 };
 inline constexpr const char* policy_names[] = {"mean", "deepseek_v4"};
 
-template <class... Policy>
-struct policy_list {
-  template <class P>
-  using stream = phasekv::stream_compressor<P>;
-  template <class P>
-  using one_stream = phasekv::paged_cache<stream<P>>;
-  template <class P>
-  using two_streams = phasekv::paged_cache<stream<P>, stream<P>>;
+// A pooling of the registry by id, with its RoPE placement and norm (Python's Pooling).
+struct pooling_spec {
+  std::string id = "mean";
+  phasekv::rope_placement rope = phasekv::rope_placement::none;
+  phasekv::entry_norm norm = phasekv::entry_norm::none;
 
-  using compressor = std::variant<stream<Policy>...>;
-  // paged_cache holds a mutex and cannot move: the variant holds it by pointer.
-  using cache = std::variant<std::unique_ptr<one_stream<Policy>>..., std::unique_ptr<two_streams<Policy>>...>;
-};
-// In policy_kind's order.
-using policies = policy_list<phasekv::compressor_policy<phasekv::mean_pool>, phasekv::presets::deepseek_v4_csa_policy>;
-
-template <class Policy>
-struct policy_tag {
-  using type = Policy;
+  bool operator==(const pooling_spec& o) const { return id == o.id && rope == o.rope && norm == o.norm; }
 };
 
-// Calls f(policy_tag<P>{}) with the policy `kind` names.
-template <class F>
-decltype(auto) with_policy(policy_kind kind, F&& f) {
-  switch (kind) {
-    case policy_kind::mean:
-      return f(policy_tag<phasekv::compressor_policy<phasekv::mean_pool>>{});
-    case policy_kind::deepseek_v4:
-      return f(policy_tag<phasekv::presets::deepseek_v4_csa_policy>{});
-  }
-  phasekv::detail::fail<phasekv::config_error>("policy", static_cast<int>(kind), "is not a Policy");
+inline pooling_spec pooling_of(policy_kind kind) {
+  using phasekv::entry_norm, phasekv::rope_placement;
+  if (kind == policy_kind::deepseek_v4) return {"vector_gates", rope_placement::after_pool, entry_norm::rms};
+  return {};
 }
 
-// A stream compressor of any listed policy (Python's Compressor).
-struct compressor {
-  policy_kind policy;
-  policies::compressor stream;
+// A Policy, a Pooling or a pooling id (str) given as `name`, as a pooling_spec; TypeError otherwise.
+pooling_spec pooling_from(const py::handle& given, const std::string& name);
 
-  template <class F>
-  decltype(auto) visit(F&& f) const {
-    return std::visit([&](const auto& c) -> decltype(auto) { return f(c); }, stream);
-  }
+// The stream `pooling` pools, built by the registry (config_error as stream_compressor's
+// constructor, or naming "<config.name>.pooling" for an unknown id).
+phasekv::erased_stream make_stream(const pooling_spec& pooling, const phasekv::geometry& g,
+                                   const phasekv::stream_config& c, const phasekv::stream_params& p);
+
+// A stream compressor of any pooling (Python's Compressor); `policy` is what it was built with.
+struct compressor {
+  py::object policy;
+  pooling_spec pooling;
+  phasekv::erased_stream stream;
 };
 
 // A compressor's per-sequence state (Python's CompressorState); one call at a time.
@@ -88,11 +78,18 @@ struct compressor_state {
   std::mutex lock;
 };
 
-// A paged cache of any listed policy and form (Python's PagedCache). Writers lock `lock`
-// exclusively, everything else shares it (see the top of this file).
+// A paged cache of one, two or three streams, each of any pooling (Python's PagedCache). Writers
+// lock `lock` exclusively, everything else shares it (see the top of this file).
 struct layer_cache {
-  policy_kind policy;
-  policies::cache cache;
+  using stream = phasekv::erased_stream;
+  // paged_cache holds a mutex and cannot move: the variant holds it by pointer.
+  using caches = std::variant<std::unique_ptr<phasekv::paged_cache<stream>>,
+                              std::unique_ptr<phasekv::paged_cache<stream, stream>>,
+                              std::unique_ptr<phasekv::paged_cache<stream, stream, stream>>>;
+
+  py::object policy;                   // what it was built with: a Policy, a Pooling, or one per stream
+  std::vector<pooling_spec> poolings;  // per stream
+  caches cache;
   mutable std::shared_mutex lock;
 
   template <class F>

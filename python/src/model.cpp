@@ -295,13 +295,7 @@ void init_model(const modules& m) {
   py::module_ root = m.root;
   py::module_ presets = m.presets;
 
-  py::enum_<rope_placement>(root, "RopePlacement", "Where a stream's RoPE applies to its entries.")
-      .value("none", rope_placement::none)
-      .value("after_pool", rope_placement::after_pool, "rotate each pooled entry at its anchor (DeepSeek-V4)")
-      .value("before_pool", rope_placement::before_pool, "rotate each token's payload before pooling");
-  py::enum_<entry_norm>(root, "EntryNorm", "The norm a stream applies to each pooled entry.")
-      .value("none", entry_norm::none)
-      .value("rms", entry_norm::rms, "RMSNorm with the stream's norm_weight (DeepSeek-V4)");
+  // RopePlacement and EntryNorm are bound with Pooling (compress.cpp), which takes them.
   root.attr("FROM_ROLES") = py::int_(from_roles);
 
   struct_binding<stream_spec>(root, "StreamSpec", "One compressed stream of a layer kind (models/layer_kind.hpp).")

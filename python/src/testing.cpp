@@ -1,6 +1,6 @@
 // testing/: the conformance kit (phasekv::testing, include/phasekv/testing/conformance.hpp) from
-// Python, as the submodule phasekv.testing — check() on any layer of the policies and forms the
-// package instantiates (one stream, or two of one policy), check_preset() on a DeepSeek-V4 preset —
+// Python, as the submodule phasekv.testing — check() on a layer of one or two streams of a Policy,
+// check_preset() on a DeepSeek-V4 preset —
 // and the report: which properties held, and for the first that did not, the shrunk
 // counterexample and the first difference it shows. Checks run without the GIL.
 
@@ -51,37 +51,52 @@ stream_params params_from(const py::handle& given, const std::string& name, std:
   return p;
 }
 
-std::vector<stream_params> params_of(const py::object& params, policy_kind policy, const geometry& g,
-                                     const std::vector<stream_config>& streams) {
+// The kit checks typed layers: its oracles and its padding and geometry checks read the policy as
+// a type (testing/oracle.hpp, conformance.hpp). So check() takes a Policy, and each Policy's
+// compiled stream is named here — the PagedCache a Python host runs computes the same entries
+// through the pooling registry (tests/test_compress_erased_stream.cpp holds the two equal).
+template <class Stream>
+std::vector<stream_params> typed_params(const py::object& params, const geometry& g,
+                                        const std::vector<stream_config>& streams) {
   std::vector<stream_params> out(streams.size());
   if (params.is_none()) return out;
   const py::sequence list = params.cast<py::sequence>();
   phasekv::detail::require<input_error>(list.size() == streams.size(), "len(params)", list.size(),
                                         "must be the number of streams, " + std::to_string(streams.size()));
-  with_policy(policy, [&](auto tag) {
-    using P = typename decltype(tag)::type;
-    for (std::size_t k = 0; k < streams.size(); ++k)
-      out[k] = params_from(list[k], "params[" + std::to_string(k) + "]",
-                           phasekv::gate_channels<typename P::pooling>(streams[k].channels), g, streams[k]);
-  });
+  using pooling = typename Stream::policy::pooling;
+  for (std::size_t k = 0; k < streams.size(); ++k)
+    out[k] = params_from(list[k], "params[" + std::to_string(k) + "]",
+                         phasekv::gate_channels<pooling>(streams[k].channels), g, streams[k]);
   return out;
 }
 
-kit::report check_layer(policy_kind policy, const geometry& g, const std::vector<stream_config>& streams,
-                        const cache_config& cache, const reader_config& reader, const std::vector<stream_params>& params,
+template <class Stream>
+kit::report check_typed(const geometry& g, const std::vector<stream_config>& streams, const cache_config& cache,
+                        const reader_config& reader, const std::vector<stream_params>& params,
                         const kit::options& options) {
   phasekv::detail::require(streams.size() == 1 || streams.size() == 2, "streams.size()", streams.size(),
                            "must be 1 (a K/V layer) or 2 (K/V and the indexer's keys, or K and V)");
-  return with_policy(policy, [&](auto tag) {
-    using stream = policies::stream<typename decltype(tag)::type>;
-    if (streams.size() == 1) {
-      const kit::layer_under_test<stream> layer(layer_compressor<stream>(stream(g, streams[0], params[0])), cache, reader);
-      return kit::check(layer, options);
-    }
-    const kit::layer_under_test<stream, stream> layer(
-        layer_compressor<stream, stream>(stream(g, streams[0], params[0]), stream(g, streams[1], params[1])), cache, reader);
+  if (streams.size() == 1) {
+    const kit::layer_under_test<Stream> layer(layer_compressor<Stream>(Stream(g, streams[0], params[0])), cache,
+                                              reader);
     return kit::check(layer, options);
-  });
+  }
+  const kit::layer_under_test<Stream, Stream> layer(
+      layer_compressor<Stream, Stream>(Stream(g, streams[0], params[0]), Stream(g, streams[1], params[1])), cache,
+      reader);
+  return kit::check(layer, options);
+}
+
+using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
+using deepseek_v4_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
+
+// The parameters from Python (with the GIL), then the check (without it).
+template <class Stream>
+kit::report check_layer(const geometry& g, const std::vector<stream_config>& streams, const cache_config& cache,
+                        const reader_config& reader, const py::object& params, const kit::options& options) {
+  const std::vector<stream_params> p = typed_params<Stream>(params, g, streams);
+  py::gil_scoped_release nogil;
+  return check_typed<Stream>(g, streams, cache, reader, p, options);
 }
 
 const presets::deepseek_layer& preset_named(const std::string& name) {
@@ -236,9 +251,8 @@ void init_testing(const modules& m) {
       "check",
       [](policy_kind policy, const geometry& g, const std::vector<stream_config>& streams, const cache_config& cache,
          const reader_config& reader, const py::object& params, const kit::options& options) {
-        const std::vector<stream_params> p = params_of(params, policy, g, streams);
-        py::gil_scoped_release nogil;
-        return check_layer(policy, g, streams, cache, reader, p, options);
+        if (policy == policy_kind::mean) return check_layer<mean_stream>(g, streams, cache, reader, params, options);
+        return check_layer<deepseek_v4_stream>(g, streams, cache, reader, params, options);
       },
       py::arg("policy"), py::arg("geometry"), py::arg("streams"), py::arg("cache"), py::arg("reader"),
       py::arg("params") = py::none(), py::kw_only(), py::arg("options") = kit::options{},
@@ -252,9 +266,7 @@ void init_testing(const modules& m) {
         const presets::deepseek_layer_preset p = presets::deepseek_preset(preset_named(name), 1, 0, precision);
         std::vector<stream_config> streams = {p.kv};
         if (p.indexer) streams.push_back(*p.indexer);
-        const std::vector<stream_params> ps = params_of(params, policy_kind::deepseek_v4, p.geom, streams);
-        py::gil_scoped_release nogil;
-        return check_layer(policy_kind::deepseek_v4, p.geom, streams, p.cache, p.reader, ps, options);
+        return check_layer<deepseek_v4_stream>(p.geom, streams, p.cache, p.reader, params, options);
       },
       py::arg("preset"), py::arg("precision") = false, py::arg("params") = py::none(), py::kw_only(),
       py::arg("options") = kit::options{},

@@ -175,11 +175,26 @@ inline stream_fingerprint stream_fingerprint_from(const stream_config& config, c
   return f;
 }
 
+// Whether a compressor reports its policy's codes at run time (erased_stream: rope() and norm() as
+// rope_placement and entry_norm, whose orders are those of the code tables) rather than as types.
+template <class C, class = void>
+struct codes_at_run_time : std::false_type {};
+template <class C>
+struct codes_at_run_time<C, std::void_t<decltype(std::declval<const C&>().pooling_identity())>> : std::true_type {};
+
+// The same record for a typed stream and for an erased one of the same policy, so a snapshot of
+// either restores into the other.
 template <class Compressor>
 stream_fingerprint stream_fingerprint_of(const Compressor& c, storage_type storage) {
-  using policy = typename Compressor::policy;
-  return stream_fingerprint_from(c.config(), c.params(), pooling_identity(c.pool()), rope_code<typename policy::rope>(),
-                                 norm_code<typename policy::norm>(), storage);
+  if constexpr (codes_at_run_time<Compressor>::value) {
+    return stream_fingerprint_from(c.config(), c.params(), c.pooling_identity(),
+                                   static_cast<std::uint32_t>(c.rope()) + 1, static_cast<std::uint32_t>(c.norm()) + 1,
+                                   storage);
+  } else {
+    using policy = typename Compressor::policy;
+    return stream_fingerprint_from(c.config(), c.params(), pooling_identity(c.pool()),
+                                   rope_code<typename policy::rope>(), norm_code<typename policy::norm>(), storage);
+  }
 }
 
 inline void write_parameter(byte_writer& w, const parameter_digest& d) {

@@ -1,7 +1,8 @@
 #pragma once
 // Several compressed streams over one geometry, appended in step:
 // keys and values with separate gates, tied K/V, an indexer stream with its own channels.
-// The streams may use different policies; each gets its own chunk and its own state.
+// The streams may use different policies; each gets its own chunk and its own state. A stream is
+// a stream_compressor<P>, or an erased_stream (erased_stream.hpp) whose policy is chosen at run time.
 //
 // Every chunk is checked before any stream changes, and no state advances until every stream
 // has emitted, so a rejected call — or a sink that throws — leaves all states as they were.
@@ -51,12 +52,13 @@ class layer_compressor {
     return *found;
   }
 
-  // Whether stream k's policy applies RoPE (only then does its config's `rope` mean anything).
+  // Whether stream k's policy applies RoPE (only then does its config's `rope` mean anything): the
+  // stream's applies_rope(), a constant of a typed stream's policy, a run-time fact of an erased one.
   bool applies_rope(std::size_t k) const {
     config(k);  // throws for a stream that does not exist
     bool rotates = false;
     for_each([&](std::size_t i, const auto& c) {
-      if (i == k) rotates = has_rope_v<typename std::decay_t<decltype(c)>::policy>;
+      if (i == k) rotates = c.applies_rope();
     });
     return rotates;
   }

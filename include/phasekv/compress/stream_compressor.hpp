@@ -97,6 +97,9 @@ class stream_compressor {
   const stream_config& config() const noexcept { return config_; }
   const stream_params& params() const noexcept { return params_; }
   const pooling& pool() const noexcept { return pool_; }
+  // Whether the policy rotates entries (only then does the config's `rope` mean anything): what
+  // layer_compressor and paged_cache ask a stream, typed or erased (erased_stream.hpp).
+  static constexpr bool applies_rope() noexcept { return has_rope_v<Policy>; }
   std::int64_t views() const noexcept { return views_; }
   std::int64_t gate_channels() const noexcept { return gates_; }
   std::int64_t payload_floats_per_token() const noexcept { return payload_per_token_; }
