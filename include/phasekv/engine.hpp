@@ -35,6 +35,7 @@
 #include "phasekv/compress/deepseek_checkpoint.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/entry_view.hpp"
+#include "phasekv/compress/erased_stream.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/policies.hpp"
 #include "phasekv/compress/policy_codes.hpp"

@@ -68,6 +68,7 @@
 
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
+#include "phasekv/compress/erased_stream.hpp"
 #include "phasekv/compress/pooling_registry.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/core/executor.hpp"
@@ -711,37 +712,12 @@ struct results {
 
 // ---- a layer kind on the front door -------------------------------------------------------------
 
-// One stream of a model's layer as write_fixture drives it: append = check, emit, commit through the
-// registry's compiled kernel (the entries reach the sink through one function pointer each).
-class kernel_stream {
- public:
-  explicit kernel_stream(const stream_kernel& k) noexcept : k_(&k) {}
-  const stream_kernel& kernel() const noexcept { return *k_; }
-  const geometry& geom() const noexcept { return k_->geom(); }
-  const stream_config& config() const noexcept { return k_->config(); }
-  std::int64_t payload_floats_per_token() const noexcept { return k_->payload_floats_per_token(); }
-  std::int64_t logit_floats_per_token() const noexcept { return k_->logit_floats_per_token(); }
-  std::int64_t floats_per_entry() const noexcept { return config().kv_heads * config().channels; }
-  stream_state make_state() const { return k_->make_state(0); }
-  template <class Sink>
-  std::int64_t append(stream_state& s, const token_chunk& chunk, Sink&& sink) const {
-    const append_options options;
-    k_->check(s, chunk, options);
-    const std::int64_t emitted = k_->emit(s, chunk, options, entry_sink::of(sink));
-    k_->commit(s, chunk);
-    return emitted;
-  }
-
- private:
-  const stream_kernel* k_;
-};
-
 namespace run_detail {
 
 // What one pass of `tokens` tokens through `stream` must move and compute; `known` false when the
 // floor cannot be priced (a host pooling that does not state its FLOPs).
 template <class Fixture>
-roofline write_work(const kernel_stream& stream, const Fixture& f, std::int64_t tokens, bool& known) {
+roofline write_work(const erased_stream& stream, const Fixture& f, std::int64_t tokens, bool& known) {
   roofline work{f.bytes_moved(tokens)};
   const double flops = stream.kernel().pooling_flops_per_entry();
   known = !std::isnan(flops);
@@ -877,9 +853,10 @@ inline results run(const layer_kind& kind, const pooling_registry& poolings, con
 
   // Writes, stream by stream: the compressor alone into a flat array (write_fixture).
   for (std::size_t k = 0; k < kind.streams.size(); ++k) {
-    const kernel_stream compressor(probe->stream(0, k));
+    // The model's own stream (not owned: the probe outlives the figures).
+    const erased_stream compressor(std::shared_ptr<const stream_kernel>(std::shared_ptr<void>(), &probe->stream(0, k)));
     const std::string name = compressor.config().name;
-    using fixture = write_fixture<kernel_stream>;
+    using fixture = write_fixture<erased_stream>;
     const auto figure_of = [&](const char* what, const char* figure_kind, std::int64_t tokens,
                                const repeated_timing& s, const fixture& f, double bandwidth) {
       bool known = true;
