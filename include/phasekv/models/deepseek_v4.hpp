@@ -210,51 +210,6 @@ inline deepseek_layer_preset deepseek_preset(const deepseek_layer& layer, std::i
           deepseek_cache(layer, pages, history, precision), deepseek_reader(layer, precision)};
 }
 
-// --- The named presets, each one of the above ----------------------------------------------------
-
-inline geometry deepseek_v4_csa_geometry() { return deepseek_v4_csa_layer.geom; }
-inline geometry deepseek_v4_hca_geometry() { return deepseek_v4_hca_layer.geom; }
-inline geometry deepseek_v4_1_csa_geometry() { return deepseek_v4_1_csa_layer.geom; }
-
-inline stream_config deepseek_v4_csa_kv() { return deepseek_kv_stream(deepseek_v4_csa_layer); }
-inline stream_config deepseek_v4_csa_indexer() { return *deepseek_indexer_stream(deepseek_v4_csa_layer); }
-inline stream_config deepseek_v4_hca_kv() { return deepseek_kv_stream(deepseek_v4_hca_layer); }
-inline stream_config deepseek_v4_1_csa_kv() { return deepseek_kv_stream(deepseek_v4_1_csa_layer); }
-inline stream_config deepseek_v4_1_csa_indexer() { return *deepseek_indexer_stream(deepseek_v4_1_csa_layer); }
-
-// Any DeepSeek-V4 layer's fp32 cache under the generic name "dsv4".
-inline cache_config deepseek_v4_cache(std::int64_t pages, std::int64_t history = 0) {
-  cache_config c = deepseek_cache(deepseek_v4_csa_layer, pages, history);
-  c.name = "dsv4";
-  return c;
-}
-inline cache_config deepseek_v4_csa_cache(std::int64_t pages, std::int64_t history = 0) {
-  return deepseek_cache(deepseek_v4_csa_layer, pages, history);
-}
-inline cache_config deepseek_v4_hca_cache(std::int64_t pages, std::int64_t history = 0) {
-  return deepseek_cache(deepseek_v4_hca_layer, pages, history);
-}
-inline cache_config deepseek_v4_1_csa_cache(std::int64_t pages, std::int64_t history = 0) {
-  return deepseek_cache(deepseek_v4_1_csa_layer, pages, history);
-}
-inline raw_window_config deepseek_v4_precision_window() { return deepseek_window(true); }
-inline cache_config deepseek_v4_csa_precision_cache(std::int64_t pages, std::int64_t history = 0) {
-  return deepseek_cache(deepseek_v4_csa_layer, pages, history, true);
-}
-inline cache_config deepseek_v4_hca_precision_cache(std::int64_t pages, std::int64_t history = 0) {
-  return deepseek_cache(deepseek_v4_hca_layer, pages, history, true);
-}
-inline cache_config deepseek_v4_1_csa_precision_cache(std::int64_t pages, std::int64_t history = 0) {
-  return deepseek_cache(deepseek_v4_1_csa_layer, pages, history, true);
-}
-
-inline reader_config deepseek_v4_csa_reader() { return deepseek_reader(deepseek_v4_csa_layer); }
-inline reader_config deepseek_v4_hca_reader() { return deepseek_reader(deepseek_v4_hca_layer); }
-inline reader_config deepseek_v4_1_csa_reader() { return deepseek_reader(deepseek_v4_1_csa_layer); }
-inline reader_config deepseek_v4_csa_precision_reader() { return deepseek_reader(deepseek_v4_csa_layer, true); }
-inline reader_config deepseek_v4_hca_precision_reader() { return deepseek_reader(deepseek_v4_hca_layer, true); }
-inline reader_config deepseek_v4_1_csa_precision_reader() { return deepseek_reader(deepseek_v4_1_csa_layer, true); }
-
 // --- Whole models, as data (models/layer_kind.hpp, models/model_cache.hpp) -------------------------
 
 // One compressed layer kind: the K/V stream (and a CSA layer's indexer keys), its window, its
