@@ -51,8 +51,8 @@ constexpr std::int64_t kBlock = 4096;  // tokens of generated input, reused cycl
 csa_stream make_stream() {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> bias(-1.0f, 1.0f), weight(0.5f, 1.5f);
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  const stream_config c = presets::deepseek_v4_csa_kv();
+  const geometry g = presets::deepseek_v4_csa_layer.geom;
+  const stream_config c = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
   stream_params p;
   p.slot_bias.resize(static_cast<std::size_t>(c.kv_heads * g.window * c.channels));
   p.norm_weight.resize(static_cast<std::size_t>(c.channels));

@@ -258,7 +258,7 @@ struct sparse_setup : sparse_workload {
     auto expected = reference_attention(queries.data(), rows, sinks.data(), kQueryHeads, kChannels,
                                         1.0 / std::sqrt(static_cast<double>(kChannels)));
     // De-rotate the RoPE channels by the query position, in double from the float angles the reader uses.
-    const rope_rotation rope(presets::deepseek_v4_csa_kv().rope, kChannels);
+    const rope_rotation rope(presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer).rope, kChannels);
     std::vector<float> cos(static_cast<std::size_t>(rope.pairs())), sin(cos.size());
     rope.angles(static_cast<double>(tokens - 1), cos.data(), sin.data());
     for (std::int64_t h = 0; h < kQueryHeads; ++h)

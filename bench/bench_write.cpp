@@ -125,8 +125,8 @@ stream_compressor<Policy> make(bool rope = false, stream_params p = {}) {
   return stream_compressor<Policy>(kGeom, config(rope), std::move(p));
 }
 stream_compressor<presets::deepseek_v4_csa_policy> dsv4() {
-  return stream_compressor<presets::deepseek_v4_csa_policy>(presets::deepseek_v4_csa_geometry(),
-                                                            presets::deepseek_v4_csa_kv());
+  return stream_compressor<presets::deepseek_v4_csa_policy>(
+      presets::deepseek_v4_csa_layer.geom, presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer));
 }
 
 // The same poolings through the extension point (examples/pools/builtin_twins.hpp): their
@@ -140,8 +140,8 @@ stream_compressor<compressor_policy<phasekv_examples::vector_gated_twin>> point_
 }
 using point_dsv4_policy = compressor_policy<phasekv_examples::vector_gated_twin, rope_after_pool, rms_norm>;
 stream_compressor<point_dsv4_policy> point_dsv4() {
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  const stream_config c = presets::deepseek_v4_csa_kv();
+  const geometry g = presets::deepseek_v4_csa_layer.geom;
+  const stream_config c = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
   return stream_compressor<point_dsv4_policy>(g, c, {}, phasekv_examples::vector_gated_twin(c.kv_heads, g.window, c.channels));
 }
 

@@ -47,8 +47,10 @@ using csa_cache = phasekv::paged_cache<csa_stream, csa_stream>;
 // The preset's two streams: K/V (stream 0) and the indexer's keys (stream 1).
 inline csa_cache::layer csa_layer() {
   namespace presets = phasekv::presets;
-  return csa_cache::layer(csa_stream{presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv()},
-                          csa_stream{presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_indexer()});
+  return csa_cache::layer(
+      csa_stream{presets::deepseek_v4_csa_layer.geom, presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer)},
+      csa_stream{presets::deepseek_v4_csa_layer.geom,
+                 *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer)});
 }
 
 // A cache for `tokens` tokens in pages of `page_size` entries (one entry per S = 4 tokens, plus a

@@ -129,8 +129,8 @@ int main(int argc, char** argv) try {
   run("fixed one-hot (last slot)", stream_compressor<compressor_policy<fixed_weight_pool>>(g, cfg, one_hot), hidden,
       rng);
   run("DeepSeek-V4 CSA preset",
-      stream_compressor<presets::deepseek_v4_csa_policy>(presets::deepseek_v4_csa_geometry(),
-                                                         presets::deepseek_v4_csa_kv()),
+      stream_compressor<presets::deepseek_v4_csa_policy>(presets::deepseek_v4_csa_layer.geom,
+                                                         presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer)),
       hidden, rng);
   std::printf("\nA token's total weight is what its phase gets from compression: mean pooling with W = S\n"
               "gives every phase 1/S of one entry; gates move weight between phases. Gate concentration\n"

@@ -600,7 +600,7 @@ TEST_CASE("fp4: a DeepSeek-V4 cache quantizes the indexer's entries; views have 
     const i64 entries = quantized.entries(a, 1);
     CHECK(quantized.entries(a, 0) == entries);
     CHECK(m.entry_bytes == entries * 584 + entries * 68);
-    CHECK(68 / presets::deepseek_v4_csa_geometry().stride == 17);
+    CHECK(68 / presets::deepseek_v4_csa_layer.geom.stride == 17);
     const sequence_memory f32 = exact.memory(b);
     CHECK(f32.entry_bytes - m.entry_bytes == entries * (2048 - 584) + entries * (512 - 68));
   }

@@ -89,7 +89,7 @@ struct csa_trio {
         sa(a.create()), sb(b.create()), st(t.create()) {}
 
   void append(i64 tokens, std::mt19937& rng) {
-    const i64 views = presets::deepseek_v4_csa_geometry().branches();
+    const i64 views = presets::deepseek_v4_csa_layer.geom.branches();
     const auto kv = phasekv_test::random_uniform(rng, sz(tokens * views * 512), -1.0f, 1.0f);
     const auto kv_logits = phasekv_test::random_uniform(rng, sz(tokens * views * 512), -2.0f, 2.0f);
     const auto ix = phasekv_test::random_uniform(rng, sz(tokens * views * 128), -1.0f, 1.0f);
@@ -109,8 +109,9 @@ TEST_CASE("append_entries: host entries are stored as the write path stores them
           "[cache][host_entries]") {
   for (const bool precision : {true, false}) {
     INFO((precision ? "DeepSeek-V4 precision cache (FP8 entries, FP4 indexer, FP8 window)" : "bf16 K/V, f16 indexer"));
-    const cache_config stored = precision ? presets::deepseek_v4_csa_precision_cache(40)
-                                          : phasekv_test::csa_config("half", 64, {storage_type::bf16, storage_type::f16});
+    const cache_config stored = precision
+                                    ? presets::deepseek_cache(presets::deepseek_v4_csa_layer, 40, 0, true)
+                                    : phasekv_test::csa_config("half", 64, {storage_type::bf16, storage_type::f16});
     csa_trio trio(stored);
     std::mt19937 rng(precision ? 11 : 12);
     for (const i64 n : {301, 1, 2, 397}) trio.append(n, rng);
@@ -127,7 +128,8 @@ TEST_CASE("append_entries: host entries are stored as the write path stores them
     CHECK(trio.a.entry_bytes(trio.sa, 0, 0).size() == sz(trio.a.pool(0).layout().entry_stride_bytes));
     if (precision) CHECK(trio.a.entry_bytes(trio.sa, 1, 0).size() == 68u);
     // Reads of both caches: the same bits.
-    reader_config rc = precision ? presets::deepseek_v4_csa_precision_reader() : presets::deepseek_v4_csa_reader();
+    reader_config rc = precision ? presets::deepseek_reader(presets::deepseek_v4_csa_layer, true)
+                                 : presets::deepseek_reader(presets::deepseek_v4_csa_layer);
     rc.top_k = 32;
     if (!precision) rc.precision = indexer_precision::f32;
     sparse_reader ra(trio.a, rc), rb(trio.b, rc);
@@ -297,11 +299,11 @@ TEST_CASE("remove_suffix: a compressor-fed sequence rolled back to no inputs is 
 }
 
 TEST_CASE("append_entries: a host-fed sequence snapshots and restores as it is", "[cache][host_entries][snapshot]") {
-  csa_trio trio(presets::deepseek_v4_csa_precision_cache(40));
+  csa_trio trio(presets::deepseek_cache(presets::deepseek_v4_csa_layer, 40, 0, true));
   std::mt19937 rng(31);
   for (const i64 n : {133, 70}) trio.append(n, rng);
   const std::vector<std::byte> bytes = snapshot(trio.b, trio.sb);
-  csa_cache other(trio.layer, presets::deepseek_v4_csa_precision_cache(40));
+  csa_cache other(trio.layer, presets::deepseek_cache(presets::deepseek_v4_csa_layer, 40, 0, true));
   const sequence_id back = restore(other, span<const std::byte>(bytes));
   CHECK(same_stored(trio.b, trio.sb, other, back));
   CHECK(snapshot(other, back) == bytes);

@@ -188,7 +188,8 @@ TEST_CASE("page_memory: a paged_cache with host memory reads and writes the host
   cc.pages = 16;
   cc.memory = &host;
   {
-    paged_cache<csa> cache(layer_compressor<csa>(csa(presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv())),
+    paged_cache<csa> cache(layer_compressor<csa>(csa(presets::deepseek_v4_csa_layer.geom,
+                                                     presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer))),
                            cc);
     REQUIRE(host.allocations == 1);
     REQUIRE(host.owns(cache.pool(0).base()));
@@ -236,8 +237,9 @@ TEST_CASE("page_memory: a 1M-entry cache holding one 4K-token sequence keeps onl
   cc.window.tokens = 128;
   cc.window.key_channels = 512;
   paged_cache<csa, csa> cache(
-      layer_compressor<csa, csa>(csa(presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv()),
-                                 csa(presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_indexer())),
+      layer_compressor<csa, csa>(
+          csa(presets::deepseek_v4_csa_layer.geom, presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer)),
+          csa(presets::deepseek_v4_csa_layer.geom, *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer))),
       cc);
   const sequence_id s = cache.create();
   const i64 tokens = 4096, chunk = 512;

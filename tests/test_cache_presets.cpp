@@ -10,6 +10,7 @@
 #include <iterator>
 #include <optional>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -80,9 +81,10 @@ double max_abs_difference(const std::vector<float>& a, const std::vector<float>&
 }  // namespace
 
 TEST_CASE("presets: DeepSeek cache presets hold their documented numbers", "[cache][presets]") {
-  check_window(presets::deepseek_v4_cache(10, 5), 10, 5);
-  for (const cache_config& c : {presets::deepseek_v4_csa_cache(7), presets::deepseek_v4_hca_cache(7),
-                                presets::deepseek_v4_1_csa_cache(7)}) {
+  check_window(presets::deepseek_cache(presets::deepseek_v4_csa_layer, 10, 5), 10, 5);
+  for (const cache_config& c : {presets::deepseek_cache(presets::deepseek_v4_csa_layer, 7),
+                                presets::deepseek_cache(presets::deepseek_v4_hca_layer, 7),
+                                presets::deepseek_cache(presets::deepseek_v4_1_csa_layer, 7)}) {
     INFO(c.name);
     check_window(c, 7, 0);
     CHECK(c.stream_storage.empty());  // fp32 is the default
@@ -90,19 +92,21 @@ TEST_CASE("presets: DeepSeek cache presets hold their documented numbers", "[cac
   const storage_type fp8 = storage_type::fp8_e4m3_block;
   const storage_type indexer = presets::deepseek_v4_indexer_storage();
   CHECK(indexer == storage_type::fp4_e2m1_hadamard);  // DeepSeek-V4's indexer keys
-  for (const cache_config& c : {presets::deepseek_v4_csa_precision_cache(9, 3),
-                                presets::deepseek_v4_1_csa_precision_cache(9, 3)}) {
+  for (const cache_config& c : {presets::deepseek_cache(presets::deepseek_v4_csa_layer, 9, 3, true),
+                                presets::deepseek_cache(presets::deepseek_v4_1_csa_layer, 9, 3, true)}) {
     INFO(c.name);
     check_window(c, 9, 3);
     CHECK(c.stream_storage == std::vector<storage_type>{fp8, indexer});
   }
-  const cache_config hca = presets::deepseek_v4_hca_precision_cache(9, 3);
+  const cache_config hca = presets::deepseek_cache(presets::deepseek_v4_hca_layer, 9, 3, true);
   check_window(hca, 9, 3);
   CHECK(hca.stream_storage == std::vector<storage_type>{fp8});
-  CHECK(presets::deepseek_v4_csa_precision_cache(1).name != presets::deepseek_v4_csa_cache(1).name);
+  CHECK(presets::deepseek_cache(presets::deepseek_v4_csa_layer, 1, 0, true).name !=
+        presets::deepseek_cache(presets::deepseek_v4_csa_layer, 1).name);
 
-  const reader_config csa = presets::deepseek_v4_csa_reader(), v41 = presets::deepseek_v4_1_csa_reader(),
-                      h = presets::deepseek_v4_hca_reader();
+  const reader_config csa = presets::deepseek_reader(presets::deepseek_v4_csa_layer),
+                      v41 = presets::deepseek_reader(presets::deepseek_v4_1_csa_layer),
+                      h = presets::deepseek_reader(presets::deepseek_v4_hca_layer);
   CHECK((v41.query_heads == csa.query_heads && v41.key_stream == 0 && v41.value_stream == 0 &&
          v41.indexer_stream == 1 && v41.top_k == 512 && v41.indexer_heads == 64 && v41.sink &&
          v41.derotate_output));
@@ -112,9 +116,9 @@ TEST_CASE("presets: DeepSeek cache presets hold their documented numbers", "[cac
   CHECK(csa.precision == indexer_precision::f32);  // fp32 stays the default
 
   // The precision readers: the same heads and selection, the indexer in FP4.
-  for (const auto& [plain, precise] : {std::pair{csa, presets::deepseek_v4_csa_precision_reader()},
-                                       std::pair{v41, presets::deepseek_v4_1_csa_precision_reader()},
-                                       std::pair{h, presets::deepseek_v4_hca_precision_reader()}}) {
+  for (const auto& [plain, precise] : {std::pair{csa, presets::deepseek_reader(presets::deepseek_v4_csa_layer, true)},
+                                       std::pair{v41, presets::deepseek_reader(presets::deepseek_v4_1_csa_layer, true)},
+                                       std::pair{h, presets::deepseek_reader(presets::deepseek_v4_hca_layer, true)}}) {
     INFO(precise.name);
     CHECK(precise.name != plain.name);
     CHECK(precise.precision == (plain.indexer_stream == no_stream ? indexer_precision::f32 : indexer_precision::fp4));
@@ -129,13 +133,14 @@ TEST_CASE("presets: DeepSeek cache presets hold their documented numbers", "[cac
 TEST_CASE("presets: DeepSeek layers built from their presets append and read, fp32 and FP8",
           "[cache][read][presets]") {
   SECTION("HCA: S = W = 128, one FP8 stream, every complete entry read") {
-    const geometry g = presets::deepseek_v4_hca_geometry();
-    const hca_cache::layer layer{kv_stream(g, presets::deepseek_v4_hca_kv())};
-    hca_cache fp32(layer, presets::deepseek_v4_hca_cache(8)), fp8(layer, presets::deepseek_v4_hca_precision_cache(8));
+    const geometry g = presets::deepseek_v4_hca_layer.geom;
+    const hca_cache::layer layer{kv_stream(g, presets::deepseek_kv_stream(presets::deepseek_v4_hca_layer))};
+    hca_cache fp32(layer, presets::deepseek_cache(presets::deepseek_v4_hca_layer, 8)),
+        fp8(layer, presets::deepseek_cache(presets::deepseek_v4_hca_layer, 8, 0, true));
     CHECK(fp32.pool(0).layout().entry_stride_bytes == 2048);
     CHECK(fp8.pool(0).layout().entry_stride_bytes == 584);
     read_trace a, b;
-    const reader_config rc = presets::deepseek_v4_hca_reader();
+    const reader_config rc = presets::deepseek_reader(presets::deepseek_v4_hca_layer);
     const auto x = append_and_read(fp32, rc, 300, 7, a), y = append_and_read(fp8, rc, 300, 7, b);
     CHECK(a.candidates == 2);  // tokens 0–255 complete two entries
     CHECK(a.selected == std::vector<std::int64_t>{0, 1});
@@ -148,19 +153,23 @@ TEST_CASE("presets: DeepSeek layers built from their presets append and read, fp
   for (const bool v41 : {false, true}) {
     DYNAMIC_SECTION((v41 ? "V4.1 CSA: S = 2, W = 4" : "V4 CSA: S = 4, W = 8")
                     << ", FP8 K/V, indexer in " << presets::deepseek_v4_indexer_storage()) {
-      const geometry g = v41 ? presets::deepseek_v4_1_csa_geometry() : presets::deepseek_v4_csa_geometry();
+      const geometry g = v41 ? presets::deepseek_v4_1_csa_layer.geom : presets::deepseek_v4_csa_layer.geom;
       const csa_cache::layer layer{
-          kv_stream(g, v41 ? presets::deepseek_v4_1_csa_kv() : presets::deepseek_v4_csa_kv()),
-          kv_stream(g, v41 ? presets::deepseek_v4_1_csa_indexer() : presets::deepseek_v4_csa_indexer())};
-      const cache_config cc =
-          v41 ? presets::deepseek_v4_1_csa_precision_cache(40) : presets::deepseek_v4_csa_precision_cache(40);
-      csa_cache cache(layer, cc), fp32(layer, v41 ? presets::deepseek_v4_1_csa_cache(40) : presets::deepseek_v4_csa_cache(40));
+          kv_stream(g, v41 ? presets::deepseek_kv_stream(presets::deepseek_v4_1_csa_layer)
+                           : presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer)),
+          kv_stream(g, v41 ? *presets::deepseek_indexer_stream(presets::deepseek_v4_1_csa_layer)
+                           : *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer))};
+      const cache_config cc = v41 ? presets::deepseek_cache(presets::deepseek_v4_1_csa_layer, 40, 0, true)
+                                  : presets::deepseek_cache(presets::deepseek_v4_csa_layer, 40, 0, true);
+      csa_cache cache(layer, cc), fp32(layer, v41 ? presets::deepseek_cache(presets::deepseek_v4_1_csa_layer, 40)
+                                                  : presets::deepseek_cache(presets::deepseek_v4_csa_layer, 40));
       CHECK(cache.pool(0).layout().entry_stride_bytes == 584);
       CHECK(cache.pool(1).layout().entry_stride_bytes == 68);  // 64 B of e2m1 codes + 4 UE8M0 scales
       CHECK(cache.pool(1).config().storage == presets::deepseek_v4_indexer_storage());
-      reader_config rc =
-          v41 ? presets::deepseek_v4_1_csa_precision_reader() : presets::deepseek_v4_csa_precision_reader();
-      reader_config plain = v41 ? presets::deepseek_v4_1_csa_reader() : presets::deepseek_v4_csa_reader();
+      reader_config rc = v41 ? presets::deepseek_reader(presets::deepseek_v4_1_csa_layer, true)
+                             : presets::deepseek_reader(presets::deepseek_v4_csa_layer, true);
+      reader_config plain = v41 ? presets::deepseek_reader(presets::deepseek_v4_1_csa_layer)
+                                : presets::deepseek_reader(presets::deepseek_v4_csa_layer);
       rc.top_k = plain.top_k = 64;  // a selection out of the 600 / 300 candidates
       // FP4 keys are read only by the FP4 indexer: the fp32 reader refuses the precision cache.
       CHECK_THROWS_AS(sparse_reader(cache, plain), config_error);
@@ -220,50 +229,43 @@ TEST_CASE("presets: one description per DeepSeek layer gives its compressor, cac
           "[cache][read][presets][models]") {
   struct named {
     presets::deepseek_layer layer;
+    int compress_ratio;
     const char *kv, *indexer, *cache, *precision_cache, *reader, *precision_reader;
-    stream_config named_kv;
-    std::optional<stream_config> named_indexer;
-    cache_config named_cache, named_precision_cache;
-    reader_config named_reader, named_precision_reader;
   };
   // The names are part of every snapshot's identity: pinned here as literals.
   const std::vector<named> layers = {
-      {presets::deepseek_v4_csa_layer, "csa.kv", "csa.indexer", "dsv4.csa", "dsv4.csa.precision", "csa.reader",
-       "csa.precision.reader", presets::deepseek_v4_csa_kv(), presets::deepseek_v4_csa_indexer(),
-       presets::deepseek_v4_csa_cache(6, 2), presets::deepseek_v4_csa_precision_cache(6, 2),
-       presets::deepseek_v4_csa_reader(), presets::deepseek_v4_csa_precision_reader()},
-      {presets::deepseek_v4_hca_layer, "hca.kv", nullptr, "dsv4.hca", "dsv4.hca.precision", "hca.reader",
-       "hca.precision.reader", presets::deepseek_v4_hca_kv(), std::nullopt, presets::deepseek_v4_hca_cache(6, 2),
-       presets::deepseek_v4_hca_precision_cache(6, 2), presets::deepseek_v4_hca_reader(),
-       presets::deepseek_v4_hca_precision_reader()},
-      {presets::deepseek_v4_1_csa_layer, "v4.1.csa.kv", "v4.1.csa.indexer", "dsv4.1.csa", "dsv4.1.csa.precision",
-       "v4.1.csa.reader", "v4.1.csa.precision.reader", presets::deepseek_v4_1_csa_kv(),
-       presets::deepseek_v4_1_csa_indexer(), presets::deepseek_v4_1_csa_cache(6, 2),
-       presets::deepseek_v4_1_csa_precision_cache(6, 2), presets::deepseek_v4_1_csa_reader(),
-       presets::deepseek_v4_1_csa_precision_reader()},
+      {presets::deepseek_v4_csa_layer, 4, "csa.kv", "csa.indexer", "dsv4.csa", "dsv4.csa.precision", "csa.reader",
+       "csa.precision.reader"},
+      {presets::deepseek_v4_hca_layer, 128, "hca.kv", nullptr, "dsv4.hca", "dsv4.hca.precision", "hca.reader",
+       "hca.precision.reader"},
+      {presets::deepseek_v4_1_csa_layer, 2, "v4.1.csa.kv", "v4.1.csa.indexer", "dsv4.1.csa", "dsv4.1.csa.precision",
+       "v4.1.csa.reader", "v4.1.csa.precision.reader"},
   };
-  CHECK(presets::deepseek_v4_cache(6).name == "dsv4");
-  CHECK(presets::deepseek_v4_csa_geometry() == geometry{4, 8});
-  CHECK(presets::deepseek_v4_hca_geometry() == geometry{128, 128});
-  CHECK(presets::deepseek_v4_1_csa_geometry() == geometry{2, 4});
+  CHECK(presets::deepseek_v4_csa_layer.geom == geometry{4, 8});
+  CHECK(presets::deepseek_v4_hca_layer.geom == geometry{128, 128});
+  CHECK(presets::deepseek_v4_1_csa_layer.geom == geometry{2, 4});
   for (const named& n : layers) {
     INFO(n.kv);
-    CHECK(n.named_kv.name == n.kv);
-    CHECK(n.named_indexer.has_value() == (n.indexer != nullptr));
-    if (n.indexer) CHECK(n.named_indexer->name == n.indexer);
-    CHECK(n.named_cache.name == n.cache);
-    CHECK(n.named_precision_cache.name == n.precision_cache);
-    CHECK(n.named_reader.name == n.reader);
-    CHECK(n.named_precision_reader.name == n.precision_reader);
+    const presets::deepseek_layer& layer = n.layer;
+    CHECK(presets::deepseek_layer_of(n.compress_ratio).geom == layer.geom);
+    CHECK(presets::deepseek_layer_of(n.compress_ratio).cache_name() == layer.cache_name());
+    CHECK(presets::deepseek_kv_stream(layer).name == n.kv);
+    const std::optional<stream_config> indexer = presets::deepseek_indexer_stream(layer);
+    CHECK(indexer.has_value() == (n.indexer != nullptr));
+    if (n.indexer) CHECK(indexer->name == n.indexer);
+    CHECK(presets::deepseek_cache(layer, 6, 2).name == n.cache);
+    CHECK(presets::deepseek_cache(layer, 6, 2, true).name == n.precision_cache);
+    CHECK(presets::deepseek_reader(layer).name == n.reader);
+    CHECK(presets::deepseek_reader(layer, true).name == n.precision_reader);
     for (const bool precision : {false, true}) {
       INFO("precision " << precision);
-      const presets::deepseek_layer_preset p = presets::deepseek_preset(n.layer, 6, 2, precision);
-      CHECK(p.geom == n.layer.geom);
-      CHECK(same_stream(p.kv, n.named_kv));
-      REQUIRE(p.indexer.has_value() == n.named_indexer.has_value());
-      if (p.indexer) CHECK(same_stream(*p.indexer, *n.named_indexer));
-      CHECK(same_cache(p.cache, precision ? n.named_precision_cache : n.named_cache));
-      CHECK(same_reader(p.reader, precision ? n.named_precision_reader : n.named_reader));
+      const presets::deepseek_layer_preset p = presets::deepseek_preset(layer, 6, 2, precision);
+      CHECK(p.geom == layer.geom);
+      CHECK(same_stream(p.kv, presets::deepseek_kv_stream(layer)));
+      REQUIRE(p.indexer.has_value() == indexer.has_value());
+      if (p.indexer) CHECK(same_stream(*p.indexer, *indexer));
+      CHECK(same_cache(p.cache, presets::deepseek_cache(layer, 6, 2, precision)));
+      CHECK(same_reader(p.reader, presets::deepseek_reader(layer, precision)));
       // Consistent by construction: the window holds the K/V stream's rows, one storage per
       // stream at DeepSeek-V4's precision, the reader's indexer exactly when there is one.
       CHECK(p.cache.window.key_channels == p.kv.channels);
@@ -273,6 +275,18 @@ TEST_CASE("presets: one description per DeepSeek layer gives its compressor, cac
       CHECK((p.reader.top_k > 0) == p.indexer.has_value());
     }
   }
+  // A ratio of no compressed layer is an error naming the field and the value; 0 (window-only) too.
+  using Catch::Matchers::StartsWith;
+  for (const int ratio : {0, 1, 3, 8, 64, 256, -4}) {
+    INFO(ratio);
+    CHECK_THROWS_AS(presets::deepseek_layer_of(ratio), config_error);
+    CHECK_THROWS_WITH(presets::deepseek_layer_of(ratio),
+                      StartsWith("compress_ratio = " + std::to_string(ratio) + ": "));
+  }
+  CHECK_THROWS_WITH(presets::deepseek_layer_of(7, "layers[3].compress_ratio"),
+                    StartsWith("layers[3].compress_ratio = 7: is not a compressed DeepSeek-V4"));
+  CHECK_THROWS_AS(presets::deepseek_v4_model({0, 4, 5}), config_error);
+  CHECK_THROWS_WITH(presets::deepseek_v4_model({0, 4, 5}), StartsWith("dsv4: compress_ratios[2] = 5: "));
   // A whole layer from one call: a V4.1 CSA layer at DeepSeek-V4's precision appends and reads.
   const presets::deepseek_layer_preset p = presets::deepseek_preset(presets::deepseek_v4_1_csa_layer, 8, 0, true);
   const csa_cache::layer layer{kv_stream(p.geom, p.kv), kv_stream(p.geom, *p.indexer)};

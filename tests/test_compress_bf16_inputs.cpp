@@ -184,7 +184,8 @@ TEST_CASE("bf16 inputs: a DeepSeek-V4 CSA prefill large enough to prefetch equal
   stream_params params;
   params.slot_bias = random_bias(rng, 8 * 512);
   params.norm_weight = random_norm_weight(rng, 512);
-  const preset compressor(presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv(), params);
+  const preset compressor(presets::deepseek_v4_csa_layer.geom,
+                          presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer), params);
   const std::int64_t tokens = 4352;  // 4 KiB of bf16 payload and logits a token: 17 MiB
   const std::int64_t ppt = compressor.payload_floats_per_token(), lpt = compressor.logit_floats_per_token();
   REQUIRE(tokens * (ppt + lpt) * 2 >= kernels::prefetch_min_bytes);

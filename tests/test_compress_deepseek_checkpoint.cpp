@@ -182,9 +182,9 @@ TEST_CASE("deepseek: ape becomes the slot bias as overlap_transform places it", 
   const geometry hca{4, 4};
   const std::vector<float> ape = phasekv_test::random_payload(rng, 4 * D);
   CHECK(deepseek::slot_bias_from_ape(hca, D, view(ape)) == ape);
-  CHECK(deepseek::coff(presets::deepseek_v4_csa_geometry()) == 2);
-  CHECK(deepseek::coff(presets::deepseek_v4_hca_geometry()) == 1);
-  CHECK(deepseek::coff(presets::deepseek_v4_1_csa_geometry()) == 2);
+  CHECK(deepseek::coff(presets::deepseek_v4_csa_layer.geom) == 2);
+  CHECK(deepseek::coff(presets::deepseek_v4_hca_layer.geom) == 1);
+  CHECK(deepseek::coff(presets::deepseek_v4_1_csa_layer.geom) == 2);
 }
 
 TEST_CASE("deepseek: reordered rows and reordered projections agree", "[compress][deepseek]") {
@@ -218,18 +218,22 @@ TEST_CASE("deepseek: reordered rows and reordered projections agree", "[compress
 
 TEST_CASE("deepseek: phasekv through the helpers reproduces DeepSeek's Compressor", "[compress][deepseek]") {
   // 39 tokens: 9 CSA entries (entry 0 without a previous block) and three pending tokens.
-  check_against_twin(presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv(), 11, 39);
-  check_against_twin(presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_indexer(), 12, 39);
+  check_against_twin(presets::deepseek_v4_csa_layer.geom, presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer),
+                     11, 39);
+  check_against_twin(presets::deepseek_v4_csa_layer.geom,
+                     *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer), 12, 39);
   // HCA: S = W = 128, two entries and a partial block.
-  check_against_twin(presets::deepseek_v4_hca_geometry(), presets::deepseek_v4_hca_kv(), 13, 263);
+  check_against_twin(presets::deepseek_v4_hca_layer.geom, presets::deepseek_kv_stream(presets::deepseek_v4_hca_layer),
+                     13, 263);
   // V4.1's CSA: S = 2, W = 4.
-  check_against_twin(presets::deepseek_v4_1_csa_geometry(), presets::deepseek_v4_csa_kv(), 14, 21);
+  check_against_twin(presets::deepseek_v4_1_csa_layer.geom, presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer),
+                     14, 21);
 }
 
 TEST_CASE("deepseek: shapes that do not fit are errors naming the field", "[compress][deepseek]") {
   using phasekv_test::message_of;
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  const stream_config kv = presets::deepseek_v4_csa_kv();
+  const geometry g = presets::deepseek_v4_csa_layer.geom;
+  const stream_config kv = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
   const std::vector<float> ape(4 * 1024, 0.0f), norm(512, 1.0f), w(1024 * 8, 0.0f), short_w(1024 * 8 - 1, 0.0f);
   deepseek::compressor_tensors t;
   t.ape = view(ape);

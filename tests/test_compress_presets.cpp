@@ -1,6 +1,6 @@
-// Published configurations (presets.hpp) hold the published numbers, and compress as the
-// oracle says: DeepSeek-V4's CSA tied K/V stream and its indexer stream, alone and in layers
-// of several streams appended in step.
+// Published configurations (models/deepseek_v4.hpp, models/nsa.hpp) hold the published numbers,
+// and compress as the oracle says: DeepSeek-V4's CSA tied K/V stream and its indexer stream, alone
+// and in layers of several streams appended in step.
 
 #include <catch2/catch.hpp>
 
@@ -85,13 +85,14 @@ TEST_CASE("presets: DeepSeek-V4 CSA holds the published numbers", "[compress][pr
   STATIC_REQUIRE(std::is_same_v<p::rope, rope_after_pool>);
   STATIC_REQUIRE(std::is_same_v<p::norm, rms_norm>);
 
-  const geometry g = presets::deepseek_v4_csa_geometry();
+  const geometry g = presets::deepseek_v4_csa_layer.geom;
   CHECK(g.stride == 4);
   CHECK(g.window == 8);
   CHECK(g.origin == 0);
   CHECK(g.anchor == anchor_mode::block_start);
 
-  for (const stream_config& c : {presets::deepseek_v4_csa_kv(), presets::deepseek_v4_csa_indexer()}) {
+  for (const stream_config& c : {presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer),
+                                 *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer)}) {
     INFO(c.name);
     CHECK(c.kv_heads == 1);
     CHECK(c.inputs == input_layout::per_branch);  // one projection per branch: two branches
@@ -105,10 +106,10 @@ TEST_CASE("presets: DeepSeek-V4 CSA holds the published numbers", "[compress][pr
     CHECK(c.rope.yarn.beta_fast == 32.0);
     CHECK(c.rope.yarn.beta_slow == 1.0);
   }
-  const stream_config kv = presets::deepseek_v4_csa_kv();
+  const stream_config kv = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
   CHECK(kv.channels == 512);
   CHECK(kv.role == stream_role::key_value);
-  const stream_config indexer = presets::deepseek_v4_csa_indexer();
+  const stream_config indexer = *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer);
   CHECK(indexer.channels == 128);
   CHECK(indexer.role == stream_role::indexer);
   CHECK(kv.name != indexer.name);
@@ -127,7 +128,7 @@ TEST_CASE("presets: DeepSeek-V4 CSA holds the published numbers", "[compress][pr
 TEST_CASE("presets: DeepSeek-V4 HCA and V4.1 CSA have their documented shapes", "[compress][presets]") {
   STATIC_REQUIRE(std::is_same_v<presets::deepseek_v4_hca_policy, presets::deepseek_v4_csa_policy>);
   STATIC_REQUIRE(std::is_same_v<presets::deepseek_v4_1_csa_policy, presets::deepseek_v4_csa_policy>);
-  const stream_config csa = presets::deepseek_v4_csa_kv();
+  const stream_config csa = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
   auto same_maths = [&](const stream_config& c) {
     INFO(c.name);
     CHECK(c.kv_heads == 1);
@@ -142,9 +143,9 @@ TEST_CASE("presets: DeepSeek-V4 HCA and V4.1 CSA have their documented shapes", 
   };
 
   // HCA: S = W = 128, one branch, tied 512-channel K/V, no indexer stream.
-  const geometry hca = presets::deepseek_v4_hca_geometry();
+  const geometry hca = presets::deepseek_v4_hca_layer.geom;
   CHECK((hca.stride == 128 && hca.window == 128 && hca.origin == 0 && hca.anchor == anchor_mode::block_start));
-  const stream_config hkv = presets::deepseek_v4_hca_kv();
+  const stream_config hkv = presets::deepseek_kv_stream(presets::deepseek_v4_hca_layer);
   same_maths(hkv);
   CHECK(hkv.name == "hca.kv");
   CHECK(hkv.role == stream_role::key_value);
@@ -155,9 +156,10 @@ TEST_CASE("presets: DeepSeek-V4 HCA and V4.1 CSA have their documented shapes", 
   CHECK(h.logit_floats_per_token() == 512);
 
   // V4.1 CSA: S = 2, W = 4 (two branches), otherwise V4's CSA streams.
-  const geometry v41 = presets::deepseek_v4_1_csa_geometry();
+  const geometry v41 = presets::deepseek_v4_1_csa_layer.geom;
   CHECK((v41.stride == 2 && v41.window == 4 && v41.origin == 0 && v41.anchor == anchor_mode::block_start));
-  const stream_config kv = presets::deepseek_v4_1_csa_kv(), ix = presets::deepseek_v4_1_csa_indexer();
+  const stream_config kv = presets::deepseek_kv_stream(presets::deepseek_v4_1_csa_layer),
+                      ix = *presets::deepseek_indexer_stream(presets::deepseek_v4_1_csa_layer);
   same_maths(kv);
   same_maths(ix);
   CHECK((kv.name == "v4.1.csa.kv" && kv.role == stream_role::key_value && kv.channels == 512));
@@ -175,21 +177,21 @@ TEST_CASE("presets: DeepSeek-V4 HCA and V4.1 CSA have their documented shapes", 
 
 TEST_CASE("presets: DeepSeek-V4 CSA streams match the oracle", "[compress][presets]") {
   using p = presets::deepseek_v4_csa_policy;
-  const geometry g = presets::deepseek_v4_csa_geometry();
+  const geometry g = presets::deepseek_v4_csa_layer.geom;
   // 203 tokens: 50 entries (entry 0 pools only tokens 0–3, its previous-block half padding),
   // anchors up to 196, and three tokens of an unfinished block.
-  check_stream<p>(g, presets::deepseek_v4_csa_kv(), 1, 203);
-  check_stream<p>(g, presets::deepseek_v4_csa_indexer(), 2, 203);
+  check_stream<p>(g, presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer), 1, 203);
+  check_stream<p>(g, *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer), 2, 203);
   logit_options large;
   large.magnitude = 1e4;
-  check_stream<p>(g, presets::deepseek_v4_csa_kv(), 3, 61, large);
+  check_stream<p>(g, presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer), 3, 61, large);
   large.magnitude = 80;
   large.signs = logit_signs::positive;
-  check_stream<p>(g, presets::deepseek_v4_csa_indexer(), 4, 61, large);
+  check_stream<p>(g, *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer), 4, 61, large);
 
   SECTION("entry 0 pools only tokens 0-3, through branch 0") {
     std::mt19937 rng(5);
-    const stream_config kv = presets::deepseek_v4_csa_kv();
+    const stream_config kv = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
     const stream_params params = random_params<p>(rng, g, kv);
     const stream_compressor<p> compressor(g, kv, params);
     const stream_inputs in = random_stream_inputs(rng, 4, 1024, 1024);
@@ -265,13 +267,13 @@ void run_layer(const Layer& layer, const std::array<stream_params, sizeof...(K)>
 }  // namespace
 
 TEST_CASE("presets: a layer appends to all its streams in step", "[compress][presets]") {
-  const geometry g = presets::deepseek_v4_csa_geometry();
+  const geometry g = presets::deepseek_v4_csa_layer.geom;
 
   SECTION("DeepSeek-V4 CSA: tied K/V plus indexer") {
     using p = presets::deepseek_v4_csa_policy;
     std::mt19937 rng(31);
-    const auto kv = presets::deepseek_v4_csa_kv();
-    const auto indexer = presets::deepseek_v4_csa_indexer();
+    const auto kv = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
+    const auto indexer = *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer);
     const std::array<stream_params, 2> params = {random_params<p>(rng, g, kv), random_params<p>(rng, g, indexer)};
     const layer_compressor<stream_compressor<p>, stream_compressor<p>> layer(stream_compressor<p>(g, kv, params[0]),
                                                                              stream_compressor<p>(g, indexer, params[1]));
@@ -282,7 +284,7 @@ TEST_CASE("presets: a layer appends to all its streams in step", "[compress][pre
     using key_policy = compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>;
     using value_policy = compressor_policy<scalar_gated_pool, no_rope, no_norm>;
     using index_policy = presets::deepseek_v4_csa_policy;
-    stream_config keys = presets::deepseek_v4_csa_kv();
+    stream_config keys = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
     keys.name = "keys";
     keys.role = stream_role::key;
     keys.channels = 96;
@@ -294,7 +296,7 @@ TEST_CASE("presets: a layer appends to all its streams in step", "[compress][pre
     values.role = stream_role::value;
     values.channels = 80;
     values.inputs = input_layout::per_branch;
-    const stream_config indexer = presets::deepseek_v4_csa_indexer();
+    const stream_config indexer = *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer);
     std::mt19937 rng(41);
     const std::array<stream_params, 3> params = {random_params<key_policy>(rng, g, keys),
                                                  random_params<value_policy>(rng, g, values),

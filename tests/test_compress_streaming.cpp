@@ -226,7 +226,8 @@ TEST_CASE("streaming: a prefill large enough to prefetch equals token-by-token a
   std::mt19937 rng(11);
   params.slot_bias = phasekv_test::random_bias(rng, 8 * 512);
   params.norm_weight = phasekv_test::random_norm_weight(rng, 512);
-  const preset compressor(presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv(), params);
+  const preset compressor(presets::deepseek_v4_csa_layer.geom,
+                          presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer), params);
   const std::int64_t tokens = 2304;  // 8 KiB of payload and logits a token: 18 MiB in one chunk
   const std::int64_t ppt = compressor.payload_floats_per_token(), lpt = compressor.logit_floats_per_token();
   REQUIRE(tokens * (ppt + lpt) * static_cast<std::int64_t>(sizeof(float)) >= kernels::prefetch_min_bytes);

@@ -941,8 +941,9 @@ struct csa_setup {
 
 struct csa_world {
   csa_setup s;
-  geometry geom = presets::deepseek_v4_csa_geometry();
-  stream_config kv_cfg = presets::deepseek_v4_csa_kv(), ix_cfg = presets::deepseek_v4_csa_indexer();
+  geometry geom = presets::deepseek_v4_csa_layer.geom;
+  stream_config kv_cfg = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer),
+                ix_cfg = *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer);
   stream_params kv_params, ix_params;
   std::vector<float> kv_payload, kv_logits, ix_payload, ix_logits, window_keys;
   std::vector<std::vector<float>> queries, indexer_queries, indexer_weights, sinks;  // per position
@@ -1161,9 +1162,9 @@ TEST_CASE("sparse_reader, DeepSeek-V4 CSA with the true preset configs at a shor
   setup.page_size = 64;
   setup.tokens = 44;
   const csa_world w(setup, 53);
-  REQUIRE(w.kv_cfg.channels == presets::deepseek_v4_csa_kv().channels);
-  REQUIRE(w.kv_cfg.rope.channels == presets::deepseek_v4_csa_kv().rope.channels);
-  REQUIRE(w.ix_cfg.channels == presets::deepseek_v4_csa_indexer().channels);
+  REQUIRE(w.kv_cfg.channels == presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer).channels);
+  REQUIRE(w.kv_cfg.rope.channels == presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer).rope.channels);
+  REQUIRE(w.ix_cfg.channels == presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer)->channels);
   csa_cache cache = w.make_cache();
   sparse_reader reader(cache, w.reader());
   const auto decoded = decode_all(w, cache, reader, true);

@@ -495,7 +495,8 @@ TEST_CASE("fp4 read: DeepSeek-V4 CSA with FP8 entries and the FP4 indexer select
       for (float& q : in.queries) q *= 20.0f;
       in.request.sinks = sinks;
       const read_result got = read_one(reader, view, in.request);
-      const auto want = oracle_selection(view, 1, rc, in, presets::deepseek_v4_csa_geometry().visible_entries(t), top_k);
+      const auto want =
+          oracle_selection(view, 1, rc, in, presets::deepseek_v4_csa_layer.geom.visible_entries(t), top_k);
       REQUIRE(got.trace.selected.size() == want.size());
       std::size_t wrong = 0;
       for (std::size_t r = 0; r < want.size(); ++r)

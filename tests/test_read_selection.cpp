@@ -154,15 +154,15 @@ TEST_CASE("entry_selector: scores and top k equal the oracle's and the reader's 
 TEST_CASE("entry_selector: DeepSeek-V4's FP4 indexer selects what the precision reader selects", "[read][selection][fp4]") {
   using phasekv_test::csa_cache;
   const csa_cache::layer layer = phasekv_test::make_csa_layer();
-  csa_cache cache(layer, presets::deepseek_v4_csa_precision_cache(64));
+  csa_cache cache(layer, presets::deepseek_cache(presets::deepseek_v4_csa_layer, 64, 0, true));
   const sequence_id seq = cache.create();
   std::mt19937 rng(404);
   {
-    csa_cache twin(layer, presets::deepseek_v4_csa_precision_cache(64));
+    csa_cache twin(layer, presets::deepseek_cache(presets::deepseek_v4_csa_layer, 64, 0, true));
     const sequence_id other = twin.create();
     phasekv_test::append_random(cache, twin, seq, other, 1001, rng);
   }
-  reader_config rc = presets::deepseek_v4_csa_precision_reader();
+  reader_config rc = presets::deepseek_reader(presets::deepseek_v4_csa_layer, true);
   rc.top_k = 64;
   sparse_reader reader(cache, rc);
   entry_selector selector(cache, selection_of(rc));

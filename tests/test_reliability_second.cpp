@@ -258,8 +258,8 @@ TEST_CASE("reliability 2: a view read after its sequence was freed, shortened or
 TEST_CASE("reliability 2: deepseek import and reorder reject null spans that claim elements",
           "[reliability][compress][deepseek]") {
   using policy = presets::deepseek_v4_csa_policy;
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  const stream_config kv = presets::deepseek_v4_csa_kv();
+  const geometry g = presets::deepseek_v4_csa_layer.geom;
+  const stream_config kv = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
   const std::vector<float> ape(4 * 1024, 0.0f), norm(512, 1.0f), w(1024 * 8, 0.0f);
   deepseek::compressor_tensors t;
   t.ape = span<const float>(ape.data(), ape.size());

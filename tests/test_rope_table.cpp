@@ -100,8 +100,8 @@ entry_buffer compress(const geometry& g, const stream_config& c, const inputs& i
 
 TEST_CASE("rope table: phasekv's own table is bit-identical to computing the angles", "[rope][table]") {
   std::mt19937 rng(71);
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  stream_config kv = presets::deepseek_v4_csa_kv();
+  const geometry g = presets::deepseek_v4_csa_layer.geom;
+  stream_config kv = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
   const inputs in = random_inputs(rng, g, kv, 521);
   stream_config tabled = kv;
   tabled.rope.table = std::make_shared<rope_table>(make_rope_table(kv.rope, 521));
@@ -127,8 +127,8 @@ TEST_CASE("rope table: phasekv's own table is bit-identical to computing the ang
 
 TEST_CASE("rope table: DeepSeek's fp32 freqs_cis reach the entries bit for bit", "[rope][table][deepseek]") {
   std::mt19937 rng(72);
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  const stream_config kv = presets::deepseek_v4_csa_kv();
+  const geometry g = presets::deepseek_v4_csa_layer.geom;
+  const stream_config kv = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
   const i64 tokens = 1031;  // anchors up to 1024
   const inputs in = random_inputs(rng, g, kv, tokens);
   stream_config tabled = kv;
@@ -182,13 +182,15 @@ TEST_CASE("rope table: DeepSeek's fp32 freqs_cis reach the entries bit for bit",
 TEST_CASE("rope table: the reader de-rotates with the table, bit for bit", "[rope][table][read]") {
   using stream = stream_compressor<csa_policy>;
   using cache_t = paged_cache<stream, stream>;
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  stream_config kv = presets::deepseek_v4_csa_kv(), ix = presets::deepseek_v4_csa_indexer();
+  const geometry g = presets::deepseek_v4_csa_layer.geom;
+  stream_config kv = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer),
+                ix = *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer);
   kv.rope.table = deepseek_table(kv.rope, 700);
   ix.rope.table = kv.rope.table;  // one table, shared
   std::mt19937 rng(73);
   const i64 tokens = 650;
-  cache_t cache(cache_t::layer(stream(g, kv), stream(g, ix)), presets::deepseek_v4_csa_cache(16));
+  cache_t cache(cache_t::layer(stream(g, kv), stream(g, ix)),
+                presets::deepseek_cache(presets::deepseek_v4_csa_layer, 16));
   const sequence_id seq = cache.create();
   const auto p0 = phasekv_test::random_payload(rng, sz(tokens * 2 * 512));
   const auto l0 = phasekv_test::random_logits(rng, sz(tokens * 2 * 512));
@@ -205,7 +207,7 @@ TEST_CASE("rope table: the reader de-rotates with the table, bit for bit", "[rop
   };
   CHECK(cache.shape().streams[0].rope.table == kv.rope.table);  // the reader's shape carries it
 
-  reader_config rc = presets::deepseek_v4_csa_reader();
+  reader_config rc = presets::deepseek_reader(presets::deepseek_v4_csa_layer);
   rc.top_k = 32;
   reader_config rotated = rc;
   rotated.derotate_output = false;
@@ -231,8 +233,8 @@ TEST_CASE("rope table: the reader de-rotates with the table, bit for bit", "[rop
 
 TEST_CASE("rope table: positions beyond the table and malformed tables are errors naming them",
           "[rope][table][errors]") {
-  const geometry g = presets::deepseek_v4_csa_geometry();
-  stream_config kv = presets::deepseek_v4_csa_kv();
+  const geometry g = presets::deepseek_v4_csa_layer.geom;
+  stream_config kv = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
   auto table = std::make_shared<rope_table>(make_rope_table(kv.rope, 9));  // positions 0–8: anchors 0, 4, 8
   kv.rope.table = table;
   std::mt19937 rng(74);
@@ -266,11 +268,12 @@ TEST_CASE("rope table: positions beyond the table and malformed tables are error
     using cache_t = paged_cache<stream>;
     stream_config big = kv;
     big.rope.table = std::make_shared<rope_table>(make_rope_table(kv.rope, 12));  // anchors fit; position 12 does not
-    cache_t cache(cache_t::layer(stream(g, big, in.params)), presets::deepseek_v4_hca_cache(4));
+    cache_t cache(cache_t::layer(stream(g, big, in.params)),
+                  presets::deepseek_cache(presets::deepseek_v4_hca_layer, 4));
     const sequence_id seq = cache.create();
     const auto window = phasekv_test::random_payload(rng, sz(13 * 512));
     cache.append(seq, {chunk(0, 13)}, window);
-    sparse_reader reader(cache, presets::deepseek_v4_hca_reader());
+    sparse_reader reader(cache, presets::deepseek_reader(presets::deepseek_v4_hca_layer));
     const auto q = phasekv_test::random_payload(rng, sz(64 * 512));
     const std::vector<float> sinks(64, 0.0f);
     std::vector<float> o(sz(64 * 512));

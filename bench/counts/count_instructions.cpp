@@ -116,14 +116,18 @@ int main(int argc, char** argv) {
   const auto wanted = [&](const char* group) { return only.empty() || only == group; };
 
   if (wanted("prefill")) {  // prefill of each preset at DeepSeek-V4's precision (FP8 entries, FP4 indexer, FP8 window)
-    csa_cache csa(csa_layer(), presets::deepseek_v4_csa_precision_cache(2 * kPrefill / 4 / 64 + 4));
+    csa_cache csa(csa_layer(),
+                  presets::deepseek_cache(presets::deepseek_v4_csa_layer, 2 * kPrefill / 4 / 64 + 4, 0, true));
     prefill_region("prefill_v4_csa_4k", csa, kPrefill);
-    hca_cache hca(hca_cache::layer(csa_stream{presets::deepseek_v4_hca_geometry(), presets::deepseek_v4_hca_kv()}),
-                  presets::deepseek_v4_hca_precision_cache(8));
+    hca_cache hca(hca_cache::layer(csa_stream{presets::deepseek_v4_hca_layer.geom,
+                                              presets::deepseek_kv_stream(presets::deepseek_v4_hca_layer)}),
+                  presets::deepseek_cache(presets::deepseek_v4_hca_layer, 8, 0, true));
     prefill_region("prefill_v4_hca_4k", hca, kPrefill);
-    csa_cache v41(csa_cache::layer(csa_stream{presets::deepseek_v4_1_csa_geometry(), presets::deepseek_v4_1_csa_kv()},
-                                   csa_stream{presets::deepseek_v4_1_csa_geometry(), presets::deepseek_v4_1_csa_indexer()}),
-                  presets::deepseek_v4_1_csa_precision_cache(2 * kPrefill / 2 / 64 + 4));
+    csa_cache v41(csa_cache::layer(csa_stream{presets::deepseek_v4_1_csa_layer.geom,
+                                              presets::deepseek_kv_stream(presets::deepseek_v4_1_csa_layer)},
+                                   csa_stream{presets::deepseek_v4_1_csa_layer.geom,
+                                              *presets::deepseek_indexer_stream(presets::deepseek_v4_1_csa_layer)}),
+                  presets::deepseek_cache(presets::deepseek_v4_1_csa_layer, 2 * kPrefill / 2 / 64 + 4, 0, true));
     prefill_region("prefill_v4_1_csa_4k", v41, kPrefill);
   }
 

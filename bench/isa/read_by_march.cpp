@@ -24,8 +24,9 @@ int main() {
   std::vector<float> w(64, 1.0f / 64), sinks(64, 0.5f), out(64 * 512);
   token_chunk kv_chunk{tokens, kv, kv}, ix_chunk{tokens, ix, ix};
   auto run = [&](const char* name, const cache_config& cc, const reader_config& rc) {
-    layer_compressor<csa, csa> layer(csa(P::deepseek_v4_csa_geometry(), P::deepseek_v4_csa_kv()),
-                                     csa(P::deepseek_v4_csa_geometry(), P::deepseek_v4_csa_indexer()));
+    layer_compressor<csa, csa> layer(
+        csa(P::deepseek_v4_csa_layer.geom, P::deepseek_kv_stream(P::deepseek_v4_csa_layer)),
+        csa(P::deepseek_v4_csa_layer.geom, *P::deepseek_indexer_stream(P::deepseek_v4_csa_layer)));
     paged_cache<csa, csa> cache(layer, cc);
     const sequence_id seq = cache.create();
     cache.append(seq, {kv_chunk, ix_chunk}, window);
@@ -39,6 +40,8 @@ int main() {
     std::sort(times.begin(), times.end());
     std::printf("%s: median %.3f ms per read (min %.3f, max %.3f)\n", name, 1e3 * times[3], 1e3 * times[0], 1e3 * times[6]);
   };
-  run("fp32 cache, f32 indexer", P::deepseek_v4_csa_cache(1024), P::deepseek_v4_csa_reader());
-  run("V4 precision (FP8, FP4 indexer)", P::deepseek_v4_csa_precision_cache(1024), P::deepseek_v4_csa_precision_reader());
+  run("fp32 cache, f32 indexer", P::deepseek_cache(P::deepseek_v4_csa_layer, 1024),
+      P::deepseek_reader(P::deepseek_v4_csa_layer));
+  run("V4 precision (FP8, FP4 indexer)", P::deepseek_cache(P::deepseek_v4_csa_layer, 1024, 0, true),
+      P::deepseek_reader(P::deepseek_v4_csa_layer, true));
 }

@@ -176,7 +176,7 @@ void stream_params_json(dump_writer& w, const geometry& g, const stream_config& 
 // random here so the check exercises them: the kernel does the same arithmetic either way (the
 // default bias is a zero row it reads like any other).
 void dump_write(dump_writer& w, const std::string& name, const stream_config& config, std::uint64_t param_seed) {
-  const geometry geom = presets::deepseek_v4_csa_geometry();
+  const geometry geom = presets::deepseek_v4_csa_layer.geom;
   stream_params params;
   {
     std::mt19937 rng(param_seed);
@@ -437,8 +437,8 @@ int main(int argc, char** argv) {
     if (dir.empty()) throw std::invalid_argument("no output directory");
 
     dump_writer w(dir);
-    dump_write(w, "write_csa_kv", presets::deepseek_v4_csa_kv(), 101);
-    dump_write(w, "write_csa_indexer", presets::deepseek_v4_csa_indexer(), 102);
+    dump_write(w, "write_csa_kv", presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer), 101);
+    dump_write(w, "write_csa_indexer", *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer), 102);
     for (std::int64_t tokens : contexts) dump_sparse(w, tokens);
     for (std::int64_t tokens : contexts)
       if (tokens == kBf16IndexerContext) dump_sparse(w, tokens, sparse_variant::bf16_indexer);

@@ -45,10 +45,10 @@ P = pk.presets
 
 def build(tokens, seed):
     """The cache, filled with `tokens` tokens, and its reader; setup is not timed."""
-    g = P.deepseek_v4_csa_geometry()
-    config = P.deepseek_v4_cache(pages=(tokens // 4 + 63) // 64 + 1)
-    streams = [P.deepseek_v4_csa_kv(), P.deepseek_v4_csa_indexer()]
-    cache = pk.PagedCache(P.deepseek_v4_csa_policy, g, streams, config)
+    g = P.deepseek_geometry(4)
+    config = P.deepseek_cache(4, pages=(tokens // 4 + 63) // 64 + 1)
+    streams = [P.deepseek_kv_stream(4), P.deepseek_indexer_stream(4)]
+    cache = pk.PagedCache(pk.Policy.deepseek_v4, g, streams, config)
     seq = cache.create()
     rng = np.random.default_rng(seed)
     block = 4096
@@ -63,7 +63,7 @@ def build(tokens, seed):
         n = min(block, tokens - done)
         chunks = [(kv[:n], kv_gates[:n]), (uniform(n, 1, 2, 128), uniform(n, 1, 2, 128))]
         cache.append(seq, chunks, window[:n])
-    reader = pk.SparseReader(cache, P.deepseek_v4_csa_reader())
+    reader = pk.SparseReader(cache, P.deepseek_reader(4))
     inputs = (uniform(64, 512), uniform(64, 128), rng.uniform(0, 1 / 64, size=64).astype(np.float32), uniform(64))
     return cache, seq, reader, inputs
 

@@ -468,26 +468,22 @@ void init_cache(const modules& m) {
           },
           py::arg("stream"), "A stream's page pool accounting (capacity, used_pages, ... bytes_reserved).");
 
-  presets.def("deepseek_v4_cache", &presets::deepseek_v4_cache, py::arg("pages"), py::arg("history") = 0,
-              "A DeepSeek-V4 CSA or HCA layer's cache: 64 entries a page, a 128-token tied 512-channel window.");
-  presets.def("deepseek_v4_csa_cache", &presets::deepseek_v4_csa_cache, py::arg("pages"), py::arg("history") = 0,
-              "deepseek_v4_cache for a CSA layer (stream 0 K/V, stream 1 indexer keys), fp32 entries");
-  presets.def("deepseek_v4_hca_cache", &presets::deepseek_v4_hca_cache, py::arg("pages"), py::arg("history") = 0,
-              "deepseek_v4_cache for an HCA layer (one K/V stream), fp32 entries");
-  presets.def("deepseek_v4_1_csa_cache", &presets::deepseek_v4_1_csa_cache, py::arg("pages"),
-              py::arg("history") = 0, "deepseek_v4_cache for a V4.1 CSA layer, fp32 entries");
+  presets.def(
+      "deepseek_cache",
+      [](int compress_ratio, std::int64_t pages, std::int64_t history, bool precision) {
+        return presets::deepseek_cache(presets::deepseek_layer_of(compress_ratio, "deepseek_cache(compress_ratio)"),
+                                       pages, history, precision);
+      },
+      py::arg("compress_ratio"), py::arg("pages"), py::arg("history") = 0, py::arg("precision") = false,
+      "The cache of the layer of a compress ratio (4 CSA, 128 HCA, 2 V4.1's CSA): 64 entries a page, a 128-token "
+      "tied 512-channel window; stream 0 K/V, a CSA layer's stream 1 its indexer keys. fp32 entries, or with "
+      "precision DeepSeek-V4's: K/V in FP8 (fp8_e4m3_block), indexer keys in deepseek_v4_indexer_storage(); read "
+      "with deepseek_reader(compress_ratio, precision).");
   presets.def("deepseek_v4_indexer_storage", &presets::deepseek_v4_indexer_storage,
               "how the precision caches store indexer keys: fp4_e2m1_hadamard (68 bytes per 128-channel key)");
-  presets.def("deepseek_v4_precision_window", &presets::deepseek_v4_precision_window,
-              "the precision caches' raw window: 128 tokens, FP8 values, the 64 RoPE channels in bf16");
-  presets.def("deepseek_v4_csa_precision_cache", &presets::deepseek_v4_csa_precision_cache, py::arg("pages"),
-              py::arg("history") = 0,
-              "DeepSeek-V4 precision: K/V entries in FP8 (fp8_e4m3_block), indexer keys in FP4 "
-              "(deepseek_v4_indexer_storage()); read with deepseek_v4_csa_precision_reader()");
-  presets.def("deepseek_v4_hca_precision_cache", &presets::deepseek_v4_hca_precision_cache, py::arg("pages"),
-              py::arg("history") = 0, "DeepSeek-V4 precision for an HCA layer: K/V entries in FP8");
-  presets.def("deepseek_v4_1_csa_precision_cache", &presets::deepseek_v4_1_csa_precision_cache, py::arg("pages"),
-              py::arg("history") = 0, "DeepSeek-V4 precision for a V4.1 CSA layer");
+  presets.def("deepseek_window", &presets::deepseek_window, py::arg("precision") = false,
+              "The raw window: 128 tokens of tied 512-channel K/V; with precision FP8 values, the 64 RoPE "
+              "channels in bf16.");
 }
 
 }  // namespace pyphasekv

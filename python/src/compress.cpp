@@ -385,19 +385,30 @@ void init_compress(const modules& m) {
 
   // ---- presets (models/deepseek_v4.hpp, models/nsa.hpp) ----
   py::module_ presets = m.presets;
-  presets.attr("deepseek_v4_csa_policy") = py::cast(policy_kind::deepseek_v4);
-  presets.attr("deepseek_v4_hca_policy") = py::cast(policy_kind::deepseek_v4);
-  presets.def("deepseek_v4_csa_geometry", &presets::deepseek_v4_csa_geometry, "S=4, W=8");
+  // The layers by their checkpoint's compress ratio (4: CSA, 128: HCA, 2: V4.1's CSA); any other
+  // ratio raises ConfigError naming the argument. Their policy is Policy.deepseek_v4.
+  presets.def(
+      "deepseek_geometry",
+      [](int compress_ratio) {
+        return presets::deepseek_layer_of(compress_ratio, "deepseek_geometry(compress_ratio)").geom;
+      },
+      py::arg("compress_ratio"), "The layer's geometry: S=4, W=8 (4); S = W = 128 (128); S=2, W=4 (2).");
   presets.def("deepseek_v4_compressed_rope", &presets::deepseek_v4_compressed_rope,
               "interleaved RoPE on the last 64 channels, base 160000, YaRN x16 from 65536");
-  presets.def("deepseek_v4_csa_kv", &presets::deepseek_v4_csa_kv, "tied K/V: 512 channels, one KV head");
-  presets.def("deepseek_v4_csa_indexer", &presets::deepseek_v4_csa_indexer, "the indexer's keys: 128 channels");
-  presets.def("deepseek_v4_hca_geometry", &presets::deepseek_v4_hca_geometry, "S = W = 128");
-  presets.def("deepseek_v4_hca_kv", &presets::deepseek_v4_hca_kv);
-  presets.def("deepseek_v4_1_csa_geometry", &presets::deepseek_v4_1_csa_geometry, "S=2, W=4");
-  presets.attr("deepseek_v4_1_csa_policy") = py::cast(policy_kind::deepseek_v4);
-  presets.def("deepseek_v4_1_csa_kv", &presets::deepseek_v4_1_csa_kv, "V4.1's tied K/V: as V4's CSA");
-  presets.def("deepseek_v4_1_csa_indexer", &presets::deepseek_v4_1_csa_indexer, "V4.1's indexer keys: as V4's CSA");
+  presets.def(
+      "deepseek_kv_stream",
+      [](int compress_ratio) {
+        return presets::deepseek_kv_stream(
+            presets::deepseek_layer_of(compress_ratio, "deepseek_kv_stream(compress_ratio)"));
+      },
+      py::arg("compress_ratio"), "The layer's tied K/V stream: 512 channels, one KV head, per-branch inputs.");
+  presets.def(
+      "deepseek_indexer_stream",
+      [](int compress_ratio) {
+        return presets::deepseek_indexer_stream(
+            presets::deepseek_layer_of(compress_ratio, "deepseek_indexer_stream(compress_ratio)"));
+      },
+      py::arg("compress_ratio"), "The indexer's keys of a CSA layer (4, 2): 128 channels; None for HCA (128).");
   presets.def("nsa_compressed_geometry", &presets::nsa_compressed_geometry, "S=16, W=32");
 }
 

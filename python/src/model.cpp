@@ -280,13 +280,8 @@ struct byte_buffer {
 
 // The layer kind deepseek_v4_model builds for a compress ratio.
 layer_kind deepseek_kind_of(int compress_ratio, bool precision) {
-  switch (compress_ratio) {
-    case 4: return presets::deepseek_kind(presets::deepseek_v4_csa_layer, precision);
-    case 128: return presets::deepseek_kind(presets::deepseek_v4_hca_layer, precision);
-    case 2: return presets::deepseek_kind(presets::deepseek_v4_1_csa_layer, precision);
-    case 0: return presets::deepseek_window_kind(precision);
-  }
-  detail::fail("deepseek_kind(compress_ratio)", compress_ratio, "is not a DeepSeek-V4 layer's (0: window-only, 4: CSA, 128: HCA, 2: V4.1's CSA)");
+  if (compress_ratio == 0) return presets::deepseek_window_kind(precision);
+  return presets::deepseek_kind(presets::deepseek_layer_of(compress_ratio, "deepseek_kind(compress_ratio)"), precision);
 }
 
 }  // namespace

@@ -373,18 +373,16 @@ void init_read(const modules& m) {
           "The top k in rank order (ties: lower id first): (logical ids, physical ids, scores), int32/int32/"
           "float32 [top_k], −1 (NaN for scores) past the number selected. top_k −1: the config's.");
 
-  presets.def("deepseek_v4_csa_reader", &presets::deepseek_v4_csa_reader,
-              "64 query heads, tied 512-channel K/V on stream 0, indexer (64 heads) on stream 1, top 512, sink, "
-              "de-rotated output");
-  presets.def("deepseek_v4_hca_reader", &presets::deepseek_v4_hca_reader, "the same heads, no indexer");
-  presets.def("deepseek_v4_1_csa_reader", &presets::deepseek_v4_1_csa_reader, "V4.1's CSA layer: as V4's CSA");
-  presets.def("deepseek_v4_csa_precision_reader", &presets::deepseek_v4_csa_precision_reader,
-              "the reader of deepseek_v4_csa_precision_cache: the CSA reader with the FP4 indexer "
-              "(IndexerPrecision.fp4)");
-  presets.def("deepseek_v4_hca_precision_reader", &presets::deepseek_v4_hca_precision_reader,
-              "the reader of deepseek_v4_hca_precision_cache: the HCA reader (no indexer)");
-  presets.def("deepseek_v4_1_csa_precision_reader", &presets::deepseek_v4_1_csa_precision_reader,
-              "the reader of deepseek_v4_1_csa_precision_cache: V4.1's CSA reader with the FP4 indexer");
+  presets.def(
+      "deepseek_reader",
+      [](int compress_ratio, bool precision) {
+        return presets::deepseek_reader(presets::deepseek_layer_of(compress_ratio, "deepseek_reader(compress_ratio)"),
+                                        precision);
+      },
+      py::arg("compress_ratio"), py::arg("precision") = false,
+      "The reader of the layer of a compress ratio: 64 query heads, tied 512-channel K/V on stream 0, sink, "
+      "de-rotated output; a CSA layer's (4, 2) indexer of 64 heads on stream 1 selects the top 512, in FP4 "
+      "(IndexerPrecision.fp4) with precision; HCA (128) reads every complete entry.");
 }
 
 }  // namespace pyphasekv

@@ -94,10 +94,12 @@ def csa_inputs(rng, rc):
 def csa_layer(rng, pages=64, history=0, window=128, precision=False):
     """DeepSeek-V4 CSA: tied 512-channel K/V and 128-channel indexer keys, S=4, W=8; with
     precision, stored as DeepSeek-V4 does (FP8 entries, FP4 indexer keys)."""
-    config = (P.deepseek_v4_csa_precision_cache if precision else P.deepseek_v4_cache)(pages, history)
+    config = P.deepseek_cache(4, pages, history, precision=precision)
+    if not precision:
+        config.name = "dsv4"  # the name the error messages in test_cache.py expect
     config.window.tokens = window
-    streams = [P.deepseek_v4_csa_kv(), P.deepseek_v4_csa_indexer()]
-    cache = pk.PagedCache(P.deepseek_v4_csa_policy, P.deepseek_v4_csa_geometry(), streams, config)
+    streams = [P.deepseek_kv_stream(4), P.deepseek_indexer_stream(4)]
+    cache = pk.PagedCache(pk.Policy.deepseek_v4, P.deepseek_geometry(4), streams, config)
     return Layer(cache, streams, pk.Policy.deepseek_v4, 512, rng)
 
 

@@ -10,52 +10,94 @@ P = pk.presets
 
 
 def test_presets_hold_the_published_numbers():
-    g = P.deepseek_v4_csa_geometry()
+    g = P.deepseek_geometry(4)
     assert (g.stride, g.window, g.origin, g.anchor) == (4, 8, 0, pk.AnchorMode.block_start)
-    kv, ix = P.deepseek_v4_csa_kv(), P.deepseek_v4_csa_indexer()
+    kv, ix = P.deepseek_kv_stream(4), P.deepseek_indexer_stream(4)
     assert (kv.name, kv.role, kv.channels, kv.kv_heads, kv.inputs) == (
         "csa.kv", pk.StreamRole.key_value, 512, 1, pk.InputLayout.per_branch)
     assert (ix.name, ix.role, ix.channels) == ("csa.indexer", pk.StreamRole.indexer, 128)
     assert kv.rope.channels == 64 and kv.rope.base == 160000.0
-    assert P.deepseek_v4_hca_geometry() == pk.Geometry(stride=128, window=128)
-    assert P.deepseek_v4_hca_kv().name == "hca.kv"
-    assert P.deepseek_v4_1_csa_geometry() == pk.Geometry(stride=2, window=4)
+    assert P.deepseek_geometry(128) == pk.Geometry(stride=128, window=128)
+    assert P.deepseek_kv_stream(128).name == "hca.kv"
+    assert P.deepseek_geometry(2) == pk.Geometry(stride=2, window=4)
     assert P.nsa_compressed_geometry() == pk.Geometry(stride=16, window=32)
-    assert P.deepseek_v4_csa_policy == P.deepseek_v4_hca_policy == pk.Policy.deepseek_v4
-    c = P.deepseek_v4_cache(10, history=5)
+    c = P.deepseek_cache(4, 10, history=5)
     assert (c.page_size, c.pages, c.history, c.window.tokens, c.window.key_channels) == (64, 10, 5, 128, 512)
-    r = P.deepseek_v4_csa_reader()
+    r = P.deepseek_reader(4)
     assert (r.query_heads, r.indexer_stream, r.top_k, r.indexer_heads, r.sink, r.derotate_output) == (
         64, 1, 512, 64, True, True)
-    assert P.deepseek_v4_hca_reader().indexer_stream is None
+    assert P.deepseek_reader(128).indexer_stream is None
+
+
+def test_presets_by_compress_ratio():
+    """Each checkpoint compress ratio gives its layer's geometry, streams, cache and reader, the
+    same configs deepseek_kind builds for it; a ratio of no compressed layer raises, naming it."""
+    layers = {4: ("csa", "dsv4.csa", 8, True), 128: ("hca", "dsv4.hca", 128, False),
+              2: ("v4.1.csa", "dsv4.1.csa", 4, True)}
+    for ratio, (prefix, cache_name, window, indexer) in layers.items():
+        kind = P.deepseek_kind(ratio)
+        g = P.deepseek_geometry(ratio)
+        assert g == pk.Geometry(stride=ratio, window=window) == kind.geometry
+        kv = P.deepseek_kv_stream(ratio)
+        assert (kv.name, kv.role, kv.channels, kv.kv_heads, kv.inputs, kv.rope.channels) == (
+            prefix + ".kv", pk.StreamRole.key_value, 512, 1, pk.InputLayout.per_branch, 64)
+        assert kind.streams[0].config.name == kv.name
+        ix = P.deepseek_indexer_stream(ratio)
+        assert (ix is not None) == indexer and len(kind.streams) == 1 + indexer
+        if indexer:
+            assert (ix.name, ix.role, ix.channels) == (prefix + ".indexer", pk.StreamRole.indexer, 128)
+            assert kind.streams[1].config.name == ix.name
+        for precision in (False, True):
+            c = P.deepseek_cache(ratio, 5, 2, precision)
+            assert c.name == cache_name + (".precision" if precision else "")
+            assert (c.page_size, c.pages, c.history, c.window.tokens, c.window.key_channels) == (64, 5, 2, 128, 512)
+            storage = [pk.StorageType.fp8_e4m3_block] + [P.deepseek_v4_indexer_storage()] * indexer
+            assert c.stream_storage == (storage if precision else [])
+            w = P.deepseek_window(precision)
+            assert (w.precision, w.rope_channels) == (c.window.precision, c.window.rope_channels)
+            r = P.deepseek_reader(ratio, precision=precision)
+            assert r.name == P.deepseek_kind(ratio, precision).reader.name
+            assert (r.query_heads, r.sink, r.derotate_output) == (64, True, True)
+            assert (r.indexer_stream, r.top_k) == ((1, 512) if indexer else (None, 0))
+            fp4 = precision and indexer
+            assert r.precision == (pk.IndexerPrecision.fp4 if fp4 else pk.IndexerPrecision.f32)
+    assert P.deepseek_window().precision == pk.StorageType.f32
+    assert P.deepseek_window(precision=True).precision == pk.StorageType.fp8_e4m3_block
+    for ratio in (0, 3, 64):
+        for name, call in (("deepseek_geometry", lambda: P.deepseek_geometry(ratio)),
+                           ("deepseek_kv_stream", lambda: P.deepseek_kv_stream(ratio)),
+                           ("deepseek_indexer_stream", lambda: P.deepseek_indexer_stream(ratio)),
+                           ("deepseek_cache", lambda: P.deepseek_cache(ratio, 4)),
+                           ("deepseek_reader", lambda: P.deepseek_reader(ratio))):
+            with pytest.raises(pk.ConfigError, match=rf"^{name}\(compress_ratio\) = {ratio}: is not a compressed "):
+                call()
 
 
 def test_hca_and_v4_1_presets_and_the_precision_caches():
-    hca = P.deepseek_v4_hca_kv()
+    hca = P.deepseek_kv_stream(128)
     assert (hca.channels, hca.kv_heads, hca.rope.channels, hca.inputs) == (512, 1, 64, pk.InputLayout.per_branch)
-    kv, ix = P.deepseek_v4_1_csa_kv(), P.deepseek_v4_1_csa_indexer()
+    kv, ix = P.deepseek_kv_stream(2), P.deepseek_indexer_stream(2)
     assert (kv.name, kv.channels, ix.name, ix.channels) == ("v4.1.csa.kv", 512, "v4.1.csa.indexer", 128)
-    assert P.deepseek_v4_1_csa_policy == pk.Policy.deepseek_v4
-    r = P.deepseek_v4_1_csa_reader()
+    r = P.deepseek_reader(2)
     assert (r.query_heads, r.indexer_stream, r.top_k) == (64, 1, 512)
-    for plain, precise in ((P.deepseek_v4_csa_reader(), P.deepseek_v4_csa_precision_reader()),
-                           (r, P.deepseek_v4_1_csa_precision_reader()),
-                           (P.deepseek_v4_hca_reader(), P.deepseek_v4_hca_precision_reader())):
+    for plain, precise in ((P.deepseek_reader(4), P.deepseek_reader(4, precision=True)),
+                           (r, P.deepseek_reader(2, precision=True)),
+                           (P.deepseek_reader(128), P.deepseek_reader(128, precision=True))):
         assert precise.name != plain.name
         assert plain.precision == pk.IndexerPrecision.f32
         assert precise.precision == (pk.IndexerPrecision.f32 if plain.indexer_stream is None else pk.IndexerPrecision.fp4)
         assert (precise.query_heads, precise.indexer_stream, precise.top_k) == (plain.query_heads, plain.indexer_stream, plain.top_k)
-    for make in (P.deepseek_v4_csa_cache, P.deepseek_v4_hca_cache, P.deepseek_v4_1_csa_cache):
-        c = make(6, history=2)
+    for ratio in (4, 128, 2):
+        c = P.deepseek_cache(ratio, 6, history=2)
         assert (c.page_size, c.pages, c.history, c.storage, c.stream_storage) == (64, 6, 2, pk.StorageType.f32, [])
     fp8, ixs = pk.StorageType.fp8_e4m3_block, P.deepseek_v4_indexer_storage()
     assert ixs == pk.StorageType.fp4_e2m1_hadamard  # DeepSeek-V4 indexer keys
-    assert P.deepseek_v4_csa_precision_cache(6).stream_storage == [fp8, ixs]
-    assert P.deepseek_v4_1_csa_precision_cache(6).stream_storage == [fp8, ixs]
-    assert P.deepseek_v4_hca_precision_cache(6).stream_storage == [fp8]
+    assert P.deepseek_cache(4, 6, precision=True).stream_storage == [fp8, ixs]
+    assert P.deepseek_cache(2, 6, precision=True).stream_storage == [fp8, ixs]
+    assert P.deepseek_cache(128, 6, precision=True).stream_storage == [fp8]
     # An HCA layer from its presets: one 584-byte FP8 stream.
-    cache = pk.PagedCache(P.deepseek_v4_hca_policy, P.deepseek_v4_hca_geometry(), [hca],
-                          P.deepseek_v4_hca_precision_cache(4))
+    cache = pk.PagedCache(pk.Policy.deepseek_v4, P.deepseek_geometry(128), [hca],
+                          P.deepseek_cache(128, 4, precision=True))
     assert cache.shape().streams[0].storage == fp8
     seq = cache.create()
     rng = np.random.default_rng(3)
@@ -102,9 +144,9 @@ def test_mean_pooling_is_the_mean_of_each_window():
 
 def test_any_chunking_emits_identical_entries():
     rng = np.random.default_rng(2)
-    g = P.deepseek_v4_csa_geometry()
-    c = pk.Compressor(P.deepseek_v4_csa_policy, g, P.deepseek_v4_csa_kv())
-    payload, logits = random_chunk(rng, P.deepseek_v4_csa_kv(), 37, g, pk.Policy.deepseek_v4)
+    g = P.deepseek_geometry(4)
+    c = pk.Compressor(pk.Policy.deepseek_v4, g, P.deepseek_kv_stream(4))
+    payload, logits = random_chunk(rng, P.deepseek_kv_stream(4), 37, g, pk.Policy.deepseek_v4)
     whole = c.append(c.make_state(), payload, logits)
     state, parts = c.make_state(), []
     for a, b in [(0, 1), (1, 6), (6, 7), (7, 30), (30, 37)]:
@@ -118,8 +160,8 @@ def test_compressor_entries_are_the_caches_entries(rng):
     layer = csa_layer(rng)
     seq = layer.cache.create()
     g = layer.geometry
-    kv = pk.Compressor(P.deepseek_v4_csa_policy, g, P.deepseek_v4_csa_kv())
-    ix = pk.Compressor(P.deepseek_v4_csa_policy, g, P.deepseek_v4_csa_indexer())
+    kv = pk.Compressor(pk.Policy.deepseek_v4, g, P.deepseek_kv_stream(4))
+    ix = pk.Compressor(pk.Policy.deepseek_v4, g, P.deepseek_indexer_stream(4))
     states = [kv.make_state(), ix.make_state()]
     emitted = [[], []]
     for tokens in (5, 64, 131):
@@ -157,7 +199,7 @@ def test_state_truncate_and_history():
 
 
 def test_appends_reject_bad_chunks_with_the_libraries_message():
-    c = pk.Compressor(P.deepseek_v4_csa_policy, P.deepseek_v4_csa_geometry(), P.deepseek_v4_csa_kv())
+    c = pk.Compressor(pk.Policy.deepseek_v4, P.deepseek_geometry(4), P.deepseek_kv_stream(4))
     s = c.make_state()
     payload = np.zeros((3, 1, 2, 512), dtype=np.float32)
     with pytest.raises(pk.InputError) as e:
@@ -177,9 +219,9 @@ def test_appends_reject_bad_chunks_with_the_libraries_message():
 
 
 def test_compressor_accessors():
-    g = P.deepseek_v4_csa_geometry()
+    g = P.deepseek_geometry(4)
     bias = np.zeros((1, 8, 512), dtype=np.float32)
-    c = pk.Compressor(P.deepseek_v4_csa_policy, g, P.deepseek_v4_csa_kv(), pk.StreamParams(slot_bias=bias))
+    c = pk.Compressor(pk.Policy.deepseek_v4, g, P.deepseek_kv_stream(4), pk.StreamParams(slot_bias=bias))
     assert c.policy == pk.Policy.deepseek_v4 and c.geometry == g and c.config.name == "csa.kv"
     assert c.params.slot_bias.shape == (4096,) and c.params.norm_weight.size == 0
     assert (c.views, c.gate_channels, c.logit_floats_per_token, c.floats_per_entry) == (2, 512, 1024, 512)
@@ -197,9 +239,9 @@ def _bf16_bits(x):
 
 
 def test_bf16_chunks_equal_the_float32_chunks_of_their_widening(rng):
-    g = P.deepseek_v4_csa_geometry()
-    c = pk.Compressor(P.deepseek_v4_csa_policy, g, P.deepseek_v4_csa_kv())
-    payload, logits = random_chunk(rng, P.deepseek_v4_csa_kv(), 37, g, pk.Policy.deepseek_v4)
+    g = P.deepseek_geometry(4)
+    c = pk.Compressor(pk.Policy.deepseek_v4, g, P.deepseek_kv_stream(4))
+    payload, logits = random_chunk(rng, P.deepseek_kv_stream(4), 37, g, pk.Policy.deepseek_v4)
     (p16, p32), (l16, l32) = _bf16_bits(payload), _bf16_bits(logits)
     wide = c.append(c.make_state(), p32, l32, slot_weights=True)
     assert len(wide.index) == 9
@@ -217,7 +259,7 @@ def test_bf16_chunks_equal_the_float32_chunks_of_their_widening(rng):
     # Through the cache, and the errors: NaN bits with check_finite, other dtypes.
     layer = csa_layer(rng)
     a, b = layer.cache.create(), layer.cache.create()
-    ix = P.deepseek_v4_csa_indexer()
+    ix = P.deepseek_indexer_stream(4)
     ip, il = random_chunk(rng, ix, 37, g, pk.Policy.deepseek_v4)
     (ip16, ip32), (il16, il32) = _bf16_bits(ip), _bf16_bits(il)
     keys = rng.standard_normal((37, 1, 512), dtype=np.float32)

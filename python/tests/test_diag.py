@@ -27,10 +27,10 @@ def entropy(p):
 
 
 def test_write_profile_of_gated_entries_equals_numpy(rng):
-    g = P.deepseek_v4_csa_geometry()
-    config = P.deepseek_v4_csa_kv()
+    g = P.deepseek_geometry(4)
+    config = P.deepseek_kv_stream(4)
     bias = rng.normal(0, 0.5, size=(1, 8, 512)).astype(np.float32)
-    c = pk.Compressor(P.deepseek_v4_csa_policy, g, config, pk.StreamParams(slot_bias=bias))
+    c = pk.Compressor(pk.Policy.deepseek_v4, g, config, pk.StreamParams(slot_bias=bias))
     state = c.make_state()
     profile = pk.WriteProfile(g, kv_heads=1)
     weights = []

@@ -11,16 +11,16 @@ P = pk.presets
 
 
 def csa_cache(config):
-    streams = [P.deepseek_v4_csa_kv(), P.deepseek_v4_csa_indexer()]
-    return pk.PagedCache(P.deepseek_v4_csa_policy, P.deepseek_v4_csa_geometry(), streams, config), streams
+    streams = [P.deepseek_kv_stream(4), P.deepseek_indexer_stream(4)]
+    return pk.PagedCache(pk.Policy.deepseek_v4, P.deepseek_geometry(4), streams, config), streams
 
 
 def test_host_entries_are_stored_as_the_write_path_stores_them(rng):
-    fed, streams = csa_cache(P.deepseek_v4_csa_precision_cache(16))
-    host, _ = csa_cache(P.deepseek_v4_csa_precision_cache(16))
-    twin, _ = csa_cache(P.deepseek_v4_cache(16))  # f32 entries: what the write path pools, before storage
+    fed, streams = csa_cache(P.deepseek_cache(4, 16, precision=True))
+    host, _ = csa_cache(P.deepseek_cache(4, 16, precision=True))
+    twin, _ = csa_cache(P.deepseek_cache(4, 16))  # f32 entries: what the write path pools, before storage
     a, b, t = fed.create(), host.create(), twin.create()
-    g = P.deepseek_v4_csa_geometry()
+    g = P.deepseek_geometry(4)
     for tokens in (201, 3, 96):
         chunks = [random_chunk(rng, s, tokens, g, pk.Policy.deepseek_v4) for s in streams]
         window = rng.standard_normal((tokens, 1, 512), dtype=np.float32)
@@ -37,7 +37,7 @@ def test_host_entries_are_stored_as_the_write_path_stores_them(rng):
             got = host.entry_bytes(b, k, j)
             assert got.dtype == np.uint8 and got.shape == (size,)
             assert np.array_equal(got, fed.entry_bytes(a, k, j))
-    rc = P.deepseek_v4_csa_precision_reader()
+    rc = P.deepseek_reader(4, precision=True)
     rc.top_k = 16
     q, iq, iw, sinks = csa_inputs(rng, rc)
     out_a = pk.SparseReader(fed, rc).read(fed, a, 299, q, iq, iw, sinks)
@@ -59,9 +59,9 @@ def test_host_entries_are_stored_as_the_write_path_stores_them(rng):
 
 
 def test_append_batch_equals_single_appends_and_is_all_or_nothing(rng):
-    batched, streams = csa_cache(P.deepseek_v4_cache(8))
-    single, _ = csa_cache(P.deepseek_v4_cache(8))
-    g = P.deepseek_v4_csa_geometry()
+    batched, streams = csa_cache(P.deepseek_cache(4, 8))
+    single, _ = csa_cache(P.deepseek_cache(4, 8))
+    g = P.deepseek_geometry(4)
     a = [batched.create() for _ in range(3)]
     b = [single.create() for _ in range(3)]
     for step, tokens in enumerate((5, 1, 3, 1)):

@@ -20,7 +20,7 @@ def world(rng):
     cache = layer.cache
     seq = cache.create()
     layer.append(seq, 40)
-    reader = pk.SparseReader(cache, P.deepseek_v4_csa_reader())
+    reader = pk.SparseReader(cache, P.deepseek_reader(4))
     inputs = dict(queries=rng.standard_normal((64, 512), dtype=np.float32),
                   indexer_queries=rng.standard_normal((64, 128), dtype=np.float32),
                   indexer_weights=np.full(64, 1 / 64, np.float32),
@@ -128,7 +128,7 @@ def test_configs_and_diagnostics_refuse_what_would_overflow(rng):
         pk.PagedCache(pk.Policy.mean, pk.Geometry(stride=4, window=4), [pk.StreamConfig(name="kv", channels=64)],
                       pk.CacheConfig(pages=2**40))
     layer = csa_layer(rng)
-    rc = P.deepseek_v4_csa_reader()
+    rc = P.deepseek_reader(4)
     rc.precision = pk.IndexerPrecision(9)  # an enum value no member has
     with pytest.raises(pk.ConfigError, match=r"precision = 9: is not an indexer_precision"):
         pk.SparseReader(layer.cache, rc)
@@ -154,7 +154,7 @@ def test_objects_outlive_what_they_were_made_from(rng):
     layer.append(seq, 40)
     entries, window = cache.read_entries(seq, 0), cache.window_key(seq, 39)
     want = entries.copy(), window.copy()
-    reader = pk.SparseReader(cache.shape(), P.deepseek_v4_csa_reader())
+    reader = pk.SparseReader(cache.shape(), P.deepseek_reader(4))
     del cache, layer
     gc.collect()
     # Returned arrays own their memory.

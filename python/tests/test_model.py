@@ -66,11 +66,11 @@ def reference_layer(model, layer, pages=256):
     """The per-layer path for a compressed layer of the model: a PagedCache with the DeepSeek-V4
     policy, the same geometry, streams, page size and window, and a SparseReader with its config."""
     kind = model.kind_of(layer)
-    config = P.deepseek_v4_cache(pages)
+    config = P.deepseek_cache(kind.geometry.stride, pages)  # the stride is the compress ratio
     config.window = kind.window
     config.page_size = kind.page_size
     streams = [s.config for s in kind.streams]
-    cache = pk.PagedCache(P.deepseek_v4_csa_policy, kind.geometry, streams, config)
+    cache = pk.PagedCache(pk.Policy.deepseek_v4, kind.geometry, streams, config)
     return cache, pk.SparseReader(cache, model.reader(layer))
 
 

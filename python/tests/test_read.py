@@ -60,7 +60,7 @@ def test_csa_read_equals_the_oracle(rng):
     seq = layer.cache.create()
     for tokens in (1000, 1, 1999):  # 3000 tokens: 750 entries, of which the top 512 are read
         layer.append(seq, tokens)
-    rc = P.deepseek_v4_csa_reader()
+    rc = P.deepseek_reader(4)
     reader = pk.SparseReader(layer.cache, rc)
     for t in (2999, 2950):
         q, iq, iw, sinks = csa_inputs(rng, rc)
@@ -84,10 +84,10 @@ def test_csa_precision_preset_reads_fp8_entries_with_the_fp4_indexer(rng):
     layer = csa_layer(rng, precision=True)
     seq = layer.cache.create()
     layer.append(seq, 2100)  # 525 entries, of which the FP4 indexer picks 512
-    rc = P.deepseek_v4_csa_precision_reader()
+    rc = P.deepseek_reader(4, precision=True)
     assert rc.precision == pk.IndexerPrecision.fp4
     with pytest.raises(pk.ConfigError, match="precision"):  # FP4 keys need the FP4 indexer
-        pk.SparseReader(layer.cache, P.deepseek_v4_csa_reader())
+        pk.SparseReader(layer.cache, P.deepseek_reader(4))
     reader = pk.SparseReader(layer.cache, rc)
     q, iq, iw, sinks = csa_inputs(rng, rc)
     trace = pk.ReadTrace()
@@ -100,7 +100,7 @@ def test_csa_precision_preset_reads_fp8_entries_with_the_fp4_indexer(rng):
     memory = layer.cache.memory(seq)
     assert memory.entry_bytes == 525 * (584 + 68)  # 146 + 17 bytes per token at S = 4
     # The window holds the FP8 values of the rows handed over (the oracle read above used them).
-    window = P.deepseek_v4_precision_window()
+    window = P.deepseek_window(precision=True)
     assert (window.precision, window.rope_channels) == (pk.StorageType.fp8_e4m3_block, 64)
     given = np.concatenate(layer.window_keys[seq])[2099, 0]
     held = layer.cache.window_key(seq, 2099)
@@ -145,7 +145,7 @@ def test_read_batch_is_bit_identical_to_single_reads(rng):
     layer.append(b, 301)
     c = cache.create()
     layer.append(c, 97)
-    rc = P.deepseek_v4_csa_reader()
+    rc = P.deepseek_reader(4)
     reader = pk.SparseReader(cache, rc)
     seqs, positions, top_k = [a, b, c, a], [2499, 2800, 96, 2450], [-1, 100, 0, 512]
     inputs = [csa_inputs(rng, rc) for _ in seqs]
@@ -175,7 +175,7 @@ def test_read_batch_is_bit_identical_to_single_reads(rng):
 def test_outputs_are_written_in_place(rng, csa):
     seq = csa.cache.create()
     csa.append(seq, 600)
-    rc = P.deepseek_v4_csa_reader()
+    rc = P.deepseek_reader(4)
     reader = pk.SparseReader(csa.cache, rc)
     q, iq, iw, sinks = csa_inputs(rng, rc)
     out = np.full((64, 512), np.nan, dtype=np.float32)
@@ -201,7 +201,7 @@ def test_outputs_are_written_in_place(rng, csa):
 def test_arrays_that_would_need_a_copy_are_rejected(rng, csa):
     seq = csa.cache.create()
     csa.append(seq, 100)
-    rc = P.deepseek_v4_csa_reader()
+    rc = P.deepseek_reader(4)
     reader = pk.SparseReader(csa.cache, rc)
     q, iq, iw, sinks = csa_inputs(rng, rc)
     with pytest.raises(TypeError, match=r"^queries.dtype = float64: must be float32"):
@@ -235,7 +235,7 @@ def test_arrays_that_would_need_a_copy_are_rejected(rng, csa):
 
 
 def test_reader_accessors_and_config_errors(csa):
-    rc = P.deepseek_v4_csa_reader()
+    rc = P.deepseek_reader(4)
     reader = pk.SparseReader(csa.cache.shape(), rc)
     assert reader.output_floats == 64 * 512 and reader.config.top_k == 512
     assert reader.shape.geometry == csa.geometry and len(reader.shape.streams) == 2

@@ -23,7 +23,7 @@ def test_selector_selects_what_the_reader_selects(rng, precision):
     layer = csa_layer(rng, precision=precision)
     seq = layer.cache.create()
     layer.append(seq, 1201)  # 300 entries
-    rc = P.deepseek_v4_csa_precision_reader() if precision else P.deepseek_v4_csa_reader()
+    rc = P.deepseek_reader(4, precision=True) if precision else P.deepseek_reader(4)
     rc.top_k = 64
     reader = pk.SparseReader(layer.cache, rc)
     selector = pk.EntrySelector(layer.cache, pk.selection_of(rc))
@@ -56,11 +56,11 @@ def test_host_indices_read_exactly_those_entries(rng):
     layer = csa_layer(rng)
     seq = layer.cache.create()
     layer.append(seq, 800)  # 200 entries
-    rc = P.deepseek_v4_csa_reader()
+    rc = P.deepseek_reader(4)
     rc.top_k, rc.indexer_stream, rc.indexer_heads = 16, None, 0  # every selection is the host's
     reader = pk.SparseReader(layer.cache, rc)
     t = 799
-    q, _, _, sinks = csa_inputs(rng, P.deepseek_v4_csa_reader())
+    q, _, _, sinks = csa_inputs(rng, P.deepseek_reader(4))
     chosen = rng.choice(200, size=10, replace=False).astype(np.int32)
     indices = np.full(16, -1, dtype=np.int32)
     indices[rng.choice(16, size=10, replace=False)] = chosen  # scattered among the padding
@@ -92,7 +92,7 @@ def test_flashmla_lse_excludes_the_sink(rng):
     layer = csa_layer(rng)
     seq = layer.cache.create()
     layer.append(seq, 400)
-    rc = P.deepseek_v4_csa_reader()
+    rc = P.deepseek_reader(4)
     ours = pk.SparseReader(layer.cache, rc)
     rc.lse = pk.LseConvention.flashmla
     theirs = pk.SparseReader(layer.cache, rc)
@@ -100,7 +100,7 @@ def test_flashmla_lse_excludes_the_sink(rng):
     a = ours.read_batch(layer.cache, [seq], [399], q[None], iq[None], iw[None], sinks[None])
     b = theirs.read_batch(layer.cache, [seq], [399], q[None], iq[None], iw[None], sinks[None])
     assert np.array_equal(a[0], b[0])  # the same output
-    _, lse, *_ = oracle(layer, seq, 399, P.deepseek_v4_csa_reader(), q, iq, iw, sinks)
+    _, lse, *_ = oracle(layer, seq, 399, P.deepseek_reader(4), q, iq, iw, sinks)
     np.testing.assert_allclose(a[1][0], lse, rtol=1e-5)
     # FlashMLA's: ln of the keys' sum alone; ours = logaddexp(theirs, sink).
     np.testing.assert_allclose(np.logaddexp(b[1][0].astype(np.float64), sinks), lse, rtol=1e-5)
@@ -117,7 +117,7 @@ def test_physical_indices_read_what_their_logical_ids_read(rng):
     layer.append(parent, 500)
     seq = cache.fork(parent)  # shares the parent's pages, then copies its last one on write
     layer.append(seq, 301)
-    rc = P.deepseek_v4_csa_reader()
+    rc = P.deepseek_reader(4)
     rc.top_k = 32
     reader = pk.SparseReader(cache, rc)
     t = cache.tokens(seq) - 1

@@ -17,7 +17,7 @@ def world(rng):
     layer = csa_layer(rng)
     seq = layer.cache.create()
     layer.append(seq, 40)
-    reader = pk.SparseReader(layer.cache, P.deepseek_v4_csa_reader())
+    reader = pk.SparseReader(layer.cache, P.deepseek_reader(4))
     rc = reader.config
     inputs = dict(queries=rng.standard_normal((rc.query_heads, 512), dtype=np.float32),
                   indexer_queries=rng.standard_normal((rc.indexer_heads, 128), dtype=np.float32),
@@ -86,7 +86,7 @@ def test_an_append_takes_payloads_and_logits_in_the_stream_shape(rng):
     with shape_error("chunks[0] payload: shape (8, 512), expected (tokens=8, kv_heads·views·channels=1024)"):
         cache.append(seq, [(kv[0][:, 0, 0].copy(), kv[1].reshape(n, -1)), flat[1]], keys)
     # A compressor alone checks the same.
-    comp = pk.Compressor(P.deepseek_v4_csa_policy, P.deepseek_v4_csa_geometry(), P.deepseek_v4_csa_kv())
+    comp = pk.Compressor(pk.Policy.deepseek_v4, P.deepseek_geometry(4), P.deepseek_kv_stream(4))
     state = comp.make_state()
     with shape_error("chunk payload: shape (8, 2, 1, 512), expected (tokens=8, kv_heads=1, views=2, channels=512)"):
         comp.append(state, swapped[0], kv[1])

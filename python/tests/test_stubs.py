@@ -72,9 +72,9 @@ def test_the_package_reexports_the_module():
     for name in declared("_phasekv.pyi")[0] - {"FloatArray", "FloatInput", "Chunk", "version"}:
         assert getattr(pk, name) is getattr(pk._phasekv, name), name
     import phasekv.stats
-    from phasekv.presets import deepseek_v4_csa_kv
+    from phasekv.presets import deepseek_kv_stream
 
-    assert phasekv.stats is pk._phasekv.stats and inspect.isroutine(deepseek_v4_csa_kv)
+    assert phasekv.stats is pk._phasekv.stats and inspect.isroutine(deepseek_kv_stream)
 
 
 # ---- signatures ---------------------------------------------------------------------------------

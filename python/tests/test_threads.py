@@ -16,7 +16,7 @@ def test_threads_share_a_cache_and_a_reader(rng):
     seqs = [cache.create() for _ in range(3)]
     for seq in seqs:
         layer.append(seq, 700)
-    rc = P.deepseek_v4_csa_reader()
+    rc = P.deepseek_reader(4)
     shared_reader = pk.SparseReader(cache, rc)
     q = rng.standard_normal((64, 512), dtype=np.float32)
     iq = rng.standard_normal((64, 128), dtype=np.float32)

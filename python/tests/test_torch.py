@@ -31,7 +31,7 @@ class DLPackOnly:
 def csa_read(rng, csa):
     seq = csa.cache.create()
     csa.append(seq, 300)
-    rc = P.deepseek_v4_csa_reader()
+    rc = P.deepseek_reader(4)
     reader = pk.SparseReader(csa.cache, rc)
     inputs = csa_inputs(rng, rc)
     return csa.cache, seq, reader, inputs, reader.read(csa.cache, seq, 299, *inputs)
@@ -92,9 +92,9 @@ def test_tensors_are_refused_with_the_fix(csa_read):
 
 
 def test_bf16_tensors_are_read_as_bf16(rng):
-    g = P.deepseek_v4_csa_geometry()
-    c = pk.Compressor(P.deepseek_v4_csa_policy, g, P.deepseek_v4_csa_kv())
-    payload, logits = random_chunk(rng, P.deepseek_v4_csa_kv(), 37, g, pk.Policy.deepseek_v4)
+    g = P.deepseek_geometry(4)
+    c = pk.Compressor(pk.Policy.deepseek_v4, g, P.deepseek_kv_stream(4))
+    payload, logits = random_chunk(rng, P.deepseek_kv_stream(4), 37, g, pk.Policy.deepseek_v4)
     p16, l16 = torch.from_numpy(payload).to(torch.bfloat16), torch.from_numpy(logits).to(torch.bfloat16)
     # The oracle: the float32 widening of the same bf16 values, and the int16 bits of the same memory.
     wide = c.append(c.make_state(), p16.float().numpy(), l16.float().numpy(), slot_weights=True)
@@ -108,7 +108,7 @@ def test_bf16_tensors_are_read_as_bf16(rng):
     # The layer cache takes tensor chunks too, mixed with NumPy arrays.
     layer = csa_layer(rng)
     a, b = layer.cache.create(), layer.cache.create()
-    ip, il = random_chunk(rng, P.deepseek_v4_csa_indexer(), 37, g, pk.Policy.deepseek_v4)
+    ip, il = random_chunk(rng, P.deepseek_indexer_stream(4), 37, g, pk.Policy.deepseek_v4)
     keys = rng.standard_normal((37, 1, 512), dtype=np.float32)
     layer.cache.append(a, [(p16.float().numpy(), l16.float().numpy()), (ip, il)], keys)
     layer.cache.append(b, [(p16, l16), (torch.from_numpy(ip), il)], torch.from_numpy(keys))

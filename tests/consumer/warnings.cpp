@@ -43,8 +43,9 @@ int main() {
   using namespace phasekv;
   if (!(model_step_output() == model_step_output())) return 1;  // finite
   using csa = stream_compressor<presets::deepseek_v4_csa_policy>;
-  layer_compressor<csa, csa> layer(csa(presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_kv()),
-                                   csa(presets::deepseek_v4_csa_geometry(), presets::deepseek_v4_csa_indexer()));
+  layer_compressor<csa, csa> layer(
+      csa(presets::deepseek_v4_csa_layer.geom, presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer)),
+      csa(presets::deepseek_v4_csa_layer.geom, *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer)));
   cache_config cc;
   cc.window.tokens = 128;
   cc.window.key_channels = 512;
@@ -55,7 +56,8 @@ int main() {
   token_chunk kv_chunk{tokens, kv, kv}, indexer_chunk{tokens, ix, ix};
   cache.append(seq, {kv_chunk, indexer_chunk}, window);
 
-  sparse_reader reader(cache, presets::deepseek_v4_csa_reader());  // 64 heads, top 512, sink, de-rotation
+  // 64 heads, top 512, sink, de-rotation
+  sparse_reader reader(cache, presets::deepseek_reader(presets::deepseek_v4_csa_layer));
   std::vector<float> queries(64 * 512, 0.1f), indexer_queries(64 * 128, 0.1f), weights(64, 1.0f / 64), sinks(64),
       out(64 * 512);
   reader.read(cache, seq, read_request{tokens - 1, queries, indexer_queries, weights, sinks}, out.data());

@@ -61,7 +61,7 @@ results compute() {
   token_chunk kv_chunk{tokens, kv, kv_logits}, indexer_chunk{tokens, ix, ix_logits};
 
   results r;
-  csa kv_compressor(P::deepseek_v4_csa_geometry(), P::deepseek_v4_csa_kv());
+  csa kv_compressor(P::deepseek_v4_csa_layer.geom, P::deepseek_kv_stream(P::deepseek_v4_csa_layer));
   stream_state state = kv_compressor.make_state();
   kv_compressor.append(state, kv_chunk, [&](const entry_view& e) {
     r.entries.insert(r.entries.end(), e.values, e.values + e.kv_heads * e.channels);
@@ -69,8 +69,9 @@ results compute() {
 
   auto read = [&](const cache_config& cc, const reader_config& rc, std::vector<float>& out,
                   std::vector<std::int32_t>* selected, std::vector<float>* scores) {
-    layer_compressor<csa, csa> layer(csa(P::deepseek_v4_csa_geometry(), P::deepseek_v4_csa_kv()),
-                                     csa(P::deepseek_v4_csa_geometry(), P::deepseek_v4_csa_indexer()));
+    layer_compressor<csa, csa> layer(
+        csa(P::deepseek_v4_csa_layer.geom, P::deepseek_kv_stream(P::deepseek_v4_csa_layer)),
+        csa(P::deepseek_v4_csa_layer.geom, *P::deepseek_indexer_stream(P::deepseek_v4_csa_layer)));
     paged_cache<csa, csa> cache(layer, cc);
     const sequence_id seq = cache.create();
     cache.append(seq, {kv_chunk, indexer_chunk}, window);
@@ -85,9 +86,10 @@ results compute() {
     }
   };
   std::vector<float> scores_f32;
-  read(P::deepseek_v4_csa_cache(64), P::deepseek_v4_csa_reader(), r.read_f32, &r.selected_f32, &scores_f32);
-  read(P::deepseek_v4_csa_precision_cache(64), P::deepseek_v4_csa_precision_reader(), r.read_precision,
-       &r.selected_precision, &r.scores_precision);
+  read(P::deepseek_cache(P::deepseek_v4_csa_layer, 64), P::deepseek_reader(P::deepseek_v4_csa_layer), r.read_f32,
+       &r.selected_f32, &scores_f32);
+  read(P::deepseek_cache(P::deepseek_v4_csa_layer, 64, 0, true), P::deepseek_reader(P::deepseek_v4_csa_layer, true),
+       r.read_precision, &r.selected_precision, &r.scores_precision);
   return r;
 }
 

@@ -32,12 +32,13 @@ TEST_CASE("openmp_executor: the reader on two OpenMP threads equals the serial r
 #ifndef _OPENMP
   FAIL("this test must be compiled with OpenMP");
 #endif
-  stream_config kv = presets::deepseek_v4_csa_kv(), ix = presets::deepseek_v4_csa_indexer();
+  stream_config kv = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer),
+                ix = *presets::deepseek_indexer_stream(presets::deepseek_v4_csa_layer);
   kv.channels = 64;
   kv.rope.channels = 16;
   ix.channels = 32;
   ix.rope.channels = 16;
-  const geometry geom = presets::deepseek_v4_csa_geometry();
+  const geometry geom = presets::deepseek_v4_csa_layer.geom;
   cache_config cc;
   cc.page_size = 16;
   cc.pages = 1400;

@@ -27,7 +27,7 @@ using csa_cache = phasekv::paged_cache<csa_stream, csa_stream>;
 // A stream of the CSA preset (K/V or indexer config) with random slot bias and norm weight.
 inline csa_stream make_csa_stream(phasekv::stream_config c, std::uint32_t seed) {
   std::mt19937 rng(seed);
-  const phasekv::geometry g = phasekv::presets::deepseek_v4_csa_geometry();
+  const phasekv::geometry g = phasekv::presets::deepseek_v4_csa_layer.geom;
   phasekv::stream_params p;
   p.slot_bias = random_bias(rng, static_cast<std::size_t>(c.kv_heads * g.window * c.channels));
   p.norm_weight = random_norm_weight(rng, static_cast<std::size_t>(c.channels));
@@ -36,8 +36,9 @@ inline csa_stream make_csa_stream(phasekv::stream_config c, std::uint32_t seed) 
 
 // Both streams: K/V (512 channels) and indexer keys (128).
 inline csa_cache::layer make_csa_layer() {
-  return csa_cache::layer(make_csa_stream(phasekv::presets::deepseek_v4_csa_kv(), 1),
-                          make_csa_stream(phasekv::presets::deepseek_v4_csa_indexer(), 2));
+  return csa_cache::layer(
+      make_csa_stream(phasekv::presets::deepseek_kv_stream(phasekv::presets::deepseek_v4_csa_layer), 1),
+      make_csa_stream(*phasekv::presets::deepseek_indexer_stream(phasekv::presets::deepseek_v4_csa_layer), 2));
 }
 
 // `pages` pages of `page_size` entries per stream, stored as `storage`, a tied window of
@@ -53,8 +54,9 @@ inline phasekv::cache_config csa_config(const std::string& name, std::int64_t pa
 // The CSA reader preset (at DeepSeek-V4's precision: the FP4 indexer), selecting top_k, named
 // "dsv4" in errors.
 inline phasekv::reader_config dsv4_reader(std::int64_t top_k, bool precision) {
-  phasekv::reader_config rc =
-      precision ? phasekv::presets::deepseek_v4_csa_precision_reader() : phasekv::presets::deepseek_v4_csa_reader();
+  phasekv::reader_config rc = precision
+                                  ? phasekv::presets::deepseek_reader(phasekv::presets::deepseek_v4_csa_layer, true)
+                                  : phasekv::presets::deepseek_reader(phasekv::presets::deepseek_v4_csa_layer);
   rc.name = "dsv4";
   rc.top_k = top_k;
   return rc;

@@ -7,7 +7,7 @@
 // (sequence_view.hpp).
 //
 //   layer_shape shape;
-//   shape.geom = presets::deepseek_v4_csa_geometry();
+//   shape.geom = presets::deepseek_v4_csa_layer.geom;
 //   shape.streams = {{"kv", stream_role::key_value, 1, 512, storage_type::f32, true, kv_rope},
 //                    {"indexer", stream_role::indexer, 1, 128, storage_type::f32, false, {}}};
 //   shape.window = raw_window_config{128, 1, 512, 0};

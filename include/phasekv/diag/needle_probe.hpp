@@ -804,7 +804,7 @@ class needle_probe {
         kind.streams = {stream(keys, "mean.rope_after_pool", rope_placement::after_pool), stream(values, "mean")};
         break;
       case needle_policy::deepseek_v4_csa: {
-        stream_config kv = presets::deepseek_v4_csa_kv();
+        stream_config kv = presets::deepseek_kv_stream(presets::deepseek_v4_csa_layer);
         kv.name = "needle.kv";
         kv.channels = C;
         kv.rope.channels = (C / 4) & ~std::int64_t{1};
@@ -823,7 +823,7 @@ class needle_probe {
         gated_logits_ = C;
         rc.value_stream = 0;
         rc.derotate_output = true;
-        geom_ = presets::deepseek_v4_csa_geometry();
+        geom_ = presets::deepseek_v4_csa_layer.geom;
         kind.geom = geom_;
         kind.streams = {stream(kv, "deepseek_v4_csa", rope_placement::after_pool, entry_norm::rms)};
         break;

@@ -21,6 +21,7 @@
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/policies.hpp"
 #include "phasekv/compress/stream_config.hpp"
+#include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/format/storage.hpp"
@@ -76,6 +77,19 @@ inline constexpr deepseek_layer deepseek_v4_hca_layer{"v4", "hca", geometry{128,
 // assumption: only the stride is published).
 inline constexpr deepseek_layer deepseek_v4_1_csa_layer{"v4.1", "csa", geometry{2, 4, 0, anchor_mode::block_start},
                                                         true};
+
+// The compressed layer of a checkpoint's compress ratio (config.json's `compress_ratios`): 4 → V4's
+// CSA, 128 → HCA, 2 → V4.1's CSA. Any other ratio is a config_error naming `field` and the ratio;
+// 0, a window-only layer, has no compressed stream (deepseek_window_kind describes it).
+inline deepseek_layer deepseek_layer_of(int compress_ratio, const std::string& field = "compress_ratio") {
+  switch (compress_ratio) {
+    case 4: return deepseek_v4_csa_layer;
+    case 128: return deepseek_v4_hca_layer;
+    case 2: return deepseek_v4_1_csa_layer;
+  }
+  detail::fail(field, compress_ratio,
+               "is not a compressed DeepSeek-V4 layer's (4: CSA, 128: HCA, 2: V4.1's CSA; 0 is window-only)");
+}
 
 // Interleaved RoPE at the block start on the last 64 channels, base 160000, YaRN-scaled ×16 from
 // a 65536-token original context.
@@ -196,51 +210,6 @@ inline deepseek_layer_preset deepseek_preset(const deepseek_layer& layer, std::i
           deepseek_cache(layer, pages, history, precision), deepseek_reader(layer, precision)};
 }
 
-// --- The named presets, each one of the above ----------------------------------------------------
-
-inline geometry deepseek_v4_csa_geometry() { return deepseek_v4_csa_layer.geom; }
-inline geometry deepseek_v4_hca_geometry() { return deepseek_v4_hca_layer.geom; }
-inline geometry deepseek_v4_1_csa_geometry() { return deepseek_v4_1_csa_layer.geom; }
-
-inline stream_config deepseek_v4_csa_kv() { return deepseek_kv_stream(deepseek_v4_csa_layer); }
-inline stream_config deepseek_v4_csa_indexer() { return *deepseek_indexer_stream(deepseek_v4_csa_layer); }
-inline stream_config deepseek_v4_hca_kv() { return deepseek_kv_stream(deepseek_v4_hca_layer); }
-inline stream_config deepseek_v4_1_csa_kv() { return deepseek_kv_stream(deepseek_v4_1_csa_layer); }
-inline stream_config deepseek_v4_1_csa_indexer() { return *deepseek_indexer_stream(deepseek_v4_1_csa_layer); }
-
-// Any DeepSeek-V4 layer's fp32 cache under the generic name "dsv4".
-inline cache_config deepseek_v4_cache(std::int64_t pages, std::int64_t history = 0) {
-  cache_config c = deepseek_cache(deepseek_v4_csa_layer, pages, history);
-  c.name = "dsv4";
-  return c;
-}
-inline cache_config deepseek_v4_csa_cache(std::int64_t pages, std::int64_t history = 0) {
-  return deepseek_cache(deepseek_v4_csa_layer, pages, history);
-}
-inline cache_config deepseek_v4_hca_cache(std::int64_t pages, std::int64_t history = 0) {
-  return deepseek_cache(deepseek_v4_hca_layer, pages, history);
-}
-inline cache_config deepseek_v4_1_csa_cache(std::int64_t pages, std::int64_t history = 0) {
-  return deepseek_cache(deepseek_v4_1_csa_layer, pages, history);
-}
-inline raw_window_config deepseek_v4_precision_window() { return deepseek_window(true); }
-inline cache_config deepseek_v4_csa_precision_cache(std::int64_t pages, std::int64_t history = 0) {
-  return deepseek_cache(deepseek_v4_csa_layer, pages, history, true);
-}
-inline cache_config deepseek_v4_hca_precision_cache(std::int64_t pages, std::int64_t history = 0) {
-  return deepseek_cache(deepseek_v4_hca_layer, pages, history, true);
-}
-inline cache_config deepseek_v4_1_csa_precision_cache(std::int64_t pages, std::int64_t history = 0) {
-  return deepseek_cache(deepseek_v4_1_csa_layer, pages, history, true);
-}
-
-inline reader_config deepseek_v4_csa_reader() { return deepseek_reader(deepseek_v4_csa_layer); }
-inline reader_config deepseek_v4_hca_reader() { return deepseek_reader(deepseek_v4_hca_layer); }
-inline reader_config deepseek_v4_1_csa_reader() { return deepseek_reader(deepseek_v4_1_csa_layer); }
-inline reader_config deepseek_v4_csa_precision_reader() { return deepseek_reader(deepseek_v4_csa_layer, true); }
-inline reader_config deepseek_v4_hca_precision_reader() { return deepseek_reader(deepseek_v4_hca_layer, true); }
-inline reader_config deepseek_v4_1_csa_precision_reader() { return deepseek_reader(deepseek_v4_1_csa_layer, true); }
-
 // --- Whole models, as data (models/layer_kind.hpp, models/model_cache.hpp) -------------------------
 
 // One compressed layer kind: the K/V stream (and a CSA layer's indexer keys), its window, its
@@ -260,7 +229,8 @@ inline layer_kind deepseek_kind(const deepseek_layer& layer, bool precision = fa
   };
   k.streams.push_back(stream(deepseek_kv_stream(layer), precision ? storage_type::fp8_e4m3_block : storage_type::f32));
   if (layer.indexer)
-    k.streams.push_back(stream(*deepseek_indexer_stream(layer), precision ? deepseek_v4_indexer_storage() : storage_type::f32));
+    k.streams.push_back(
+        stream(*deepseek_indexer_stream(layer), precision ? deepseek_v4_indexer_storage() : storage_type::f32));
   k.window = deepseek_window(precision);
   k.page_size = deepseek_v4_spec::page_size;
   k.reader = deepseek_reader(layer, precision);
@@ -296,15 +266,11 @@ inline model_spec deepseek_v4_model(const std::vector<int>& compress_ratios, boo
     for (std::size_t k = 0; k < seen.size(); ++k)
       if (seen[k] == ratio) kind = k;
     if (kind == seen.size()) {
-      switch (ratio) {
-        case 0: m.kinds.push_back(deepseek_window_kind(precision)); break;
-        case 4: m.kinds.push_back(deepseek_kind(deepseek_v4_csa_layer, precision)); break;
-        case 128: m.kinds.push_back(deepseek_kind(deepseek_v4_hca_layer, precision)); break;
-        case 2: m.kinds.push_back(deepseek_kind(deepseek_v4_1_csa_layer, precision)); break;
-        default:
-          detail::fail(name + ": compress_ratios[" + std::to_string(l) + "]", ratio,
-                       "is not a DeepSeek-V4 layer's (0: window-only, 4: CSA, 128: HCA, 2: V4.1's CSA)");
-      }
+      if (ratio == 0)
+        m.kinds.push_back(deepseek_window_kind(precision));
+      else
+        m.kinds.push_back(
+            deepseek_kind(deepseek_layer_of(ratio, name + ": compress_ratios[" + std::to_string(l) + "]"), precision));
       seen.push_back(ratio);
     }
     m.layers.push_back({kind, {}});

@@ -1,4 +1,0 @@
-#pragma once
-// Moved to phasekv/format/fp4.hpp (the number formats have a folder of their own). This path
-// keeps working for one version and will then be removed: include the new one.
-#include "phasekv/format/fp4.hpp"
