@@ -3,7 +3,7 @@ include(CMakePackageConfigHelpers)
 
 set(PHASEKV_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/cmake/phasekv)
 
-install(TARGETS phasekv EXPORT phasekvTargets)
+install(TARGETS phasekv phasekv_study phasekv_tools EXPORT phasekvTargets)
 install(DIRECTORY include/phasekv DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT phasekvTargets NAMESPACE phasekv:: DESTINATION ${PHASEKV_CMAKE_DIR})
 
@@ -25,5 +25,8 @@ install(FILES
 file(RELATIVE_PATH PHASEKV_PC_TO_PREFIX
   ${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_DATADIR}/pkgconfig ${CMAKE_INSTALL_PREFIX})
 string(REGEX REPLACE "/$" "" PHASEKV_PC_TO_PREFIX "${PHASEKV_PC_TO_PREFIX}")
+# phasekv.pc is the engine and the tools (xsimd); phasekv-study.pc adds Eigen for the study.
 configure_file(cmake/phasekv.pc.in ${PROJECT_BINARY_DIR}/phasekv.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/phasekv.pc DESTINATION ${CMAKE_INSTALL_DATADIR}/pkgconfig)
+configure_file(cmake/phasekv-study.pc.in ${PROJECT_BINARY_DIR}/phasekv-study.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/phasekv.pc ${PROJECT_BINARY_DIR}/phasekv-study.pc
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/pkgconfig)

@@ -1,7 +1,9 @@
-// The smallest real use of phasekv: the umbrella header compiles and one call links and runs.
-// Built by CMake (find_package, which passes PHASEKV_EXPECTED_VERSION) and by plain g++ with
-// pkg-config's flags (scripts/test).
-#include <phasekv/phasekv.hpp>
+// The smallest real use of phasekv's engine: its umbrella header compiles (on xsimd alone:
+// phasekv::phasekv gives no Eigen include path) and one call links and runs. Built by CMake
+// (find_package, which passes PHASEKV_EXPECTED_VERSION) and by plain g++ with pkg-config's flags
+// (scripts/test).
+#include <phasekv/engine.hpp>
+#include <phasekv/version.hpp>
 
 #include <cstring>
 
