@@ -121,56 +121,94 @@ inline std::vector<float> random_vector(std::int64_t n, std::uint64_t seed) {
   return v;
 }
 
-// Appends `tokens` tokens to `seq` through every stream in blocks of 1024. Stream 0's inputs are
-// one random block appended cyclically (seeds 1 and 2; the content of the entries does not change
-// the timing), the other streams' — an indexer's keys — fresh for every block from `seed`, so their
-// scores are not periodic (periodic scores would feed top-k an unrealistically tie-heavy input); the
-// window's key and value rows one block each, cyclic (seeds 3 and 4). `progress(done)` after each block.
+// A cache fill's inputs, in blocks of 1024 tokens. Stream 0's inputs are one random block appended
+// cyclically (seeds 1 and 2; the content of the entries does not change the timing), the other
+// streams' — an indexer's keys — fresh for every block from `seed`, so their scores are not
+// periodic (periodic scores would feed top-k an unrealistically tie-heavy input); the window's key
+// and value rows one block each, cyclic (seeds 3 and 4).
+class random_token_blocks {
+ public:
+  static constexpr std::int64_t block = 1024;
+
+  // Per stream its payload and logit floats per token; the window's key and value floats per token.
+  random_token_blocks(std::vector<std::int64_t> payload, std::vector<std::int64_t> logits, std::int64_t window_keys,
+                      std::int64_t window_values, std::uint64_t seed)
+      : payload_(std::move(payload)),
+        logits_(std::move(logits)),
+        window_keys_(window_keys),
+        window_values_(window_values),
+        in_(payload_.size()),
+        gates_(payload_.size()),
+        chunks_(payload_.size()),
+        keys_(random_vector(block * window_keys, 3)),
+        values_(random_vector(block * window_values, 4)),
+        rng_(seed) {
+    for (std::size_t k = 0; k < payload_.size(); ++k) {
+      in_[k].resize(static_cast<std::size_t>(block * payload_[k]));
+      gates_[k].resize(static_cast<std::size_t>(block * logits_[k]));
+    }
+    if (!in_.empty()) {  // stream 0's one block, drawn once
+      in_[0] = random_vector(block * payload_[0], 1);
+      gates_[0] = random_vector(block * logits_[0], 2);
+    }
+  }
+
+  // The next block's first n ≤ 1024 tokens: a chunk per stream (valid until the next call).
+  span<const token_chunk> next(std::int64_t n) {
+    for (std::size_t k = 0; k < chunks_.size(); ++k) {
+      if (k > 0) {
+        rng_.fill(in_[k]);
+        rng_.fill(gates_[k]);
+      }
+      chunks_[k] = token_chunk{n, span<const float>(in_[k].data(), static_cast<std::size_t>(n * payload_[k])),
+                               span<const float>(gates_[k].data(), static_cast<std::size_t>(n * logits_[k]))};
+    }
+    return span<const token_chunk>(chunks_);
+  }
+  span<const float> window_keys(std::int64_t n) const {
+    return span<const float>(keys_.data(), static_cast<std::size_t>(n * window_keys_));
+  }
+  span<const float> window_values(std::int64_t n) const {
+    return span<const float>(values_.data(), static_cast<std::size_t>(n * window_values_));
+  }
+
+ private:
+  std::vector<std::int64_t> payload_, logits_;
+  std::int64_t window_keys_, window_values_;
+  std::vector<std::vector<float>> in_, gates_;
+  std::vector<token_chunk> chunks_;
+  std::vector<float> keys_, values_;
+  fast_random rng_;
+};
+
+// Appends `tokens` tokens to `seq` through every stream in blocks of random_token_blocks' inputs;
+// `progress(done)` after each block.
 template <class Cache>
 void fill_random_tokens(Cache& cache, sequence_id seq, std::int64_t tokens, std::uint64_t seed,
                         const std::function<void(std::int64_t)>& progress = {}) {
-  constexpr std::int64_t block = 1024;
   constexpr std::size_t N = Cache::stream_count;
-  std::array<std::int64_t, N> payload{}, logits{};
+  std::vector<std::int64_t> payload(N), logits(N);
   run_detail::for_each_stream(cache.compressors(), [&](std::size_t k, const auto& c) {
     payload[k] = c.payload_floats_per_token();
     logits[k] = c.logit_floats_per_token();
   });
   const raw_window_config& w = cache.config().window;
-  const std::int64_t window_keys = w.tokens > 0 ? w.kv_heads * w.key_channels : 0;
-  const std::int64_t window_values = w.tokens > 0 ? w.kv_heads * w.value_channels : 0;
-  std::array<std::vector<float>, N> in, gates;
-  in[0] = random_vector(block * payload[0], 1);
-  gates[0] = random_vector(block * logits[0], 2);
-  for (std::size_t s = 1; s < N; ++s) {
-    in[s].resize(static_cast<std::size_t>(block * payload[s]));
-    gates[s].resize(static_cast<std::size_t>(block * logits[s]));
-  }
-  const std::vector<float> keys = random_vector(block * window_keys, 3), values = random_vector(block * window_values, 4);
-  fast_random rng(seed);
-  for (std::int64_t done = 0; done < tokens; done += block) {
-    const std::int64_t n = std::min(block, tokens - done);
+  random_token_blocks inputs(payload, logits, w.tokens > 0 ? w.kv_heads * w.key_channels : 0,
+                             w.tokens > 0 ? w.kv_heads * w.value_channels : 0, seed);
+  for (std::int64_t done = 0; done < tokens; done += random_token_blocks::block) {
+    const std::int64_t n = std::min(random_token_blocks::block, tokens - done);
+    const span<const token_chunk> next = inputs.next(n);
     typename Cache::chunks chunks;
-    for (std::size_t s = 0; s < N; ++s) {
-      if (s > 0) {
-        rng.fill(in[s]);
-        rng.fill(gates[s]);
-      }
-      chunks[s] = token_chunk{n, span<const float>(in[s].data(), static_cast<std::size_t>(n * payload[s])),
-                              span<const float>(gates[s].data(), static_cast<std::size_t>(n * logits[s]))};
-    }
-    cache.append(seq, chunks, span<const float>(keys.data(), static_cast<std::size_t>(n * window_keys)),
-                 span<const float>(values.data(), static_cast<std::size_t>(n * window_values)));
+    std::copy(next.begin(), next.end(), chunks.begin());
+    cache.append(seq, chunks, inputs.window_keys(n), inputs.window_values(n));
     if (progress) progress(done + n);
   }
 }
 
-// fill_random_tokens on layer 0 of a model (run() measures one-layer models): the same inputs in the
-// same blocks of 1024 tokens, each block one committed step, so the model holds what a paged_cache
-// filled by the template above holds.
+// The same on layer 0 of a model (run() measures one-layer models), each block one committed step:
+// the model holds what a paged_cache of the layer filled from the same seed holds.
 inline void fill_random_tokens(model_cache& model, sequence_id seq, std::int64_t tokens, std::uint64_t seed,
                                const std::function<void(std::int64_t)>& progress = {}) {
-  constexpr std::int64_t block = 1024;
   const std::size_t n_streams = model.shape(0).streams.size();
   std::vector<std::int64_t> payload(n_streams), logits(n_streams);
   for (std::size_t k = 0; k < n_streams; ++k) {
@@ -178,33 +216,11 @@ inline void fill_random_tokens(model_cache& model, sequence_id seq, std::int64_t
     logits[k] = model.stream(0, k).logit_floats_per_token();
   }
   const raw_window_config& w = model.kind_of(0).window;
-  const std::int64_t window_keys = w.tokens > 0 ? w.kv_heads * w.key_channels : 0;
-  const std::int64_t window_values = w.tokens > 0 ? w.kv_heads * w.value_channels : 0;
-  std::vector<std::vector<float>> in(n_streams), gates(n_streams);
-  if (n_streams > 0) {
-    in[0] = random_vector(block * payload[0], 1);
-    gates[0] = random_vector(block * logits[0], 2);
-  }
-  for (std::size_t k = 1; k < n_streams; ++k) {
-    in[k].resize(static_cast<std::size_t>(block * payload[k]));
-    gates[k].resize(static_cast<std::size_t>(block * logits[k]));
-  }
-  const std::vector<float> keys = random_vector(block * window_keys, 3), values = random_vector(block * window_values, 4);
-  fast_random rng(seed);
-  std::vector<token_chunk> chunks(n_streams);
-  for (std::int64_t done = 0; done < tokens; done += block) {
-    const std::int64_t n = std::min(block, tokens - done);
-    for (std::size_t k = 0; k < n_streams; ++k) {
-      if (k > 0) {
-        rng.fill(in[k]);
-        rng.fill(gates[k]);
-      }
-      chunks[k] = token_chunk{n, span<const float>(in[k].data(), static_cast<std::size_t>(n * payload[k])),
-                              span<const float>(gates[k].data(), static_cast<std::size_t>(n * logits[k]))};
-    }
-    const layer_append row{span<const token_chunk>(chunks),
-                           span<const float>(keys.data(), static_cast<std::size_t>(n * window_keys)),
-                           span<const float>(values.data(), static_cast<std::size_t>(n * window_values))};
+  random_token_blocks inputs(payload, logits, w.tokens > 0 ? w.kv_heads * w.key_channels : 0,
+                             w.tokens > 0 ? w.kv_heads * w.value_channels : 0, seed);
+  for (std::int64_t done = 0; done < tokens; done += random_token_blocks::block) {
+    const std::int64_t n = std::min(random_token_blocks::block, tokens - done);
+    const layer_append row{inputs.next(n), inputs.window_keys(n), inputs.window_values(n)};
     model_step step = model.begin({seq}, n);
     step.append(0, span<const layer_append>(&row, 1));
     step.commit();
