@@ -479,27 +479,6 @@ struct read_cost {
 
 // ---- timing ------------------------------------------------------------------------------------
 
-// Seconds per call of f: one call untimed (scratch grows, pages are touched), then calls until
-// `min_time` has passed; the mean. This thread's CPU time, or wall time (`wall`) for work spread
-// over several threads.
-template <class F>
-double seconds_per_call(F&& f, double min_time, bool wall = false) {
-  auto now = [wall] {
-    return wall ? std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count()
-                : thread_seconds();
-  };
-  f();
-  std::int64_t calls = 0;
-  const double t0 = now();
-  double elapsed = 0.0;
-  do {
-    f();
-    ++calls;
-    elapsed = now() - t0;
-  } while (elapsed < min_time);
-  return elapsed / static_cast<double>(calls);
-}
-
 // Per-call times of `repetitions` runs of f, each run calling f until `min_time / repetitions`
 // seconds have passed (at least once), after one untimed call; sorted, so the median, minimum and
 // maximum are at hand.
