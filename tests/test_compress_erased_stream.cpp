@@ -231,13 +231,7 @@ TEST_CASE("erased streams: mean pooling over separate K and V streams equals the
       config);
   REQUIRE_FALSE(erased.compressors().applies_rope(0));
 
-  reader_config rc;
-  rc.name = "mean.reader";
-  rc.query_heads = 4;
-  rc.key_stream = 0;
-  rc.value_stream = 1;
-  rc.indexer_stream = no_stream;
-  run_twins(typed, erased, rc, 7u, 9, token_draw{});
+  run_twins(typed, erased, phasekv_test::reader_of("mean.reader", 4), 7u, 9, token_draw{});  // K, V by role
 }
 
 TEST_CASE("erased streams: scalar gates with RoPE before pooling and RMSNorm equal the typed layer",
@@ -260,13 +254,7 @@ TEST_CASE("erased streams: scalar gates with RoPE before pooling and RMSNorm equ
   REQUIRE(erased.compressors().stream<0>().gate_channels() == 1);
   REQUIRE(erased.compressors().stream<0>().views() == kv.views());
 
-  reader_config rc;
-  rc.name = "scalar.reader";
-  rc.query_heads = 2;
-  rc.key_stream = 0;
-  rc.value_stream = 0;
-  rc.indexer_stream = no_stream;
-  run_twins(typed, erased, rc, 11u, 7, token_draw{});
+  run_twins(typed, erased, phasekv_test::reader_of("scalar.reader", 2), 11u, 7, token_draw{});  // tied K/V
 }
 
 TEST_CASE("erased streams: construction errors name the field", "[erased_stream]") {

@@ -40,6 +40,18 @@ struct stated_pool : silent_pool {
   }
 };
 
+// Tiny writes (a 256-token prefill, 16 one-token appends), no reads, min_time 0.
+phasekv::bench::run_config writes_only(std::int64_t repetitions) {
+  phasekv::bench::run_config rc;
+  rc.prefill_tokens = 256;
+  rc.decode_tokens = 16;
+  rc.context = 0;
+  rc.batch = 0;
+  rc.min_time = 0.0;
+  rc.repetitions = repetitions;
+  return rc;
+}
+
 // One stream of `Pool`, registered as a host registers its pooling, measured through the front door.
 template <class Pool>
 phasekv::bench::results tiny_run() {
@@ -56,14 +68,7 @@ phasekv::bench::results tiny_run() {
   kind.streams = {kv};
   kind.page_size = 16;
   kind.reader.query_heads = 2;
-  bench::run_config rc;
-  rc.prefill_tokens = 256;
-  rc.decode_tokens = 16;
-  rc.context = 0;
-  rc.batch = 0;
-  rc.min_time = 0.0;
-  rc.repetitions = 3;
-  return bench::run(kind, poolings, rc);
+  return bench::run(kind, poolings, writes_only(3));
 }
 
 }  // namespace
@@ -216,14 +221,10 @@ TEST_CASE("fill_random_tokens fills a one-layer model as it fills the layer's pa
 TEST_CASE("bench::run measures writes and reads of any layer kind, window-only included", "[testing][bench]") {
   using namespace phasekv;
   const pooling_registry poolings = pooling_registry::builtins();
-  bench::run_config rc;
-  rc.prefill_tokens = 256;
-  rc.decode_tokens = 8;
+  bench::run_config rc = writes_only(1);
   rc.context = 700;
   rc.batch = 2;
   rc.batch_context = 300;
-  rc.min_time = 0.0;
-  rc.repetitions = 1;
   const layer_kind csa = presets::deepseek_kind(presets::deepseek_v4_csa_layer, true);
   const layer_kind hca = presets::deepseek_kind(presets::deepseek_v4_hca_layer, true);
   const layer_kind swa = presets::deepseek_window_kind(true);

@@ -11,6 +11,7 @@
 #include "phasekv/cache/page_layout.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/stream_config.hpp"
+#include "phasekv/read/read_types.hpp"
 
 namespace phasekv_test {
 
@@ -50,6 +51,14 @@ inline phasekv::cache_config cache_of(const std::string& name, std::int64_t page
 
 // `capacity` pages of `page_size` entries of kv_heads × channels elements of `storage` (capacity 0:
 // a configuration only a layout is computed from); an FP8 pool keeps `rope_channels` in bf16.
+// A reader of `query_heads` heads whose streams follow the layer's roles, selecting nothing.
+inline phasekv::reader_config reader_of(const std::string& name, std::int64_t query_heads) {
+  phasekv::reader_config r;
+  r.name = name;
+  r.query_heads = query_heads;
+  return r;
+}
+
 inline phasekv::page_pool_config pool_of(const std::string& name, std::int64_t page_size, std::int64_t kv_heads,
                                          std::int64_t channels, std::int64_t capacity,
                                          phasekv::storage_type storage = phasekv::storage_type::f32,
