@@ -16,8 +16,9 @@ PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 PRINTS = {
     ("README.md", 0): "[0 1 2 3 0 1 2 3] 4.0\n",
     ("README.md", 1): "True ['passed', 'passed']\n",
-    ("docs/PYTHON.md", 0): "True []\n",
-    ("docs/PYTHON.md", 1): "(1, 64, 512) 20\n",
+    ("docs/PYTHON.md", 0): "[0 1 2 3 0 1 2 3] 4.0\n",
+    ("docs/PYTHON.md", 1): "True []\n",
+    ("docs/PYTHON.md", 2): "(1, 64, 512) 20\n",
     ("docs/CONFORMANCE.md", 0): "True ['passed', 'passed']\n",
 }
 
