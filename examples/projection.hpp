@@ -21,6 +21,7 @@
 
 namespace phasekv_examples {
 
+using phasekv::span;
 using phasekv::token_chunk;
 using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
@@ -53,16 +54,16 @@ class stream_projection {
   template <class Compressor>
   token_chunk project(const Compressor& c, const row_matrix& hidden, std::vector<float>& payload,
                       std::vector<float>& logits) const {
-    phasekv::detail::require<phasekv::input_error>(hidden.cols() == this->hidden(), "projection: hidden.cols()", hidden.cols(),
-                                 "must equal the maps' hidden size " + std::to_string(this->hidden()));
-    phasekv::detail::require<phasekv::input_error>(payload_map_.rows() == c.payload_floats_per_token(), "projection.payload_map.rows()",
-                                 payload_map_.rows(),
-                                 "must equal the compressor's payload floats per token " +
-                                     std::to_string(c.payload_floats_per_token()));
-    phasekv::detail::require<phasekv::input_error>(gate_map_.rows() == c.logit_floats_per_token(), "projection.gate_map.rows()",
-                                 gate_map_.rows(),
-                                 "must equal the compressor's logit floats per token " +
-                                     std::to_string(c.logit_floats_per_token()));
+    using phasekv::detail::require;
+    using phasekv::input_error;
+    require<input_error>(hidden.cols() == this->hidden(), "projection: hidden.cols()", hidden.cols(),
+                         "must equal the maps' hidden size " + std::to_string(this->hidden()));
+    require<input_error>(payload_map_.rows() == c.payload_floats_per_token(), "projection.payload_map.rows()",
+                         payload_map_.rows(),
+                         "must equal the compressor's payload floats per token " +
+                             std::to_string(c.payload_floats_per_token()));
+    require<input_error>(gate_map_.rows() == c.logit_floats_per_token(), "projection.gate_map.rows()", gate_map_.rows(),
+                         "must equal the compressor's logit floats per token " + std::to_string(c.logit_floats_per_token()));
     const Eigen::Index n = hidden.rows();
     payload.resize(static_cast<std::size_t>(n * payload_map_.rows()));
     Eigen::Map<row_matrix>(payload.data(), n, payload_map_.rows()).noalias() = hidden * payload_map_.transpose();
