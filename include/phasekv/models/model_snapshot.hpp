@@ -59,10 +59,7 @@ struct model_snapshot_access {
     const geometry g = kind.window_only() ? geometry{0, 0, 0, anchor_mode::block_start} : kind.geom;
     snapshot_format::fingerprint f = snapshot_format::layer_fingerprint(g, m.options_.history, kind.window);
     for (std::size_t k = 0; k < layer.streams.size(); ++k) {
-      const stream_kernel& s = *layer.streams[k];
-      f.streams.push_back(snapshot_format::stream_fingerprint_from(
-          s.config(), s.params(), s.pooling_identity(), static_cast<std::uint32_t>(s.rope()) + 1,
-          static_cast<std::uint32_t>(s.norm()) + 1, kind.streams[k].storage));
+      f.streams.push_back(snapshot_format::stream_fingerprint_of(*layer.streams[k], kind.streams[k].storage));
     }
     return f;
   }
