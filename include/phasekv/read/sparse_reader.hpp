@@ -105,7 +105,7 @@ struct layout_access;  // tests/layout: reads the sizes of the reader's private 
 class sparse_reader {
   using attention_kernel = kernels::attention<>;
 
-  // A row-major table of floats (rows × cols), for the trace's per-head logits and factors.
+  // A row-major table of floats (rows × cols), for the trace's per-head logits.
   struct float_table {
     std::int64_t cols = 0;
     std::vector<float> values;
@@ -223,7 +223,7 @@ class sparse_reader {
     std::vector<const float*> window_keys, window_values;      // the read's window rows in the ring (f32)
     std::vector<const std::byte*> window_key_rows, window_value_rows;  // the same, FP8 window
     float_table entry_logits, window_logits;                   // per query head, for the trace
-    float_table final_max, final_norm;                         // per query head (one column), for the trace
+    std::vector<float> final_max, final_norm;                  // per query head, for the trace
   };
 
   // ---- checks of a read (read_checks.hpp) ------------------------------------------------------
@@ -445,8 +445,8 @@ class sparse_reader {
     if (w.tracing) {
       w.entry_logits.resize(config_.query_heads, w.n_entries);
       w.window_logits.resize(config_.query_heads, w.n_win);
-      w.final_max.resize(config_.query_heads, 1);
-      w.final_norm.resize(config_.query_heads, 1);
+      w.final_max.resize(static_cast<std::size_t>(config_.query_heads));
+      w.final_norm.resize(static_cast<std::size_t>(config_.query_heads));
     }
   }
 
@@ -561,8 +561,8 @@ class sparse_reader {
       for (std::int64_t h = 0; h < group; ++h) it.lse[g * group + h] = total.log_denominator(h, sinks);
     if (w.tracing)
       for (std::int64_t h = 0; h < group; ++h) {
-        w.final_max(g * group + h, 0) = total.max_logit(h);
-        w.final_norm(g * group + h, 0) = total.normaliser(h, sinks);
+        w.final_max[static_cast<std::size_t>(g * group + h)] = total.max_logit(h);
+        w.final_norm[static_cast<std::size_t>(g * group + h)] = total.normaliser(h, sinks);
       }
     if (config_.derotate_output)
       for (std::int64_t h = 0; h < group; ++h)
@@ -683,7 +683,7 @@ class sparse_reader {
     tr.window_mass = 0.0f;
     tr.sink_mass = 0.0f;
     for (std::int64_t h = 0; h < config_.query_heads; ++h) {
-      const float norm = w.final_norm(h, 0), m = w.final_max(h, 0);
+      const float norm = w.final_norm[static_cast<std::size_t>(h)], m = w.final_max[static_cast<std::size_t>(h)];
       float total = 0.0f;
       for (std::int64_t i = 0; i < n_entries; ++i) {
         const float p = norm > 0.0f ? std::exp(w.entry_logits(h, i) - m) * norm : 0.0f;
