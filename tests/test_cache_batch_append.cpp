@@ -20,6 +20,8 @@
 #include "phasekv/cache/paged_cache.hpp"
 #include "support/read_world.hpp"
 
+namespace test_cache_batch_append {
+
 namespace {
 
 using namespace phasekv;
@@ -232,3 +234,5 @@ TEST_CASE("append_batch: a bad item, a repeat, a full pool or a failing entry ch
 }
 
 }  // namespace
+
+}  // namespace test_cache_batch_append

@@ -51,6 +51,8 @@
 #include "phasekv/format/storage.hpp"
 #include "phasekv/models/deepseek_v4.hpp"
 
+namespace test_cache_fp4 {
+
 namespace {
 
 using namespace phasekv;
@@ -660,3 +662,5 @@ TEST_CASE("fp4: snapshots move FP4 streams byte for byte and into nothing else",
   CHECK_THAT(message_of<input_error>([&] { restore(destination, snapshot(f32_source, s32)); }),
              Contains("entries are stored as f32; the cache stores fp4_e2m1_hadamard"));
 }
+
+}  // namespace test_cache_fp4

@@ -49,6 +49,8 @@
 #include "phasekv/format/storage.hpp"
 #include "phasekv/models/deepseek_v4.hpp"
 
+namespace test_cache_fp8 {
+
 namespace {
 
 using namespace phasekv;
@@ -748,3 +750,5 @@ TEST_CASE("fp8: raw window precisions a cache cannot take are errors that name t
   CHECK_THAT(message_of<config_error>([&] { csa_cache cache(layer, c); }),
              Contains("w.window.rope_channels = 64: must be 0 unless window.precision is fp8_e4m3_block"));
 }
+
+}  // namespace test_cache_fp8

@@ -29,6 +29,8 @@
 #include "phasekv/read/sparse_reader.hpp"
 #include "support/read_world.hpp"
 
+namespace test_cache_host_entries {
+
 namespace {
 
 using namespace phasekv;
@@ -365,3 +367,5 @@ TEST_CASE("append_entries: bad entries and a full pool are errors that change no
 }
 
 }  // namespace
+
+}  // namespace test_cache_host_entries

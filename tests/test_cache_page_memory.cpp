@@ -23,6 +23,8 @@
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/models/deepseek_v4.hpp"
 
+namespace test_cache_page_memory {
+
 namespace {
 
 using namespace phasekv;
@@ -275,3 +277,5 @@ TEST_CASE("page_memory: a 1M-entry cache holding one 4K-token sequence keeps onl
 #endif
 
 }  // namespace
+
+}  // namespace test_cache_page_memory

@@ -23,6 +23,8 @@
 #include "support/configs.hpp"
 #include "phasekv/cache/page_pool.hpp"
 
+namespace test_cache_page_pool {
+
 namespace {
 
 using phasekv::page_id;
@@ -627,3 +629,5 @@ TEST_CASE("page_pool: concurrent allocate, retain and release keep the accountin
   pool.allocate(capacity, all.data());
   CHECK(std::set<page_id>(all.begin(), all.end()).size() == static_cast<std::size_t>(capacity));
 }
+
+}  // namespace test_cache_page_pool

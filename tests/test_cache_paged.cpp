@@ -41,6 +41,8 @@
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 
+namespace test_cache_paged {
+
 namespace {
 
 using namespace phasekv;
@@ -1278,3 +1280,5 @@ TEST_CASE("paged_cache: threads owning different sequences share one cache", "[c
 }
 
 }  // namespace
+
+}  // namespace test_cache_paged

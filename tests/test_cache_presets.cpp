@@ -21,6 +21,8 @@
 #include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
+namespace test_cache_presets {
+
 namespace {
 
 using namespace phasekv;
@@ -296,3 +298,5 @@ TEST_CASE("presets: one description per DeepSeek layer gives its compressor, cac
   CHECK(trace.selected.size() == sz(p.geom.completed_entries(40)));
   CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }));
 }
+
+}  // namespace test_cache_presets

@@ -57,6 +57,8 @@
 #include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
+namespace test_cache_snapshot {
+
 namespace {
 
 using namespace phasekv;
@@ -1398,3 +1400,5 @@ TEST_CASE("snapshot parts: adopt refuses parts of another cache, and a failing w
 }
 
 }  // namespace
+
+}  // namespace test_cache_snapshot

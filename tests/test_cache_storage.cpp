@@ -24,6 +24,8 @@
 #include "support/common.hpp"
 #include "phasekv/format/storage.hpp"
 
+namespace test_cache_storage {
+
 namespace {
 
 using phasekv::storage_type;
@@ -425,3 +427,5 @@ TEST_CASE("storage: row functions reject bad arguments", "[cache][storage]") {
   CHECK_NOTHROW(phasekv::store_row(nullptr, nullptr, 0, storage_type::f16));  // an empty row is fine
   CHECK_NOTHROW(phasekv::store_row(source, destination + 2, 4, storage_type::bf16));
 }
+
+}  // namespace test_cache_storage

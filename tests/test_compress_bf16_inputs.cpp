@@ -26,6 +26,8 @@
 #include "phasekv/format/storage.hpp"
 #include "phasekv/models/deepseek_v4.hpp"
 
+namespace test_compress_bf16_inputs {
+
 namespace {
 
 using namespace phasekv;
@@ -325,3 +327,5 @@ TEST_CASE("bf16 inputs: paged_cache stores the entries of the widened fp32 input
   CHECK_THROWS_AS(cache.append(narrow, {bad, slice(v, vpt, lpt, 0, 4, true, true)}), input_error);
   CHECK(cache.entries(narrow, 0) == before);
 }
+
+}  // namespace test_compress_bf16_inputs

@@ -29,6 +29,8 @@
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 
+namespace test_compress_custom_pool {
+
 namespace {
 
 using namespace phasekv;
@@ -219,3 +221,5 @@ TEST_CASE("custom pooling: configurations that do not fit are errors naming the 
 }
 
 }  // namespace
+
+}  // namespace test_compress_custom_pool

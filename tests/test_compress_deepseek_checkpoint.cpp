@@ -19,6 +19,8 @@
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/models/deepseek_v4.hpp"
 
+namespace test_compress_deepseek_checkpoint {
+
 namespace {
 
 using namespace phasekv;
@@ -295,3 +297,5 @@ TEST_CASE("deepseek: shapes that do not fit are errors naming the field", "[comp
   CHECK_THAT(message_of<input_error>([&] { deepseek::reorder_projected(g, 512, span<float>(rows.data(), 1000)); }),
              Catch::StartsWith("rows.size() = 1000: must be a multiple of 1024"));
 }
+
+}  // namespace test_compress_deepseek_checkpoint

@@ -34,6 +34,8 @@
 #include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
+namespace test_compress_erased_stream {
+
 namespace {
 
 using namespace phasekv;
@@ -265,3 +267,5 @@ TEST_CASE("erased streams: construction errors name the field", "[erased_stream]
   REQUIRE(message_of<config_error>([] { erased_stream(std::shared_ptr<const stream_kernel>()); }) ==
           "erased_stream(kernel) = null: must be a stream_kernel");
 }
+
+}  // namespace test_compress_erased_stream

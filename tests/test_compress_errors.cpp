@@ -18,6 +18,8 @@
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 
+namespace test_compress_errors {
+
 namespace {
 
 using namespace phasekv;
@@ -350,3 +352,5 @@ TEST_CASE("layer: streams must share one geometry", "[compress][errors]") {
              }),
              Contains("streams[1]") && Contains("origin=1"));
 }
+
+}  // namespace test_compress_errors

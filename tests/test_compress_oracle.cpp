@@ -12,6 +12,8 @@
 #include "support/random_inputs.hpp"
 #include "oracle/scalar_compressor.hpp"
 
+namespace test_compress_oracle {
+
 namespace {
 
 using namespace phasekv;
@@ -381,3 +383,5 @@ TEST_CASE("oracle: random inputs are reproducible and large logits are as docume
     }
   }
 }
+
+}  // namespace test_compress_oracle

@@ -19,6 +19,8 @@
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 
+namespace test_compress_point_twins {
+
 namespace {
 
 using namespace phasekv;
@@ -246,3 +248,5 @@ TEST_CASE("point twins: a policy that reads bf16 rows gets them in place exactly
   check(row_probe<true>{}, true);
   check(row_probe<false>{}, false);
 }
+
+}  // namespace test_compress_point_twins

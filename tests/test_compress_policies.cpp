@@ -26,6 +26,8 @@
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 
+namespace test_compress_policies {
+
 namespace {
 
 using namespace phasekv;
@@ -344,3 +346,5 @@ TEMPLATE_TEST_CASE("compressor matches the oracle: long windows", "[compress][po
     check_against_oracle<TestType>(geoms[k], make_config(shapes[k]), o);
   }
 }
+
+}  // namespace test_compress_policies

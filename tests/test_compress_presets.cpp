@@ -20,6 +20,8 @@
 #include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/models/nsa.hpp"
 
+namespace test_compress_presets {
+
 namespace {
 
 using namespace phasekv;
@@ -309,3 +311,5 @@ TEST_CASE("presets: a layer appends to all its streams in step", "[compress][pre
     run_layer(layer, params, 42, 57, std::make_index_sequence<3>{});
   }
 }
+
+}  // namespace test_compress_presets

@@ -21,6 +21,8 @@
 #include "../examples/pools/max_pool.hpp"
 #include "../examples/pools/nsa_mlp_pool.hpp"
 
+namespace test_compress_streaming {
+
 namespace {
 
 using namespace phasekv;
@@ -301,3 +303,5 @@ TEST_CASE("streaming: a planted bug in a host policy's streaming state is caught
   INFO(failures);
   CHECK_THAT(failures, Catch::Matchers::Contains("forked states continue with the same entries"));
 }
+
+}  // namespace test_compress_streaming

@@ -35,6 +35,8 @@
 #include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/diag/statistics.hpp"
 
+namespace test_diag_interventions_probe {
+
 using namespace phasekv;
 using namespace phasekv::diag;
 using namespace phasekv::diag::probe;
@@ -238,3 +240,5 @@ TEST_CASE("needle probe: intervention knobs are validated", "[needle][interventi
   CHECK(c.concentrated_slot_bias(false) == std::vector<float>{0, 0, 0, 12, 12, 0, 0, 0});
   CHECK(c.concentrated_slot_bias(true) == std::vector<float>{12, 0, 0, 0, 0, 12, 0, 0});
 }
+
+}  // namespace test_diag_interventions_probe

@@ -9,6 +9,8 @@
 
 #include "phasekv/diag/interventions.hpp"
 
+namespace test_diag_knockout_phase {
+
 namespace {
 
 using namespace phasekv::diag;
@@ -61,3 +63,5 @@ TEST_CASE("knockout_phase_test checks its head") {
   CHECK_THROWS_WITH(knockout_phase_test(map, 2), Catch::Contains("head = 2"));
   CHECK_THROWS_AS(knockout_phase_test(map, -1), phasekv::input_error);
 }
+
+}  // namespace test_diag_knockout_phase

@@ -19,6 +19,8 @@
 #include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/diag/svg_plot.hpp"
 
+namespace test_diag_locale {
+
 namespace {
 
 using namespace phasekv;
@@ -112,3 +114,5 @@ TEST_CASE("locale: the writers give the same bytes under a comma-decimal C local
 }
 
 }  // namespace
+
+}  // namespace test_diag_locale

@@ -14,6 +14,8 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/diag/logistic.hpp"
 
+namespace test_diag_logistic {
+
 namespace {
 
 using namespace phasekv::diag::stats;
@@ -145,3 +147,5 @@ TEST_CASE("bad input names the argument") {
   bad.zero = {0, 1};
   CHECK_THROWS_WITH(fit_logistic(x, y, 2, {}, bad), Catch::Contains("at least one column free"));
 }
+
+}  // namespace test_diag_logistic

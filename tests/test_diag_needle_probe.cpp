@@ -14,6 +14,8 @@
 #include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/diag/statistics.hpp"
 
+namespace test_diag_needle_probe {
+
 using namespace phasekv;
 using namespace phasekv::diag;
 using namespace phasekv::diag::probe;
@@ -204,3 +206,5 @@ TEST_CASE("needle probe: RoPE after pooling and the DeepSeek-V4 preset run", "[n
   CHECK(csa.valid);
   CHECK(csa.errored_trials == 0);
 }
+
+}  // namespace test_diag_needle_probe

@@ -27,6 +27,8 @@
 #include "phasekv/diag/needle_probe.hpp"
 #include "phasekv/diag/phase_sweep.hpp"
 
+namespace test_diag_needle_records {
+
 using namespace phasekv;
 using namespace phasekv::diag;
 using phasekv::diag::probe::needle_config;
@@ -338,3 +340,5 @@ TEST_CASE("needle records: bad records, profiles and selection name the field; a
     CHECK_THROWS_WITH(p.trial(12), Catch::Contains("not among the prepared targets"));
   }
 }
+
+}  // namespace test_diag_needle_records

@@ -18,6 +18,8 @@
 
 #include "phasekv/diag/phase_sweep.hpp"
 
+namespace test_diag_phase_sweep {
+
 namespace {
 
 using namespace phasekv;
@@ -785,3 +787,5 @@ TEST_CASE("phase sweep: one cycle over all residues is reported as the trivial f
     CHECK(trivial == (modulus != c.stride));
   }
 }
+
+}  // namespace test_diag_phase_sweep

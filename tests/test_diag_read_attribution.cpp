@@ -11,6 +11,8 @@
 #include "phasekv/diag/interventions.hpp"
 #include "phasekv/diag/read_attribution.hpp"
 
+namespace test_diag_read_attribution {
+
 using namespace phasekv;
 using namespace phasekv::diag;
 
@@ -473,3 +475,5 @@ TEST_CASE("classify_failure: built to miss by selection, by the read, by the wri
   t.entry_mass.clear();
   CHECK_THROWS_WITH(classify_failure(g, log, t, 9, 2), Catch::Contains("entry_mass.size()"));
 }
+
+}  // namespace test_diag_read_attribution

@@ -12,6 +12,8 @@
 #include "phasekv/diag/record_layout.hpp"
 #include "phasekv/diag/phase_sweep.hpp"
 
+namespace test_diag_record_layout {
+
 namespace {
 
 using namespace phasekv;
@@ -146,3 +148,5 @@ TEST_CASE("record layout: bad arguments name the field", "[diag][layout]") {
   r.value_tokens = 0;
   CHECK_THROWS_WITH(r.validate(), Catch::Contains("record_shape.value_tokens"));
 }
+
+}  // namespace test_diag_record_layout

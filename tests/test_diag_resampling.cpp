@@ -12,6 +12,8 @@
 #include "phasekv/diag/resampling.hpp"
 #include "phasekv/diag/statistics.hpp"
 
+namespace test_diag_resampling {
+
 namespace {
 
 using namespace phasekv::diag::stats;
@@ -144,3 +146,5 @@ TEST_CASE("resampling statistics: strata are permuted within, halves kept apart;
   CHECK_THROWS_WITH(debiased_gap(obs, {0, 1}, 2), Catch::Contains("group"));
   CHECK_THROWS_WITH(fold_permutation_test(obs, {0, 1, 2, 3}, 4, 0), Catch::Contains("permutations"));
 }
+
+}  // namespace test_diag_resampling

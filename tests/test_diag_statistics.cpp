@@ -11,6 +11,8 @@
 
 #include "phasekv/diag/statistics.hpp"
 
+namespace test_diag_statistics {
+
 namespace {
 
 using namespace phasekv;
@@ -670,3 +672,5 @@ TEST_CASE("stats: residue summary", "[diag][stats]") {
     CHECK_THROWS_AS(summarize_residues(v{0.5, not_a_number}), input_error);
   }
 }
+
+}  // namespace test_diag_statistics

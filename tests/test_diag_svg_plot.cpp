@@ -17,6 +17,8 @@
 #include "phasekv/diag/phase_sweep.hpp"
 #include "phasekv/diag/svg_plot.hpp"
 
+namespace test_diag_svg_plot {
+
 namespace {
 
 std::size_t count(const std::string& text, const std::string& needle) {
@@ -529,3 +531,5 @@ TEST_CASE("svg_line_plot wraps a long title and refuses a picture too small for 
   axes.dodge_px = 30;
   CHECK_THROWS_WITH(plot::svg_line_plot({}, axes), Catch::Contains("dodge_px"));
 }
+
+}  // namespace test_diag_svg_plot

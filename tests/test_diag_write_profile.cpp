@@ -16,6 +16,8 @@
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/diag/write_profile.hpp"
 
+namespace test_diag_write_profile {
+
 namespace {
 
 using namespace phasekv;
@@ -421,3 +423,5 @@ TEST_CASE("write_profile: rejects bad entries and leaves itself unchanged", "[di
   CHECK_THROWS_AS(profile.concentration_windows(5), input_error);
   CHECK_THROWS_AS(profile.unpadded_slot_profile(2), input_error);
 }
+
+}  // namespace test_diag_write_profile

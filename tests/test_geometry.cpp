@@ -21,6 +21,8 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 
+namespace test_geometry {
+
 namespace {
 
 using i64 = std::int64_t;
@@ -459,3 +461,5 @@ TEST_CASE("geometry: validate names the field and the value", "[geometry][errors
   CHECK_NOTHROW(make(1, 1, 0).validate());
   CHECK_NOTHROW(make(4, 4, 3).validate());
 }
+
+}  // namespace test_geometry

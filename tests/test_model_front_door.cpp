@@ -25,6 +25,8 @@
 #include "support/random_inputs.hpp"
 #include "support/thread_executor.hpp"
 
+namespace test_model_front_door {
+
 namespace {
 
 using namespace phasekv;
@@ -797,3 +799,5 @@ TEST_CASE("pooling registry: a host's pooling made per stream, and the arithmeti
   CHECK(r.make("mean", b, "spec.pooling")->pooling_flops_per_entry() == 0.0);
   CHECK(std::isnan(r.make("unstated", b, "spec.pooling")->pooling_flops_per_entry()));
 }
+
+}  // namespace test_model_front_door

@@ -18,6 +18,8 @@
 #include "support/configs.hpp"
 #include "support/random_inputs.hpp"
 
+namespace test_model_kit {
+
 namespace {
 
 using namespace phasekv;
@@ -87,3 +89,5 @@ TEST_CASE("kit through the model front door: a pooling of the host's, registered
       kit::layer_under_test<max_stream>(layer_compressor<max_stream>(max_stream(geometry{2, 4}, stream("kv", 8, 1, 4))), cc, rc));
   REQUIRE_THAT(r, kit::conforms());
 }
+
+}  // namespace test_model_kit

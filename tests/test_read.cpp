@@ -52,6 +52,8 @@
 #include "phasekv/read/sparse_reader.hpp"
 #include "phasekv/read/top_k.hpp"
 
+namespace test_read {
+
 namespace {
 
 using namespace phasekv;
@@ -1534,3 +1536,5 @@ TEST_CASE("reader: the streams follow the roles, and an index named instead must
   const entry_selector selector(shape, selection_of(rc));
   CHECK((selector.config().indexer_stream == 1 && selector.config().physical_stream == 0));
 }
+
+}  // namespace test_read

@@ -17,6 +17,8 @@
 
 #include "phasekv/read/attention_kernel.hpp"
 
+namespace test_read_attention_kernel {
+
 namespace {
 
 using i64 = std::int64_t;
@@ -142,3 +144,5 @@ TEST_CASE("attention kernel: a padded head's lanes never reach the output", "[re
   kernel::output(l.data(), p.padded, heads, ptr.data(), keys, channels, poisoned.data());
   CHECK(clean == poisoned);
 }
+
+}  // namespace test_read_attention_kernel

@@ -53,6 +53,8 @@
 #include "phasekv/read/indexer_fp4_kernel.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
+namespace test_read_fp4 {
+
 namespace {
 
 using namespace phasekv;
@@ -562,3 +564,5 @@ TEST_CASE("fp4 read: configurations and views that do not fit are errors naming 
   expect(v, "dsv4: view.streams[1].layout.storage = bf16: must be the stream's fp4_e2m1_hadamard");
   CHECK_NOTHROW(reader.read(good, in.request, out.data()));
 }
+
+}  // namespace test_read_fp4

@@ -45,6 +45,8 @@
 #include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
+namespace test_read_fp8 {
+
 namespace {
 
 using namespace phasekv;
@@ -407,3 +409,5 @@ TEST_CASE("fp8 read: a view or shape that does not match the FP8 layout is an er
   CHECK_THAT(message_of<config_error>([&] { sparse_reader(shape, rc); }),
              Contains("dsv4: shape.streams[0].rope.channels = 600: must lie in [0, channels = 512]"));
 }
+
+}  // namespace test_read_fp8

@@ -16,6 +16,8 @@
 
 #include "phasekv/read/indexer_bf16_kernel.hpp"
 
+namespace test_read_indexer_bf16 {
+
 namespace {
 
 using i64 = std::int64_t;
@@ -78,3 +80,5 @@ TEST_CASE("indexer_bf16: scores equal the maths in double on bf16-rounded inputs
 }
 
 #endif
+
+}  // namespace test_read_indexer_bf16

@@ -31,6 +31,8 @@
 #include "phasekv/read/sparse_reader.hpp"
 #include "support/read_world.hpp"
 
+namespace test_read_selection {
+
 namespace {
 
 using namespace phasekv;
@@ -598,3 +600,5 @@ TEST_CASE("host indices and selection calls that do not fit are input_errors cha
 }
 
 }  // namespace
+
+}  // namespace test_read_selection

@@ -50,6 +50,8 @@
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
+namespace test_read_views {
+
 namespace {
 
 using namespace phasekv;
@@ -1050,3 +1052,5 @@ TEST_CASE("views: batched reads of different sequences while another thread appe
   CHECK_FALSE(mismatch_seen);
   CHECK(cache.tokens(writer_seq) > 301);
 }
+
+}  // namespace test_read_views

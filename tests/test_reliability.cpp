@@ -29,6 +29,8 @@
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
+namespace test_reliability {
+
 namespace {
 
 using namespace phasekv;
@@ -377,3 +379,5 @@ TEST_CASE("reliability: a state continues only on a compressor of its geometry a
 }
 
 }  // namespace
+
+}  // namespace test_reliability

@@ -30,6 +30,8 @@
 #include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
+namespace test_reliability_second {
+
 namespace {
 
 using namespace phasekv;
@@ -395,3 +397,5 @@ TEST_CASE("reliability 2: under check_finite, finite values beyond a 16-bit stor
 }
 
 }  // namespace
+
+}  // namespace test_reliability_second

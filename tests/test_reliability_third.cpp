@@ -34,6 +34,8 @@
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
+namespace test_reliability_third {
+
 namespace {
 
 using namespace phasekv;
@@ -453,3 +455,5 @@ TEST_CASE("reliability 3: a snapshot's FP8 window row that would read back as in
 }
 
 }  // namespace
+
+}  // namespace test_reliability_third

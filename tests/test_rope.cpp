@@ -20,6 +20,8 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/rope.hpp"
 
+namespace test_rope {
+
 namespace {
 
 using i64 = std::int64_t;
@@ -473,3 +475,5 @@ TEST_CASE("rope: validate names the field and the value", "[rope][errors]") {
     CHECK_THAT(e.what(), Contains("values.rope.channels = 5"));
   }
 }
+
+}  // namespace test_rope

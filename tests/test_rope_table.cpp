@@ -32,6 +32,8 @@
 #include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
+namespace test_rope_table {
+
 namespace {
 
 using namespace phasekv;
@@ -299,3 +301,5 @@ TEST_CASE("rope table: positions beyond the table and malformed tables are error
                Catch::StartsWith("csa.kv.rope.table.sin[3][1] = inf: must be finite"));
   }
 }
+
+}  // namespace test_rope_table

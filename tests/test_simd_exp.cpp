@@ -19,6 +19,8 @@
 
 #include "phasekv/simd/exp.hpp"
 
+namespace test_simd_exp {
+
 namespace {
 
 std::uint32_t bits(float f) {
@@ -148,3 +150,5 @@ TEST_CASE("simd exp: underflow to +0, overflow to +inf, NaN stays NaN", "[simd][
   check_special_values<xsimd::fma3<xsimd::avx2>>();
 #endif
 }
+
+}  // namespace test_simd_exp

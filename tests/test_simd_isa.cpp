@@ -8,6 +8,8 @@
 
 #include <phasekv/simd/config.hpp>
 
+namespace test_simd_isa {
+
 namespace simd = phasekv::simd;
 
 // What a host writes to refuse a build without the paths it expects, here for what this file has.
@@ -64,3 +66,5 @@ TEST_CASE("a file never holds a path its CPU cannot run, and names what it leave
   CHECK(simd::isa_names(0u) == "none");
   CHECK(simd::isa_names(simd::avx512 | simd::int8_dot) == "AVX-512F, AVX-512VNNI");
 }
+
+}  // namespace test_simd_isa

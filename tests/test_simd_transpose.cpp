@@ -20,6 +20,8 @@
 #include "phasekv/simd/finite.hpp"
 #include "phasekv/simd/transpose.hpp"
 
+namespace test_simd_transpose {
+
 namespace {
 
 std::uint32_t bits(float f) {
@@ -95,3 +97,5 @@ TEST_CASE("all_finite: false exactly when some element is NaN or infinite, where
       }
   }
 }
+
+}  // namespace test_simd_transpose

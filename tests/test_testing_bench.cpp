@@ -15,6 +15,8 @@
 #include <phasekv/models/model_cache.hpp>
 #include <phasekv/testing/bench.hpp>
 
+namespace test_testing_bench {
+
 namespace {
 
 // Mean pooling written as a host's pooling, without and with a statement of its arithmetic.
@@ -276,3 +278,5 @@ TEST_CASE("bench::run measures writes and reads of any layer kind, window-only i
   rc.context = rc.batch = 0;
   CHECK(bench::run(silent, poolings, rc).figures.size() == 4u);  // its writes alone
 }
+
+}  // namespace test_testing_bench

@@ -25,6 +25,8 @@
 #include "support/configs.hpp"
 #include "support/random_inputs.hpp"
 
+namespace test_testing_kit {
+
 namespace {
 
 using namespace phasekv;
@@ -444,3 +446,5 @@ TEST_CASE("kit: bad options are config_errors naming the field", "[testing][kit]
   REQUIRE_THROWS_WITH(kit::check_stream<compressor_policy<mean_pool>>(geometry{2, 2}, stream("m", 0), {}, {}),
                       Catch::Contains("m.channels"));
 }
+
+}  // namespace test_testing_kit
