@@ -8,13 +8,17 @@
 //
 // Keep this list complete (scripts/test checks it): every include/phasekv/<part>/*.hpp of these
 // parts, sorted, one block per part. Namespaces phasekv::kernels and phasekv::detail hold
-// internals: used by the headers, not an API (they may change in any release).
+// internals: used by the headers, not an API (they may change in any release). fwd.hpp declares
+// the types a host names in its own headers; included first here, so every build that includes
+// the engine holds its declarations to the definitions.
 
+#include "phasekv/fwd.hpp"
 #include "phasekv/version.hpp"
 
 // core
 #include "phasekv/core/byte_io.hpp"
 #include "phasekv/core/crc32c.hpp"
+#include "phasekv/core/enum_name.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
 #include "phasekv/core/geometry.hpp"
@@ -46,6 +50,8 @@
 #include "phasekv/compress/stream_state.hpp"
 
 // cache
+#include "phasekv/cache/cache_config.hpp"
+#include "phasekv/cache/entry_io.hpp"
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/page_allocator.hpp"
 #include "phasekv/cache/page_arena.hpp"
@@ -54,6 +60,7 @@
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/raw_window.hpp"
+#include "phasekv/cache/sequence_table.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/cache/snapshot.hpp"
 #include "phasekv/cache/snapshot_fingerprint.hpp"

@@ -38,20 +38,19 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include "phasekv/cache/layer_shape.hpp"  // raw_window_config
+#include "phasekv/cache/cache_config.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/raw_window.hpp"
+#include "phasekv/cache/sequence_table.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
@@ -63,129 +62,6 @@
 #include "phasekv/simd/finite.hpp"
 
 namespace phasekv {
-
-namespace detail {
-// Every owner of sequence ids (a paged_cache, a model_cache) takes a tag for the top bits of its
-// ids from this one counter, so an id of another owner is rejected as unknown instead of naming
-// one of its sequences. Tags repeat after 2^22 owners; ids below the tag count to 2^40.
-inline sequence_id next_sequence_tag() noexcept {
-  static std::atomic<std::int64_t> owners{0};
-  return ((owners.fetch_add(1, std::memory_order_relaxed) % (std::int64_t{1} << 22)) + 1) << 40;
-}
-
-// Why `id` names no live sequence of the owner tagged `tag`, for the error message: an id is the
-// owner's tag with the slot of the sequence below it, so a user who holds only the number learns
-// whose it was (2199023255553 is sequence #1 of the cache tagged 2).
-inline std::string unknown_sequence(sequence_id id, sequence_id tag, const char* owner) {
-  constexpr sequence_id slot_mask = (std::int64_t{1} << 40) - 1;
-  if (id >= 0 && (id & ~slot_mask) == tag)
-    return std::string("is not a live sequence of this ") + owner + ": its sequence #" + std::to_string(id & slot_mask) +
-           ", freed (or dropped by keep/clear) since";
-  return std::string("is not a live sequence of this ") + owner +
-         ": an id of another cache or model, or not one the library made";
-}
-}  // namespace detail
-
-namespace detail {
-// How many times a sequence was written in a way that moves or changes memory a view points into
-// (append, remove_suffix, copy onto it): what a view's stamp records. Atomic so that checking a
-// misused view — one read while its sequence is written — is not itself a data race.
-struct write_count {
-  std::atomic<std::uint64_t> n{0};
-  write_count() = default;
-  write_count(const write_count& o) noexcept : n(o.get()) {}
-  write_count& operator=(const write_count& o) noexcept {
-    n.store(o.get(), std::memory_order_relaxed);
-    return *this;
-  }
-  std::uint64_t get() const noexcept { return n.load(std::memory_order_relaxed); }
-  void bump() noexcept { n.fetch_add(1, std::memory_order_relaxed); }
-};
-}  // namespace detail
-
-struct cache_config {
-  std::string name = "cache";
-  std::int64_t page_size = 64;       // entries per page
-  std::int64_t pages = 1024;         // capacity of each stream's pool
-  storage_type storage = storage_type::f32;
-  // Per stream, overriding `storage` (empty: every stream uses `storage`) — e.g. bf16 indexer
-  // keys next to fp32 KV entries, for reader_config::indexer_precision = bf16. An
-  // fp8_e4m3_block stream keeps its rope config's channels in bf16 when its policy applies RoPE
-  // (DeepSeek-V4: 448 e4m3 channels + 64 bf16, 584 bytes an entry; format/fp8.hpp). An indexer
-  // stream may be stored as fp4_e2m1_hadamard (DeepSeek-V4: 68 bytes an entry, format/fp4.hpp), for
-  // reader_config::precision = indexer_precision::fp4; no other role may.
-  std::vector<storage_type> stream_storage;
-  std::int64_t history = 0;          // tokens remove_suffix may roll back beyond the minimum
-  raw_window_config window;
-  // Where the pools' pages live (an arena, pinned or huge-page memory; page_memory.hpp);
-  // null = system_page_memory(), committed by the OS as pages are first written.
-  page_memory* memory = nullptr;
-  // Per stream, a pool shared with other caches — the other layers of a model draw their pages
-  // from one budget, as vLLM's layers share one block pool. Empty, or a null
-  // element, gives the stream a pool of its own (`pages` pages from `memory`). A shared pool's
-  // page_size, kv_heads, channels and storage must be the stream's; its capacity and memory are
-  // its own. Pages never move between caches: each cache holds, retains and releases only the
-  // pages it allocated, so sharing changes which budget a page comes from, nothing else.
-  std::vector<std::shared_ptr<page_pool>> shared_pools;
-
-  void validate() const {
-    using detail::require;
-    require(page_size >= 1, name + ".page_size", page_size, "must be at least 1");
-    require(pages >= 1, name + ".pages", pages, "must be at least 1");
-    require(is_valid(storage), name + ".storage", static_cast<int>(storage), "is not a storage_type");
-    for (std::size_t k = 0; k < stream_storage.size(); ++k)
-      require(is_valid(stream_storage[k]), name + ".stream_storage[" + std::to_string(k) + "]",
-              static_cast<int>(stream_storage[k]), "is not a storage_type");
-    require(history >= 0 && history <= limits::max_history, name + ".history", history, "must lie in [0, 2^40]");
-    window.validate(name + ".window");
-    if (window.tokens > 0) {
-      // Rows × (key + value floats) × 4 bytes: the ring every sequence allocates.
-      const std::int64_t floats = window.kv_heads * (window.key_channels + window.value_channels);
-      detail::checked_product(window.tokens + history, floats, limits::max_bytes / 4, name + ".window.tokens",
-                              window.tokens, "each sequence's raw window ring (floats, with history)");
-    }
-  }
-
-  static constexpr std::int64_t max_window_tokens = raw_window_config::max_tokens;
-};
-
-// What one sequence occupies.
-struct sequence_memory {
-  std::int64_t tokens = 0;
-  std::int64_t entries = 0;            // summed over streams
-  std::int64_t pages = 0;              // page references, summed over streams
-  std::int64_t shared_pages = 0;       // of those, pages another sequence also holds
-  std::int64_t page_bytes = 0;         // bytes of the referenced pages (shared ones in full)
-  std::int64_t entry_bytes = 0;        // bytes of the entries themselves, without page rounding
-  std::int64_t state_bytes = 0;        // pending compressor inputs and the raw window
-  std::int64_t uncompressed_bytes = 0; // an uncompressed cache of the same tokens, shape and storage
-
-  // Bytes an uncompressed cache of the same shape would need per byte of stored entries (≈ S).
-  double compression_ratio() const noexcept {
-    return entry_bytes > 0 ? static_cast<double>(uncompressed_bytes) / static_cast<double>(entry_bytes) : 0.0;
-  }
-};
-
-// A batch of sequences' page tables for one stream in FlashInfer's CSR convention, plus the
-// layout, so a host kernel can find entry e of batch row b with plain pointer arithmetic:
-//   page = indices[indptr[b] + e / page_size], slot = e % page_size,
-//   address = base + page · layout.page_stride_bytes + slot · layout.entry_stride_bytes
-//             + head · layout.head_stride_bytes + channel · layout.element_bytes
-// (fp8_e4m3_block: the head's block layout starts at the address without the channel term —
-// 584 bytes per entry for DeepSeek-V4, FlashMLA's layout; format/fp8.hpp; fp4_e2m1_hadamard
-// likewise, 68 bytes per DeepSeek-V4 indexer key, format/fp4.hpp).
-// It is the batch of the rows' stream views (sequence_view.hpp, what the reader reads) with the
-// CSR arrays derived from them. The view does not own anything; it is valid until the next call
-// that writes the cache.
-struct paged_view {
-  const std::byte* base = nullptr;
-  page_layout layout;
-  std::vector<stream_view> rows;            // batch row b's stream view (its pages point into the cache)
-  std::vector<std::int32_t> indptr;         // batch + 1
-  std::vector<std::int32_t> indices;        // page ids, row after row
-  std::vector<std::int32_t> last_page_len;  // entries in each row's last page (0 for no pages)
-  std::vector<std::int64_t> entries;        // entries per row
-};
 
 template <class... Compressors>
 class paged_cache {
@@ -251,11 +127,7 @@ class paged_cache {
   std::int64_t pages_held(std::size_t stream) const {
     check_stream(stream, "pages_held");
     std::vector<page_id> held;
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    for (const auto& entry : sequences_) {
-      const auto& table = entry.second->tables[stream];
-      held.insert(held.end(), table.begin(), table.end());
-    }
+    table_.for_each([&](sequence_id, const sequence& s) { held.insert(held.end(), s.tables[stream].begin(), s.tables[stream].end()); });
     std::sort(held.begin(), held.end());
     return static_cast<std::int64_t>(std::unique(held.begin(), held.end()) - held.begin());
   }
@@ -277,23 +149,10 @@ class paged_cache {
     return insert(std::move(record));
   }
 
-  bool contains(sequence_id id) const {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    return sequences_.count(id) != 0;
-  }
-  std::int64_t sequences() const {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    return static_cast<std::int64_t>(sequences_.size());
-  }
+  bool contains(sequence_id id) const { return table_.contains(id); }
+  std::int64_t sequences() const { return table_.size(); }
   // The ids of every live sequence, in increasing order (creation order).
-  std::vector<sequence_id> live_sequences() const {
-    std::vector<sequence_id> ids;
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    ids.reserve(sequences_.size());
-    for (const auto& entry : sequences_) ids.push_back(entry.first);
-    std::sort(ids.begin(), ids.end());
-    return ids;
-  }
+  std::vector<sequence_id> live_sequences() const { return table_.ids(); }
 
   // Appends the same new tokens to every stream (one chunk each) and to the raw window
   // (window_keys: tokens × window.kv_heads × key_channels; window_values likewise, empty when
@@ -554,45 +413,16 @@ class paged_cache {
   }
 
   // Drops a sequence and its page references.
-  void free(sequence_id id) {
-    std::unique_ptr<sequence> record;
-    {
-      std::lock_guard<std::mutex> lock(table_mutex_);
-      auto it = sequences_.find(id);
-      if (it == sequences_.end()) fail_unknown(id, "free");
-      record = std::move(it->second);
-      sequences_.erase(it);
-    }
-    release_pages(*record);
-  }
+  void free(sequence_id id) { release_pages(*table_.erase(id, config_.name, "free")); }
 
   // Drops every sequence but `id` (llama.cpp's seq_keep).
   void keep(sequence_id id) {
-    find(id, "keep");
-    std::vector<std::unique_ptr<sequence>> dropped;
-    {
-      std::lock_guard<std::mutex> lock(table_mutex_);
-      dropped.reserve(sequences_.size());  // the only allocation: nothing is erased if it fails
-      for (auto it = sequences_.begin(); it != sequences_.end();) {
-        if (it->first == id) {
-          ++it;
-          continue;
-        }
-        dropped.push_back(std::move(it->second));
-        it = sequences_.erase(it);
-      }
-    }
-    for (auto& r : dropped) release_pages(*r);
+    for (auto& r : table_.erase_all_but(id, config_.name, "keep")) release_pages(*r);
   }
 
   // Drops every sequence.
   void clear() {
-    std::unordered_map<sequence_id, std::unique_ptr<sequence>> dropped;
-    {
-      std::lock_guard<std::mutex> lock(table_mutex_);
-      dropped.swap(sequences_);
-    }
-    for (auto& [id, r] : dropped) release_pages(*r);
+    for (auto& entry : table_.erase_all("clear")) release_pages(*entry.second);
   }
 
   // ---- queries ---------------------------------------------------------------------------
@@ -797,10 +627,8 @@ class paged_cache {
 
   sequence_view view_of(sequence_id id, const char* operation) const {
     sequence_view v;
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    auto it = sequences_.find(id);
-    if (it == sequences_.end()) fail_unknown(id, operation);
-    const sequence& s = *it->second;
+    std::lock_guard<std::mutex> lock(table_.mutex());
+    const sequence& s = table_.find_locked(id, config_.name, operation);
     v.tokens = s.tokens;
     v.stream_count = stream_count;
     v.geom = layer_.geom();
@@ -828,9 +656,9 @@ class paged_cache {
   // view_stamp::current for this cache's views: the sequence is live and written no further.
   static bool stamp_current(const void* owner, std::int64_t id, std::uint64_t writes) {
     const auto& self = *static_cast<const paged_cache*>(owner);
-    std::lock_guard<std::mutex> lock(self.table_mutex_);
-    const auto it = self.sequences_.find(id);
-    return it != self.sequences_.end() && it->second->writes.get() == writes;
+    std::lock_guard<std::mutex> lock(self.table_.mutex());
+    const sequence* s = self.table_.lookup_locked(id);
+    return s != nullptr && s->writes.get() == writes;
   }
 
   // The pages one append adds to one stream: fresh pages for new entries past the table's end,
@@ -933,16 +761,8 @@ class paged_cache {
     }
   }
 
-  // Adds a record under a fresh id. If the table cannot grow (std::bad_alloc), the record stays
-  // with the caller: the slot is made empty first, and the record moves in only once it exists.
-  sequence_id insert(std::unique_ptr<sequence>&& record) {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    const sequence_id id = id_tag_ | next_id_;
-    auto slot = sequences_.emplace(id, nullptr).first;
-    slot->second = std::move(record);
-    ++next_id_;
-    return id;
-  }
+  // Adds a record under a fresh id; if that throws, the record stays with the caller.
+  sequence_id insert(std::unique_ptr<sequence>&& record) { return table_.insert(std::move(record)); }
 
   // adopt()'s parts must be this cache's: the states made by its compressors for `tokens` tokens,
   // the window made for its window and history.
@@ -1080,29 +900,13 @@ class paged_cache {
     return stream;
   }
 
-  [[noreturn]] void fail_unknown(sequence_id id, const char* operation) const {
-    detail::fail<input_error>(config_.name + "." + operation + "(sequence)", id, detail::unknown_sequence(id, id_tag_, "cache"));
-  }
-  sequence& find(sequence_id id, const char* operation) {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    auto it = sequences_.find(id);
-    if (it == sequences_.end()) fail_unknown(id, operation);
-    return *it->second;
-  }
-  const sequence& find(sequence_id id, const char* operation) const {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    auto it = sequences_.find(id);
-    if (it == sequences_.end()) fail_unknown(id, operation);
-    return *it->second;
-  }
+  sequence& find(sequence_id id, const char* operation) { return table_.find(id, config_.name, operation); }
+  const sequence& find(sequence_id id, const char* operation) const { return table_.find(id, config_.name, operation); }
 
   layer layer_;
   cache_config config_;
   std::vector<std::shared_ptr<page_pool>> pools_;  // per stream; shared with other caches or its own
-  mutable std::mutex table_mutex_;
-  std::unordered_map<sequence_id, std::unique_ptr<sequence>> sequences_;
-  sequence_id id_tag_ = detail::next_sequence_tag();
-  sequence_id next_id_ = 0;
+  detail::sequence_table<sequence> table_{"cache"};
 };
 
 }  // namespace phasekv

@@ -29,6 +29,7 @@
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/compress/stream_config.hpp"
 #include "phasekv/compress/stream_state.hpp"
+#include "phasekv/core/enum_name.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 
@@ -39,21 +40,10 @@ namespace phasekv {
 enum class rope_placement { none, after_pool, before_pool };
 enum class entry_norm { none, rms };
 
-inline const char* to_string(rope_placement p) {
-  switch (p) {
-    case rope_placement::none: return "none";
-    case rope_placement::after_pool: return "after_pool";
-    case rope_placement::before_pool: return "before_pool";
-  }
-  return "unknown";
+inline const char* to_string(rope_placement p) noexcept {
+  return phasekv::detail::enum_name(p, {"none", "after_pool", "before_pool"});
 }
-inline const char* to_string(entry_norm n) {
-  switch (n) {
-    case entry_norm::none: return "none";
-    case entry_norm::rms: return "rms";
-  }
-  return "unknown";
-}
+inline const char* to_string(entry_norm n) noexcept { return phasekv::detail::enum_name(n, {"none", "rms"}); }
 
 // Where an erased stream hands its entries: fn(context, entry) for each, in order.
 struct entry_sink {

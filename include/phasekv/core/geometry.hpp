@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <string>
 
+#include "phasekv/core/enum_name.hpp"
 #include "phasekv/core/error.hpp"
 
 namespace phasekv {
@@ -32,13 +33,8 @@ enum class anchor_mode {
   window_centre,  // floor of the midpoint of the entry's window
 };
 
-inline const char* to_string(anchor_mode mode) {
-  switch (mode) {
-    case anchor_mode::block_start: return "block_start";
-    case anchor_mode::block_end: return "block_end";
-    case anchor_mode::window_centre: return "window_centre";
-  }
-  return "unknown";
+inline const char* to_string(anchor_mode mode) noexcept {
+  return phasekv::detail::enum_name(mode, {"block_start", "block_end", "window_centre"});
 }
 
 // Floor division and a non-negative modulo for signed positions.

@@ -115,6 +115,7 @@
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/policies.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
+#include "phasekv/core/enum_name.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/random.hpp"
@@ -138,17 +139,9 @@ enum class needle_policy {
   positional_gates,  // scalar gates: content logits plus a per-slot bias, like DeepSeek-V4's ape
 };
 
-inline const char* to_string(needle_policy p) {
-  switch (p) {
-    case needle_policy::full_attention: return "full_attention";
-    case needle_policy::mean_pool: return "mean_pool";
-    case needle_policy::concentrated_gates: return "concentrated_gates";
-    case needle_policy::rope_after_pool: return "rope_after_pool";
-    case needle_policy::deepseek_v4_csa: return "deepseek_v4_csa";
-    case needle_policy::fixed_weight: return "fixed_weight";
-    case needle_policy::positional_gates: return "positional_gates";
-  }
-  return "unknown";
+inline const char* to_string(needle_policy p) noexcept {
+  return phasekv::detail::enum_name(p, {"full_attention", "mean_pool", "concentrated_gates", "rope_after_pool",
+                                        "deepseek_v4_csa", "fixed_weight", "positional_gates"});
 }
 
 struct needle_config {

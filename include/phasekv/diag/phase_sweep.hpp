@@ -93,6 +93,7 @@
 #include <utility>
 #include <vector>
 
+#include "phasekv/core/enum_name.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/random.hpp"
@@ -107,13 +108,8 @@ namespace phasekv::diag {
 // (the within-window test), or only those whose record crosses a block boundary.
 enum class layout_mode { any, contained, straddle };
 
-inline const char* to_string(layout_mode m) {
-  switch (m) {
-    case layout_mode::any: return "any";
-    case layout_mode::contained: return "contained";
-    case layout_mode::straddle: return "straddle";
-  }
-  return "unknown";
+inline const char* to_string(layout_mode m) noexcept {
+  return phasekv::detail::enum_name(m, {"any", "contained", "straddle"});
 }
 
 struct sweep_config {

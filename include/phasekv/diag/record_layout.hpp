@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "phasekv/core/enum_name.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/span.hpp"
@@ -44,15 +45,9 @@ namespace phasekv::diag {
 enum class failure_cause { unattributed, selection_miss, read_dilution, write_dilution, readout };
 inline constexpr std::size_t failure_causes = 5;
 
-inline const char* to_string(failure_cause c) {
-  switch (c) {
-    case failure_cause::unattributed: return "unattributed";
-    case failure_cause::selection_miss: return "selection_miss";
-    case failure_cause::read_dilution: return "read_dilution";
-    case failure_cause::write_dilution: return "write_dilution";
-    case failure_cause::readout: return "readout";
-  }
-  return "unknown";
+inline const char* to_string(failure_cause c) noexcept {
+  return phasekv::detail::enum_name(c, {"unattributed", "selection_miss", "read_dilution", "write_dilution",
+                                        "readout"});
 }
 
 // A record's tokens: key, gap, value (the value starts key_tokens + gap after the key).
@@ -80,13 +75,8 @@ inline bool operator!=(const record_shape& a, const record_shape& b) noexcept { 
 
 enum class layout_class { contained, straddle_covered, straddle_split };
 
-inline const char* to_string(layout_class c) {
-  switch (c) {
-    case layout_class::contained: return "contained";
-    case layout_class::straddle_covered: return "straddle_covered";
-    case layout_class::straddle_split: return "straddle_split";
-  }
-  return "unknown";
+inline const char* to_string(layout_class c) noexcept {
+  return phasekv::detail::enum_name(c, {"contained", "straddle_covered", "straddle_split"});
 }
 
 struct record_layout {

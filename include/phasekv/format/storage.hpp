@@ -43,6 +43,7 @@
 #include <ostream>
 #include <string>
 
+#include "phasekv/core/enum_name.hpp"
 #include "phasekv/core/error.hpp"
 
 #include "phasekv/simd/config.hpp"
@@ -70,14 +71,7 @@ constexpr bool is_row_storage(storage_type type) noexcept {
 }
 
 inline const char* to_string(storage_type type) noexcept {
-  switch (type) {
-    case storage_type::f32: return "f32";
-    case storage_type::bf16: return "bf16";
-    case storage_type::f16: return "f16";
-    case storage_type::fp8_e4m3_block: return "fp8_e4m3_block";
-    case storage_type::fp4_e2m1_hadamard: return "fp4_e2m1_hadamard";
-  }
-  return "unknown";
+  return phasekv::detail::enum_name(type, {"f32", "bf16", "f16", "fp8_e4m3_block", "fp4_e2m1_hadamard"});
 }
 
 inline std::ostream& operator<<(std::ostream& out, storage_type type) { return out << to_string(type); }

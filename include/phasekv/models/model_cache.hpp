@@ -40,23 +40,22 @@
 // of one layer run one at a time (each layer owns one reader's scratch).
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/page_allocator.hpp"
 #include "phasekv/cache/page_arena.hpp"
-#include "phasekv/cache/page_pool.hpp"  // store_entries, check_storable
-#include "phasekv/cache/paged_cache.hpp"  // sequence ids, sequence_memory
+#include "phasekv/cache/entry_io.hpp"
+#include "phasekv/cache/cache_config.hpp"  // sequence_memory
 #include "phasekv/cache/raw_window.hpp"
+#include "phasekv/cache/sequence_table.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/compress/pooling_registry.hpp"
 #include "phasekv/core/error.hpp"
@@ -166,15 +165,10 @@ class model_cache {
   void keep(sequence_id id);
   void clear();
 
-  bool contains(sequence_id id) const {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    return table_.count(id) != 0;
-  }
-  std::int64_t sequences() const {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    return static_cast<std::int64_t>(table_.size());
-  }
-  std::vector<sequence_id> live_sequences() const;
+  bool contains(sequence_id id) const { return table_.contains(id); }
+  std::int64_t sequences() const { return table_.size(); }
+  // The ids of every live sequence, in increasing order (creation order).
+  std::vector<sequence_id> live_sequences() const { return table_.ids(); }
   std::int64_t tokens(sequence_id id) const { return find(id, "tokens").tokens; }
 
   // ---- the step ------------------------------------------------------------------------------
@@ -278,7 +272,7 @@ class model_cache {
     std::int64_t tokens = 0;
     std::vector<kind_record> kinds;
     detail::write_count writes;
-    bool in_step = false;  // under table_mutex_
+    bool in_step = false;  // under table_.mutex()
   };
 
   const layer_slot& layer_slot_of(std::size_t layer, const char* operation) const {
@@ -298,26 +292,18 @@ class model_cache {
     return (entries_of(kind, tokens) + page - 1) / page;
   }
 
-  [[noreturn]] void fail_unknown(sequence_id id, const char* operation) const {
-    detail::fail<input_error>(name() + "." + operation + "(sequence)", id, detail::unknown_sequence(id, tag_, "model cache"));
-  }
-  [[noreturn]] void fail_in_step(sequence_id id, const char* operation) const {
-    detail::fail<input_error>(name() + "." + operation + "(sequence)", id,
-                              "is in an open step: commit or abort it first");
-  }
-  sequence& find(sequence_id id, const char* operation) {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    auto it = table_.find(id);
-    if (it == table_.end()) fail_unknown(id, operation);
-    if (it->second->in_step) fail_in_step(id, operation);
-    return *it->second;
-  }
+  // The sequence table's check of every lookup: a sequence an open step holds is refused.
+  struct not_in_step {
+    const model_cache* model;
+    void operator()(const sequence& s, sequence_id id, const char* operation) const {
+      if (s.in_step)
+        detail::fail<input_error>(model->name() + "." + operation + "(sequence)", id,
+                                  "is in an open step: commit or abort it first");
+    }
+  };
+  sequence& find(sequence_id id, const char* operation) { return table_.find(id, name(), operation, not_in_step{this}); }
   const sequence& find(sequence_id id, const char* operation) const {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    auto it = table_.find(id);
-    if (it == table_.end()) fail_unknown(id, operation);
-    if (it->second->in_step) fail_in_step(id, operation);
-    return *it->second;
+    return table_.find(id, name(), operation, not_in_step{this});
   }
 
   std::shared_ptr<kind_states> fresh_states(std::size_t kind) const;
@@ -325,7 +311,8 @@ class model_cache {
                        const char* operation) const;
   void retain_pages(const sequence& s);
   void release_pages(sequence& s) noexcept;
-  sequence_id insert(std::unique_ptr<sequence>&& record);
+  // Adds a record under a fresh id; if that throws, the record stays with the caller.
+  sequence_id insert(std::unique_ptr<sequence>&& record) { return table_.insert(std::move(record)); }
   // A sequence's view of layer `layer` at `tokens` tokens over `table` (committed or a step's).
   sequence_view make_view(const layer_slot& layer, const sequence& s, const std::vector<page_id>* tables,
                           std::int64_t tokens, const raw_window* window = nullptr) const noexcept;
@@ -336,10 +323,7 @@ class model_cache {
   model_options options_;
   std::vector<kind_slot> kinds_;
   std::vector<layer_slot> layers_;
-  mutable std::mutex table_mutex_;
-  std::unordered_map<sequence_id, std::unique_ptr<sequence>> table_;
-  sequence_id tag_ = detail::next_sequence_tag();
-  sequence_id next_ = 0;
+  detail::sequence_table<sequence> table_{"model cache"};
 };
 
 // One step of a model: see model_cache's header comment. Movable, not copyable.
@@ -547,15 +531,6 @@ inline sequence_id model_cache::create() {
   return insert(std::move(record));
 }
 
-inline sequence_id model_cache::insert(std::unique_ptr<sequence>&& record) {
-  std::lock_guard<std::mutex> lock(table_mutex_);
-  const sequence_id id = tag_ | next_;
-  auto slot = table_.emplace(id, nullptr).first;  // if the table cannot grow, the record stays with the caller
-  slot->second = std::move(record);
-  ++next_;
-  return id;
-}
-
 inline void model_cache::retain_pages(const sequence& s) {
   std::size_t k = 0, i = 0;
   try {
@@ -650,65 +625,21 @@ inline void model_cache::remove_suffix(sequence_id id, std::int64_t p0) {
   s.tokens = p0;  // the states roll back when next written (model_step::own)
 }
 
-inline void model_cache::free(sequence_id id) {
-  std::unique_ptr<sequence> dropped;
-  {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    auto it = table_.find(id);
-    if (it == table_.end()) fail_unknown(id, "free");
-    if (it->second->in_step) fail_in_step(id, "free");
-    dropped = std::move(it->second);
-    table_.erase(it);
-  }
-  release_pages(*dropped);
-}
+inline void model_cache::free(sequence_id id) { release_pages(*table_.erase(id, name(), "free", not_in_step{this})); }
 
 inline void model_cache::keep(sequence_id id) {
-  std::vector<std::unique_ptr<sequence>> dropped;
-  {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    auto it = table_.find(id);
-    if (it == table_.end()) fail_unknown(id, "keep");
-    for (const auto& entry : table_)
-      if (entry.second->in_step) fail_in_step(entry.first, "keep");
-    dropped.reserve(table_.size());  // the only allocation: nothing is dropped if it fails
-    for (auto e = table_.begin(); e != table_.end();) {
-      if (e->first == id) {
-        ++e;
-        continue;
-      }
-      dropped.push_back(std::move(e->second));
-      e = table_.erase(e);
-    }
-  }
-  for (auto& r : dropped) release_pages(*r);
+  for (auto& r : table_.erase_all_but(id, name(), "keep", not_in_step{this})) release_pages(*r);
 }
 
 inline void model_cache::clear() {
-  std::unordered_map<sequence_id, std::unique_ptr<sequence>> dropped;
-  {
-    std::lock_guard<std::mutex> lock(table_mutex_);
-    for (const auto& entry : table_)
-      if (entry.second->in_step) fail_in_step(entry.first, "clear");
-    dropped.swap(table_);
-  }
-  for (auto& entry : dropped) release_pages(*entry.second);
-}
-
-inline std::vector<sequence_id> model_cache::live_sequences() const {
-  std::vector<sequence_id> ids;
-  std::lock_guard<std::mutex> lock(table_mutex_);
-  ids.reserve(table_.size());
-  for (const auto& entry : table_) ids.push_back(entry.first);
-  std::sort(ids.begin(), ids.end());
-  return ids;
+  for (auto& entry : table_.erase_all("clear", not_in_step{this})) release_pages(*entry.second);
 }
 
 inline bool model_cache::stamp_current(const void* owner, std::int64_t id, std::uint64_t writes) {
   const auto& self = *static_cast<const model_cache*>(owner);
-  std::lock_guard<std::mutex> lock(self.table_mutex_);
-  const auto it = self.table_.find(id);
-  return it != self.table_.end() && !it->second->in_step && it->second->writes.get() == writes;
+  std::lock_guard<std::mutex> lock(self.table_.mutex());
+  const sequence* s = self.table_.lookup_locked(id);
+  return s != nullptr && !s->in_step && s->writes.get() == writes;
 }
 
 inline sequence_view model_cache::make_view(const layer_slot& layer, const sequence& s, const std::vector<page_id>* tables,
@@ -734,11 +665,8 @@ inline sequence_view model_cache::make_view(const layer_slot& layer, const seque
 
 inline sequence_view model_cache::view(std::size_t layer, sequence_id id) const {
   const layer_slot& l = layer_slot_of(layer, "view");
-  std::lock_guard<std::mutex> lock(table_mutex_);
-  auto it = table_.find(id);
-  if (it == table_.end()) fail_unknown(id, "view");
-  if (it->second->in_step) fail_in_step(id, "view");
-  const sequence& s = *it->second;
+  std::lock_guard<std::mutex> lock(table_.mutex());
+  const sequence& s = table_.find_locked(id, name(), "view", not_in_step{this});
   sequence_view v = make_view(l, s, &s.kinds[l.kind].table, s.tokens);
   v.stamp = {this, &stamp_current, id, s.writes.get()};
   return v;
@@ -887,20 +815,18 @@ inline model_step model_cache::begin(span<const sequence_id> sequences, span<con
   step.layers_.resize(layers_.size());
   // The sequences, held for the step (all or none).
   {
-    std::lock_guard<std::mutex> lock(table_mutex_);
+    std::lock_guard<std::mutex> lock(table_.mutex());
     for (std::size_t i = 0; i < sequences.size(); ++i) {
-      auto it = table_.find(sequences[i]);
-      if (it == table_.end()) fail_unknown(sequences[i], "begin");
-      if (it->second->in_step) fail_in_step(sequences[i], "begin");
+      sequence& s = table_.find_locked(sequences[i], name(), "begin", not_in_step{this});
       for (std::size_t j = 0; j < i; ++j)
         if (step.rows_[j].id == sequences[i])
           detail::fail<input_error>(f() + ": sequences[" + std::to_string(i) + "]", sequences[i],
                                     "repeats sequences[" + std::to_string(j) + "]: one row per sequence");
-      const std::int64_t have = it->second->tokens;
+      const std::int64_t have = s.tokens;
       if (tokens[i] < 0 || tokens[i] > limits::max_tokens - have)
         detail::fail<input_error>(f() + ": tokens[" + std::to_string(i) + "]", tokens[i],
                                   "must lie in [0, 2^48 − " + std::to_string(have) + " tokens already appended]");
-      step.rows_[i] = {sequences[i], it->second.get(), tokens[i], {}};
+      step.rows_[i] = {sequences[i], &s, tokens[i], {}};
     }
     for (auto& r : step.rows_) r.seq->in_step = true;
   }
@@ -983,7 +909,7 @@ inline void model_step::abort() noexcept {
     }
   release_plans();
   {
-    std::lock_guard<std::mutex> lock(model_->table_mutex_);
+    std::lock_guard<std::mutex> lock(model_->table_.mutex());
     for (auto& r : rows_) r.seq->in_step = false;
   }
   model_ = nullptr;
@@ -1048,7 +974,7 @@ inline void model_step::commit() {
     s.tokens += r.tokens;
   }
   {
-    std::lock_guard<std::mutex> lock(model_->table_mutex_);
+    std::lock_guard<std::mutex> lock(model_->table_.mutex());
     for (auto& r : rows_) r.seq->in_step = false;
   }
   model_ = nullptr;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "phasekv/cache/sequence_view.hpp"
+#include "phasekv/core/enum_name.hpp"
 #include "phasekv/core/span.hpp"
 
 namespace phasekv {
@@ -85,12 +86,8 @@ enum class index_kind : std::uint8_t {
              // table, and an id of a page the sequence does not hold is an input_error
 };
 
-inline const char* to_string(index_kind kind) {
-  switch (kind) {
-    case index_kind::logical: return "logical";
-    case index_kind::physical: return "physical";
-  }
-  return "unknown";
+inline const char* to_string(index_kind kind) noexcept {
+  return phasekv::detail::enum_name(kind, {"logical", "physical"});
 }
 
 struct read_request {

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "phasekv/cache/layer_shape.hpp"
-#include "phasekv/cache/page_pool.hpp"  // load_entries
+#include "phasekv/cache/entry_io.hpp"  // load_entries
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/core/error.hpp"

@@ -80,7 +80,6 @@
 #include <vector>
 
 #include "phasekv/cache/layer_shape.hpp"
-#include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/core/error.hpp"

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "phasekv/core/enum_name.hpp"
 #include "phasekv/testing/scenario.hpp"
 
 namespace phasekv::testing {
@@ -53,13 +54,7 @@ inline const char* short_name(property p) noexcept {
 
 enum class outcome { passed, failed, skipped, not_run };
 inline const char* to_string(outcome o) noexcept {
-  switch (o) {
-    case outcome::passed: return "passed";
-    case outcome::failed: return "FAILED";
-    case outcome::skipped: return "skipped";
-    case outcome::not_run: return "not run";
-  }
-  return "unknown";
+  return phasekv::detail::enum_name(o, {"passed", "FAILED", "skipped", "not run"});
 }
 
 // What a property's cases exercised, so that a pass says what it covers: a selection that never
