@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/message_of.hpp"
 #include "support/thread_executor.hpp"
 #include "phasekv/cache/paged_cache.hpp"
@@ -24,9 +25,8 @@ namespace test_cache_batch_append {
 
 namespace {
 
-using namespace phasekv;
+using namespace phasekv_test::prelude;
 using namespace phasekv_test::read_support;
-using Catch::Matchers::Contains;
 using W = selection_world;
 using item = selection_cache::append_item;
 

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/common.hpp"
 #include "oracle/fp4_format.hpp"
 #include "support/deepseek_layer.hpp"
@@ -55,15 +56,8 @@ namespace test_cache_fp4 {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
-using phasekv_test::message_of;
+using namespace phasekv_test::prelude;
 namespace oracle = phasekv_test::fp4;
-using i64 = std::int64_t;
-
-using phasekv_test::sz;
-
-using phasekv_test::bits_of;
 
 std::vector<std::uint8_t> as_bytes(const std::vector<std::byte>& b) {
   std::vector<std::uint8_t> out(b.size());
@@ -545,15 +539,8 @@ TEST_CASE("fp4: shapes and calls a pool cannot take are errors that name the fie
   CHECK_THAT(message_of<config_error>([&] { page_pool{config}; }),
              Contains("ix.rope_channels = 64: must be 0 for fp4_e2m1_hadamard storage"));
 
-  CHECK_THAT(phasekv_test::store_row_error(storage_type::fp4_e2m1_hadamard),
-             Contains("storage_type = fp4_e2m1_hadamard: is stored in blocks"));
-  CHECK_THAT(phasekv_test::load_row_error(storage_type::fp4_e2m1_hadamard), Contains("storage_type = fp4_e2m1_hadamard"));
-  CHECK(std::string(to_string(storage_type::fp4_e2m1_hadamard)) == "fp4_e2m1_hadamard");
-  CHECK(bytes_per_element(storage_type::fp4_e2m1_hadamard) == 1);
-  CHECK(is_valid(storage_type::fp4_e2m1_hadamard));
-  CHECK(is_block_storage(storage_type::fp4_e2m1_hadamard));
+  phasekv_test::check_block_storage_type(storage_type::fp4_e2m1_hadamard, "fp4_e2m1_hadamard");
   CHECK(is_block_storage(storage_type::fp8_e4m3_block));
-  CHECK(!is_row_storage(storage_type::fp4_e2m1_hadamard));
   CHECK(!is_valid(static_cast<storage_type>(5)));
 }
 

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/common.hpp"
 #include "oracle/fp8_format.hpp"
 #include "support/deepseek_layer.hpp"
@@ -53,16 +54,9 @@ namespace test_cache_fp8 {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
-using phasekv_test::message_of;
+using namespace phasekv_test::prelude;
 namespace oracle = phasekv_test::fp8;
-using i64 = std::int64_t;
 
-using phasekv_test::sz;
-
-using phasekv_test::bits_of;
-using phasekv_test::float_of;
 // The library's bytes of one head.
 std::vector<std::uint8_t> quantize(const std::vector<float>& x, i64 channels, i64 rope) {
   const fp8_head_layout l = fp8_head_layout::of(channels, rope);
@@ -583,13 +577,7 @@ TEST_CASE("fp8: shapes and calls a pool cannot take are errors that name the fie
   CHECK_THAT(message_of<config_error>([&] { config.validate(); }), Contains("kv.channels = 140737488355328"));
 
   // Rows of fp8 do not exist: the row functions say so instead of writing anything.
-  CHECK_THAT(phasekv_test::store_row_error(storage_type::fp8_e4m3_block),
-             Contains("storage_type = fp8_e4m3_block: is stored in blocks"));
-  CHECK_THAT(phasekv_test::load_row_error(storage_type::fp8_e4m3_block), Contains("storage_type = fp8_e4m3_block"));
-  CHECK(std::string(to_string(storage_type::fp8_e4m3_block)) == "fp8_e4m3_block");
-  CHECK(bytes_per_element(storage_type::fp8_e4m3_block) == 1);
-  CHECK(is_valid(storage_type::fp8_e4m3_block));
-  CHECK(!is_row_storage(storage_type::fp8_e4m3_block));
+  phasekv_test::check_block_storage_type(storage_type::fp8_e4m3_block, "fp8_e4m3_block");
 }
 
 using phasekv_test::append_random;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/deepseek_layer.hpp"
 #include "support/message_of.hpp"
 #include "support/random_inputs.hpp"
@@ -33,11 +34,9 @@ namespace test_cache_host_entries {
 
 namespace {
 
-using namespace phasekv;
+using namespace phasekv_test::prelude;
 using namespace phasekv_test::read_support;
-using Catch::Matchers::Contains;
 using phasekv_test::csa_cache;
-using phasekv_test::message_of;
 
 // Entries [first, first + count) of every stream of `cache` as fp32, concatenated per stream.
 template <class Cache>

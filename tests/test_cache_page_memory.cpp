@@ -17,6 +17,7 @@
 #include <unistd.h>
 #endif
 
+#include "support/prelude.hpp"
 #include "support/configs.hpp"
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/cache/page_pool.hpp"
@@ -27,9 +28,7 @@ namespace test_cache_page_memory {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
-using i64 = std::int64_t;
+using namespace phasekv_test::prelude;
 
 // A bump arena over one buffer, recording what it handed out and got back.
 class arena final : public page_memory {

@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/configs.hpp"
 #include "support/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
@@ -45,8 +46,7 @@ namespace test_cache_paged {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
+using namespace phasekv_test::prelude;
 
 // Two streams with different policies and shapes: mean-pooled keys with per-branch inputs, and
 // vector-gated, RMS-normalised values with per-slot inputs.
@@ -81,7 +81,6 @@ std::string describe(const setup& s) {
       << " window.value_channels=" << s.window_value_channels;
   return out.str();
 }
-
 
 key_stream make_keys(const geometry& g) {
   return key_stream(g, phasekv_test::stream_of("keys", stream_role::key, kKeyChannels, kHeads, input_layout::per_branch));

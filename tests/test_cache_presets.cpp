@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/common.hpp"
 #include "support/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
@@ -25,13 +26,10 @@ namespace test_cache_presets {
 
 namespace {
 
-using namespace phasekv;
-using i64 = std::int64_t;
+using namespace phasekv_test::prelude;
 using kv_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
 using csa_cache = paged_cache<kv_stream, kv_stream>;
 using hca_cache = paged_cache<kv_stream>;
-
-using phasekv_test::sz;
 
 void check_window(const cache_config& c, i64 pages, i64 history) {
   CHECK(c.page_size == 64);

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
+#include "support/prelude.hpp"
 #include "support/random_inputs.hpp"
 #include "oracle/scalar_compressor.hpp"
 #include "oracle/snapshot_format.hpp"
@@ -61,8 +62,7 @@ namespace test_cache_snapshot {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
+using namespace phasekv_test::prelude;
 using Catch::Matchers::StartsWith;
 using phasekv_test::crc32c_bitwise;
 using phasekv_test::get_u64;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/configs.hpp"
 #include "support/random_inputs.hpp"
 #include "phasekv/cache/paged_cache.hpp"
@@ -30,9 +31,8 @@ namespace test_compress_bf16_inputs {
 
 namespace {
 
-using namespace phasekv;
+using namespace phasekv_test::prelude;
 using namespace phasekv_test;
-using Catch::Matchers::Contains;
 
 stream_config make_config(std::int64_t channels, std::int64_t heads, input_layout inputs, std::int64_t rope_channels) {
   return rotated_stream_of("bf16", channels, heads, inputs, rope_channels);

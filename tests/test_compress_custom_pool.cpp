@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/common.hpp"
 #include "../examples/pools/max_pool.hpp"
 #include "../examples/pools/nsa_mlp_pool.hpp"
@@ -33,9 +34,7 @@ namespace test_compress_custom_pool {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
-using i64 = std::int64_t;
+using namespace phasekv_test::prelude;
 using phasekv_examples::max_pool;
 using phasekv_examples::nsa_mlp_pool;
 using max_stream = stream_compressor<compressor_policy<max_pool>>;
@@ -45,8 +44,6 @@ using mlp_stream = stream_compressor<compressor_policy<nsa_mlp_pool>>;
 static_assert(pooling_policy<max_pool> && pooling_policy<nsa_mlp_pool>, "the examples satisfy the concept");
 static_assert(!pooling_policy<mean_pool>, "a built-in tag is not a policy of the host's");
 #endif
-
-using phasekv_test::sz;
 
 stream_config config(i64 heads, i64 channels) {
   stream_config c;

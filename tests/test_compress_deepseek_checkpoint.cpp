@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "oracle/deepseek_compressor.hpp"
+#include "support/prelude.hpp"
 #include "support/message_of.hpp"
 #include "support/random_inputs.hpp"
 #include "phasekv/compress/deepseek_checkpoint.hpp"
@@ -23,8 +24,7 @@ namespace test_compress_deepseek_checkpoint {
 
 namespace {
 
-using namespace phasekv;
-using phasekv_test::message_of;
+using namespace phasekv_test::prelude;
 using policy = presets::deepseek_v4_csa_policy;
 
 // One Compressor's checkpoint tensors, random, and a sequence's hidden states.

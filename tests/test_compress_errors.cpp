@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/random_inputs.hpp"
 #include "support/message_of.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
@@ -22,10 +23,8 @@ namespace test_compress_errors {
 
 namespace {
 
-using namespace phasekv;
-using phasekv_test::message_of;
+using namespace phasekv_test::prelude;
 using namespace phasekv_test;
-using Catch::Matchers::Contains;
 using Catch::Matchers::Equals;
 
 using mean_plain = compressor_policy<mean_pool>;
@@ -36,7 +35,6 @@ using fixed_plain = compressor_policy<fixed_weight_pool>;
 
 const float nan_value = std::numeric_limits<float>::quiet_NaN();
 const float inf_value = std::numeric_limits<float>::infinity();
-
 
 stream_config make_config(std::int64_t channels = 8, std::int64_t heads = 2) {
   stream_config c;

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/common.hpp"
 #include "../examples/pools/builtin_twins.hpp"
 #include "support/random_inputs.hpp"
@@ -23,11 +24,8 @@ namespace test_compress_point_twins {
 
 namespace {
 
-using namespace phasekv;
+using namespace phasekv_test::prelude;
 using namespace phasekv_examples;
-using i64 = std::int64_t;
-
-using phasekv_test::sz;
 
 struct case_shape {
   geometry g;

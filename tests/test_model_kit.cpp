@@ -16,6 +16,7 @@
 
 #include "../examples/pools/max_pool.hpp"
 #include "support/configs.hpp"
+#include "support/kit_layers.hpp"
 #include "support/random_inputs.hpp"
 
 namespace test_model_kit {
@@ -40,23 +41,7 @@ kit::report through_model(kit::layer_under_test<C...> layer) {
 
 TEST_CASE("kit through the model front door: K and V streams in bf16 and f16, GQA, an untied window",
           "[testing][kit][model]") {
-  using mean = stream_compressor<compressor_policy<mean_pool>>;
-  stream_config k = stream("keys", 16, 2), v = stream("values", 8, 2);
-  k.role = stream_role::key;
-  v.role = stream_role::value;
-  cache_config cc;
-  cc.name = "kv";
-  cc.page_size = 3;
-  cc.stream_storage = {storage_type::bf16, storage_type::f16};
-  cc.window = raw_window_config{5, 2, 16, 8};
-  reader_config rc;
-  rc.name = "kv.reader";
-  rc.query_heads = 4;
-  rc.key_stream = 0;
-  rc.value_stream = 1;
-  rc.sink = true;
-  const geometry g{2, 4};
-  const kit::report r = through_model(kit::layer_under_test<mean, mean>(layer_compressor<mean, mean>(mean(g, k), mean(g, v)), cc, rc));
+  const kit::report r = through_model(phasekv_test::split_kv_layer());
   REQUIRE_THAT(r, kit::conforms());
 }
 

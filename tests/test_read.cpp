@@ -36,6 +36,7 @@
 #include "phasekv/simd/intrinsics.hpp"  // before Eigen, which includes the intrinsics too
 #include <Eigen/Core>
 
+#include "support/prelude.hpp"
 #include "support/read_result.hpp"
 #include "support/message_of.hpp"
 #include "support/random_inputs.hpp"
@@ -56,13 +57,10 @@ namespace test_read {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
-using i64 = std::int64_t;
+using namespace phasekv_test::prelude;
 using phasekv_test::attention_shape;
 
 using namespace phasekv_test::read_support;  // support/read_world.hpp: helpers and the selection world
-using phasekv_test::message_of;
 
 using rope_stream = stream_compressor<compressor_policy<mean_pool, rope_after_pool>>;
 using csa_stream = stream_compressor<presets::deepseek_v4_csa_policy>;
@@ -1070,8 +1068,6 @@ struct csa_world {
     return mismatch(out, want, std::max(max_abs(ek), max_abs(wk)));
   }
 };
-
-using phasekv_test::bit_equal;
 
 // Decodes token by token (append one token, read at t), checking each read against the oracle.
 std::vector<std::vector<float>> decode_all(const csa_world& w, csa_cache& cache, sparse_reader& reader,

@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/read_result.hpp"
 #include "support/read_world.hpp"
 #include "support/common.hpp"
@@ -57,20 +58,12 @@ namespace test_read_fp4 {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
-using phasekv_test::message_of;
+using namespace phasekv_test::prelude;
 namespace oracle = phasekv_test::fp4;
-using i64 = std::int64_t;
 using kernel = kernels::indexer_fp4;
 
 constexpr storage_type fp4 = storage_type::fp4_e2m1_hadamard;
 
-using phasekv_test::sz;
-using phasekv_test::pick;
-using phasekv_test::pick_of;
-using phasekv_test::bit_equal;
-using phasekv_test::bits_of;
 using phasekv_test::append_tokens;
 
 // Query values whose transform is exact in double, so the oracle's dense transform and the
@@ -296,12 +289,13 @@ using rope_stream = stream_compressor<compressor_policy<mean_pool, rope_after_po
 using world_cache = paged_cache<mean_stream, mean_stream, rope_stream>;  // keys, values, indexer (RoPE'd)
 
 struct world_spec {
-  i64 stride = 1, window = 1, kv_heads = 1, group = 1, channels = 16, indexer_channels = 128, indexer_heads = 1;
+  geometry geom;  // S and W
+  i64 kv_heads = 1, group = 1, channels = 16, indexer_channels = 128, indexer_heads = 1;
   i64 page_size = 1, window_tokens = 0, top_k = 1, tokens = 1;
   storage_type kv_storage = storage_type::f32;
   std::string describe() const {
     std::ostringstream o;
-    o << "S=" << stride << " W=" << window << " kv_heads=" << kv_heads << " group=" << group << " ic=" << indexer_channels
+    o << "S=" << geom.stride << " W=" << geom.window << " kv_heads=" << kv_heads << " group=" << group << " ic=" << indexer_channels
       << " ih=" << indexer_heads << " page=" << page_size << " win=" << window_tokens << " top_k=" << top_k
       << " tokens=" << tokens << " kv=" << kv_storage;
     return o.str();
@@ -311,7 +305,7 @@ struct world_spec {
 using phasekv_test::read_support::make_stream;
 
 world_cache make_world(const world_spec& s) {
-  const geometry g{s.stride, s.window};
+  const geometry& g = s.geom;
   stream_config ix = make_stream("indexer", stream_role::indexer, 1, s.indexer_channels);
   ix.rope.channels = s.indexer_channels / 2;
   ix.rope.base = 10000.0;
@@ -391,8 +385,8 @@ TEST_CASE("fp4 read: the selection and its scores are the oracle's top-k, on eve
   std::mt19937 rng(1603);
   for (int world = 0; world < 14; ++world) {
     world_spec s;
-    s.stride = pick(rng, 1, 4);
-    s.window = pick(rng, s.stride, 2 * s.stride);
+    s.geom.stride = pick(rng, 1, 4);
+    s.geom.window = pick(rng, s.geom.stride, 2 * s.geom.stride);
     s.kv_heads = pick(rng, 1, 2);
     s.group = pick_of<i64>(rng, {1, 4});
     s.indexer_channels = pick_of<i64>(rng, {32, 64, 128, 128, 256});
@@ -403,7 +397,7 @@ TEST_CASE("fp4 read: the selection and its scores are the oracle's top-k, on eve
     s.kv_storage = pick_of(rng, {storage_type::f32, storage_type::bf16, storage_type::fp8_e4m3_block});
     // Now and then more than one scoring chunk (4096 entries), and more than 8192 candidates (the
     // selection's sampled cut).
-    s.tokens = world % 5 == 4 ? pick(rng, world < 5 ? 4200 : 8200, world < 5 ? 4500 : 8800) * s.stride : pick(rng, 1, 400);
+    s.tokens = world % 5 == 4 ? pick(rng, world < 5 ? 4200 : 8200, world < 5 ? 4500 : 8800) * s.geom.stride : pick(rng, 1, 400);
     INFO("world " << world << ": " << s.describe());
     world_cache cache = make_world(s);
     const reader_config rc = reader_for(s);
@@ -422,7 +416,7 @@ TEST_CASE("fp4 read: the selection and its scores are the oracle's top-k, on eve
       INFO("position " << position);
       const request_inputs in = random_request(rc, s.channels, s.indexer_channels, rng, position);
       const read_result got = read_one(reader, view, in.request);
-      const i64 candidates = geometry{s.stride, s.window}.visible_entries(position);
+      const i64 candidates = s.geom.visible_entries(position);
       const auto want = oracle_selection(view, 2, rc, in, candidates, s.top_k);
       REQUIRE(got.trace.selected.size() == want.size());
       std::size_t wrong = 0;
@@ -434,9 +428,7 @@ TEST_CASE("fp4 read: the selection and its scores are the oracle's top-k, on eve
       for (float x : got.out) CHECK(std::isfinite(x));
       // Threaded, batched with another read, through the cache: the same bits.
       CHECK(same(read_one(threaded, view, in.request), got));
-      std::vector<float> direct(sz(reader.output_floats()));
-      reader.read(cache, seq, in.request, direct.data());
-      CHECK(bit_equal(direct, got.out));
+      CHECK(bit_equal(phasekv_test::read_through_cache(reader, cache, seq, in.request), got.out));
     }
   }
 }
@@ -444,8 +436,7 @@ TEST_CASE("fp4 read: the selection and its scores are the oracle's top-k, on eve
 TEST_CASE("fp4 read: a restored snapshot reads bit-identically", "[read][fp4][snapshot]") {
   std::mt19937 rng(1604);
   world_spec s;
-  s.stride = 4;
-  s.window = 8;
+  s.geom = geometry{4, 8};
   s.indexer_heads = 64;
   s.page_size = 16;
   s.window_tokens = 4;
@@ -549,19 +540,15 @@ TEST_CASE("fp4 read: configurations and views that do not fit are errors naming 
   in.request.sinks = sinks;
   std::vector<float> out(sz(reader.output_floats()));
   const sequence_view good = cache.view_of(seq);
-  auto expect = [&](const sequence_view& v, const std::string& message) {
-    INFO("expecting " << message);
-    CHECK_THAT(message_of<input_error>([&] { reader.read(v, in.request, out.data()); }), Contains(message));
+  auto expect = [&](auto edit, const std::string& message) {
+    phasekv_test::check_view_refused(reader, good, in.request, edit, message);
   };
-  sequence_view v = good;
-  v.streams[1].layout.head_stride = v.streams[1].layout.head_stride_bytes = 64;
-  expect(v, "dsv4: view.streams[1].layout.head_stride = 64: must be the fp4 head's bytes = 68");
-  v = good;
-  v.streams[1].layout.entry_stride = v.streams[1].layout.entry_stride_bytes = 72;
-  expect(v, "dsv4: view.streams[1].layout.entry_stride = 72: must be kv_heads × head bytes = 68");
-  v = good;
-  v.streams[1].layout.storage = storage_type::bf16;
-  expect(v, "dsv4: view.streams[1].layout.storage = bf16: must be the stream's fp4_e2m1_hadamard");
+  expect([](sequence_view& v) { v.streams[1].layout.head_stride = v.streams[1].layout.head_stride_bytes = 64; },
+         "dsv4: view.streams[1].layout.head_stride = 64: must be the fp4 head's bytes = 68");
+  expect([](sequence_view& v) { v.streams[1].layout.entry_stride = v.streams[1].layout.entry_stride_bytes = 72; },
+         "dsv4: view.streams[1].layout.entry_stride = 72: must be kv_heads × head bytes = 68");
+  expect([](sequence_view& v) { v.streams[1].layout.storage = storage_type::bf16; },
+         "dsv4: view.streams[1].layout.storage = bf16: must be the stream's fp4_e2m1_hadamard");
   CHECK_NOTHROW(reader.read(good, in.request, out.data()));
 }
 

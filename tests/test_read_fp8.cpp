@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/read_result.hpp"
 #include "support/read_world.hpp"
 #include "support/request_inputs.hpp"
@@ -49,17 +50,10 @@ namespace test_read_fp8 {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
-using phasekv_test::message_of;
-using i64 = std::int64_t;
+using namespace phasekv_test::prelude;
 
 constexpr storage_type fp8 = storage_type::fp8_e4m3_block;
 
-using phasekv_test::sz;
-using phasekv_test::pick;
-using phasekv_test::pick_of;
-using phasekv_test::bit_equal;
 using phasekv_test::same_trace;
 using phasekv_test::append_tokens;
 // Payloads of a random magnitude per token (1e-3 … 1e3), so entries' blocks get many scales.
@@ -152,22 +146,16 @@ layer_shape dequantized_shape(layer_shape shape) {
 using phasekv_test::read_support::tied_cache;
 using phasekv_test::read_support::untied_cache;
 
-struct world_spec {
-  i64 stride = 1, window = 1, kv_heads = 1, group = 1, key_channels = 1, value_channels = 1, rope_channels = 0;
-  i64 indexer_channels = 1, indexer_heads = 1, page_size = 1, window_tokens = 0, top_k = 0, tokens = 1;
-  bool sink = false, tied = false;
+struct world_spec : phasekv_test::read_support::world_shape {
+  i64 tokens = 1;
   std::vector<storage_type> storage;  // per stream
   bool fp8_window = false;            // the raw window in FP8 (raw_window_config::precision)
   i64 window_rope_channels = 0;       // its key heads' bf16 channels
 
-  i64 query_heads() const { return kv_heads * group; }
-  i64 values() const { return tied ? key_channels : value_channels; }
   std::string describe() const {
     std::ostringstream o;
-    o << "S=" << stride << " W=" << window << " kv_heads=" << kv_heads << " group=" << group << " kc=" << key_channels
-      << " vc=" << values() << " rope=" << rope_channels << " ic=" << indexer_channels << " page=" << page_size
-      << " win=" << window_tokens << " fp8_window=" << fp8_window << " window_rope=" << window_rope_channels
-      << " top_k=" << top_k << " tokens=" << tokens << " tied=" << tied << " storage=";
+    o << describe_shape() << " fp8_window=" << fp8_window << " window_rope=" << window_rope_channels
+      << " tokens=" << tokens << " storage=";
     for (storage_type s : storage) o << s << ' ';
     return o.str();
   }
@@ -175,9 +163,7 @@ struct world_spec {
 
 world_spec random_spec(std::mt19937& rng) {
   world_spec s;
-  s.stride = pick(rng, 1, 4);
-  s.window = pick(rng, s.stride, 2 * s.stride);
-  s.kv_heads = pick(rng, 1, 2);
+  s.draw_geometry(rng, 4, 0, 2);
   s.group = pick_of<i64>(rng, {1, 3, 16, 17, 64, 70});
   s.tied = pick(rng, 0, 1) == 1;
   s.key_channels = pick_of<i64>(rng, {5, 16, 64, 100, 129, 200, 512});
@@ -202,13 +188,11 @@ world_spec random_spec(std::mt19937& rng) {
 using phasekv_test::read_support::reader_for;
 
 cache_config cache_config_for(const world_spec& s) {
-  cache_config cc;
-  cc.name = "fp8";
-  cc.page_size = s.page_size;
-  cc.pages = 1024;
+  // 16 tokens of history, so that reads a few positions back still find their window.
+  cache_config cc = phasekv_test::cache_of("fp8", s.page_size, 1024, 16,
+                                           raw_window_config{s.window_tokens, s.kv_heads, s.key_channels,
+                                                             s.tied ? 0 : s.value_channels});
   cc.stream_storage = s.storage;
-  cc.history = 16;  // so that reads a few positions back still find their window
-  cc.window = raw_window_config{s.window_tokens, s.kv_heads, s.key_channels, s.tied ? 0 : s.value_channels};
   if (s.fp8_window) {
     cc.window.precision = fp8;
     cc.window.rope_channels = s.window_rope_channels;
@@ -358,9 +342,7 @@ TEST_CASE("fp8 read: DeepSeek-V4 CSA with 584-byte entries reads like its dequan
         const read_result got = read_one(reader, view, in.request);
         CHECK(compare(got, read_one(twin_reader, dq->view, in.request)) == "");
         // Through the cache, the same bits as through its view.
-        std::vector<float> direct(sz(reader.output_floats()));
-        reader.read(cache, seq, in.request, direct.data());
-        CHECK(bit_equal(direct, got.out));
+        CHECK(bit_equal(phasekv_test::read_through_cache(reader, cache, seq, in.request), got.out));
       }
     }
   }
@@ -377,31 +359,23 @@ TEST_CASE("fp8 read: a view or shape that does not match the FP8 layout is an er
   const reader_config rc = phasekv_test::dsv4_reader(4, false);
   sparse_reader reader(cache, rc);
   const request_inputs in = random_request(rc, 512, 128, rng, n - 1);
-  std::vector<float> out(sz(reader.output_floats()));
   const sequence_view good = cache.view_of(seq);
 
-  auto expect = [&](const sequence_view& v, const std::string& message) {
-    INFO("expecting " << message);
-    CHECK_THAT(message_of<input_error>([&] { reader.read(v, in.request, out.data()); }), Contains(message));
+  auto expect = [&](auto edit, const std::string& message) {
+    phasekv_test::check_view_refused(reader, good, in.request, edit, message);
   };
-  sequence_view v = good;
-  v.streams[0].layout.rope_channels = 0;
-  expect(v, "dsv4: view.streams[0].layout.rope_channels = 0: must be the stream's RoPE channels, 64");
-  v = good;
-  v.streams[0].layout.head_stride = v.streams[0].layout.head_stride_bytes = 576;
-  expect(v, "dsv4: view.streams[0].layout.head_stride = 576: must be the fp8 head's bytes = 584");
-  v = good;
-  v.streams[0].layout.entry_stride = v.streams[0].layout.entry_stride_bytes = 512;
-  expect(v, "dsv4: view.streams[0].layout.entry_stride = 512: must be kv_heads × head bytes = 584");
-  v = good;
-  v.streams[0].layout.element_bytes = 4;
-  expect(v, "dsv4: view.streams[0].layout.element_bytes = 4: must be 1");
-  v = good;
-  v.streams[1].layout.rope_channels = 64;  // a bf16 stream keeps no RoPE channels apart
-  expect(v, "dsv4: view.streams[1].layout.rope_channels = 64: must be 0");
-  v = good;
-  v.streams[0].layout.storage = storage_type::f32;
-  expect(v, "dsv4: view.streams[0].layout.storage = f32: must be the stream's fp8_e4m3_block");
+  expect([](sequence_view& v) { v.streams[0].layout.rope_channels = 0; },
+         "dsv4: view.streams[0].layout.rope_channels = 0: must be the stream's RoPE channels, 64");
+  expect([](sequence_view& v) { v.streams[0].layout.head_stride = v.streams[0].layout.head_stride_bytes = 576; },
+         "dsv4: view.streams[0].layout.head_stride = 576: must be the fp8 head's bytes = 584");
+  expect([](sequence_view& v) { v.streams[0].layout.entry_stride = v.streams[0].layout.entry_stride_bytes = 512; },
+         "dsv4: view.streams[0].layout.entry_stride = 512: must be kv_heads × head bytes = 584");
+  expect([](sequence_view& v) { v.streams[0].layout.element_bytes = 4; },
+         "dsv4: view.streams[0].layout.element_bytes = 4: must be 1");
+  expect([](sequence_view& v) { v.streams[1].layout.rope_channels = 64; },  // a bf16 stream keeps no RoPE channels apart
+         "dsv4: view.streams[1].layout.rope_channels = 64: must be 0");
+  expect([](sequence_view& v) { v.streams[0].layout.storage = storage_type::f32; },
+         "dsv4: view.streams[0].layout.storage = f32: must be the stream's fp8_e4m3_block");
 
   // A shape whose FP8 stream keeps more RoPE channels than it has.
   layer_shape shape = cache.shape();

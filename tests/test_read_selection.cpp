@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/deepseek_layer.hpp"
 #include "support/message_of.hpp"
 #include "oracle/scalar_attention.hpp"
@@ -35,10 +36,8 @@ namespace test_read_selection {
 
 namespace {
 
-using namespace phasekv;
+using namespace phasekv_test::prelude;
 using namespace phasekv_test::read_support;
-using Catch::Matchers::Contains;
-using phasekv_test::message_of;
 using W = selection_world;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();

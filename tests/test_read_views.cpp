@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/read_result.hpp"
 #include "support/read_world.hpp"
 #include "support/request_inputs.hpp"
@@ -54,27 +55,19 @@ namespace test_read_views {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
-using i64 = std::int64_t;
+using namespace phasekv_test::prelude;
 using phasekv_test::attention_shape;
 
 using phasekv_test::read_support::tied_cache;
 using phasekv_test::read_support::untied_cache;
 
-using phasekv_test::sz;
-
 std::vector<float> uniform(std::mt19937& rng, i64 count, float lo = -1.0f, float hi = 1.0f) {
   return phasekv_test::random_uniform(rng, sz(count), lo, hi);
 }
 using phasekv_test::append_tokens;
-using phasekv_test::pick;
-using phasekv_test::pick_of;
 
 bool bit_equal(const float* a, const float* b, i64 n) { return std::memcmp(a, b, sz(n) * sizeof(float)) == 0; }
 using phasekv_test::same_trace;
-
-using phasekv_test::message_of;
 
 using phasekv_test::thread_executor;
 
@@ -82,29 +75,19 @@ using phasekv_test::read_support::reader_for;
 
 // ---- random worlds ---------------------------------------------------------------------------
 
-struct world_spec {
-  i64 stride = 1, window = 1, kv_heads = 1, group = 1, key_channels = 1, value_channels = 1;
-  i64 indexer_channels = 1, indexer_heads = 1, page_size = 1, window_tokens = 0, top_k = 0, rope_channels = 0;
-  bool sink = false, tied = false;
+struct world_spec : phasekv_test::read_support::world_shape {
   storage_type storage = storage_type::f32;
 
-  i64 query_heads() const { return kv_heads * group; }
-  i64 values() const { return tied ? key_channels : value_channels; }
   std::string describe() const {
     std::ostringstream o;
-    o << "S=" << stride << " W=" << window << " kv_heads=" << kv_heads << " group=" << group << " kc=" << key_channels
-      << " vc=" << values() << " ic=" << indexer_channels << " ih=" << indexer_heads << " page=" << page_size
-      << " win=" << window_tokens << " top_k=" << top_k << " sink=" << sink << " tied=" << tied
-      << " storage=" << storage;
+    o << describe_shape() << " storage=" << storage;
     return o.str();
   }
 };
 
 world_spec random_spec(std::mt19937& rng) {
   world_spec s;
-  s.stride = pick(rng, 1, 5);
-  s.window = pick(rng, s.stride, 2 * s.stride + 2);
-  s.kv_heads = pick(rng, 1, 3);
+  s.draw_geometry(rng, 5, 2, 3);
   s.group = pick(rng, 1, 7);
   s.key_channels = pick_of<i64>(rng, {5, 7, 9, 13, 17, 33});
   s.value_channels = pick_of<i64>(rng, {3, 11, 19});
@@ -121,13 +104,10 @@ world_spec random_spec(std::mt19937& rng) {
 }
 
 cache_config cache_config_for(const world_spec& s) {
-  cache_config cc;
-  cc.name = "views";
-  cc.page_size = s.page_size;
-  cc.pages = 4096;
+  cache_config cc = phasekv_test::cache_of(
+      "views", s.page_size, 4096, 16,
+      raw_window_config{s.window_tokens, s.kv_heads, s.key_channels, s.tied ? 0 : s.value_channels});
   cc.storage = s.storage;
-  cc.history = 16;
-  cc.window = raw_window_config{s.window_tokens, s.kv_heads, s.key_channels, s.tied ? 0 : s.value_channels};
   return cc;
 }
 

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
+#include "support/prelude.hpp"
+#include "support/reliability_layers.hpp"
 #include "support/configs.hpp"
 #include "support/message_of.hpp"
 #include "phasekv/cache/page_pool.hpp"
@@ -33,21 +35,15 @@ namespace test_reliability {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
-using i64 = std::int64_t;
+using namespace phasekv_test::prelude;
+using namespace phasekv_test::reliability_layers;
 
-using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
-using rope_stream = stream_compressor<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>>;
-using mean_cache = paged_cache<mean_stream>;
 using rope_cache = paged_cache<rope_stream, mean_stream>;
 using mean_reader = sparse_reader;
 using rope_reader = sparse_reader;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-using phasekv_test::message_of;
 
 stream_config config(const std::string& name, i64 channels, i64 kv_heads = 1) {
   stream_config c;

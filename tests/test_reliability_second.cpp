@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "oracle/cache_dump.hpp"
+#include "support/prelude.hpp"
+#include "support/reliability_layers.hpp"
 #include "support/message_of.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/deepseek_checkpoint.hpp"
@@ -34,14 +36,8 @@ namespace test_reliability_second {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
-using i64 = std::int64_t;
-using phasekv_test::message_of;
-
-using mean_stream = stream_compressor<compressor_policy<mean_pool>>;
-using rope_stream = stream_compressor<compressor_policy<vector_gated_pool, rope_after_pool, rms_norm>>;
-using mean_cache = paged_cache<mean_stream>;
+using namespace phasekv_test::prelude;
+using namespace phasekv_test::reliability_layers;
 
 // A reader of one query head over the cache's one stream, every other field its default.
 reader_config one_query_head() {

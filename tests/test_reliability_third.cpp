@@ -24,6 +24,7 @@
 
 #include "oracle/cache_dump.hpp"
 #include "oracle/snapshot_format.hpp"
+#include "support/prelude.hpp"
 #include "support/deepseek_layer.hpp"
 #include "support/message_of.hpp"
 #include "support/read_result.hpp"
@@ -38,10 +39,7 @@ namespace test_reliability_third {
 
 namespace {
 
-using namespace phasekv;
-using Catch::Matchers::Contains;
-using i64 = std::int64_t;
-using phasekv_test::message_of;
+using namespace phasekv_test::prelude;
 
 constexpr float inf = std::numeric_limits<float>::infinity();
 

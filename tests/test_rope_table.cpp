@@ -21,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "support/prelude.hpp"
 #include "support/common.hpp"
 #include "oracle/deepseek_compressor.hpp"
 #include "support/message_of.hpp"
@@ -36,16 +37,10 @@ namespace test_rope_table {
 
 namespace {
 
-using namespace phasekv;
-using phasekv_test::message_of;
-using i64 = std::int64_t;
+using namespace phasekv_test::prelude;
 using csa_policy = presets::deepseek_v4_csa_policy;
 using plain_policy = compressor_policy<vector_gated_pool, no_rope, rms_norm>;   // the same, unrotated
 using before_policy = compressor_policy<vector_gated_pool, rope_before_pool, rms_norm>;
-
-using phasekv_test::sz;
-
-using phasekv_test::bit_equal;
 
 // DeepSeek's fp32 freqs_cis for a stream's rope config, as a phasekv table.
 std::shared_ptr<const rope_table> deepseek_table(const rope_config& rope, i64 positions) {

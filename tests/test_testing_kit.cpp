@@ -23,6 +23,7 @@
 #include "kit/planted_bugs.hpp"
 #include "oracle/scalar_compressor.hpp"
 #include "support/configs.hpp"
+#include "support/kit_layers.hpp"
 #include "support/random_inputs.hpp"
 
 namespace test_testing_kit {
@@ -128,22 +129,8 @@ TEST_CASE("kit: storage types, GQA, an indexer and an untied window conform", "[
   const geometry g{2, 4};
 
   SECTION("K and V streams of two heads in bf16 and f16, four query heads, an untied f32 window, FlashMLA's lse") {
-    stream_config k = stream("keys", 16, 2), v = stream("values", 8, 2);
-    k.role = stream_role::key;
-    v.role = stream_role::value;
-    cache_config cc;
-    cc.name = "kv";
-    cc.page_size = 3;
-    cc.stream_storage = {storage_type::bf16, storage_type::f16};
-    cc.window = raw_window_config{5, 2, 16, 8};
-    reader_config rc;
-    rc.name = "kv.reader";
-    rc.query_heads = 4;
-    rc.key_stream = 0;
-    rc.value_stream = 1;
-    rc.sink = true;
-    rc.lse = lse_convention::flashmla;
-    kit::layer_under_test<mean, mean> layer(layer_compressor<mean, mean>(mean(g, k), mean(g, v)), cc, rc);
+    kit::layer_under_test<mean, mean> layer = phasekv_test::split_kv_layer();
+    layer.reader.lse = lse_convention::flashmla;
     {
       const kit::report r = kit::check(layer, o);
       REQUIRE_THAT(r, kit::conforms());

@@ -1,7 +1,10 @@
 #pragma once
 // What the FP8 and FP4 tests share: where an entry's bytes lie, found by the arithmetic a host
 // does with a pool or a view (entry j: page table slot j / page_size, slot j % page_size); a
-// pool's round trip held to a format's oracle; and the row functions' refusal of a block format.
+// pool's round trip held to a format's oracle; and what the library says of a block format as a
+// storage type, the row functions' refusal included.
+
+#include <catch2/catch.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -84,6 +87,19 @@ inline std::string load_row_error(phasekv::storage_type block_format) {
   float values[4] = {1, 2, 3, 4};
   const unsigned char bytes[16] = {};
   return message_of<phasekv::input_error>([&] { phasekv::load_row(bytes, values, 4, block_format); });
+}
+
+// A block format as a storage type: named `name`, one byte an element, valid, stored in blocks and
+// not in rows, so the row functions refuse it naming it.
+inline void check_block_storage_type(phasekv::storage_type block_format, const std::string& name) {
+  using Catch::Matchers::Contains;
+  CHECK_THAT(store_row_error(block_format), Contains("storage_type = " + name + ": is stored in blocks"));
+  CHECK_THAT(load_row_error(block_format), Contains("storage_type = " + name));
+  CHECK(std::string(phasekv::to_string(block_format)) == name);
+  CHECK(phasekv::bytes_per_element(block_format) == 1);
+  CHECK(phasekv::is_valid(block_format));
+  CHECK(phasekv::is_block_storage(block_format));
+  CHECK(!phasekv::is_row_storage(block_format));
 }
 
 }  // namespace phasekv_test

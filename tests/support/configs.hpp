@@ -15,16 +15,19 @@
 
 namespace phasekv_test {
 
+// A Config at its defaults but for the name its error messages start with.
+template <class Config>
+Config named(const std::string& name) {
+  Config c;
+  c.name = name;
+  return c;
+}
+
 inline phasekv::stream_config stream_of(const std::string& name, phasekv::stream_role role, std::int64_t channels,
                                         std::int64_t kv_heads = 1,
                                         phasekv::input_layout inputs = phasekv::input_layout::per_branch) {
-  phasekv::stream_config c;
-  c.name = name;
-  c.role = role;
-  c.channels = channels;
-  c.kv_heads = kv_heads;
-  c.inputs = inputs;
-  return c;
+  // The members in their declaration order: no RoPE, norm_eps at its default.
+  return phasekv::stream_config{name, role, channels, kv_heads, inputs, phasekv::rope_config{}};
 }
 
 // A key_value stream whose last rope_channels channels are rotated (base 10^4, when the policy
@@ -40,8 +43,7 @@ inline phasekv::stream_config rotated_stream_of(const std::string& name, std::in
 // `pages` pages of `page_size` entries per stream, `history` tokens of rollback, and a raw window.
 inline phasekv::cache_config cache_of(const std::string& name, std::int64_t page_size, std::int64_t pages,
                                       std::int64_t history = 0, phasekv::raw_window_config window = {}) {
-  phasekv::cache_config c;
-  c.name = name;
+  phasekv::cache_config c = named<phasekv::cache_config>(name);
   c.page_size = page_size;
   c.pages = pages;
   c.history = history;
@@ -49,22 +51,21 @@ inline phasekv::cache_config cache_of(const std::string& name, std::int64_t page
   return c;
 }
 
-// `capacity` pages of `page_size` entries of kv_heads × channels elements of `storage` (capacity 0:
-// a configuration only a layout is computed from); an FP8 pool keeps `rope_channels` in bf16.
 // A reader of `query_heads` heads whose streams follow the layer's roles, selecting nothing.
 inline phasekv::reader_config reader_of(const std::string& name, std::int64_t query_heads) {
-  phasekv::reader_config r;
-  r.name = name;
+  phasekv::reader_config r = named<phasekv::reader_config>(name);
   r.query_heads = query_heads;
   return r;
 }
+
+// `capacity` pages of `page_size` entries of kv_heads × channels elements of `storage` (capacity 0:
+// a configuration only a layout is computed from); an FP8 pool keeps `rope_channels` in bf16.
 
 inline phasekv::page_pool_config pool_of(const std::string& name, std::int64_t page_size, std::int64_t kv_heads,
                                          std::int64_t channels, std::int64_t capacity,
                                          phasekv::storage_type storage = phasekv::storage_type::f32,
                                          std::int64_t rope_channels = 0) {
-  phasekv::page_pool_config c;
-  c.name = name;
+  phasekv::page_pool_config c = named<phasekv::page_pool_config>(name);
   c.page_size = page_size;
   c.kv_heads = kv_heads;
   c.channels = channels;

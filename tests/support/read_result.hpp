@@ -1,12 +1,17 @@
 #pragma once
-// One read through the batch API, everything it returns kept (output, lse, selected ids, trace),
-// and the comparison of two traces: what the read tests that compare two reads bit for bit share.
+// One read through the batch API, everything it returns kept (output, lse, selected ids, trace), a
+// read through the cache, a view's refusal, and the comparison of two traces: what the read tests
+// that compare two reads bit for bit share.
+
+#include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "phasekv/read/sparse_reader.hpp"
 #include "support/common.hpp"
+#include "support/message_of.hpp"
 
 namespace phasekv_test {
 
@@ -37,6 +42,29 @@ inline read_result read_one(phasekv::sparse_reader& reader, const phasekv::seque
   }
   reader.read_batch(phasekv::span<const phasekv::read_item>(&it, 1));
   return r;
+}
+
+// The output of reading `seq` through the cache itself (reader.read(cache, seq, ...)), for holding
+// it to the bits of a read of the cache's view.
+template <class Cache>
+std::vector<float> read_through_cache(phasekv::sparse_reader& reader, const Cache& cache, phasekv::sequence_id seq,
+                                      const phasekv::read_request& request) {
+  std::vector<float> out(sz(reader.output_floats()));
+  reader.read(cache, seq, request, out.data());
+  return out;
+}
+
+// Reading a copy of `good` changed by edit(view) is refused with an input_error whose message
+// contains `message`.
+template <class Edit>
+void check_view_refused(phasekv::sparse_reader& reader, const phasekv::sequence_view& good,
+                        const phasekv::read_request& request, Edit edit, const std::string& message) {
+  INFO("expecting " << message);
+  phasekv::sequence_view view = good;
+  edit(view);
+  std::vector<float> out(sz(reader.output_floats()));
+  CHECK_THAT(message_of<phasekv::input_error>([&] { reader.read(view, request, out.data()); }),
+             Catch::Matchers::Contains(message));
 }
 
 inline bool same_trace(const phasekv::read_trace& a, const phasekv::read_trace& b) {

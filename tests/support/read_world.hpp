@@ -35,6 +35,35 @@ using gated_stream = stream_compressor<compressor_policy<vector_gated_pool>>;
 using phasekv_test::sz;
 
 
+// What the random worlds of the read tests share (a test's spec adds how its streams are stored):
+// the geometry, KV heads and their query-head groups, channel counts, the indexer, pages, the raw
+// window, the selection, sinks and tied K/V.
+struct world_shape {
+  i64 stride = 1, window = 1, kv_heads = 1, group = 1, key_channels = 1, value_channels = 1, rope_channels = 0;
+  i64 indexer_channels = 1, indexer_heads = 1, page_size = 1, window_tokens = 0, top_k = 0;
+  bool sink = false, tied = false;
+
+  i64 query_heads() const { return kv_heads * group; }
+  i64 values() const { return tied ? key_channels : value_channels; }
+
+  // S uniform in [1, max_stride], then W in [S, 2S + window_slack], then kv_heads in
+  // [1, max_kv_heads]: the first draws of every random world.
+  void draw_geometry(std::mt19937& rng, i64 max_stride, i64 window_slack, i64 max_kv_heads) {
+    stride = phasekv_test::pick(rng, 1, max_stride);
+    window = phasekv_test::pick(rng, stride, 2 * stride + window_slack);
+    kv_heads = phasekv_test::pick(rng, 1, max_kv_heads);
+  }
+
+  // The shape's fields, for a failing world's INFO.
+  std::string describe_shape() const {
+    std::ostringstream o;
+    o << "S=" << stride << " W=" << window << " kv_heads=" << kv_heads << " group=" << group << " kc=" << key_channels
+      << " vc=" << values() << " rope=" << rope_channels << " ic=" << indexer_channels << " ih=" << indexer_heads
+      << " page=" << page_size << " win=" << window_tokens << " top_k=" << top_k << " sink=" << sink << " tied=" << tied;
+    return o.str();
+  }
+};
+
 // The reader of a random world (its spec has query_heads(), tied, top_k, indexer_heads, sink):
 // keys on stream 0, values on stream 1 (or 0 when tied), the indexer on the next stream when it
 // selects; a tied world's outputs are derotated.
