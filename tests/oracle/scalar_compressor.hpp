@@ -62,7 +62,8 @@ constexpr bool is_scalar_gate = std::is_same_v<Pooling, phasekv::gated_pool<phas
 
 // RoPE frequencies θ_k = base^(−2k/R), k ∈ [0, R/2), then YaRN (rope.hpp header comment):
 //   d(r) = R·ln(L / (2π·r)) / (2·ln base),  low = max(floor(d(beta_fast)), 0),
-//   high = min(ceil(d(beta_slow)), R − 1) (+0.001 when equal to low),
+//   high = min(ceil(d(beta_slow)), R − 1), raised to low when below it (where DeepSeek's code
+//   would interpolate every pair, §3 keeps them all), +0.001 when equal to low,
 //   ramp_k = clamp((k − low)/(high − low), 0, 1),  θ_k ← θ_k/factor·ramp_k + θ_k·(1 − ramp_k).
 inline std::vector<double> rope_frequencies(const phasekv::rope_config& rope) {
   const std::int64_t rotated = rope.channels;
@@ -77,6 +78,7 @@ inline std::vector<double> rope_frequencies(const phasekv::rope_config& rope) {
     const double d_slow = r * std::log(context / (2.0 * pi * rope.yarn.beta_slow)) / (2.0 * std::log(rope.base));
     const double low = std::max(std::floor(d_fast), 0.0);
     double high = std::min(std::ceil(d_slow), r - 1.0);
+    if (high < low) high = low;
     if (high == low) high += 0.001;
     for (std::size_t k = 0; k < theta.size(); ++k) {
       double ramp = (static_cast<double>(k) - low) / (high - low);
