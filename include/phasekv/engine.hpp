@@ -57,6 +57,7 @@
 #include "phasekv/cache/page_arena.hpp"
 #include "phasekv/cache/page_layout.hpp"
 #include "phasekv/cache/page_memory.hpp"
+#include "phasekv/cache/page_plan.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/raw_window.hpp"

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "phasekv/cache/cache_config.hpp"
+#include "phasekv/cache/page_plan.hpp"
 #include "phasekv/cache/page_pool.hpp"
 #include "phasekv/cache/raw_window.hpp"
 #include "phasekv/cache/sequence_table.hpp"
@@ -175,12 +176,12 @@ class paged_cache {
                               e.values);
       }, options);
     } catch (...) {
-      for (std::size_t k = stream_count; k-- > 0;) drop_plan(k, plans[k]);
+      for (std::size_t k = stream_count; k-- > 0;) plans[k].drop(*pools_[k]);
       throw;
     }
     // The views of this sequence go stale only now: a failed append wrote nothing they show.
     s.writes.bump();
-    for (std::size_t k = 0; k < stream_count; ++k) adopt_plan(s, k, plans[k]);
+    for (std::size_t k = 0; k < stream_count; ++k) plans[k].adopt(*pools_[k], s.tables[k]);
     s.window.write(window_keys, window_values, s.tokens, tokens);
     s.tokens += tokens;
     return layer_.geom().completed_entries(s.tokens) - layer_.geom().completed_entries(s.tokens - tokens);
@@ -228,7 +229,7 @@ class paged_cache {
     std::vector<std::array<page_plan, stream_count>> plans(count);
     auto drop_all = [&](std::size_t through) noexcept {
       for (std::size_t i = through; i-- > 0;)
-        for (std::size_t k = stream_count; k-- > 0;) drop_plan(k, plans[i][k]);
+        for (std::size_t k = stream_count; k-- > 0;) plans[i][k].drop(*pools_[k]);
     };
     for (std::size_t i = 0; i < count; ++i) {
       try {
@@ -259,7 +260,7 @@ class paged_cache {
       sequence& s = *seqs[i];
       const std::int64_t tokens = items[i].in[0].tokens;
       s.writes.bump();
-      for (std::size_t k = 0; k < stream_count; ++k) adopt_plan(s, k, plans[i][k]);
+      for (std::size_t k = 0; k < stream_count; ++k) plans[i][k].adopt(*pools_[k], s.tables[k]);
       layer_.commit(s.states, items[i].in);
       s.window.write(items[i].window_keys, items[i].window_values, s.tokens, tokens);
       s.tokens += tokens;
@@ -321,7 +322,7 @@ class paged_cache {
                                entries[k].data() + j * heads * channels);
       }
     }
-    for (std::size_t k = 0; k < stream_count; ++k) adopt_plan(s, k, plans[k]);
+    for (std::size_t k = 0; k < stream_count; ++k) plans[k].adopt(*pools_[k], s.tables[k]);
     layer_.skip(s.states, tokens);
     s.window.write(window_keys, window_values, s.tokens, tokens);
     s.tokens += tokens;
@@ -661,40 +662,7 @@ class paged_cache {
     return s != nullptr && s->writes.get() == writes;
   }
 
-  // The pages one append adds to one stream: fresh pages for new entries past the table's end,
-  // and a private copy of the last page when it is shared and about to be written.
-  struct page_plan {
-    std::vector<page_id> fresh;
-    page_id copy = -1;  // replaces the table's last page, or -1
-
-    page_id page_for(const std::vector<page_id>& table, std::int64_t entry, std::int64_t page_size) const {
-      const auto index = static_cast<std::size_t>(entry / page_size);
-      if (index < table.size()) return index + 1 == table.size() && copy >= 0 ? copy : table[index];
-      return fresh[index - table.size()];
-    }
-  };
-
-  page_plan plan_pages(const sequence& s, std::size_t k, std::int64_t tokens) {
-    page_plan plan;
-    const std::int64_t before = s.states[k].entries();
-    const std::int64_t after = layer_.geom().completed_entries(s.states[k].tokens() + std::max<std::int64_t>(tokens, 0));
-    if (after == before) return plan;
-    const std::int64_t pages_after = (after + config_.page_size - 1) / config_.page_size;
-    const auto& table = s.tables[k];
-    const bool writes_last_page = before % config_.page_size != 0;  // the last page is partial
-    const bool copy = writes_last_page && pools_[k]->refcount(table.back()) > 1;
-    // One all-or-nothing allocation for the copy and the fresh pages, so nothing leaks if it throws.
-    std::vector<page_id> pages(static_cast<std::size_t>(pages_after - static_cast<std::int64_t>(table.size())) +
-                               (copy ? 1 : 0));
-    pools_[k]->allocate(static_cast<std::int64_t>(pages.size()), pages.data());
-    if (copy) {
-      plan.copy = pages.back();
-      pages.pop_back();
-      pools_[k]->copy_entries(table.back(), plan.copy, before % config_.page_size);
-    }
-    plan.fresh = std::move(pages);
-    return plan;
-  }
+  using page_plan = detail::page_plan;
 
   // Every page an append of `tokens` tokens to `s` needs, in every stream, with the page tables
   // grown to hold them, so that adopting the plans cannot fail (a grown table may have moved:
@@ -703,7 +671,9 @@ class paged_cache {
     std::array<page_plan, stream_count> plans;
     try {
       for (std::size_t k = 0; k < stream_count; ++k) {
-        plans[k] = plan_pages(s, k, tokens);
+        const std::int64_t before = s.states[k].entries();
+        const std::int64_t after = layer_.geom().completed_entries(s.states[k].tokens() + std::max<std::int64_t>(tokens, 0));
+        plans[k] = page_plan::reserve(*pools_[k], s.tables[k], before, after, config_.page_size);
         const page_id* table = s.tables[k].data();
         s.tables[k].reserve(s.tables[k].size() + plans[k].fresh.size());
         // A view of the sequence points into its page table: once the table has moved, the view
@@ -711,32 +681,10 @@ class paged_cache {
         if (s.tables[k].data() != table) s.writes.bump();
       }
     } catch (...) {
-      for (std::size_t k = stream_count; k-- > 0;) drop_plan(k, plans[k]);
+      for (std::size_t k = stream_count; k-- > 0;) plans[k].drop(*pools_[k]);
       throw;
     }
     return plans;
-  }
-
-  // Gives a plan's pages back in the reverse of the order they were allocated (the copy came
-  // last), so the pool's LIFO free list is restored exactly: after a failed append the next
-  // call receives the very pages it would have received had the failure never happened.
-  void drop_plan(std::size_t k, page_plan& plan) noexcept {
-    // Pages of a plan are held by nobody else: releasing them cannot throw in practice.
-    try {
-      if (plan.copy >= 0) pools_[k]->release(plan.copy);
-      for (auto p = plan.fresh.rbegin(); p != plan.fresh.rend(); ++p) pools_[k]->release(*p);
-    } catch (...) {
-    }
-    plan = page_plan{};
-  }
-
-  void adopt_plan(sequence& s, std::size_t k, page_plan& plan) {
-    auto& table = s.tables[k];
-    if (plan.copy >= 0) {
-      pools_[k]->release(table.back());
-      table.back() = plan.copy;
-    }
-    table.insert(table.end(), plan.fresh.begin(), plan.fresh.end());
   }
 
   // The pending compressor inputs and raw window rows a continuation from p0 needs are still kept.
