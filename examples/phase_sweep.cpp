@@ -383,9 +383,9 @@ int run(const options& o) {
               "contained: debiased gap", "p-value", "phase p", "straddle%");
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     const auto& r = results[i];
-    const std::string period = r.period.flat      ? "flat"
+    const std::string period = r.all().period.flat      ? "flat"
                                : !r.has_period() ? "-"
-                                                 : phasekv::detail::format_number(r.period.period, 4);
+                                                 : phasekv::detail::format_number(r.all().period.period, 4);
     const auto* within = r.profile("contained");
     const auto* across = r.profile("straddle");
     std::string gap = "n/a", p = "n/a", phase = "n/a", straddle = "n/a";
@@ -399,8 +399,8 @@ int run(const options& o) {
     }
     if (across && !across->residues.empty() && std::isfinite(across->mean))
       straddle = phasekv::detail::fixed(100.0 * across->mean, 2);
-    std::printf("%-34s %8.2f %8.2f %10.3g %7s | %-24s %10s %9s | %9s\n", jobs[i].label.c_str(), 100.0 * r.mean,
-                r.gap_points, r.homogeneity.p_value, period.c_str(), gap.c_str(), p.c_str(), phase.c_str(),
+    std::printf("%-34s %8.2f %8.2f %10.3g %7s | %-24s %10s %9s | %9s\n", jobs[i].label.c_str(), 100.0 * r.all().mean,
+                r.all().gap_points, r.all().homogeneity.p_value, period.c_str(), gap.c_str(), p.c_str(), phase.c_str(),
                 straddle.c_str());
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -88,7 +88,7 @@ bool clearly_differs(const comparison& c) { return c.p_value < 1e-6; }
 
 void show(const char* name, std::int64_t shift, const sweep_result& r) {
   std::printf("%s %lld: p %.3g, best %lld, worst %lld |", name, static_cast<long long>(shift),
-              r.homogeneity.p_value, static_cast<long long>(r.best_residue), static_cast<long long>(r.worst_residue));
+              r.all().homogeneity.p_value, static_cast<long long>(r.all().best_residue), static_cast<long long>(r.all().worst_residue));
   for (const auto& row : r.residues) std::printf(" %.2f", row.estimate);
   std::printf("\n");
 }
@@ -122,7 +122,7 @@ TEST_CASE("interventions + needle probe: cycling gate biases by delta moves the 
     const sweep_result a0 = probe_sweep(base);
     show("gates delta", 0, a0);
     REQUIRE(a0.valid);
-    REQUIRE(a0.best_residue % S == 0);
+    REQUIRE(a0.all().best_residue % S == 0);
     for (std::int64_t delta : {1, 2}) {
       needle_config c = base;
       c.key_slot_bias = cycle_slot_profile(base.concentrated_slot_bias(false), S, S, delta);
@@ -131,7 +131,7 @@ TEST_CASE("interventions + needle probe: cycling gate biases by delta moves the 
       show("gates delta", delta, ad);
       REQUIRE(ad.valid);
       // The strong residue moved by δ (the argmax, and every residue of that phase is strong).
-      CHECK(ad.best_residue % S == (a0.best_residue + delta) % S);
+      CHECK(ad.all().best_residue % S == (a0.all().best_residue + delta) % S);
       for (std::int64_t r = delta; r < 2 * S; r += S) CHECK(ad.residues[static_cast<std::size_t>(r)].estimate > 0.9);
       // The library's prediction, from the estimates and from the sweep overload, agree …
       const auto predicted = predicted_shift(residue_accuracy(a0), S, delta);
@@ -198,8 +198,8 @@ TEST_CASE("interventions + needle probe: staggering the chunk origin shifts the 
   const sweep_result a0 = probe_sweep(base);
   show("mean pool origin", 0, a0);
   REQUIRE(a0.valid);
-  REQUIRE(a0.worst_residue % S == S - 1);
-  REQUIRE(a0.homogeneity.p_value < 1e-6);
+  REQUIRE(a0.all().worst_residue % S == S - 1);
+  REQUIRE(a0.all().homogeneity.p_value < 1e-6);
   for (std::size_t h = 1; h < origins.size(); ++h) {
     const std::int64_t o = origins[h].origin;
     needle_config c = base;
@@ -207,7 +207,7 @@ TEST_CASE("interventions + needle probe: staggering the chunk origin shifts the 
     const sweep_result ao = probe_sweep(c);
     show("mean pool origin", o, ao);
     REQUIRE(ao.valid);
-    CHECK(ao.worst_residue % S == (S - 1 + o) % S);
+    CHECK(ao.all().worst_residue % S == (S - 1 + o) % S);
     for (std::int64_t r = 0; r < 2 * S; ++r) {
       // Every residue of the new boundary phase is below every other one.
       if (r % S != (S - 1 + o) % S) continue;

@@ -27,7 +27,7 @@ using phasekv_test::residue_accuracy;
 constexpr auto small_config = &phasekv_test::small_probe_config;
 
 void show(const char* name, const sweep_result& r) {
-  std::printf("%s: gap %.1f, p %.3g, period %.2f |", name, r.gap_points, r.homogeneity.p_value, r.period.period);
+  std::printf("%s: gap %.1f, p %.3g, period %.2f |", name, r.all().gap_points, r.all().homogeneity.p_value, r.all().period.period);
   for (const auto& row : r.residues) std::printf(" %.2f", row.estimate);
   std::printf("\n");
 }
@@ -38,8 +38,8 @@ TEST_CASE("needle probe: full-attention control is flat", "[needle]") {
   const auto r = probe_sweep(small_config(needle_policy::full_attention, 1, 1), 64, 8);
   show("control", r);
   REQUIRE(r.valid);
-  CHECK(r.homogeneity.p_value > 0.01);
-  CHECK(r.mean > 0.6);
+  CHECK(r.all().homogeneity.p_value > 0.01);
+  CHECK(r.all().mean > 0.6);
 }
 
 TEST_CASE("needle probe: mean pool W=S is weak at the boundary phase, W=2S much less", "[needle]") {
@@ -61,8 +61,8 @@ TEST_CASE("needle probe: mean pool W=S is weak at the boundary phase, W=2S much 
   CHECK(gap_narrow > 0.3);
   for (std::size_t r = 0; r < a.size(); ++r)
     if (static_cast<std::int64_t>(r) % S == S - 1) CHECK(narrow.residues[r].ci_high < a[static_cast<std::size_t>(0)]);
-  CHECK(narrow.homogeneity.p_value < 1e-6);
-  CHECK(narrow.period.period == Approx(static_cast<double>(S)));
+  CHECK(narrow.all().homogeneity.p_value < 1e-6);
+  CHECK(narrow.all().period.period == Approx(static_cast<double>(S)));
   CHECK(gap_wide < 0.5 * gap_narrow);
 }
 
@@ -74,8 +74,8 @@ TEST_CASE("needle probe: concentrated gates give period S with the strong phase 
     const auto res = probe_sweep(c);
     show("gates", res);
     REQUIRE(res.valid);
-    CHECK(res.period.period == Approx(static_cast<double>(S)));
-    CHECK(res.best_residue % S == r);
+    CHECK(res.all().period.period == Approx(static_cast<double>(S)));
+    CHECK(res.all().best_residue % S == r);
     const auto a = residue_accuracy(res);
     for (std::size_t k = 0; k < a.size(); ++k)
       if (static_cast<std::int64_t>(k) % S != r) CHECK(a[k] < res.residues[static_cast<std::size_t>(r)].ci_low);
@@ -93,21 +93,21 @@ TEST_CASE("needle probe: detected period equals the stride", "[needle]") {
     const auto res = probe_sweep(c, 24);
     show("period", res);
     REQUIRE(res.valid);
-    CHECK(res.period.period == Approx(static_cast<double>(S)));
-    CHECK(res.best_residue % S < S / 2);
-    CHECK(res.worst_residue % S >= S / 2);
+    CHECK(res.all().period.period == Approx(static_cast<double>(S)));
+    CHECK(res.all().best_residue % S < S / 2);
+    CHECK(res.all().worst_residue % S >= S / 2);
   }
   for (std::int64_t S : {6, 8}) {
     const auto res = probe_sweep(small_config(needle_policy::concentrated_gates, S, S), 24);
     show("period, one head", res);
     REQUIRE(res.valid);
-    CHECK(res.period.period == Approx(static_cast<double>(S)));
-    CHECK(res.best_residue % S == 0);
+    CHECK(res.all().period.period == Approx(static_cast<double>(S)));
+    CHECK(res.all().best_residue % S == 0);
   }
   const auto pooled = probe_sweep(small_config(needle_policy::mean_pool, 2, 2), 24);
   show("period mean S=2", pooled);
-  CHECK(pooled.period.period == Approx(2.0));
-  CHECK(pooled.worst_residue % 2 == 1);
+  CHECK(pooled.all().period.period == Approx(2.0));
+  CHECK(pooled.all().worst_residue % 2 == 1);
 }
 
 TEST_CASE("needle probe: bad configuration names the field", "[needle]") {
@@ -199,8 +199,8 @@ TEST_CASE("needle probe: RoPE after pooling and the DeepSeek-V4 preset run", "[n
   const auto rope = probe_sweep(small_config(needle_policy::rope_after_pool, 4, 4), 40);
   show("rope_after_pool", rope);
   REQUIRE(rope.valid);
-  CHECK(rope.worst_residue % 4 == 3);
-  CHECK(rope.homogeneity.p_value < 1e-3);
+  CHECK(rope.all().worst_residue % 4 == 3);
+  CHECK(rope.all().homogeneity.p_value < 1e-3);
   const auto csa = probe_sweep(small_config(needle_policy::deepseek_v4_csa, 4, 4), 24);
   show("deepseek_v4_csa", csa);
   CHECK(csa.valid);

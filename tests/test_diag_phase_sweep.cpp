@@ -349,20 +349,20 @@ TEST_CASE("phase sweep: a boundary-phase weak spot is found with period S", "[di
   CHECK(result.kind == outcome_kind::binary);
   CHECK(seen.size() == 8u * 200u);  // every planned trial ran once
   CHECK(result.errored_trials == 0);
-  CHECK(result.period.period == Approx(4.0));
-  CHECK(result.period.frequency == 2);
+  CHECK(result.all().period.period == Approx(4.0));
+  CHECK(result.all().period.frequency == 2);
   // One dip every S = 4 residues of M = 8 puts 2/3 of the power at frequency 2 (period 4) and
   // 1/3 at its harmonic, the Nyquist frequency 4; noise moves it a little.
-  CHECK(result.period.power_fraction > 0.6);
-  CHECK(result.gap_points > 50.0);
-  CHECK(result.gap_points < 70.0);
-  CHECK(result.worst_residue % 4 == 3);
-  CHECK(result.best_residue % 4 != 3);
-  CHECK(result.homogeneity.test == "chi_square");
-  CHECK(result.homogeneity.dof == 7);
-  CHECK(result.homogeneity.p_value < 1e-30);
-  CHECK_FALSE(result.homogeneity.approximate);
-  CHECK(result.mean == Approx(0.75).margin(0.03));
+  CHECK(result.all().period.power_fraction > 0.6);
+  CHECK(result.all().gap_points > 50.0);
+  CHECK(result.all().gap_points < 70.0);
+  CHECK(result.all().worst_residue % 4 == 3);
+  CHECK(result.all().best_residue % 4 != 3);
+  CHECK(result.all().homogeneity.test == "chi_square");
+  CHECK(result.all().homogeneity.dof == 7);
+  CHECK(result.all().homogeneity.p_value < 1e-30);
+  CHECK_FALSE(result.all().homogeneity.approximate);
+  CHECK(result.all().mean == Approx(0.75).margin(0.03));
   for (const auto& r : result.residues) {
     CHECK(r.valid == 200);
     CHECK(r.ci_low <= r.estimate);
@@ -381,9 +381,9 @@ TEST_CASE("phase sweep: a flat accuracy is not called periodic at the 1% level",
   const auto result = run_sweep(config, [](const placement& p) { return coin(2, p) < 0.7; });
   INFO(result.to_table());
   REQUIRE(result.valid);
-  CHECK(result.homogeneity.p_value > 0.01);
-  CHECK(result.gap_points < 15.0);
-  CHECK(result.mean == Approx(0.7).margin(0.03));
+  CHECK(result.all().homogeneity.p_value > 0.01);
+  CHECK(result.all().gap_points < 15.0);
+  CHECK(result.all().mean == Approx(0.7).margin(0.03));
 }
 
 TEST_CASE("phase sweep: probabilities use ANOVA and a normal interval of the mean", "[diag][sweep]") {
@@ -396,12 +396,12 @@ TEST_CASE("phase sweep: probabilities use ANOVA and a normal interval of the mea
     INFO(result.to_table());
     REQUIRE(result.valid);
     CHECK(result.kind == outcome_kind::probability);
-    CHECK(result.homogeneity.test == "anova");
-    CHECK(result.homogeneity.dof == 7);
-    CHECK(result.homogeneity.dof_within == 8 * 50 - 8);
-    CHECK(result.homogeneity.p_value < 1e-30);
-    CHECK(result.period.period == Approx(4.0));
-    CHECK(result.gap_points == Approx(40.0).margin(3.0));
+    CHECK(result.all().homogeneity.test == "anova");
+    CHECK(result.all().homogeneity.dof == 7);
+    CHECK(result.all().homogeneity.dof_within == 8 * 50 - 8);
+    CHECK(result.all().homogeneity.p_value < 1e-30);
+    CHECK(result.all().period.period == Approx(4.0));
+    CHECK(result.all().gap_points == Approx(40.0).margin(3.0));
     for (const auto& r : result.residues) {
       const double truth = r.residue % 4 == 3 ? 0.4 : 0.8;
       CHECK(r.ci_low < truth);
@@ -415,8 +415,8 @@ TEST_CASE("phase sweep: probabilities use ANOVA and a normal interval of the mea
         run_sweep(config, [](const placement& p) { return 0.6f + 0.2f * static_cast<float>(coin(4, p) - 0.5); });
     INFO(result.to_table());
     REQUIRE(result.valid);
-    CHECK(result.homogeneity.p_value > 0.01);
-    CHECK(result.mean == Approx(0.6).margin(0.01));
+    CHECK(result.all().homogeneity.p_value > 0.01);
+    CHECK(result.all().mean == Approx(0.6).margin(0.01));
   }
 }
 
@@ -443,7 +443,7 @@ TEST_CASE("phase sweep: throwing and NaN trials are errored, counted and exclude
     CHECK(result.residues[0].errored == 0);
     // Every valid trial returned 1: an error counted as 0 would show as an estimate below 1.
     for (const auto& r : result.residues) CHECK(r.estimate == 1.0);
-    CHECK(result.gap_points == 0.0);
+    CHECK(result.all().gap_points == 0.0);
     const bool known = result.first_error.find("out of memory") != std::string::npos ||
                        result.first_error.find("nan") != std::string::npos ||
                        result.first_error.find("1.5") != std::string::npos;
@@ -482,11 +482,11 @@ TEST_CASE("phase sweep: throwing and NaN trials are errored, counted and exclude
     CHECK(result.errored_trials == 25);
     CHECK(result.residues[5].valid == 7);
     CHECK(result.invalid_reason.find("residue 5 has 7 valid trials") != std::string::npos);
-    CHECK(std::isnan(result.gap_points));
-    CHECK(std::isnan(result.homogeneity.p_value));
-    CHECK(std::isnan(result.mean));
-    CHECK(std::isnan(result.period.period));
-    CHECK(result.best_residue == -1);
+    CHECK(std::isnan(result.all().gap_points));
+    CHECK(std::isnan(result.all().homogeneity.p_value));
+    CHECK(std::isnan(result.all().mean));
+    CHECK(std::isnan(result.all().period.period));
+    CHECK(result.all().best_residue == -1);
     const std::string table = result.to_table();
     CHECK(table.rfind("INVALID SWEEP", 0) == 0);
     CHECK(table.find("n/a") != std::string::npos);
@@ -545,7 +545,7 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
     summary[fields[0]] = fields[1];
   }
   REQUIRE(summary.count("p_value") == 1);
-  CHECK(std::stod(summary["p_value"]) == Approx(result.homogeneity.p_value).epsilon(1e-9));
+  CHECK(std::stod(summary["p_value"]) == Approx(result.all().homogeneity.p_value).epsilon(1e-9));
   CHECK(summary["dominant_period"] == "4");
   CHECK(summary["frequency"] == "2");
   CHECK(summary["errored_trials"] == "0");
@@ -663,7 +663,7 @@ TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][s
   SECTION("a constant profile (flat)") {
     const auto result = run_sweep(config, [](const placement&) { return true; });
     REQUIRE(result.valid);
-    REQUIRE(result.period.flat);
+    REQUIRE(result.all().period.flat);
     CHECK(result.to_json().find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
                                 "\"flat\":true}") != std::string::npos);
     CHECK(result.to_table().find("dominant period (all trials): none") != std::string::npos);
@@ -673,8 +673,8 @@ TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][s
   SECTION("a profile that varies only by chance (homogeneity p ≥ 0.05)") {
     const auto result = run_sweep(config, [](const placement& p) { return coin(2, p) < 0.7; });
     REQUIRE(result.valid);
-    REQUIRE_FALSE(result.period.flat);
-    REQUIRE(result.homogeneity.p_value >= 0.05);
+    REQUIRE_FALSE(result.all().period.flat);
+    REQUIRE(result.all().homogeneity.p_value >= 0.05);
     CHECK(result.to_json().find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
                                 "\"flat\":false}") != std::string::npos);
     CHECK(result.to_table().find("dominant period (all trials): none") != std::string::npos);
@@ -683,7 +683,7 @@ TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][s
   SECTION("a phase effect: the period is a number") {
     const auto result =
         run_sweep(config, [](const placement& p) { return coin(1, p) < (p.residue % 4 == 3 ? 0.2 : 0.9); });
-    REQUIRE(result.homogeneity.p_value < 0.05);
+    REQUIRE(result.all().homogeneity.p_value < 0.05);
     CHECK(result.to_json().find("\"dominant_period\":{\"period\":4,\"frequency\":2,") != std::string::npos);
   }
 }
@@ -720,7 +720,7 @@ TEST_CASE("phase sweep: the contained profile sees a within-window offset effect
     return coin(12, p) < (p.layout.kind == layout_class::contained ? 0.8 : 0.3);
   });
   REQUIRE(split_only.valid);
-  CHECK(split_only.homogeneity.p_value < 1e-6);  // all trials: a strong effect
+  CHECK(split_only.all().homogeneity.p_value < 1e-6);  // all trials: a strong effect
   const profile_summary* flat = split_only.profile("contained");
   REQUIRE(flat->valid);
   CHECK(flat->homogeneity.p_value > 0.01);       // within the window: none
@@ -781,7 +781,7 @@ TEST_CASE("phase sweep: one cycle over all residues is reported as the trivial f
     // Good in the first half of the residues, bad in the second: one cycle of M.
     const sweep_result r = run_sweep(c, [&](const placement& p) { return p.residue < modulus / 2; });
     REQUIRE(r.has_period());
-    REQUIRE(r.period.frequency == 1);
+    REQUIRE(r.all().period.frequency == 1);
     const bool trivial = r.to_table().find("the trivial fit") != std::string::npos;
     INFO("modulus " << modulus);
     CHECK(trivial == (modulus != c.stride));

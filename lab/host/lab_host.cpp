@@ -694,15 +694,15 @@ int run_measure(const arguments& a) {
           }
           return run_trial(*model, d, "knockout", p, o).success;
         });
-    j << ",\"knockout\":{\"trials_per_residue\":" << kc.trials_per_residue << ",\"baseline_mean\":" << num(ko.baseline.mean)
+    j << ",\"knockout\":{\"trials_per_residue\":" << kc.trials_per_residue << ",\"baseline_mean\":" << num(ko.baseline.all().mean)
       << ",\"units\":[";
     diag::plot::plot_axes kx;
     std::vector<diag::plot::plot_series> ks;
     for (std::size_t u = 0; u < units.size(); ++u) {
       const auto test = diag::knockout_phase_test(ko, static_cast<std::int64_t>(u));
       j << (u ? "," : "") << "{\"name\":" << phasekv::detail::json_string(units[u].name) << ",\"layer\":" << units[u].layer
-        << ",\"first_head\":" << units[u].head << ",\"heads\":" << units[u].count << ",\"mean\":" << num(ko.knocked[u].mean)
-        << ",\"delta_points\":" << num(100.0 * (ko.knocked[u].mean - ko.baseline.mean))
+        << ",\"first_head\":" << units[u].head << ",\"heads\":" << units[u].count << ",\"mean\":" << num(ko.knocked[u].all().mean)
+        << ",\"delta_points\":" << num(100.0 * (ko.knocked[u].all().mean - ko.baseline.all().mean))
         << ",\"phase_interaction\":{\"statistic\":" << num(test.statistic) << ",\"dof\":" << test.dof
         << ",\"p\":" << num(test.p_value) << "},\"delta\":[";
       diag::plot::plot_series one;

@@ -264,12 +264,18 @@ void init_sweep(const modules& m) {
       .def_readonly("first_error", &sweep_result::first_error)
       .def_readonly("valid", &sweep_result::valid)
       .def_readonly("invalid_reason", &sweep_result::invalid_reason)
-      .def_readonly("mean", &sweep_result::mean)
-      .def_readonly("gap_points", &sweep_result::gap_points)
-      .def_readonly("best_residue", &sweep_result::best_residue)
-      .def_readonly("worst_residue", &sweep_result::worst_residue)
-      .def_readonly("homogeneity", &sweep_result::homogeneity)
-      .def_readonly("period", &sweep_result::period, "the fitted period; it means something only if has_period()")
+      .def_property_readonly("all", &sweep_result::all, py::return_value_policy::reference_internal,
+                             "the all-trials profile (profiles[0]): the figures below are its")
+      .def_property_readonly("mean", [](const sweep_result& r) { return r.all().mean; })
+      .def_property_readonly("gap_points", [](const sweep_result& r) { return r.all().gap_points; })
+      .def_property_readonly("best_residue", [](const sweep_result& r) { return r.all().best_residue; })
+      .def_property_readonly("worst_residue", [](const sweep_result& r) { return r.all().worst_residue; })
+      .def_property_readonly(
+          "homogeneity", [](const sweep_result& r) -> const homogeneity_result& { return r.all().homogeneity; },
+          py::return_value_policy::reference_internal)
+      .def_property_readonly(
+          "period", [](const sweep_result& r) -> const stats::periodicity& { return r.all().period; },
+          py::return_value_policy::reference_internal, "the fitted period; it means something only if has_period()")
       .def_readonly("layouts", &sweep_result::layouts, "per layout class: contained, straddle_covered, straddle_split")
       .def_readonly("profiles", &sweep_result::profiles, "all, contained, straddle")
       .def_readonly("attributed", &sweep_result::attributed)

@@ -414,14 +414,6 @@ struct sweep_result {
   std::string first_error;                  // message of the first errored trial ("" if none)
   bool valid = true;
   std::string invalid_reason;
-  // Summary of all planned residues (NaN / −1 when invalid): profiles[0]'s figures. "period"
-  // here always means the period of this all-trials profile; profiles[1] is the within-window one.
-  double mean = 0.0;                        // unweighted mean over residues
-  double gap_points = 0.0;                  // (best − worst)·100
-  std::int64_t best_residue = -1;
-  std::int64_t worst_residue = -1;
-  homogeneity_result homogeneity;
-  stats::periodicity period;                // of the per-residue estimate profile (fitted; see has_period)
   // The layout split: per class (contained, straddle_covered, straddle_split), and the profiles
   // all / contained / straddle (straddle = both straddling classes).
   std::vector<layout_outcome> layouts;
@@ -435,7 +427,21 @@ struct sweep_result {
   // (homogeneity p < phase_effect_alpha). Without an effect dominant_period still fits a fold
   // (the smallest divisor that suits the noise), which would read as a finding. The writers
   // report the period only when this holds.
-  bool has_period() const { return valid && !period.flat && homogeneity.p_value < phase_effect_alpha; }
+  bool has_period() const { return valid && all().has_period(); }
+
+  // The all-trials profile, profiles[0]: the sweep's figures — its mean, gap, best and worst
+  // residue, homogeneity test and period (NaN / −1 when invalid). "period" always means this
+  // profile's; profile("contained") is the within-window one. An empty profile for a result that
+  // holds none (default-constructed).
+  const profile_summary& all() const {
+    static const profile_summary none = [] {
+      profile_summary p;
+      p.name = "all";
+      p.invalid_reason = "no sweep was run";
+      return p;
+    }();
+    return profiles.empty() ? none : profiles.front();
+  }
 
   const profile_summary* profile(const std::string& name) const {
     for (const auto& p : profiles)
@@ -445,6 +451,7 @@ struct sweep_result {
 
   // A fixed-width table for a terminal or a log. An invalid sweep starts with "INVALID SWEEP".
   std::string to_table() const {
+    const profile_summary& a = all();
     phasekv::detail::classic_stream out;
     const bool binary = kind == outcome_kind::binary;
     using phasekv::detail::fixed;
@@ -470,7 +477,7 @@ struct sweep_result {
             << right(to_string(r.layout), 16) << "   (not planned: layout " << to_string(config.layout) << ")\n";
         continue;
       }
-      const char* mark = (valid && r.residue == best_residue) ? " best" : (valid && r.residue == worst_residue) ? " worst" : "";
+      const char* mark = (valid && r.residue == a.best_residue) ? " best" : (valid && r.residue == a.worst_residue) ? " worst" : "";
       out << right(std::to_string(r.residue), 8) << ' ' << right(std::to_string(r.phase), 6) << ' '
           << right(to_string(r.layout), 16) << ' ' << right(std::to_string(r.valid), 7) << ' '
           << right(std::to_string(r.errored), 7) << ' ' << right(fixed(100.0 * r.estimate, 2), 10) << "   ["
@@ -483,14 +490,14 @@ struct sweep_result {
     if (!valid) {
       out << "summary: n/a (invalid sweep; gap, homogeneity and period not reported)\n";
     } else {
-      out << "mean " << fixed(100.0 * mean, 2) << "%  gap " << fixed(gap_points, 2) << " points (best residue "
-          << best_residue << ", worst " << worst_residue << ")\n";
-      out << "homogeneity: " << homogeneity.test << " statistic " << format_number(homogeneity.statistic, 6) << ", dof "
-          << homogeneity.dof;
-      if (!binary) out << "/" << homogeneity.dof_within;
-      out << ", p = " << format_number(homogeneity.p_value, 4)
-          << (homogeneity.approximate ? " (approximate: an expected cell count is below 5)" : "") << "\n";
-      out << "dominant period (all trials): " << period_text(period, has_period()) << "\n";
+      out << "mean " << fixed(100.0 * a.mean, 2) << "%  gap " << fixed(a.gap_points, 2) << " points (best residue "
+          << a.best_residue << ", worst " << a.worst_residue << ")\n";
+      out << "homogeneity: " << a.homogeneity.test << " statistic " << format_number(a.homogeneity.statistic, 6) << ", dof "
+          << a.homogeneity.dof;
+      if (!binary) out << "/" << a.homogeneity.dof_within;
+      out << ", p = " << format_number(a.homogeneity.p_value, 4)
+          << (a.homogeneity.approximate ? " (approximate: an expected cell count is below 5)" : "") << "\n";
+      out << "dominant period (all trials): " << period_text(a.period, has_period()) << "\n";
     }
     if (!valid) {
       out << "profiles: n/a (invalid sweep)\n";
@@ -554,6 +561,7 @@ struct sweep_result {
   // to_csv()'s. Not-a-number values are "nan"; the period's fields are empty unless has_period().
   // The profiles follow as "<profile>.<field>" keys.
   std::string to_summary_csv() const {
+    const profile_summary& a = all();
     using phasekv::detail::csv_field;
     using phasekv::detail::format_number;
     const bool reported = has_period();
@@ -571,18 +579,18 @@ struct sweep_result {
         << "query_jitter," << config.query_jitter << '\n'
         << "record_length," << config.record.length() << '\n'
         << "layout_mode," << to_string(config.layout) << '\n'
-        << "mean," << format_number(mean) << '\n'
-        << "gap_points," << format_number(gap_points) << '\n'
-        << "best_residue," << best_residue << '\n'
-        << "worst_residue," << worst_residue << '\n'
-        << "test," << homogeneity.test << '\n'
-        << "statistic," << format_number(homogeneity.statistic) << '\n'
-        << "p_value," << format_number(homogeneity.p_value) << '\n'
+        << "mean," << format_number(a.mean) << '\n'
+        << "gap_points," << format_number(a.gap_points) << '\n'
+        << "best_residue," << a.best_residue << '\n'
+        << "worst_residue," << a.worst_residue << '\n'
+        << "test," << a.homogeneity.test << '\n'
+        << "statistic," << format_number(a.homogeneity.statistic) << '\n'
+        << "p_value," << format_number(a.homogeneity.p_value) << '\n'
         << "period_of,all\n"
-        << "dominant_period," << (reported ? format_number(period.period) : "") << '\n'
-        << "frequency," << (reported ? std::to_string(period.frequency) : "") << '\n'
-        << "power_fraction," << (reported ? format_number(period.power_fraction) : "") << '\n'
-        << "flat," << (period.flat ? "true" : "false") << '\n'
+        << "dominant_period," << (reported ? format_number(a.period.period) : "") << '\n'
+        << "frequency," << (reported ? std::to_string(a.period.frequency) : "") << '\n'
+        << "power_fraction," << (reported ? format_number(a.period.power_fraction) : "") << '\n'
+        << "flat," << (a.period.flat ? "true" : "false") << '\n'
         << "errored_trials," << errored_trials << '\n'
         << "first_error," << csv_field(first_error) << '\n';
     for (const auto& p : profiles) {
@@ -607,6 +615,7 @@ struct sweep_result {
 
   // A JSON object; non-finite numbers are null, and so are the period's fields unless has_period().
   std::string to_json() const {
+    const profile_summary& a = all();
     using phasekv::detail::json_number;
     using phasekv::detail::json_string;
     const bool reported = has_period();
@@ -632,16 +641,16 @@ struct sweep_result {
         << ",\"trials_per_residue\":" << config.trials_per_residue << ",\"query_position\":" << config.query_position
         << ",\"query_jitter\":" << config.query_jitter
         << ",\"first_target\":" << config.first_target() << ",\"last_target\":" << config.last_target()
-        << ",\"mean\":" << json_number(mean) << ",\"gap_points\":" << json_number(gap_points)
-        << ",\"best_residue\":" << best_residue << ",\"worst_residue\":" << worst_residue
-        << ",\"homogeneity\":{\"test\":" << json_string(homogeneity.test)
-        << ",\"statistic\":" << json_number(homogeneity.statistic) << ",\"dof\":" << homogeneity.dof
-        << ",\"dof_within\":" << homogeneity.dof_within << ",\"p_value\":" << json_number(homogeneity.p_value)
-        << ",\"approximate\":" << (homogeneity.approximate ? "true" : "false") << "}"
-        << ",\"period_of\":\"all\",\"dominant_period\":{\"period\":" << (reported ? json_number(period.period) : "null")
-        << ",\"frequency\":" << (reported ? std::to_string(period.frequency) : "null")
-        << ",\"power_fraction\":" << (reported ? json_number(period.power_fraction) : "null")
-        << ",\"flat\":" << (period.flat ? "true" : "false") << "}"
+        << ",\"mean\":" << json_number(a.mean) << ",\"gap_points\":" << json_number(a.gap_points)
+        << ",\"best_residue\":" << a.best_residue << ",\"worst_residue\":" << a.worst_residue
+        << ",\"homogeneity\":{\"test\":" << json_string(a.homogeneity.test)
+        << ",\"statistic\":" << json_number(a.homogeneity.statistic) << ",\"dof\":" << a.homogeneity.dof
+        << ",\"dof_within\":" << a.homogeneity.dof_within << ",\"p_value\":" << json_number(a.homogeneity.p_value)
+        << ",\"approximate\":" << (a.homogeneity.approximate ? "true" : "false") << "}"
+        << ",\"period_of\":\"all\",\"dominant_period\":{\"period\":" << (reported ? json_number(a.period.period) : "null")
+        << ",\"frequency\":" << (reported ? std::to_string(a.period.frequency) : "null")
+        << ",\"power_fraction\":" << (reported ? json_number(a.period.power_fraction) : "null")
+        << ",\"flat\":" << (a.period.flat ? "true" : "false") << "}"
         << ",\"errored_trials\":" << errored_trials << ",\"first_error\":" << json_string(first_error)
         << ",\"attributed\":" << (attributed ? "true" : "false") << ",\"residues\":[";
     for (std::size_t i = 0; i < residues.size(); ++i) {
@@ -696,15 +705,23 @@ struct sweep_result {
 
 namespace detail {
 
+// An invalid sweep reports no profile: each keeps its name, residues, trials and test, and says
+// why; its figures are NaN / −1.
 inline void invalidate_summary(sweep_result& result, std::string reason) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   result.valid = false;
   result.invalid_reason = std::move(reason);
-  result.mean = result.gap_points = nan;
-  result.best_residue = result.worst_residue = -1;
-  result.homogeneity.statistic = result.homogeneity.p_value = nan;
-  result.period = stats::periodicity{};
-  result.period.period = result.period.power_fraction = nan;
+  for (auto& p : result.profiles) {
+    profile_summary blank;
+    blank.name = p.name;
+    blank.residues = p.residues;
+    blank.trials = p.trials;
+    blank.homogeneity.test = p.homogeneity.test;
+    blank.homogeneity.statistic = blank.homogeneity.p_value = nan;
+    blank.period.period = blank.period.power_fraction = nan;
+    blank.invalid_reason = result.invalid_reason;
+    p = std::move(blank);
+  }
 }
 
 // Estimate and 95% interval of n values in [0, 1]: Wilson for 0/1 outcomes, else the normal
@@ -971,26 +988,7 @@ sweep_result run_sweep(const sweep_config& config, Trial&& trial) {
                                            std::to_string(row.valid) + " valid trials (" + std::to_string(row.errored) +
                                            " errored); at least " + std::to_string(sweep_config::minimum_trials) +
                                            " are needed");
-    for (auto& p : result.profiles) {  // an invalid sweep reports no profile either
-      profile_summary blank;
-      blank.name = p.name;
-      blank.residues = p.residues;
-      blank.trials = p.trials;
-      blank.homogeneity.test = p.homogeneity.test;
-      blank.homogeneity.statistic = blank.homogeneity.p_value = std::numeric_limits<double>::quiet_NaN();
-      blank.invalid_reason = result.invalid_reason;
-      p = blank;
-    }
-    result.homogeneity.test = binary ? "chi_square" : "anova";
-    return result;
   }
-  const profile_summary& a = result.profiles[0];
-  result.mean = a.mean;
-  result.gap_points = a.gap_points;
-  result.best_residue = a.best_residue;
-  result.worst_residue = a.worst_residue;
-  result.homogeneity = a.homogeneity;
-  result.period = a.period;
   return result;
 }
 

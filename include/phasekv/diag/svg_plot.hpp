@@ -537,8 +537,8 @@ inline std::string phase_sweep_figure(const std::vector<sweep_figure_entry>& ent
                          std::isfinite(within->mean) && std::isfinite(across->mean);
       text += split ? ": " + phasekv::detail::fixed(100.0 * within->mean, 1) + "% within a chunk, " +
                           phasekv::detail::fixed(100.0 * across->mean, 1) + "% across a boundary"
-                    : ": " + phasekv::detail::fixed(100.0 * r.mean, 1) + "% on average";
-      text += "; gap " + phasekv::detail::fixed(r.gap_points, 1) + " pts, " + format_p_value(r.homogeneity.p_value);
+                    : ": " + phasekv::detail::fixed(100.0 * r.all().mean, 1) + "% on average";
+      text += "; gap " + phasekv::detail::fixed(r.all().gap_points, 1) + " pts, " + format_p_value(r.all().homogeneity.p_value);
     }
     plot_series one = phase_sweep_series(r, text);
     one.dashed = !entry.chunked;
