@@ -60,7 +60,6 @@ inline phasekv::reader_config reader_of(const std::string& name, std::int64_t qu
 
 // `capacity` pages of `page_size` entries of kv_heads × channels elements of `storage` (capacity 0:
 // a configuration only a layout is computed from); an FP8 pool keeps `rope_channels` in bf16.
-
 inline phasekv::page_pool_config pool_of(const std::string& name, std::int64_t page_size, std::int64_t kv_heads,
                                          std::int64_t channels, std::int64_t capacity,
                                          phasekv::storage_type storage = phasekv::storage_type::f32,
