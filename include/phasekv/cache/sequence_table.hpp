@@ -78,7 +78,9 @@ class sequence_table {
 
   std::mutex& mutex() const noexcept { return mutex_; }
 
-  // The record of `id`, or input_error "<name>.<operation>(sequence)" naming whose id it was.
+  // The record of `id`, or input_error "<name>.<operation>(sequence)" naming whose id it was. A
+  // lookup leaves the table as it is, hence const; the record itself is its writer's (the owners'
+  // const queries hand it out as const).
   template <class Check = accept_any>
   Record& find(sequence_id id, const std::string& name, const char* operation, Check&& check = {}) const {
     std::lock_guard<std::mutex> lock(mutex_);
