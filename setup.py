@@ -133,7 +133,7 @@ class CMakeBuild(build_ext):
             subprocess.run(
                 ["cmake", "-S", str(ROOT), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
                  "-DPHASEKV_BUILD_PYTHON=ON", "-DPHASEKV_BUILD_TESTS=OFF", "-DPHASEKV_BUILD_BENCHMARKS=OFF",
-                 "-DPHASEKV_BUILD_EXAMPLES=OFF", "-DPHASEKV_INSTALL=OFF",
+                 "-DPHASEKV_BUILD_EXAMPLES=OFF", "-DPHASEKV_BUILD_TOOLS=OFF", "-DPHASEKV_INSTALL=OFF",
                  f"-DPHASEKV_NATIVE={'ON' if native else 'OFF'}", f"-DPython3_EXECUTABLE={sys.executable}"],
                 check=True)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)

@@ -18,7 +18,7 @@
 //                        (16 of them forks of one 16K prefix, as bench_read's batch) each get one
 //                        token (begin), then every layer appends it for all 32 (step.append) and
 //                        reads each sequence at it (step.read), and the step commits. of_roofline:
-//                        the sum of every layer's floor (per sequence its read's — testing/bench.hpp
+//                        the sum of every layer's floor (per sequence its read's — tools/bench.hpp
 //                        read_cost, stored bytes — plus the new token's inputs read and its window
 //                        row and entry shares written) over the step's time; append_ms / read_ms:
 //                        the step's appends and reads apart (median of 9 steps).
@@ -54,7 +54,7 @@
 #include <phasekv/models/model_cache.hpp>
 #include <phasekv/models/model_snapshot.hpp>
 #include <phasekv/core/openmp_executor.hpp>
-#include <phasekv/testing/bench.hpp>
+#include <phasekv/tools/bench.hpp>
 
 #include "machine_limits.hpp"
 

@@ -386,7 +386,7 @@ void BM_dense_decode(benchmark::State& state) {
 
 
 
-// The roofline floor of one sparse step (phasekv::bench::read_cost, testing/bench.hpp — the floor
+// The roofline floor of one sparse step (phasekv::bench::read_cost, tools/bench.hpp — the floor
 // phasekv-bench reports): it must read every candidate's indexer key, the selected entries and the
 // window rows, and do the indexer's and the attention's multiply-adds.
 // With bf16 indexer keys: half their bytes, and the indexer's multiply-adds at the bf16 peak.
@@ -652,7 +652,7 @@ struct batch_setup {
         cache(csa_layer(), config(n, tokens, forked, prefix, v4_precision, spare)),
         reader(cache, decode_reader_config("bench_read_batch", false, v4_precision)) {
     const double t0 = thread_seconds();
-    seqs = fill_batch(cache, n, tokens, forked, prefix);  // testing/bench.hpp: phasekv-bench's batch
+    seqs = fill_batch(cache, n, tokens, forked, prefix);  // tools/bench.hpp: phasekv-bench's batch
     for (std::int64_t s = 0; s < n; ++s) {
       read_inputs in(cache.shape(), reader.config(), static_cast<std::uint64_t>(1000 * s));
       queries.push_back(std::move(in.queries));

@@ -42,7 +42,7 @@
 #include <vector>
 
 #include <phasekv/phasekv.hpp>
-#include <phasekv/testing/bench.hpp>
+#include <phasekv/tools/bench.hpp>
 
 #include "../examples/pools/builtin_twins.hpp"
 #include "machine_limits.hpp"
@@ -56,10 +56,10 @@ constexpr std::int64_t kPrefill = 32768;
 constexpr std::int64_t kDecode = 4096;
 constexpr std::int64_t kWarm = 1024;  // DeepSeek-V4 CSA: 8 MiB of fp32 inputs, 4 MiB of bf16
 
-using bench::read_bandwidth;  // testing/machine_limits.hpp: re-measured per call, best so far
+using bench::read_bandwidth;  // tools/machine_limits.hpp: re-measured per call, best so far
 
 // The inputs, the sink and the bytes a pass must move: phasekv::bench::write_fixture
-// (testing/bench.hpp), the fixture phasekv-bench measures any stream's write path with.
+// (tools/bench.hpp), the fixture phasekv-bench measures any stream's write path with.
 template <class Compressor>
 using fixture = bench::write_fixture<Compressor>;
 

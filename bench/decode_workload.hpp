@@ -4,7 +4,7 @@
 // (sparse_workload), and the dense full-attention baseline (dense_workload).
 //
 // The generator, the cache fill, the request's inputs and the read's floor are
-// include/phasekv/testing/bench.hpp's (fast_random, fill_random_tokens, read_workload, read_cost),
+// include/phasekv/tools/bench.hpp's (fast_random, fill_random_tokens, read_workload, read_cost),
 // the ones phasekv-bench measures any layer with: for this shape both report the same figures.
 // Both programs here build their inputs from the same seeds, so the numbers the peer recomputes
 // are the very numbers the benchmark reads. Changing a seed, a generator or the order in which
@@ -21,7 +21,7 @@
 #include <phasekv/compress/stream_compressor.hpp>
 #include <phasekv/models/deepseek_v4.hpp>
 #include <phasekv/read/sparse_reader.hpp>
-#include <phasekv/testing/bench.hpp>
+#include <phasekv/tools/bench.hpp>
 
 namespace phasekv::bench {
 
@@ -121,7 +121,7 @@ struct sparse_workload : read_workload<csa_cache> {
 // ---- the dense baseline ----------------------------------------------------------------------
 
 // Full attention of every query head over all `tokens` raw keys (tied K/V, one KV head), as a
-// good CPU flash-decode does it, with the reader's own attention kernel (attention_kernel.hpp:
+// good CPU flash-decode does it, with the reader's own attention kernel (kernels/attention.hpp:
 // query heads in SIMD lanes, the scale folded into Q once): blocks of keys small enough to stay
 // in L2 between the logits and the output, each an online-softmax state merged into the running
 // one. The sink enters the final denominator only, as in the reader. (An Eigen-GEMM version ran

@@ -1,8 +1,8 @@
 #pragma once
 // This machine's limits for the Google Benchmark programs: the one measurement code of
-// include/phasekv/testing/machine_limits.hpp (read bandwidth, fp32 FMA, bf16 and int8 dot-product
+// include/phasekv/tools/machine_limits.hpp (read bandwidth, fp32 FMA, bf16 and int8 dot-product
 // peaks of one core, measured in the same run; the roofline floor), which phasekv-bench and
-// phasekv::bench::run (testing/bench.hpp) use too, plus the counters a benchmark reports a floor with
+// phasekv::bench::run (tools/bench.hpp) use too, plus the counters a benchmark reports a floor with
 // and the paired in-run ratios the benchmarks share.
 
 #include <benchmark/benchmark.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#include <phasekv/testing/machine_limits.hpp>
+#include <phasekv/tools/machine_limits.hpp>
 
 namespace phasekv::bench {
 

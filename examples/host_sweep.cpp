@@ -14,7 +14,7 @@
 #include <exception>
 #include <string>
 
-#include <phasekv/diag/phase_sweep.hpp>
+#include <phasekv/study/phase_sweep.hpp>
 
 #include "cli.hpp"
 

@@ -49,8 +49,8 @@
 #include <string>
 #include <vector>
 
-#include <phasekv/diag/needle_probe.hpp>
-#include <phasekv/diag/svg_plot.hpp>
+#include <phasekv/study/needle_probe.hpp>
+#include <phasekv/study/svg_plot.hpp>
 #include <phasekv/phasekv.hpp>
 
 #include "cli.hpp"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include <phasekv/simd/intrinsics.hpp>  // before Eigen, which includes the intrinsics too
+#include <phasekv/detail/simd/intrinsics.hpp>  // before Eigen, which includes the intrinsics too
 #include <Eigen/Core>
 
 #include <phasekv/compress/stream_compressor.hpp>

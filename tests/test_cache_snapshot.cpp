@@ -1,4 +1,4 @@
-// Sequence snapshots (include/phasekv/cache/snapshot.hpp) and their checksum (core/crc32c.hpp).
+// Sequence snapshots (include/phasekv/cache/snapshot.hpp) and their checksum (detail/crc32c.hpp).
 //
 // The checksum: every implementation this build has (table-driven, SSE4.2 three-chain, AVX-512
 // folding, fused copy) against a bit-at-a-time CRC written from the definition, the RFC 3720
@@ -53,7 +53,7 @@
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
-#include "phasekv/core/crc32c.hpp"
+#include "phasekv/detail/crc32c.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/sparse_reader.hpp"

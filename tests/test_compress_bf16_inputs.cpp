@@ -22,7 +22,7 @@
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
 #include "phasekv/compress/layer_compressor.hpp"
-#include "phasekv/compress/pool_kernels.hpp"
+#include "phasekv/kernels/pooling.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/models/deepseek_v4.hpp"

@@ -15,7 +15,7 @@
 #include "support/configs.hpp"
 #include "support/random_inputs.hpp"
 #include "phasekv/compress/entry_buffer.hpp"
-#include "phasekv/compress/pool_kernels.hpp"
+#include "phasekv/kernels/pooling.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/models/deepseek_v4.hpp"
 #include "../examples/pools/max_pool.hpp"

@@ -1,5 +1,5 @@
-// The intervention helpers (diag/interventions.hpp) end to end: the synthetic needle probe
-// (diag/needle_probe.hpp, the real write path and reader) is swept with and without an
+// The intervention helpers (study/interventions.hpp) end to end: the synthetic needle probe
+// (study/needle_probe.hpp, the real write path and reader) is swept with and without an
 // intervention, and the measured profile is compared with the one the library predicts.
 //
 //   cycle_slot_profile + predicted_shift: concentrated gates with W = S, the gate biases cycled
@@ -30,10 +30,10 @@
 #include "support/message_of.hpp"
 #include "support/probe_sweeps.hpp"
 #include "phasekv/core/geometry.hpp"
-#include "phasekv/diag/interventions.hpp"
-#include "phasekv/diag/needle_probe.hpp"
-#include "phasekv/diag/phase_sweep.hpp"
-#include "phasekv/diag/statistics.hpp"
+#include "phasekv/study/interventions.hpp"
+#include "phasekv/study/needle_probe.hpp"
+#include "phasekv/study/phase_sweep.hpp"
+#include "phasekv/study/statistics.hpp"
 
 namespace test_diag_interventions_probe {
 

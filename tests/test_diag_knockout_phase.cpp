@@ -1,4 +1,4 @@
-// knockout_phase_test (diag/interventions.hpp) on simulated knockouts whose truth is known: a head
+// knockout_phase_test (study/interventions.hpp) on simulated knockouts whose truth is known: a head
 // whose knockout changes nothing (the test rejects at its level), and one that serves only half the
 // phases (it must be found).
 
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <random>
 
-#include "phasekv/diag/interventions.hpp"
+#include "phasekv/study/interventions.hpp"
 
 namespace test_diag_knockout_phase {
 

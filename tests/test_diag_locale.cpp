@@ -1,5 +1,5 @@
 // Locale independence: the sweep's table, CSV and JSON, the SVG plot and error messages are the
-// same bytes under any global C++ locale and any C locale (core/text.hpp). A host that sets a
+// same bytes under any global C++ locale and any C locale (detail/text.hpp). A host that sets a
 // comma-decimal locale for its own UI must still write files other programs can parse.
 //
 // The C++ side uses a locale built here (',' as the decimal point, '.' grouping every three
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "phasekv/core/error.hpp"
-#include "phasekv/diag/phase_sweep.hpp"
-#include "phasekv/diag/svg_plot.hpp"
+#include "phasekv/study/phase_sweep.hpp"
+#include "phasekv/study/svg_plot.hpp"
 
 namespace test_diag_locale {
 

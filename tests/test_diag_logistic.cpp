@@ -1,4 +1,4 @@
-// The logistic regression (diag/logistic.hpp) against closed forms and simulations whose truth is
+// The logistic regression (study/logistic.hpp) against closed forms and simulations whose truth is
 // known: in a 2 × 2 table the maximum-likelihood slope is the log odds ratio (and Firth's is the
 // log odds ratio with ½ added to every cell); on simulated trials the estimates cover the true
 // coefficients as often as their intervals say; under a true null the likelihood-ratio test
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "phasekv/core/error.hpp"
-#include "phasekv/diag/logistic.hpp"
+#include "phasekv/study/logistic.hpp"
 
 namespace test_diag_logistic {
 

@@ -10,9 +10,9 @@
 
 #include "support/message_of.hpp"
 #include "support/probe_sweeps.hpp"
-#include "phasekv/diag/needle_probe.hpp"
-#include "phasekv/diag/phase_sweep.hpp"
-#include "phasekv/diag/statistics.hpp"
+#include "phasekv/study/needle_probe.hpp"
+#include "phasekv/study/phase_sweep.hpp"
+#include "phasekv/study/statistics.hpp"
 
 namespace test_diag_needle_probe {
 

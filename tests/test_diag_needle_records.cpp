@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "phasekv/core/error.hpp"
-#include "phasekv/diag/needle_probe.hpp"
-#include "phasekv/diag/phase_sweep.hpp"
+#include "phasekv/study/needle_probe.hpp"
+#include "phasekv/study/phase_sweep.hpp"
 
 namespace test_diag_needle_records {
 

@@ -1,4 +1,4 @@
-// The phase sweep harness (diag/phase_sweep.hpp): the plan's balance properties, checked by
+// The phase sweep harness (study/phase_sweep.hpp): the plan's balance properties, checked by
 // brute force over many configs; detection of a synthetic periodic weak spot and
 // non-detection of a flat one (deterministic hash-based Bernoulli trials); errored trials; bad
 // configs; CSV and JSON output.
@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/diag/phase_sweep.hpp"
+#include "phasekv/study/haystacks.hpp"
+#include "phasekv/study/phase_sweep.hpp"
 
 namespace test_diag_phase_sweep {
 

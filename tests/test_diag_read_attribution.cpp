@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "phasekv/compress/stream_compressor.hpp"
-#include "phasekv/diag/interventions.hpp"
+#include "phasekv/study/interventions.hpp"
 #include "phasekv/diag/read_attribution.hpp"
 
 namespace test_diag_read_attribution {

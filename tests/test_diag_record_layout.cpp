@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "phasekv/diag/record_layout.hpp"
-#include "phasekv/diag/phase_sweep.hpp"
+#include "phasekv/study/phase_sweep.hpp"
 
 namespace test_diag_record_layout {
 

@@ -1,4 +1,4 @@
-// The resampling statistics (diag/resampling.hpp) on simulated sweeps whose truth is known:
+// The resampling statistics (study/resampling.hpp) on simulated sweeps whose truth is known:
 // Bernoulli trials drawn per residue from a chosen accuracy profile (fixed seeds).
 
 #include <catch2/catch.hpp>
@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "phasekv/diag/resampling.hpp"
-#include "phasekv/diag/statistics.hpp"
+#include "phasekv/study/resampling.hpp"
+#include "phasekv/study/statistics.hpp"
 
 namespace test_diag_resampling {
 

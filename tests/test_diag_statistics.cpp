@@ -1,4 +1,4 @@
-// The phase-sweep statistics (diag/statistics.hpp) against hand-computed values, closed forms
+// The phase-sweep statistics (study/statistics.hpp) against hand-computed values, closed forms
 // and reference values computed once with mpmath at 40 digits (quoted to 17 here).
 
 #include <catch2/catch.hpp>
@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "phasekv/diag/statistics.hpp"
+#include "phasekv/study/statistics.hpp"
 
 namespace test_diag_statistics {
 

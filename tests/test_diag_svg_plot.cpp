@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/diag/phase_sweep.hpp"
-#include "phasekv/diag/svg_plot.hpp"
+#include "phasekv/study/phase_sweep.hpp"
+#include "phasekv/study/svg_plot.hpp"
 
 namespace test_diag_svg_plot {
 

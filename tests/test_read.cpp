@@ -33,7 +33,7 @@
 #include <thread>
 #include <vector>
 
-#include "phasekv/simd/intrinsics.hpp"  // before Eigen, which includes the intrinsics too
+#include "phasekv/detail/simd/intrinsics.hpp"  // before Eigen, which includes the intrinsics too
 #include <Eigen/Core>
 
 #include "support/prelude.hpp"
@@ -51,7 +51,7 @@
 #include "phasekv/models/deepseek_v4.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/sparse_reader.hpp"
-#include "phasekv/read/top_k.hpp"
+#include "phasekv/read/detail/top_k.hpp"
 
 namespace test_read {
 

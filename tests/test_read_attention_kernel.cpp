@@ -1,4 +1,4 @@
-// kernels::attention (include/phasekv/read/attention_kernel.hpp) against the maths of
+// kernels::attention (include/phasekv/kernels/attention.hpp) against the maths of
 // docs/DESIGN.md §5 in double: logits scale·q·k, their max and exp-sum per head, and Σ p·v.
 // Shapes cover every path of the kernel: heads that fill no, one and several head blocks
 // (padding, the 4-batch block and a partial one), key counts around the 6-key tile, channel counts
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/read/attention_kernel.hpp"
+#include "phasekv/kernels/attention.hpp"
 
 namespace test_read_attention_kernel {
 

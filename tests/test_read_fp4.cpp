@@ -1,4 +1,4 @@
-// Reading with the FP4 indexer (indexer_precision::fp4; read/indexer_fp4_kernel.hpp over
+// Reading with the FP4 indexer (indexer_precision::fp4; kernels/indexer_fp4.hpp over
 // fp4_e2m1_hadamard keys, format/fp4.hpp).
 //
 // The claim tested is equality, not closeness:
@@ -51,7 +51,7 @@
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/core/executor.hpp"
 #include "phasekv/models/deepseek_v4.hpp"
-#include "phasekv/read/indexer_fp4_kernel.hpp"
+#include "phasekv/kernels/indexer_fp4.hpp"
 #include "phasekv/read/sparse_reader.hpp"
 
 namespace test_read_fp4 {
@@ -182,7 +182,7 @@ TEST_CASE("fp4 indexer: SIMD and portable paths give the same bits, equal to the
 }
 
 // The SIMD path folds the head scales into the weights and applies each key's scale once, after
-// the sums (read/indexer_fp4_kernel.hpp): exact only while every partial sum stays a normal fp32,
+// the sums (kernels/indexer_fp4.hpp): exact only while every partial sum stays a normal fp32,
 // which the kernel checks per read (the weights' binades) and per key (its exponent). Weights and
 // keys at the edges of those ranges — tiny, huge, subnormal, zero, non-finite, a wide spread —
 // must still give the portable path's bits, by the fold or by falling back.

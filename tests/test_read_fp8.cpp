@@ -1,4 +1,4 @@
-// Reading FP8 entries (fp8_e4m3_block; format/fp8.hpp, read/attention_kernel.hpp).
+// Reading FP8 entries (fp8_e4m3_block; format/fp8.hpp, kernels/attention.hpp).
 //
 // The reader dequantizes FP8 entries inside its attention kernel. Dequantized values are exact
 // in fp32 and the kernel sums in the fp32 kernel's order, so the claim tested here is equality,

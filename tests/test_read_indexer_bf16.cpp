@@ -1,4 +1,4 @@
-// kernels::indexer_bf16 (include/phasekv/read/indexer_bf16_kernel.hpp) against the indexer's
+// kernels::indexer_bf16 (include/phasekv/kernels/indexer_bf16.hpp) against the indexer's
 // maths in double over the bf16-rounded queries and keys: I_j = Σ_h w_h · ReLU(q̃_h · k̃_j).
 // Shapes cover its paths: heads filling part of a block, one block and several; channel pairs
 // from 1 to 65; entry counts below, at and past the 6-entry tile; rows spaced wider than the
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/read/indexer_bf16_kernel.hpp"
+#include "phasekv/kernels/indexer_bf16.hpp"
 
 namespace test_read_indexer_bf16 {
 

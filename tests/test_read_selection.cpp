@@ -1,4 +1,4 @@
-// The read in stages (read/selection.hpp, read/read_checks.hpp) and what hosts bring to it:
+// The read in stages (read/selection.hpp, read/detail/read_checks.hpp) and what hosts bring to it:
 //
 //   - entry_selector on its own: every candidate's score and the top k (logical and physical ids)
 //     against the oracle's indexer and sort (exact inputs), and equal to the reader's own

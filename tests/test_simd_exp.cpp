@@ -1,4 +1,4 @@
-// phasekv::simd::exp and exp_bounded_above (include/phasekv/simd/exp.hpp) against std::exp.
+// phasekv::simd::exp and exp_bounded_above (include/phasekv/detail/simd/exp.hpp) against std::exp.
 //
 // Reference: std::exp in double, rounded to float — within half an ulp of the true value except
 // where the double result lies within 2^-29 ulp of a float rounding boundary, which a tolerance
@@ -17,7 +17,7 @@
 #include <limits>
 #include <vector>
 
-#include "phasekv/simd/exp.hpp"
+#include "phasekv/detail/simd/exp.hpp"
 
 namespace test_simd_exp {
 

@@ -1,4 +1,4 @@
-// simd/config.hpp's report of the kernel paths compiled in: the macro, the constexpr functions a
+// detail/simd/config.hpp's report of the kernel paths compiled in: the macro, the constexpr functions a
 // host static_asserts on, the CPU's own report and the line for a log agree with each other and
 // with the compiler's flags. (tests/layout/ checks the same across a baseline and a native file.)
 
@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include <phasekv/simd/config.hpp>
+#include <phasekv/detail/simd/config.hpp>
 
 namespace test_simd_isa {
 

@@ -1,5 +1,5 @@
-// phasekv::simd::transpose_scaled (include/phasekv/simd/transpose.hpp) and
-// phasekv::kernels::all_finite (include/phasekv/simd/finite.hpp) against their definitions,
+// phasekv::simd::transpose_scaled (include/phasekv/detail/simd/transpose.hpp) and
+// phasekv::kernels::all_finite (include/phasekv/kernels/finite.hpp) against their definitions,
 // element by element.
 //
 // The transpose runs for the compiler's best architecture (16 × 16 register blocks on AVX-512)
@@ -17,8 +17,8 @@
 #include <random>
 #include <vector>
 
-#include "phasekv/simd/finite.hpp"
-#include "phasekv/simd/transpose.hpp"
+#include "phasekv/kernels/finite.hpp"
+#include "phasekv/detail/simd/transpose.hpp"
 
 namespace test_simd_transpose {
 

@@ -1,4 +1,4 @@
-// phasekv::bench (testing/bench.hpp): each figure's repetitions, median and spread; the layer as
+// phasekv::bench (tools/bench.hpp): each figure's repetitions, median and spread; the layer as
 // configuration fields; and the write floor of a pooling of the host's, which counts the FLOPs
 // the pooling states (flops_per_entry) and is unknown — not a bandwidth floor — when it states none.
 // Tiny sizes and min_time 0: nothing here is a measurement worth reading, only its bookkeeping.
@@ -13,7 +13,7 @@
 
 #include <phasekv/models/deepseek_v4.hpp>
 #include <phasekv/models/model_cache.hpp>
-#include <phasekv/testing/bench.hpp>
+#include <phasekv/tools/bench.hpp>
 
 namespace test_testing_bench {
 

@@ -522,7 +522,7 @@ def check_selection(step, selected, reference):
 
 def in_phasekv_order(head_scores, weights):
     """I_j from relu'd head scores [n, H] (H a multiple of 64) summed in the FP4 kernel's order
-    (read/indexer_fp4_kernel.hpp): lane l of 16 accumulates fma(r_h, w_h, a_l) over heads
+    (kernels/indexer_fp4.hpp): lane l of 16 accumulates fma(r_h, w_h, a_l) over heads
     h = 16g + l, then halves at distance 8, 4, 2, 1, then head blocks in order. A diagnostic, not
     the peer's maths: if the torch head scores are phasekv's bit for bit, this gives phasekv's
     scores bit for bit. Each fma is a float64 product (exact: 24 × 24 bits) and sum, then fp32 —

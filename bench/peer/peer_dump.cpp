@@ -49,7 +49,7 @@
 #include <phasekv/compress/stream_compressor.hpp>
 #include <phasekv/core/rope.hpp>
 #include <phasekv/models/deepseek_v4.hpp>
-#include <phasekv/read/indexer_fp4_kernel.hpp>
+#include <phasekv/kernels/indexer_fp4.hpp>
 #include <phasekv/read/sparse_reader.hpp>
 
 #include "../decode_workload.hpp"

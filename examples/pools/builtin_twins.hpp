@@ -24,10 +24,10 @@
 #include <vector>
 
 #include <phasekv/compress/policies.hpp>
-#include <phasekv/compress/pool_kernels.hpp>
+#include <phasekv/kernels/pooling.hpp>
 #include <phasekv/core/error.hpp>
 #include <phasekv/core/span.hpp>
-#include <phasekv/simd/bf16.hpp>
+#include <phasekv/detail/simd/bf16.hpp>
 
 namespace phasekv_examples {
 

@@ -2,32 +2,32 @@
 // The engine: what an inference engine embeds to compress its KV cache in chunks and read it
 // back — geometry and errors (core), the number formats (format), the compressors (compress),
 // the paged caches (cache), the sparse reader (read), whole models behind one front door and the
-// published models as data (models) and
-// the SIMD helpers they share (simd). Nothing here depends on the diagnostics (diagnostics.hpp).
+// published models as data (models), and the diagnostics a host feeds from its own reads and
+// writes (diag: write profiles, read attribution, record layouts). It needs xsimd alone; nothing
+// here includes the study (study.hpp), the conformance kit (testing.hpp) or the tools (tools.hpp).
 // Each header also stands alone.
 //
-// Keep this list complete (scripts/test checks it): every include/phasekv/<part>/*.hpp of these
-// parts, sorted, one block per part. Namespaces phasekv::kernels and phasekv::detail hold
-// internals: used by the headers, not an API (they may change in any release). fwd.hpp declares
-// the types a host names in its own headers; included first here, so every build that includes
-// the engine holds its declarations to the definitions.
+// Keep this list complete (scripts/test checks it): every public header, that is every
+// include/phasekv/<part>/*.hpp of these parts, sorted, one block per part. The internals are
+// included by the headers that use them, not listed here: they are not an API and may change in
+// any release — detail/ under everything (the SIMD layer detail/simd/, namespace phasekv::simd;
+// text, enum names, CRC-32C in phasekv::detail), a part's own detail/ (core/detail/limits.hpp,
+// format/detail/byte_io.hpp, read/detail/: top-k, the reader's checks) and kernels/ (namespace
+// phasekv::kernels: pooling, attention, the indexers). fwd.hpp declares the types a host names in
+// its own headers; included first here, so every build that includes the engine holds its
+// declarations to the definitions.
 
 #include "phasekv/fwd.hpp"
 #include "phasekv/version.hpp"
 
 // core
-#include "phasekv/core/byte_io.hpp"
-#include "phasekv/core/crc32c.hpp"
-#include "phasekv/core/enum_name.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
 #include "phasekv/core/geometry.hpp"
-#include "phasekv/core/limits.hpp"
 #include "phasekv/core/openmp_executor.hpp"
 #include "phasekv/core/random.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
-#include "phasekv/core/text.hpp"
 #include "phasekv/core/types.hpp"
 
 // format
@@ -44,7 +44,6 @@
 #include "phasekv/compress/policies.hpp"
 #include "phasekv/compress/policy_codes.hpp"
 #include "phasekv/compress/pooling_registry.hpp"
-#include "phasekv/compress/pool_kernels.hpp"
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/compress/stream_config.hpp"
 #include "phasekv/compress/stream_state.hpp"
@@ -67,17 +66,11 @@
 #include "phasekv/cache/snapshot_fingerprint.hpp"
 
 // read
-#include "phasekv/read/attention_kernel.hpp"
-#include "phasekv/read/indexer_bf16_kernel.hpp"
-#include "phasekv/read/indexer_fp4_kernel.hpp"
-#include "phasekv/read/indexer_kernel.hpp"
-#include "phasekv/read/read_checks.hpp"
 #include "phasekv/read/read_types.hpp"
 #include "phasekv/read/reader_streams.hpp"
 #include "phasekv/read/selection.hpp"
 #include "phasekv/read/softmax_state.hpp"
 #include "phasekv/read/sparse_reader.hpp"
-#include "phasekv/read/top_k.hpp"
 
 // models
 #include "phasekv/models/deepseek_v4.hpp"
@@ -86,13 +79,7 @@
 #include "phasekv/models/model_snapshot.hpp"
 #include "phasekv/models/nsa.hpp"
 
-// simd
-#include "phasekv/simd/batch.hpp"
-#include "phasekv/simd/bf16.hpp"
-#include "phasekv/simd/config.hpp"
-#include "phasekv/simd/exp.hpp"
-#include "phasekv/simd/finite.hpp"
-#include "phasekv/simd/intrinsics.hpp"
-#include "phasekv/simd/prefetch.hpp"
-#include "phasekv/simd/transpose.hpp"
-#include "phasekv/simd/unroll.hpp"
+// diag
+#include "phasekv/diag/read_attribution.hpp"
+#include "phasekv/diag/record_layout.hpp"
+#include "phasekv/diag/write_profile.hpp"

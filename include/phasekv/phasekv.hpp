@@ -1,8 +1,8 @@
 #pragma once
-// Everything phasekv offers, in one include: the engine (engine.hpp) and the diagnostics
-// (diagnostics.hpp). Each header also stands alone; include just the ones you use if compile
-// time matters.
+// The engine (engine.hpp) and the study (study.hpp) in one include. The conformance kit
+// (testing.hpp) and the tools (tools.hpp) are opt-in. Each header also stands alone; include just
+// the ones you use if compile time matters.
 
-#include "phasekv/diagnostics.hpp"
 #include "phasekv/engine.hpp"
+#include "phasekv/study.hpp"
 #include "phasekv/version.hpp"

@@ -56,7 +56,7 @@
 #include <string>
 #include <vector>
 
-#include <phasekv/diag/svg_plot.hpp>
+#include <phasekv/study/svg_plot.hpp>
 #include <phasekv/phasekv.hpp>
 
 #include "lab_model.hpp"

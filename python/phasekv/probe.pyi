@@ -1,4 +1,4 @@
-# Type stubs of phasekv.probe (the extension's submodule; phasekv::diag::probe, diag/needle_probe.hpp).
+# Type stubs of phasekv.probe (the extension's submodule; phasekv::diag::probe, study/needle_probe.hpp).
 
 from typing import ClassVar, Sequence, Union
 

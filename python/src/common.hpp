@@ -22,7 +22,7 @@
 #include <memory>
 #include <phasekv/compress/entry_view.hpp>
 #include <phasekv/core/error.hpp>
-#include <phasekv/core/limits.hpp>
+#include <phasekv/core/detail/limits.hpp>
 #include <phasekv/core/span.hpp>
 #include <string>
 #include <utility>

@@ -5,7 +5,7 @@
 #include <string>
 
 #include <phasekv/core/geometry.hpp>
-#include <phasekv/core/limits.hpp>
+#include <phasekv/core/detail/limits.hpp>
 #include <phasekv/core/rope.hpp>
 
 #include "common.hpp"

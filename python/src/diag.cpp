@@ -1,7 +1,7 @@
 // diag/ on the write and read paths: the per-phase write profile and gate concentration, and
 // read attribution (a read's attention mass back to tokens and phases).
 
-#include <phasekv/core/text.hpp>
+#include <phasekv/detail/text.hpp>
 #include <phasekv/diag/read_attribution.hpp>
 #include <phasekv/diag/write_profile.hpp>
 

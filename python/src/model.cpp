@@ -12,7 +12,7 @@
 #include <phasekv/models/deepseek_v4.hpp>
 #include <phasekv/models/model_cache.hpp>
 #include <phasekv/models/model_snapshot.hpp>
-#include <phasekv/read/read_checks.hpp>
+#include <phasekv/read/detail/read_checks.hpp>
 
 #include "common.hpp"
 

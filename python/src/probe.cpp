@@ -1,9 +1,9 @@
-// diag/needle_probe.hpp in phasekv.probe: the synthetic needle-in-a-haystack probe that runs
+// study/needle_probe.hpp in phasekv.probe: the synthetic needle-in-a-haystack probe that runs
 // through the real write path, cache and reader. In Python it is also an `evaluate` of the sweep
 // protocol (phasekv.sweep.NeedleEvaluate): prepare() one haystack of the plan, trials() its needles.
 // The long calls release the GIL, so a Dask worker's other threads (heartbeats) keep running.
 
-#include <phasekv/diag/needle_probe.hpp>
+#include <phasekv/study/needle_probe.hpp>
 
 #include "common.hpp"
 
@@ -35,7 +35,7 @@ std::vector<std::int64_t> positions_of(const py::object& targets) {
 void init_probe(const modules& m) {
   py::module_ probe = m.probe;
 
-  py::enum_<needle_policy>(probe, "NeedlePolicy", "The write path of the probe (diag/needle_probe.hpp).")
+  py::enum_<needle_policy>(probe, "NeedlePolicy", "The write path of the probe (study/needle_probe.hpp).")
       .value("full_attention", needle_policy::full_attention)
       .value("mean_pool", needle_policy::mean_pool)
       .value("concentrated_gates", needle_policy::concentrated_gates)

@@ -1,13 +1,14 @@
-// diag/ for evaluations: the phase-sweep planner and harness with its reports (table, CSV,
+// study/ for evaluations: the phase-sweep planner and harness with its reports (table, CSV,
 // JSON), the statistics (phasekv.stats) and the SVG plot (phasekv.plot). The plan/analyze
 // protocol and Dask runs (python/phasekv/sweep.py) build on these: plan_sweep() is deterministic
 // in the config, so outcomes recorded anywhere are replayed through run_sweep() by a trial that
 // looks them up by (residue, trial).
 
-#include <phasekv/diag/logistic.hpp>
-#include <phasekv/diag/phase_sweep.hpp>
-#include <phasekv/diag/statistics.hpp>
-#include <phasekv/diag/svg_plot.hpp>
+#include <phasekv/study/haystacks.hpp>
+#include <phasekv/study/logistic.hpp>
+#include <phasekv/study/phase_sweep.hpp>
+#include <phasekv/study/statistics.hpp>
+#include <phasekv/study/svg_plot.hpp>
 
 #include "common.hpp"
 
@@ -118,7 +119,7 @@ void init_sweep(const modules& m) {
       py::arg("geometry"), py::arg("first"), py::arg("length"), py::arg("others"), py::arg("others_length"),
       "How many other records (starting at `others`) have a token in the tokens this record's entries pool.");
 
-  // ---- phase sweep (diag/phase_sweep.hpp)
+  // ---- phase sweep (study/phase_sweep.hpp)
   struct_binding<sweep_config>(root, "SweepConfig", "What a phase sweep sweeps (validate() names a bad field).")
       .field("stride", &sweep_config::stride, "S")
       .field("modulus", &sweep_config::modulus, "M, a multiple of S; 0 means 2S")
@@ -293,7 +294,7 @@ void init_sweep(const modules& m) {
            "kind=binary: the trial returns a bool; kind=probability: a float in [0, 1]. A trial that raises is an "
            "errored trial (counted, excluded); KeyboardInterrupt stops the sweep and is raised again.");
 
-  // ---- statistics (diag/statistics.hpp), in phasekv.stats
+  // ---- statistics (study/statistics.hpp), in phasekv.stats
   py::module_ stats = m.stats;
   stats.attr("z_95") = stats::z_95;
   stats.attr("period_fit_alpha") = stats::period_fit_alpha;
@@ -314,7 +315,7 @@ void init_sweep(const modules& m) {
       .def_readonly("p_value", &stats::anova_test::p_value)
       .def_readonly("between_sum_squares", &stats::anova_test::between_sum_squares)
       .def_readonly("within_sum_squares", &stats::anova_test::within_sum_squares);
-  // The logistic fit (diag/logistic.hpp): x row-major n × k (the intercept column is the caller's).
+  // The logistic fit (study/logistic.hpp): x row-major n × k (the intercept column is the caller's).
   py::class_<stats::logistic_fit>(stats, "LogisticFit")
       .def_readonly("names", &stats::logistic_fit::names)
       .def_property_readonly("held",
@@ -423,7 +424,7 @@ void init_sweep(const modules& m) {
   stats.def("chi_square_upper_tail", &stats::chi_square_upper_tail, py::arg("statistic"), py::arg("dof"));
   stats.def("f_upper_tail", &stats::f_upper_tail, py::arg("f"), py::arg("dof1"), py::arg("dof2"));
 
-  // ---- SVG plot (diag/svg_plot.hpp), in phasekv.plot
+  // ---- SVG plot (study/svg_plot.hpp), in phasekv.plot
   py::module_ plot = m.plot;
   struct_binding<plot::plot_point>(plot, "PlotPoint", "(x, y) with an optional [low, high] error bar (NaN: none).")
       .field("x", &plot::plot_point::x)

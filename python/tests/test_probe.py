@@ -1,4 +1,4 @@
-"""phasekv.probe: the synthetic needle probe bound from diag/needle_probe.hpp."""
+"""phasekv.probe: the synthetic needle probe bound from study/needle_probe.hpp."""
 
 import numpy as np
 import pytest

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include <phasekv/simd/config.hpp>
+#include <phasekv/detail/simd/config.hpp>
 
 #include "layout_probe.hpp"
 
@@ -27,7 +27,7 @@ TEST_CASE("public types have the same size and alignment under every -march", "[
   }
 }
 
-// A host detects a build without the vector ISAs it expects (simd/config.hpp): the baseline file
+// A host detects a build without the vector ISAs it expects (detail/simd/config.hpp): the baseline file
 // reports no kernel path and the whole CPU unused; the native file, the CPU's own paths.
 TEST_CASE("each file reports the kernel paths compiled into it", "[layout][simd]") {
   const phasekv_test::layout_report generic = phasekv_test::layout_generic();

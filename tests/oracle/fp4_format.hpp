@@ -1,6 +1,6 @@
 #pragma once
 // An independent twin of DeepSeek-V4's FP4 indexer format and scores (format/fp4.hpp and
-// read/indexer_fp4_kernel.hpp state them), for the tests to hold phasekv's transform, quantizer,
+// kernels/indexer_fp4.hpp state them), for the tests to hold phasekv's transform, quantizer,
 // byte layout and integer scorer to. Written from the description in double precision, using
 // nothing from the library:
 //

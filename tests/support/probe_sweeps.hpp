@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "phasekv/diag/needle_probe.hpp"
-#include "phasekv/diag/phase_sweep.hpp"
+#include "phasekv/study/needle_probe.hpp"
+#include "phasekv/study/phase_sweep.hpp"
 
 namespace phasekv_test {
 

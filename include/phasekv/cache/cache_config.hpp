@@ -12,7 +12,7 @@
 #include "phasekv/cache/page_layout.hpp"
 #include "phasekv/cache/sequence_view.hpp"
 #include "phasekv/core/error.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/core/types.hpp"
 #include "phasekv/format/storage.hpp"
 

@@ -16,7 +16,7 @@
 #include "phasekv/format/fp4.hpp"
 #include "phasekv/format/fp8.hpp"
 #include "phasekv/format/storage.hpp"
-#include "phasekv/simd/finite.hpp"
+#include "phasekv/kernels/finite.hpp"
 
 namespace phasekv {
 

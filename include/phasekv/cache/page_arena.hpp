@@ -16,7 +16,7 @@
 #include "phasekv/cache/page_layout.hpp"
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/core/error.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 
 namespace phasekv {
 

@@ -13,7 +13,7 @@
 #include "phasekv/format/fp8.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/core/error.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/core/types.hpp"
 
 namespace phasekv {

@@ -83,7 +83,7 @@
 #include "phasekv/cache/page_memory.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/core/error.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/core/types.hpp"
 
 namespace phasekv {

@@ -57,10 +57,10 @@
 #include "phasekv/compress/layer_compressor.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/core/types.hpp"
-#include "phasekv/simd/finite.hpp"
+#include "phasekv/kernels/finite.hpp"
 
 namespace phasekv {
 

@@ -26,13 +26,13 @@
 
 #include "phasekv/cache/layer_shape.hpp"
 #include "phasekv/cache/sequence_view.hpp"
-#include "phasekv/core/byte_io.hpp"
+#include "phasekv/format/detail/byte_io.hpp"
 #include "phasekv/core/error.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/format/fp8.hpp"
 #include "phasekv/format/storage.hpp"
-#include "phasekv/simd/finite.hpp"
+#include "phasekv/kernels/finite.hpp"
 
 namespace phasekv {
 

@@ -12,7 +12,7 @@
 // versions), what a destination must share with the source, and the order in which restore
 // checks the bytes. This file is the interface and the framing: the preamble, the section table,
 // the checksums and restore's order; the fingerprint and its compatibility rules are in
-// cache/snapshot_fingerprint.hpp, the little-endian fields in core/byte_io.hpp.
+// cache/snapshot_fingerprint.hpp, the little-endian fields in format/detail/byte_io.hpp.
 //
 // restore() throws input_error for bytes it cannot accept and capacity_error when a pool lacks the
 // pages or memory cannot be allocated, in every case with the cache exactly as it was. Every
@@ -40,11 +40,11 @@
 
 #include "phasekv/cache/paged_cache.hpp"
 #include "phasekv/cache/snapshot_fingerprint.hpp"
-#include "phasekv/core/byte_io.hpp"
-#include "phasekv/core/crc32c.hpp"
+#include "phasekv/format/detail/byte_io.hpp"
+#include "phasekv/detail/crc32c.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/format/storage.hpp"
 

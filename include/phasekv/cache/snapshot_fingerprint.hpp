@@ -20,11 +20,11 @@
 #include "phasekv/compress/policies.hpp"
 #include "phasekv/compress/policy_codes.hpp"
 #include "phasekv/compress/stream_config.hpp"
-#include "phasekv/core/byte_io.hpp"
-#include "phasekv/core/crc32c.hpp"
+#include "phasekv/format/detail/byte_io.hpp"
+#include "phasekv/detail/crc32c.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/format/storage.hpp"
 
 namespace phasekv {

@@ -10,9 +10,9 @@
 #include <type_traits>
 
 #include "phasekv/compress/policies.hpp"
-#include "phasekv/core/crc32c.hpp"
+#include "phasekv/detail/crc32c.hpp"
 #include "phasekv/core/error.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 
 namespace phasekv::detail::snapshot_format {
 

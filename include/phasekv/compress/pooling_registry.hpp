@@ -29,7 +29,7 @@
 #include "phasekv/compress/stream_compressor.hpp"
 #include "phasekv/compress/stream_config.hpp"
 #include "phasekv/compress/stream_state.hpp"
-#include "phasekv/core/enum_name.hpp"
+#include "phasekv/detail/enum_name.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 

@@ -38,18 +38,18 @@
 
 #include "phasekv/compress/entry_view.hpp"
 #include "phasekv/compress/policies.hpp"
-#include "phasekv/compress/pool_kernels.hpp"
+#include "phasekv/kernels/pooling.hpp"
 #include "phasekv/compress/stream_config.hpp"
 #include "phasekv/compress/stream_state.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
-#include "phasekv/simd/batch.hpp"
-#include "phasekv/simd/bf16.hpp"
-#include "phasekv/simd/finite.hpp"
-#include "phasekv/simd/prefetch.hpp"
+#include "phasekv/detail/simd/batch.hpp"
+#include "phasekv/detail/simd/bf16.hpp"
+#include "phasekv/kernels/finite.hpp"
+#include "phasekv/detail/simd/prefetch.hpp"
 
 namespace phasekv {
 
@@ -477,7 +477,7 @@ class stream_compressor {
   }
 
   // `next_follows`: entry j + 1 is computed next in the same call and its rows are to be
-  // prefetched (see pool_kernels.hpp).
+  // prefetched (see kernels/pooling.hpp).
   entry_view compute_entry(stream_state& s, const token_chunk& chunk, std::int64_t j, bool want_weights,
                            bool next_follows) const {
     const std::int64_t W = geom_.window, C = config_.channels, H = config_.kv_heads;
@@ -552,7 +552,7 @@ class stream_compressor {
       }
 
       // The rows the next entry of this call will read, for the kernels to prefetch (see
-      // pool_kernels.hpp). Its scalar-gate logits are one element per token: fetched here.
+      // kernels/pooling.hpp). Its scalar-gate logits are one element per token: fetched here.
       std::int64_t ahead_count = 0;
       if (next_follows) {
         for (std::int64_t slot = geom_.first_real_slot(j + 1); slot < W; ++slot) {

@@ -18,7 +18,7 @@
 #include "phasekv/compress/policies.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/core/rope.hpp"
 
 namespace phasekv {

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/core/byte_io.hpp"
+#include "phasekv/format/detail/byte_io.hpp"
 #include "phasekv/core/error.hpp"
-#include "phasekv/simd/prefetch.hpp"
+#include "phasekv/detail/simd/prefetch.hpp"
 
 namespace phasekv {
 

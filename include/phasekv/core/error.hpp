@@ -13,7 +13,7 @@
 #include <string>
 #include <utility>
 
-#include "phasekv/core/text.hpp"
+#include "phasekv/detail/text.hpp"
 
 namespace phasekv {
 

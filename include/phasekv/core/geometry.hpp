@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <string>
 
-#include "phasekv/core/enum_name.hpp"
+#include "phasekv/detail/enum_name.hpp"
 #include "phasekv/core/error.hpp"
 
 namespace phasekv {

@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "phasekv/core/error.hpp"
-#include "phasekv/simd/batch.hpp"
+#include "phasekv/detail/simd/batch.hpp"
 
 namespace phasekv {
 

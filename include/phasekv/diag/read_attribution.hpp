@@ -44,7 +44,7 @@
 #include "phasekv/compress/entry_view.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/diag/record_layout.hpp"
 #include "phasekv/read/read_types.hpp"

@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "phasekv/core/enum_name.hpp"
+#include "phasekv/detail/enum_name.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/span.hpp"

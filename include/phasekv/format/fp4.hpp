@@ -15,7 +15,7 @@
 //   value = q_i · s
 //
 // The reader transforms and quantizes its indexer queries the same way, once per read
-// (read/indexer_fp4_kernel.hpp). C^−1/2·H_C is symmetric and orthogonal, so (H̃q)·(H̃k) = q·k:
+// (kernels/indexer_fp4.hpp). C^−1/2·H_C is symmetric and orthogonal, so (H̃q)·(H̃k) = q·k:
 // the transform keeps the dot products the indexer ranks by, and spreads each vector's energy
 // over all its channels (an outlier channel no longer decides a block's scale) before the 4-bit
 // rounding. DeepSeek's indexer runs the same maths; its keys and queries are Hadamard-rotated
@@ -87,8 +87,8 @@
 #include "phasekv/format/fp8.hpp"  // UE8M0 scale bytes
 #include "phasekv/format/storage.hpp"
 
-#include "phasekv/simd/config.hpp"
-#include "phasekv/simd/intrinsics.hpp"
+#include "phasekv/detail/simd/config.hpp"
+#include "phasekv/detail/simd/intrinsics.hpp"
 
 namespace phasekv {
 

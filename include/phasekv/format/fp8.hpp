@@ -65,8 +65,8 @@
 
 #include "phasekv/format/storage.hpp"
 
-#include "phasekv/simd/config.hpp"
-#include "phasekv/simd/intrinsics.hpp"
+#include "phasekv/detail/simd/config.hpp"
+#include "phasekv/detail/simd/intrinsics.hpp"
 
 namespace phasekv {
 

@@ -43,11 +43,11 @@
 #include <ostream>
 #include <string>
 
-#include "phasekv/core/enum_name.hpp"
+#include "phasekv/detail/enum_name.hpp"
 #include "phasekv/core/error.hpp"
 
-#include "phasekv/simd/config.hpp"
-#include "phasekv/simd/intrinsics.hpp"
+#include "phasekv/detail/simd/config.hpp"
+#include "phasekv/detail/simd/intrinsics.hpp"
 
 namespace phasekv {
 

@@ -23,7 +23,7 @@
 #include "phasekv/compress/stream_config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/geometry.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/format/storage.hpp"
 #include "phasekv/read/read_types.hpp"

@@ -60,7 +60,7 @@
 #include "phasekv/compress/pooling_registry.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/models/layer_kind.hpp"
 #include "phasekv/read/read_types.hpp"

@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "phasekv/cache/snapshot.hpp"
-#include "phasekv/core/byte_io.hpp"
-#include "phasekv/core/crc32c.hpp"
+#include "phasekv/format/detail/byte_io.hpp"
+#include "phasekv/detail/crc32c.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/models/model_cache.hpp"

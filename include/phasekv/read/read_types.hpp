@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "phasekv/cache/sequence_view.hpp"
-#include "phasekv/core/enum_name.hpp"
+#include "phasekv/detail/enum_name.hpp"
 #include "phasekv/core/span.hpp"
 
 namespace phasekv {
@@ -21,10 +21,10 @@ inline constexpr std::size_t from_roles = static_cast<std::size_t>(-2);
 
 // What the lightning indexer multiplies: fp32 queries and keys (widened from the indexer
 // stream's storage), or — bf16 — queries rounded to bf16 against keys stored in bf16
-// (indexer_bf16_kernel.hpp): products exact, sums in fp32, twice the throughput with AVX512-BF16
+// (kernels/indexer_bf16.hpp): products exact, sums in fp32, twice the throughput with AVX512-BF16
 // and half the key bytes; or — fp4 — DeepSeek-V4's FP4 indexer: queries Hadamard-transformed and
 // quantized to e2m1 like the keys, which must be stored as fp4_e2m1_hadamard (format/fp4.hpp),
-// scored with exact integer dot products (indexer_fp4_kernel.hpp; AVX-512 VNNI where present), a
+// scored with exact integer dot products (kernels/indexer_fp4.hpp; AVX-512 VNNI where present), a
 // 68-byte key instead of 512. Attention itself always runs in fp32.
 enum class indexer_precision { f32, bf16, fp4 };
 

@@ -35,13 +35,13 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
 #include "phasekv/core/span.hpp"
-#include "phasekv/read/indexer_bf16_kernel.hpp"
-#include "phasekv/read/indexer_fp4_kernel.hpp"
-#include "phasekv/read/indexer_kernel.hpp"
-#include "phasekv/read/read_checks.hpp"
+#include "phasekv/kernels/indexer_bf16.hpp"
+#include "phasekv/kernels/indexer_fp4.hpp"
+#include "phasekv/kernels/indexer.hpp"
+#include "phasekv/read/detail/read_checks.hpp"
 #include "phasekv/read/read_types.hpp"
-#include "phasekv/read/top_k.hpp"
-#include "phasekv/simd/config.hpp"
+#include "phasekv/read/detail/top_k.hpp"
+#include "phasekv/detail/simd/config.hpp"
 
 namespace phasekv {
 

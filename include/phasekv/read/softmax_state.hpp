@@ -28,7 +28,7 @@
 
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/span.hpp"
-#include "phasekv/simd/batch.hpp"
+#include "phasekv/detail/simd/batch.hpp"
 
 namespace phasekv {
 
@@ -57,7 +57,7 @@ class softmax_state {
   // The state of a block of `keys` keys at once: logits (heads × keys, row-major) are turned in
   // place into exp(ℓ − m) per row, and values (keys × channels, row-major) weighted by them. Rows
   // of logits that are all −∞ (every key masked) stay empty. The plain form of what the reader's
-  // kernels compute (attention_kernel.hpp), for states built outside a read.
+  // kernels compute (kernels/attention.hpp), for states built outside a read.
   void assign_block(float* logits, std::int64_t keys, const float* values) {
     for (std::int64_t h = 0; h < heads(); ++h) {
       float* row = logits + h * keys;
@@ -78,7 +78,7 @@ class softmax_state {
     }
   }
 
-  // The state of a block computed elsewhere (attention_kernel.hpp): m[h] and d[h] per head.
+  // The state of a block computed elsewhere (kernels/attention.hpp): m[h] and d[h] per head.
   // Returns the accumulator (heads × channels, row-major), left unset for the caller to fill.
   float* assign(std::int64_t heads, std::int64_t channels, const float* m, const float* d) {
     channels_ = channels;

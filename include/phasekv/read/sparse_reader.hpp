@@ -51,9 +51,9 @@
 // operations in the same order, so a batched read is bit-identical to B single reads, on any
 // executor.
 //
-// Kernels: the indexer's scores per page in fp32, bf16 or FP4 (indexer_kernel.hpp,
-// indexer_bf16_kernel.hpp, indexer_fp4_kernel.hpp, as reader_config::precision says); attention
-// with the query heads in SIMD lanes (attention_kernel.hpp) over row pointers, so the selected
+// Kernels: the indexer's scores per page in fp32, bf16 or FP4 (kernels/indexer.hpp,
+// kernels/indexer_bf16.hpp, kernels/indexer_fp4.hpp, as reader_config::precision says); attention
+// with the query heads in SIMD lanes (kernels/attention.hpp) over row pointers, so the selected
 // entries and window tokens are read where they lie, never gathered. FP8 entries and an FP8 raw
 // window's rows are dequantized inside the kernel's passes (bit-identical to the fp32 read of the
 // dequantized values); bf16/f16 entries are widened into scratch rows first, and indexer keys of
@@ -84,16 +84,16 @@
 #include "phasekv/format/storage.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/executor.hpp"
-#include "phasekv/core/limits.hpp"
+#include "phasekv/core/detail/limits.hpp"
 #include "phasekv/core/rope.hpp"
 #include "phasekv/core/span.hpp"
 #include "phasekv/core/types.hpp"
-#include "phasekv/read/attention_kernel.hpp"
-#include "phasekv/read/read_checks.hpp"
+#include "phasekv/kernels/attention.hpp"
+#include "phasekv/read/detail/read_checks.hpp"
 #include "phasekv/read/read_types.hpp"
 #include "phasekv/read/selection.hpp"
 #include "phasekv/read/softmax_state.hpp"
-#include "phasekv/read/top_k.hpp"
+#include "phasekv/read/detail/top_k.hpp"
 
 namespace phasekv {
 

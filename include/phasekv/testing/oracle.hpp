@@ -50,7 +50,7 @@
 #include "phasekv/compress/stream_config.hpp"
 #include "phasekv/core/geometry.hpp"
 #include "phasekv/core/rope.hpp"
-#include "phasekv/core/text.hpp"
+#include "phasekv/detail/text.hpp"
 #include "phasekv/format/storage.hpp"
 
 namespace phasekv::testing {

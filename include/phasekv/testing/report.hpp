@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/core/enum_name.hpp"
+#include "phasekv/detail/enum_name.hpp"
 #include "phasekv/testing/scenario.hpp"
 
 namespace phasekv::testing {

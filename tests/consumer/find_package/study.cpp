@@ -1,6 +1,6 @@
 // The study as a product of its own (phasekv::study: the engine and Eigen): its umbrella compiles
 // and a Wilson interval computes what the formula gives.
-#include <phasekv/diagnostics.hpp>
+#include <phasekv/study.hpp>
 
 #include <cmath>
 

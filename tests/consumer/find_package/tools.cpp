@@ -1,7 +1,7 @@
 // The tools as a product of their own (phasekv::tools: the engine alone, no Eigen): the
-// conformance kit's and the microbenchmark's umbrella compiles, and a read floor prices the bytes
-// and multiply-adds of a small layer as read_cost's formula states.
-#include <phasekv/testing.hpp>
+// microbenchmark's umbrella compiles, and a read floor prices the bytes and multiply-adds of a
+// small layer as read_cost's formula states.
+#include <phasekv/tools.hpp>
 
 int main() {
   phasekv::layer_shape shape;
