@@ -212,14 +212,8 @@ class model_cache {
   // valid until the sequence is next written.
   span<const std::byte> entry_bytes(std::size_t layer, std::size_t stream, sequence_id id, std::int64_t j) const {
     const layer_slot& l = layer_slot_of(layer, "entry_bytes");
-    const sequence& s = find(id, "entry_bytes");
-    if (stream >= l.streams.size())
-      detail::fail<input_error>(name() + ".entry_bytes(stream)", stream, "must be below the layer's stream count " + std::to_string(l.streams.size()));
-    const std::int64_t n = entries_of(l.kind, s.tokens);
-    if (j < 0 || j >= n) detail::fail<input_error>(name() + ".entry_bytes(entry)", j, "must lie in [0, " + std::to_string(n) + ")");
-    const page_layout& layout = l.arenas[stream].layout();
-    const page_id page = s.kinds[l.kind].table[static_cast<std::size_t>(j / layout.page_size)];
-    return span<const std::byte>(l.arenas[stream].entry(page, j % layout.page_size), static_cast<std::size_t>(layout.entry_stride_bytes));
+    return span<const std::byte>(stored_entry(l, find(id, "entry_bytes"), stream, j, "entry_bytes"),
+                                 static_cast<std::size_t>(l.arenas[stream].layout().entry_stride_bytes));
   }
   // Tokens whose raw window rows a layer holds for a sequence: [window_first, tokens).
   std::int64_t window_first(std::size_t layer, sequence_id id) const {
@@ -309,6 +303,10 @@ class model_cache {
   std::shared_ptr<kind_states> fresh_states(std::size_t kind) const;
   void copy_window_row(std::size_t layer, sequence_id id, std::int64_t t, span<float> out, bool values,
                        const char* operation) const;
+  // The stored bytes of entry j of a layer's stream for a sequence, its stream and index checked
+  // (what entry_bytes and read_entry read).
+  const std::byte* stored_entry(const layer_slot& l, const sequence& s, std::size_t stream, std::int64_t j,
+                                const char* operation) const;
   void retain_pages(const sequence& s);
   void release_pages(sequence& s) noexcept;
   // Adds a record under a fresh id; if that throws, the record stays with the caller.
@@ -699,16 +697,24 @@ inline void model_cache::read(std::size_t layer, span<const layer_read> reads, e
 
 inline void model_cache::read_entry(std::size_t layer, std::size_t stream, sequence_id id, std::int64_t j, span<float> out) const {
   const layer_slot& l = layer_slot_of(layer, "read_entry");
-  const sequence& s = find(id, "read_entry");
-  if (stream >= l.streams.size())
-    detail::fail<input_error>(name() + ".read_entry(stream)", stream, "must be below the layer's stream count " + std::to_string(l.streams.size()));
-  const std::int64_t n = entries_of(l.kind, s.tokens);
-  if (j < 0 || j >= n) detail::fail<input_error>(name() + ".read_entry(entry)", j, "must lie in [0, entries = " + std::to_string(n) + ")");
+  const std::byte* stored = stored_entry(l, find(id, "read_entry"), stream, j, "read_entry");
   const page_layout& layout = l.arenas[stream].layout();
   if (out.size() != static_cast<std::size_t>(layout.values_per_entry()) || out.data() == nullptr)
     detail::fail<input_error>(name() + ".read_entry: out.size()", out.size(), "must be kv_heads × channels = " + std::to_string(layout.values_per_entry()));
+  load_entries(layout, stored, 1, out.data());
+}
+
+inline const std::byte* model_cache::stored_entry(const layer_slot& l, const sequence& s, std::size_t stream, std::int64_t j,
+                                                  const char* operation) const {
+  if (stream >= l.streams.size())
+    detail::fail<input_error>(name() + "." + operation + "(stream)", stream,
+                              "must be below the layer's stream count " + std::to_string(l.streams.size()));
+  const std::int64_t n = entries_of(l.kind, s.tokens);
+  if (j < 0 || j >= n)
+    detail::fail<input_error>(name() + "." + operation + "(entry)", j, "must lie in [0, entries = " + std::to_string(n) + ")");
+  const page_layout& layout = l.arenas[stream].layout();
   const page_id page = s.kinds[l.kind].table[static_cast<std::size_t>(j / layout.page_size)];
-  load_entries(layout, l.arenas[stream].entry(page, j % layout.page_size), 1, out.data());
+  return l.arenas[stream].entry(page, j % layout.page_size);
 }
 
 inline void model_cache::copy_window_row(std::size_t layer, sequence_id id, std::int64_t t, span<float> out, bool values,
