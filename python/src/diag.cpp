@@ -8,6 +8,9 @@
 #include "common.hpp"
 
 namespace pyphasekv {
+// This file's own namespace: the study's names are unqualified here alone, not in the files the
+// module's unity build compiles after it.
+namespace diag_bindings {
 
 using namespace phasekv;
 using namespace phasekv::diag;
@@ -143,5 +146,9 @@ void init_diag(const modules& m) {
            py::arg("first"), py::arg("length"), py::arg("read_threshold") = 0.5, py::arg("write_threshold") = 0.5,
            "selection_miss, read_dilution, write_dilution or readout for a record [first, first + length).");
 }
+
+}  // namespace diag_bindings
+
+void init_diag(const modules& m) { diag_bindings::init_diag(m); }
 
 }  // namespace pyphasekv

@@ -8,6 +8,9 @@
 #include "common.hpp"
 
 namespace pyphasekv {
+// This file's own namespace: the study's names are unqualified here alone, not in the files the
+// module's unity build compiles after it.
+namespace probe_bindings {
 
 using namespace phasekv;
 using namespace phasekv::diag;
@@ -136,5 +139,9 @@ void init_probe(const modules& m) {
             "A phase sweep of the probe, haystacks by assign_haystacks(plan, L), L + 2W for isolated targets (what "
             "phasekv.sweep plans with NeedleEvaluate.needle_tokens()).");
 }
+
+}  // namespace probe_bindings
+
+void init_probe(const modules& m) { probe_bindings::init_probe(m); }
 
 }  // namespace pyphasekv

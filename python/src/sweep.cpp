@@ -13,6 +13,9 @@
 #include "common.hpp"
 
 namespace pyphasekv {
+// This file's own namespace: the study's names are unqualified here alone, not in the files the
+// module's unity build compiles after it.
+namespace sweep_bindings {
 
 using namespace phasekv;
 using namespace phasekv::diag;
@@ -467,5 +470,9 @@ void init_sweep(const modules& m) {
            "A sweep's accuracy (%) by residue with its 95% interval at x = (residue + 1) / stride: chunk "
            "boundaries at whole numbers for every stride. profile: all, contained or straddle residues.");
 }
+
+}  // namespace sweep_bindings
+
+void init_sweep(const modules& m) { sweep_bindings::init_sweep(m); }
 
 }  // namespace pyphasekv
