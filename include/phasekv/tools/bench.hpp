@@ -370,7 +370,7 @@ struct write_fixture {
       std::vector<float>().swap(logits);
     }
     // One read of every input before anything is timed: the first read of freshly written pages
-    // can stall (on this VM a 128 MiB input's first pass took 180–230 ms, later ones ~13 ms).
+    // can stall (on a virtual machine, many times longer than the later passes).
     std::uint64_t sum = 0;
     for (const float x : payload) sum += static_cast<std::uint64_t>(x != 0.0f);
     for (const float x : logits) sum += static_cast<std::uint64_t>(x != 0.0f);
