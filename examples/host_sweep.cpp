@@ -79,8 +79,8 @@ int main(int argc, char** argv) {
 
   try {
     const phasekv::diag::sweep_result result = phasekv::diag::run_sweep(config, trial);
-    std::fputs(result.to_table().c_str(), stdout);
-    // result.to_csv() (per residue), to_summary_csv() and to_json() give the same numbers as files.
+    std::fputs(to_table(result).c_str(), stdout);
+    // to_csv(result) (per residue), to_summary_csv(result) and to_json(result) give the same numbers as files.
     return 0;
   } catch (const phasekv::error& e) {  // a bad config: the message names the field
     std::fprintf(stderr, "host_sweep: %s\n", e.what());

@@ -351,7 +351,7 @@ int run(const options& o) {
 
     std::printf("== %s (policy %s, stride %lld, window %lld) — %.1f s\n%s\n", j.label.c_str(),
                 phasekv::diag::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.stride),
-                static_cast<long long>(j.probe.window), seconds, result.to_table().c_str());
+                static_cast<long long>(j.probe.window), seconds, to_table(result).c_str());
     std::fflush(stdout);
 
     // The harness's summary and JSON describe the sweep; add what the probe was, so a file stands
@@ -361,15 +361,15 @@ int run(const options& o) {
                   phasekv::diag::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.window),
                   static_cast<long long>(o.tokens), static_cast<long long>(o.records),
                   static_cast<unsigned long long>(o.seed));
-    write_file(out_dir / (j.name + ".csv"), result.to_csv());
-    write_file(out_dir / (j.name + ".summary.csv"), result.to_summary_csv() + extra);
+    write_file(out_dir / (j.name + ".csv"), to_csv(result));
+    write_file(out_dir / (j.name + ".summary.csv"), to_summary_csv(result) + extra);
     std::snprintf(extra, sizeof extra,
                   "{\"name\":\"%s\",\"policy\":\"%s\",\"window\":%lld,\"tokens\":%lld,\"records\":%lld,\"seed\":%llu,"
                   "\"sweep\":",
                   j.name.c_str(), phasekv::diag::probe::to_string(j.probe.policy), static_cast<long long>(j.probe.window),
                   static_cast<long long>(o.tokens), static_cast<long long>(o.records),
                   static_cast<unsigned long long>(o.seed));
-    write_file(out_dir / (j.name + ".json"), extra + result.to_json() + "}\n");
+    write_file(out_dir / (j.name + ".json"), extra + to_json(result) + "}\n");
     results.push_back(result);
   }
 

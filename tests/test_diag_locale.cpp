@@ -76,7 +76,7 @@ std::string everything_written() {
   } catch (const config_error& e) {
     message = e.what();
   }
-  return result.to_table() + result.to_csv() + result.to_summary_csv() + result.to_json() +
+  return to_table(result) + to_csv(result) + to_summary_csv(result) + to_json(result) +
          plot::svg_line_plot({series}, axes) + message;
 }
 

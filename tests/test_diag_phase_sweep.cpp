@@ -345,7 +345,7 @@ TEST_CASE("phase sweep: a boundary-phase weak spot is found with period S", "[di
     const double rate = (p.target_position % 4 == 3) ? 0.3 : 0.9;
     return coin(1, p) < rate;
   });
-  INFO(result.to_table());
+  INFO(to_table(result));
   REQUIRE(result.valid);
   CHECK(result.kind == outcome_kind::binary);
   CHECK(seen.size() == 8u * 200u);  // every planned trial ran once
@@ -372,7 +372,7 @@ TEST_CASE("phase sweep: a boundary-phase weak spot is found with period S", "[di
     CHECK(r.ci_low < truth + 0.02);  // loose: 8 intervals, a miss at 95% is possible but not here
     CHECK(r.ci_high > truth - 0.02);
   }
-  const std::string table = result.to_table();
+  const std::string table = to_table(result);
   CHECK(table.find("INVALID") == std::string::npos);
   CHECK(table.find("dominant period (all trials): 4") != std::string::npos);
 }
@@ -380,7 +380,7 @@ TEST_CASE("phase sweep: a boundary-phase weak spot is found with period S", "[di
 TEST_CASE("phase sweep: a flat accuracy is not called periodic at the 1% level", "[diag][sweep]") {
   const auto config = make_config(4, 8, 200);
   const auto result = run_sweep(config, [](const placement& p) { return coin(2, p) < 0.7; });
-  INFO(result.to_table());
+  INFO(to_table(result));
   REQUIRE(result.valid);
   CHECK(result.all().homogeneity.p_value > 0.01);
   CHECK(result.all().gap_points < 15.0);
@@ -394,7 +394,7 @@ TEST_CASE("phase sweep: probabilities use ANOVA and a normal interval of the mea
       const double base = (p.target_position % 4 == 3) ? 0.4 : 0.8;
       return base + 0.2 * (coin(3, p) - 0.5);
     });
-    INFO(result.to_table());
+    INFO(to_table(result));
     REQUIRE(result.valid);
     CHECK(result.kind == outcome_kind::probability);
     CHECK(result.all().homogeneity.test == "anova");
@@ -414,7 +414,7 @@ TEST_CASE("phase sweep: probabilities use ANOVA and a normal interval of the mea
     // float works as well as double.
     const auto result =
         run_sweep(config, [](const placement& p) { return 0.6f + 0.2f * static_cast<float>(coin(4, p) - 0.5); });
-    INFO(result.to_table());
+    INFO(to_table(result));
     REQUIRE(result.valid);
     CHECK(result.all().homogeneity.p_value > 0.01);
     CHECK(result.all().mean == Approx(0.6).margin(0.01));
@@ -434,7 +434,7 @@ TEST_CASE("phase sweep: throwing and NaN trials are errored, counted and exclude
       if (p.residue == 4 && p.trial == 5) return 1.5;
       return 1.0;
     });
-    INFO(result.to_table());
+    INFO(to_table(result));
     CHECK(result.valid);
     CHECK(result.errored_trials == 4);
     CHECK(result.residues[2].errored == 1);
@@ -450,7 +450,7 @@ TEST_CASE("phase sweep: throwing and NaN trials are errored, counted and exclude
                        result.first_error.find("1.5") != std::string::npos;
     CHECK(known);
     CHECK(result.first_error.find("residue") != std::string::npos);
-    CHECK(result.to_table().find("errored trials: 4") != std::string::npos);
+    CHECK(to_table(result).find("errored trials: 4") != std::string::npos);
   }
   SECTION("the message survives and is escaped in JSON") {
     const auto result = run_sweep(config, [](const placement& p) -> bool {
@@ -459,10 +459,10 @@ TEST_CASE("phase sweep: throwing and NaN trials are errored, counted and exclude
     });
     CHECK(result.errored_trials == 1);
     CHECK(result.first_error.find("bad \"quote\"") != std::string::npos);
-    const std::string json = result.to_json();
+    const std::string json = to_json(result);
     CHECK(json.find("bad \\\"quote\\\" \\\\ and\\nnewline") != std::string::npos);
     CHECK(json.find('\n') == std::string::npos);
-    CHECK(result.to_summary_csv().find("\nfirst_error,") != std::string::npos);
+    CHECK(to_summary_csv(result).find("\nfirst_error,") != std::string::npos);
     CHECK(result.residues[1].successes == 16);  // trial 3 (odd) errored: 16 of 31 valid succeeded
     CHECK(result.residues[1].valid == 31);
   }
@@ -488,22 +488,22 @@ TEST_CASE("phase sweep: throwing and NaN trials are errored, counted and exclude
     CHECK(std::isnan(result.all().mean));
     CHECK(std::isnan(result.all().period.period));
     CHECK(result.all().best_residue == -1);
-    const std::string table = result.to_table();
+    const std::string table = to_table(result);
     CHECK(table.rfind("INVALID SWEEP", 0) == 0);
     CHECK(table.find("n/a") != std::string::npos);
     CHECK(table.find("gap ") == std::string::npos);
-    const std::string json = result.to_json();
+    const std::string json = to_json(result);
     CHECK(json.find("\"valid\":false") != std::string::npos);
     CHECK(json.find("\"gap_points\":null") != std::string::npos);
     CHECK(json.find("\"p_value\":null") != std::string::npos);
-    CHECK(result.to_summary_csv().find("\nvalid,false\n") != std::string::npos);
+    CHECK(to_summary_csv(result).find("\nvalid,false\n") != std::string::npos);
   }
   SECTION("every trial errors: invalid, estimates NaN") {
     const auto result = run_sweep(config, [](const placement&) -> double { throw std::runtime_error("down"); });
     CHECK_FALSE(result.valid);
     CHECK(result.errored_trials == 8 * 32);
     CHECK(std::isnan(result.residues[0].estimate));
-    CHECK(result.to_json().find("\"estimate\":null") != std::string::npos);
+    CHECK(to_json(result).find("\"estimate\":null") != std::string::npos);
   }
 }
 
@@ -515,7 +515,7 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
   const auto config = make_config(4, 8, 40);
   const auto result = run_sweep(config, [](const placement& p) { return coin(5, p) < (p.residue % 4 == 3 ? 0.4 : 0.8); });
   REQUIRE(result.valid);
-  const auto rows = split(result.to_csv(), '\n');
+  const auto rows = split(to_csv(result), '\n');
   REQUIRE(rows.size() == 1 + 8 + 1);  // header, residues, the empty piece after the last newline
   CHECK(rows.back().empty());
   CHECK(rows[0] ==
@@ -538,7 +538,7 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
   }
   // The summary is a table of its own: key,value.
   std::map<std::string, std::string> summary;
-  const auto lines = split(result.to_summary_csv(), '\n');
+  const auto lines = split(to_summary_csv(result), '\n');
   CHECK(lines[0] == "key,value");
   for (std::size_t i = 1; i + 1 < lines.size(); ++i) {
     const auto fields = split(lines[i], ',');
@@ -552,7 +552,7 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
   CHECK(summary["errored_trials"] == "0");
   CHECK(summary["kind"] == "binary");
 
-  const std::string json = result.to_json();
+  const std::string json = to_json(result);
   for (const char* key : {"\"kind\":\"binary\"", "\"valid\":true", "\"stride\":4", "\"modulus\":8", "\"gap_points\":",
                           "\"homogeneity\":{\"test\":\"chi_square\"", "\"p_value\":", "\"dominant_period\":{\"period\":",
                           "\"power_fraction\":", "\"errored_trials\":0", "\"first_error\":\"\"", "\"residues\":[",
@@ -571,12 +571,12 @@ TEST_CASE("phase sweep: CSV has a header and M rows that parse back; JSON has th
 
   // Probability sweeps leave `successes` empty in CSV and null in JSON.
   const auto probabilities = run_sweep(config, [](const placement& p) { return coin(6, p); });
-  const auto prow = split(split(probabilities.to_csv(), '\n')[1], ',');
+  const auto prow = split(split(to_csv(probabilities), '\n')[1], ',');
   REQUIRE(prow.size() == 15);
   CHECK(prow[6].empty());
   CHECK(prow[14].empty());
-  CHECK(probabilities.to_json().find("\"successes\":null") != std::string::npos);
-  CHECK(probabilities.to_json().find("\"test\":\"anova\"") != std::string::npos);
+  CHECK(to_json(probabilities).find("\"successes\":null") != std::string::npos);
+  CHECK(to_json(probabilities).find("\"test\":\"anova\"") != std::string::npos);
 }
 
 namespace {
@@ -630,7 +630,7 @@ TEST_CASE("phase sweep: the CSV is one plain table a strict reader accepts", "[d
       if (p.residue == 1 && p.trial == 0) throw std::runtime_error("engine: \"a, b\",\nc");
       return coin(8, p) < 0.7;
     });
-    const auto records = read_csv_strictly(result.to_csv());
+    const auto records = read_csv_strictly(to_csv(result));
     REQUIRE(records.size() == 1 + 8);
     CHECK(records[0] == std::vector<std::string>{"residue", "phase", "layout", "planned", "valid", "errored",
                                                  "successes", "estimate", "ci_low", "ci_high", "selection_miss",
@@ -640,7 +640,7 @@ TEST_CASE("phase sweep: the CSV is one plain table a strict reader accepts", "[d
     CHECK(records[2][4] == "11");
     CHECK(records[2][5] == "1");
     // The summary is a table of its own; free text is quoted, not allowed to add fields or lines.
-    const auto summary = read_csv_strictly(result.to_summary_csv());
+    const auto summary = read_csv_strictly(to_summary_csv(result));
     CHECK(summary[0] == std::vector<std::string>{"key", "value"});
     bool has_error = false;
     for (const auto& record : summary) {
@@ -653,9 +653,9 @@ TEST_CASE("phase sweep: the CSV is one plain table a strict reader accepts", "[d
   SECTION("invalid probability sweep") {
     const auto result = run_sweep(config, [](const placement&) -> double { throw std::runtime_error("down, again"); });
     REQUIRE_FALSE(result.valid);
-    const auto records = read_csv_strictly(result.to_csv());
+    const auto records = read_csv_strictly(to_csv(result));
     CHECK(records.size() == 1 + 8);
-    read_csv_strictly(result.to_summary_csv());
+    read_csv_strictly(to_summary_csv(result));
   }
 }
 
@@ -665,10 +665,10 @@ TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][s
     const auto result = run_sweep(config, [](const placement&) { return true; });
     REQUIRE(result.valid);
     REQUIRE(result.all().period.flat);
-    CHECK(result.to_json().find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
+    CHECK(to_json(result).find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
                                 "\"flat\":true}") != std::string::npos);
-    CHECK(result.to_table().find("dominant period (all trials): none") != std::string::npos);
-    CHECK(result.to_summary_csv().find("\ndominant_period,\nfrequency,\npower_fraction,\nflat,true\n") !=
+    CHECK(to_table(result).find("dominant period (all trials): none") != std::string::npos);
+    CHECK(to_summary_csv(result).find("\ndominant_period,\nfrequency,\npower_fraction,\nflat,true\n") !=
           std::string::npos);
   }
   SECTION("a profile that varies only by chance (homogeneity p ≥ 0.05)") {
@@ -676,16 +676,16 @@ TEST_CASE("phase sweep: no period is reported without a phase effect", "[diag][s
     REQUIRE(result.valid);
     REQUIRE_FALSE(result.all().period.flat);
     REQUIRE(result.all().homogeneity.p_value >= 0.05);
-    CHECK(result.to_json().find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
+    CHECK(to_json(result).find("\"dominant_period\":{\"period\":null,\"frequency\":null,\"power_fraction\":null,"
                                 "\"flat\":false}") != std::string::npos);
-    CHECK(result.to_table().find("dominant period (all trials): none") != std::string::npos);
-    CHECK(result.to_summary_csv().find("\ndominant_period,\n") != std::string::npos);
+    CHECK(to_table(result).find("dominant period (all trials): none") != std::string::npos);
+    CHECK(to_summary_csv(result).find("\ndominant_period,\n") != std::string::npos);
   }
   SECTION("a phase effect: the period is a number") {
     const auto result =
         run_sweep(config, [](const placement& p) { return coin(1, p) < (p.residue % 4 == 3 ? 0.2 : 0.9); });
     REQUIRE(result.all().homogeneity.p_value < 0.05);
-    CHECK(result.to_json().find("\"dominant_period\":{\"period\":4,\"frequency\":2,") != std::string::npos);
+    CHECK(to_json(result).find("\"dominant_period\":{\"period\":4,\"frequency\":2,") != std::string::npos);
   }
 }
 
@@ -730,10 +730,10 @@ TEST_CASE("phase sweep: the contained profile sees a within-window offset effect
   CHECK(flat->debiased_gap.low <= 0.0);
   CHECK(flat->debiased_gap.high >= 0.0);
   // The report says which profile a period belongs to.
-  const std::string table = split_only.to_table();
+  const std::string table = to_table(split_only);
   CHECK(table.find("dominant period (all trials): 8") != std::string::npos);
   CHECK(table.find(" contained ") != std::string::npos);
-  const std::string json = split_only.to_json();
+  const std::string json = to_json(split_only);
   CHECK(json.find("\"period_of\":\"all\"") != std::string::npos);
   CHECK(json.find("\"name\":\"contained\"") != std::string::npos);
 
@@ -764,8 +764,8 @@ TEST_CASE("phase sweep: attributed failures are counted by cause, per residue an
     }
   }
   CHECK(result.layouts[0].failures[static_cast<std::size_t>(failure_cause::selection_miss)] == 6 * 5);
-  CHECK(result.to_json().find("\"write_dilution\":20") != std::string::npos);
-  CHECK(result.to_table().find("failures: select/read/write/readout/?") != std::string::npos);
+  CHECK(to_json(result).find("\"write_dilution\":20") != std::string::npos);
+  CHECK(to_table(result).find("failures: select/read/write/readout/?") != std::string::npos);
   // A cause outside the enum is an errored trial, not a count.
   const auto bad = run_sweep(c, [](const placement&) { return attributed_outcome{false, static_cast<failure_cause>(9)}; });
   CHECK(bad.errored_trials == 8 * 20);
@@ -783,7 +783,7 @@ TEST_CASE("phase sweep: one cycle over all residues is reported as the trivial f
     const sweep_result r = run_sweep(c, [&](const placement& p) { return p.residue < modulus / 2; });
     REQUIRE(r.has_period());
     REQUIRE(r.all().period.frequency == 1);
-    const bool trivial = r.to_table().find("the trivial fit") != std::string::npos;
+    const bool trivial = to_table(r).find("the trivial fit") != std::string::npos;
     INFO("modulus " << modulus);
     CHECK(trivial == (modulus != c.stride));
   }

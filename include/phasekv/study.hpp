@@ -22,3 +22,6 @@
 #include "phasekv/study/resampling.hpp"
 #include "phasekv/study/statistics.hpp"
 #include "phasekv/study/svg_plot.hpp"
+#include "phasekv/study/sweep_plan.hpp"
+#include "phasekv/study/sweep_report.hpp"
+#include "phasekv/study/sweep_result.hpp"

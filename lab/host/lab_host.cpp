@@ -630,13 +630,13 @@ int run_measure(const arguments& a) {
       floor_any += row.floor_any / double(rows.size());
       floor_record += row.floor_record / double(rows.size());
     }
-    write_file(out / (name + ".json"), r.to_json());
-    write_file(out / (name + ".csv"), r.to_csv());
+    write_file(out / (name + ".json"), to_json(r));
+    write_file(out / (name + ".csv"), to_csv(r));
     write_file(out / (name + "_trials.csv"), trials_csv(rows));
-    if (!quiet) std::fputs(r.to_table().c_str(), stderr);
+    if (!quiet) std::fputs(to_table(r).c_str(), stderr);
     j << (first ? "" : ",") << "\"" << name << "\":{\"seconds\":" << num(seconds) << ",\"floor_any\":" << num(floor_any)
       << ",\"floor_record\":" << num(floor_record) << ",\"logistic\":"
-      << logistic_json(d, rows, d.task(name).record_tokens()) << ",\"sweep\":" << r.to_json() << "}";
+      << logistic_json(d, rows, d.task(name).record_tokens()) << ",\"sweep\":" << to_json(r) << "}";
     first = false;
     plotted.push_back(series_of(r, name));
     if (name == "uniform") main_sweep = r;

@@ -288,10 +288,10 @@ void init_sweep(const modules& m) {
           py::return_value_policy::reference_internal)
       .def_readonly_static("phase_effect_alpha", &sweep_result::phase_effect_alpha)
       .def("has_period", &sweep_result::has_period, "valid, not flat, and homogeneity p < phase_effect_alpha")
-      .def("to_table", &sweep_result::to_table)
-      .def("to_csv", &sweep_result::to_csv, "one plain table, a row per residue")
-      .def("to_summary_csv", &sweep_result::to_summary_csv, "the summary as key,value rows")
-      .def("to_json", &sweep_result::to_json);
+      .def("to_table", [](const sweep_result& r) { return to_table(r); })
+      .def("to_csv", [](const sweep_result& r) { return to_csv(r); }, "one plain table, a row per residue")
+      .def("to_summary_csv", [](const sweep_result& r) { return to_summary_csv(r); }, "the summary as key,value rows")
+      .def("to_json", [](const sweep_result& r) { return to_json(r); });
   root.def("run_sweep", &run_python_sweep, py::arg("config"), py::arg("trial"), py::arg("kind") = outcome_kind::binary,
            "Runs trial(placement) on every placement of plan_sweep(config) in the plan's order and summarises. "
            "kind=binary: the trial returns a bool; kind=probability: a float in [0, 1]. A trial that raises is an "

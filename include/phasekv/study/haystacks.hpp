@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "phasekv/core/error.hpp"
-#include "phasekv/study/phase_sweep.hpp"
+#include "phasekv/study/sweep_plan.hpp"
 
 namespace phasekv::diag {
 

@@ -41,7 +41,7 @@
 
 #include "phasekv/core/error.hpp"
 #include "phasekv/detail/text.hpp"
-#include "phasekv/study/phase_sweep.hpp"
+#include "phasekv/study/sweep_result.hpp"
 
 namespace phasekv::diag::plot {
 
