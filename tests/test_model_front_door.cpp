@@ -498,6 +498,48 @@ TEST_CASE("model front door: sequence operations touch each kind once and keep t
   REQUIRE_THROWS_WITH(m.fork(foreign), Catch::Contains("an id of another cache or model"));
 }
 
+TEST_CASE("model front door: entry_bytes and read_entry refuse a bad stream or entry, naming it", "[model][front_door]") {
+  twin w(false, 4, 9);
+  const std::size_t a = w.create();
+  for (int round = 0; round < 6; ++round) w.step({a}, 5, default_executor());
+  model_cache& m = w.model;
+  const sequence_id s = w.seqs[a];
+  const std::size_t csa = 2;  // layers 0 and 1 are window-only
+  const std::size_t streams = m.shape(csa).streams.size();
+  const std::int64_t n = m.kind_of(csa).geom.completed_entries(m.tokens(s));
+  REQUIRE(n > 0);
+  const page_layout& layout = m.layout(csa, 0);
+  std::vector<float> before(static_cast<std::size_t>(layout.values_per_entry()));
+  m.read_entry(csa, 0, s, n - 1, span<float>(before.data(), before.size()));
+  const span<const std::byte> bytes = m.entry_bytes(csa, 0, s, n - 1);
+  REQUIRE(bytes.size() == static_cast<std::size_t>(layout.entry_stride_bytes));
+  const std::vector<std::byte> stored(bytes.begin(), bytes.end());
+  const model_pool_usage usage = m.pool_usage();
+
+  std::vector<float> out(before.size(), -1.0f);
+  const span<float> row(out.data(), out.size());
+  const std::string entries = "entries = " + std::to_string(n);
+  for (const std::int64_t j : {n, std::int64_t{-1}}) {
+    REQUIRE_THROWS_WITH(m.entry_bytes(csa, 0, s, j),
+                        Catch::Contains("entry_bytes(entry) = " + std::to_string(j)) && Catch::Contains(entries));
+    REQUIRE_THROWS_WITH(m.read_entry(csa, 0, s, j, row),
+                        Catch::Contains("read_entry(entry) = " + std::to_string(j)) && Catch::Contains(entries));
+  }
+  REQUIRE_THROWS_WITH(m.entry_bytes(csa, streams, s, 0),
+                      Catch::Contains("entry_bytes(stream) = " + std::to_string(streams)) && Catch::Contains("stream count"));
+  REQUIRE_THROWS_WITH(m.read_entry(csa, streams, s, 0, row),
+                      Catch::Contains("read_entry(stream) = " + std::to_string(streams)) && Catch::Contains("stream count"));
+  REQUIRE_THROWS_AS(m.entry_bytes(0, 0, s, 0), input_error);  // a window-only layer stores no entries
+  for (const float x : out) REQUIRE(x == -1.0f);              // nothing written to the caller's row
+
+  // Nothing changed: the same bytes, the same values, the same pools.
+  const span<const std::byte> again = m.entry_bytes(csa, 0, s, n - 1);
+  REQUIRE(std::memcmp(again.data(), stored.data(), stored.size()) == 0);
+  m.read_entry(csa, 0, s, n - 1, row);
+  REQUIRE(out == before);
+  REQUIRE(m.pool_usage().total.pages_used == usage.total.pages_used);
+}
+
 TEST_CASE("model front door: a prefill chunk reads every position without history", "[model][front_door][prefill]") {
   // The model keeps no history; the reference keeps enough for its ring to hold every chunk's
   // window. Chunks up to 40 tokens (the window is 16): every position of every chunk is read.

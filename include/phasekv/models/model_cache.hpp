@@ -212,8 +212,8 @@ class model_cache {
   // valid until the sequence is next written.
   span<const std::byte> entry_bytes(std::size_t layer, std::size_t stream, sequence_id id, std::int64_t j) const {
     const layer_slot& l = layer_slot_of(layer, "entry_bytes");
-    return span<const std::byte>(stored_entry(l, find(id, "entry_bytes"), stream, j, "entry_bytes"),
-                                 static_cast<std::size_t>(l.arenas[stream].layout().entry_stride_bytes));
+    const std::byte* stored = stored_entry(l, find(id, "entry_bytes"), stream, j, "entry_bytes");  // checks `stream` first
+    return span<const std::byte>(stored, static_cast<std::size_t>(l.arenas[stream].layout().entry_stride_bytes));
   }
   // Tokens whose raw window rows a layer holds for a sequence: [window_first, tokens).
   std::int64_t window_first(std::size_t layer, sequence_id id) const {
